@@ -1,0 +1,275 @@
+/*
+ * percpu_ref.h - per-CPU reference counts with the kernel's API and rules
+ * (include/linux/percpu-refcount.h, minus gfp flags), in userspace.
+ *
+ * A percpu_ref starts with one reference, the "initial" one.  While it is in
+ * per-CPU mode, get and put each add to the current CPU's counter with one
+ * non-atomic instruction (see this_cpu.h): no shared cache line is written,
+ * and nobody can tell whether the total is zero.  To let the count reach zero
+ * the owner kills the ref: it switches to atomic mode (after a reader fence,
+ * the per-CPU counters are folded into one atomic counter) and drops the
+ * initial reference.  From then on every put is an atomic decrement and the
+ * one that reaches zero calls @release, exactly once.
+ *
+ * Modes: per-CPU -> atomic -> dead.  PERCPU_REF_INIT_ATOMIC starts a ref in
+ * atomic mode and percpu_ref_switch_to_atomic() keeps it there ("sticky")
+ * until percpu_ref_switch_to_percpu(); both need a ref that was never killed.
+ * A dead ref can be brought back with percpu_ref_resurrect() (count > 0) or
+ * percpu_ref_reinit() (count == 0), when it was created with
+ * PERCPU_REF_ALLOW_REINIT (or INIT_ATOMIC / INIT_DEAD, which imply it).
+ *
+ * Threads: nothing to do.  No call needs thread registration; any thread may
+ * call any function.  Switching waits for "a grace period" of the readers of
+ * per-CPU counters: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) for the
+ * rseq fast path, plus a liburcu-bp grace period once any thread has used the
+ * fallback path (docs/percpu_ref.md).
+ *
+ * Callbacks: @release runs on the thread whose put drops the last reference;
+ * if that last reference was the one a switch holds while it waits, it runs
+ * on the library's RCU callback thread.  Confirm callbacks (kill_and_confirm,
+ * switch_to_atomic) run on that callback thread, or on the caller's thread
+ * when the ref was already atomic.  Callbacks may free the object, call
+ * percpu_ref_exit() on the ref they were called for (@release only) and use
+ * any non-blocking call on other refs; they must not wait for a grace period
+ * (percpu_ref_switch_to_atomic_sync(), synchronize_rcu()).
+ *
+ * Misuse is reported with one line on stderr naming the function and the ref
+ * ("percpuref: percpu_ref_kill_and_confirm: called twice on ref 0x..."), and
+ * the call then does the least harmful thing: a count that would drop below
+ * zero, or a get on a released ref, saturates the count so the object stays
+ * leaked and is never released twice (the kernel's refcount_t rule).
+ */
+#ifndef PERCPUREF_PERCPU_REF_H
+#define PERCPUREF_PERCPU_REF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <percpuref/compiler.h>
+#include <percpuref/this_cpu.h>
+
+PERCPUREF_BEGIN_DECLS
+
+/* Flags of percpu_ref_init(). */
+enum {
+	PERCPU_REF_INIT_ATOMIC = 1 << 0,	/* start (and stay) atomic */
+	PERCPU_REF_INIT_DEAD = 1 << 1,		/* start dead, count 0 */
+	PERCPU_REF_ALLOW_REINIT = 1 << 2,	/* may switch back after kill */
+};
+
+/* Mode bits in the low bits of percpu_count_ptr. */
+enum {
+	__PERCPU_REF_ATOMIC = 1UL << 0,
+	__PERCPU_REF_DEAD = 1UL << 1,
+	__PERCPU_REF_ATOMIC_DEAD = __PERCPU_REF_ATOMIC | __PERCPU_REF_DEAD,
+	__PERCPU_REF_FLAG_BITS = 2,
+};
+
+/*
+ * Atomic-count zones (unsigned long arithmetic).  While per-CPU, the atomic
+ * count carries PERCPU_COUNT_BIAS, so it stays within a quarter of the range
+ * around 2^63 however the per-CPU counters move, and never reads zero.  An
+ * unbiased count lives in [0, 2^62); a count in the top quarter went below
+ * zero and is pinned at PERCPU_REF_SATURATED.
+ */
+#define PERCPU_COUNT_BIAS (1UL << 63)
+#define PERCPU_REF_UNDERFLOW_ZONE (3UL << 62)
+#define PERCPU_REF_SATURATED (7UL << 61)
+
+struct percpu_ref;
+typedef void(percpu_ref_func_t)(struct percpu_ref *);
+
+/* Shared, rarely written part of a ref: allocated by percpu_ref_init(). */
+struct percpu_ref_data {
+	unsigned long count;		  /* atomic count (+ bias if per-CPU) */
+	percpu_ref_func_t *release;
+	percpu_ref_func_t *confirm_switch; /* non-NULL: switch in progress */
+	bool force_atomic;		  /* switch_to_atomic / INIT_ATOMIC */
+	bool allow_reinit;
+	bool managed;			  /* initial ref owned by the reclaimer */
+	struct percpu_ref *ref;
+};
+
+struct percpu_ref {
+	/*
+	 * Address of CPU 0's counter, or'ed with __PERCPU_REF_ATOMIC/_DEAD.
+	 * After percpu_ref_exit(): ATOMIC_DEAD | (final count << FLAG_BITS).
+	 * Written under the switch lock; read locklessly by the fast paths.
+	 */
+	uintptr_t percpu_count_ptr;
+	struct percpu_ref_data *data;
+};
+
+/* Slow paths (src/percpu_ref.c). */
+PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *release,
+				  unsigned int flags);
+PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref);
+PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
+					       percpu_ref_func_t *confirm_switch);
+PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref);
+PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref);
+PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
+					       percpu_ref_func_t *confirm_kill);
+PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref);
+PERCPUREF_API void percpu_ref_reinit(struct percpu_ref *ref);
+PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref);
+
+/* Out-of-line halves of the fast paths: fallback (no rseq) and misuse. */
+PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr);
+PERCPUREF_API bool __percpu_ref_tryget_slow(struct percpu_ref *ref, unsigned long nr,
+					    bool live);
+PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long nr);
+PERCPUREF_API void __percpu_ref_count_misuse(struct percpu_ref *ref, unsigned long old,
+					     unsigned long nr, bool get);
+PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref);
+
+/*
+ * percpu_ref_kill - drop the initial reference and let the count reach zero.
+ * Switches to atomic mode after a grace period; @release runs once the last
+ * reference is gone.  Calling it twice is misuse (warned, ignored).
+ */
+static inline void percpu_ref_kill(struct percpu_ref *ref)
+{
+	percpu_ref_kill_and_confirm(ref, NULL);
+}
+
+/*
+ * Atomic-mode helpers.  get is relaxed (holding a reference orders nothing);
+ * the put that may release is a release operation, and its zero test is
+ * followed by an acquire fence so @release sees every access made under
+ * every other reference (pairs with the other putters' release decrements).
+ */
+static inline void __percpu_ref_atomic_add(struct percpu_ref *ref, unsigned long nr)
+{
+	unsigned long old = __atomic_fetch_add(&ref->data->count, nr, __ATOMIC_RELAXED);
+
+	if (percpuref_unlikely(old == 0 || old >= PERCPU_REF_UNDERFLOW_ZONE))
+		__percpu_ref_count_misuse(ref, old, nr, true);
+}
+
+static inline void __percpu_ref_atomic_sub(struct percpu_ref *ref, unsigned long nr)
+{
+	unsigned long old = __atomic_fetch_sub(&ref->data->count, nr, __ATOMIC_RELEASE);
+
+	if (old == nr) {
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		__percpu_ref_release(ref);
+	} else if (percpuref_unlikely(old - nr >= PERCPU_REF_UNDERFLOW_ZONE)) {
+		__percpu_ref_count_misuse(ref, old, nr, false);
+	}
+}
+
+/* Adds one reference unless the count is zero (the kernel's add_unless). */
+static inline bool __percpu_ref_atomic_add_not_zero(struct percpu_ref *ref, unsigned long nr)
+{
+	unsigned long old = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
+
+	do {
+		if (old == 0)
+			return false;
+		/* A saturated count stays pinned: succeed, leak. */
+		if (percpuref_unlikely(old >= PERCPU_REF_UNDERFLOW_ZONE))
+			return true;
+	} while (!__atomic_compare_exchange_n(&ref->data->count, &old, old + nr, true,
+					      __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+	return true;
+}
+
+/*
+ * percpu_ref_get_many - take @nr references.  The caller must already hold
+ * one (or otherwise know the ref cannot be released meanwhile).  Per-CPU
+ * mode: one non-atomic add on this CPU's counter.  Atomic mode: one atomic
+ * add.  Any thread; not from a signal handler that interrupted a switch.
+ */
+static inline void percpu_ref_get_many(struct percpu_ref *ref, unsigned long nr)
+{
+	enum percpuref_this_cpu_result r = percpuref_this_cpu_add(&ref->percpu_count_ptr, nr);
+
+	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
+		return;
+	if (r == PERCPUREF_THIS_CPU_FLAGGED)
+		__percpu_ref_atomic_add(ref, nr);
+	else
+		__percpu_ref_get_slow(ref, nr);
+}
+
+/* percpu_ref_get - take one reference; see percpu_ref_get_many(). */
+static inline void percpu_ref_get(struct percpu_ref *ref)
+{
+	percpu_ref_get_many(ref, 1);
+}
+
+/*
+ * percpu_ref_tryget_many - take @nr references unless the count is zero.
+ * Per-CPU mode always succeeds (zero cannot be seen there); atomic mode
+ * succeeds while the count is above zero, dead or not.
+ */
+static inline bool percpu_ref_tryget_many(struct percpu_ref *ref, unsigned long nr)
+{
+	enum percpuref_this_cpu_result r = percpuref_this_cpu_add(&ref->percpu_count_ptr, nr);
+
+	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
+		return true;
+	if (r == PERCPUREF_THIS_CPU_FLAGGED)
+		return __percpu_ref_atomic_add_not_zero(ref, nr);
+	return __percpu_ref_tryget_slow(ref, nr, false);
+}
+
+/* percpu_ref_tryget - one reference unless the count is zero. */
+static inline bool percpu_ref_tryget(struct percpu_ref *ref)
+{
+	return percpu_ref_tryget_many(ref, 1);
+}
+
+/*
+ * percpu_ref_tryget_live - one reference unless the ref was killed.  Once a
+ * kill's confirm callback has run, every later tryget_live fails; one that
+ * races with the kill itself may still succeed (as in the kernel).
+ */
+static inline bool percpu_ref_tryget_live(struct percpu_ref *ref)
+{
+	enum percpuref_this_cpu_result r = percpuref_this_cpu_add(&ref->percpu_count_ptr, 1);
+
+	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
+		return true;
+	if (r == PERCPUREF_THIS_CPU_FLAGGED) {
+		if (__atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_RELAXED) & __PERCPU_REF_DEAD)
+			return false;
+		return __percpu_ref_atomic_add_not_zero(ref, 1);
+	}
+	return __percpu_ref_tryget_slow(ref, 1, true);
+}
+
+/*
+ * percpu_ref_put_many - drop @nr references.  Per-CPU mode: one non-atomic
+ * subtract on this CPU's counter (never releases).  Atomic mode: an atomic
+ * subtract; the put that reaches zero calls @release on this thread.
+ */
+static inline void percpu_ref_put_many(struct percpu_ref *ref, unsigned long nr)
+{
+	enum percpuref_this_cpu_result r =
+		percpuref_this_cpu_add(&ref->percpu_count_ptr, -nr);
+
+	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
+		return;
+	if (r == PERCPUREF_THIS_CPU_FLAGGED)
+		__percpu_ref_atomic_sub(ref, nr);
+	else
+		__percpu_ref_put_slow(ref, nr);
+}
+
+/* percpu_ref_put - drop one reference; see percpu_ref_put_many(). */
+static inline void percpu_ref_put(struct percpu_ref *ref)
+{
+	percpu_ref_put_many(ref, 1);
+}
+
+/* percpu_ref_is_dying - true once the ref was killed (until resurrected). */
+static inline bool percpu_ref_is_dying(struct percpu_ref *ref)
+{
+	return __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_RELAXED) & __PERCPU_REF_DEAD;
+}
+
+PERCPUREF_END_DECLS
+
+#endif

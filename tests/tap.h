@@ -1,0 +1,60 @@
+/*
+ * Minimal TAP producer shared by the unit and stress tests.
+ *
+ * ok()/is() print one TAP line each and count failures; done_testing()
+ * prints the plan and the closing "N passed, N failed" line and returns the
+ * exit status.  Nothing here is concurrent: call from the main thread, or
+ * use tap_fail_count() under your own lock.
+ */
+#ifndef PERCPUREF_TESTS_TAP_H
+#define PERCPUREF_TESTS_TAP_H
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int tap_run, tap_failed;
+
+static inline int tap_ok(int cond, const char *file, int line, const char *fmt, ...)
+{
+	va_list ap;
+
+	tap_run++;
+	if (!cond)
+		tap_failed++;
+	printf("%sok %d - ", cond ? "" : "not ", tap_run);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	if (!cond)
+		printf("#   failed at %s:%d\n", file, line);
+	fflush(stdout);
+	return cond;
+}
+
+#define ok(cond, ...) tap_ok(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
+#define is(got, want, ...)                                                   \
+	do {                                                                 \
+		long long got_ = (long long)(got), want_ = (long long)(want); \
+		if (!ok(got_ == want_, __VA_ARGS__))                          \
+			printf("#   got %lld, want %lld\n", got_, want_);   \
+	} while (0)
+
+static inline int done_testing(void)
+{
+	printf("1..%d\n", tap_run);
+	printf("%d passed, %d failed\n", tap_run - tap_failed, tap_failed);
+	return tap_failed ? 1 : 0;
+}
+
+/* Seconds a stress test runs: $STRESS_SECONDS, else the test's default. */
+static inline double stress_seconds(double dflt)
+{
+	const char *env = getenv("STRESS_SECONDS");
+	double v = env && *env ? atof(env) : 0;
+
+	return v > 0 ? v : dflt;
+}
+
+#endif
