@@ -113,6 +113,13 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref);
 PERCPUREF_API void percpu_ref_reinit(struct percpu_ref *ref);
 PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref);
+/*
+ * percpu_ref_barrier - wait until every asynchronous switch (kill,
+ * switch_to_atomic) started before the call has been confirmed, and the
+ * releases those switches triggered have run.  For tests and shutdown; must
+ * not be called from a callback.
+ */
+PERCPUREF_API void percpu_ref_barrier(void);
 
 /* Out-of-line halves of the fast paths: fallback (no rseq) and misuse. */
 PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr);
@@ -147,16 +154,19 @@ static inline void __percpu_ref_atomic_add(struct percpu_ref *ref, unsigned long
 		__percpu_ref_count_misuse(ref, old, nr, true);
 }
 
-static inline void __percpu_ref_atomic_sub(struct percpu_ref *ref, unsigned long nr)
+/* Drops @nr from the atomic count; true when that reached zero (the caller
+ * then owns the release). */
+static inline bool __percpu_ref_atomic_sub_and_test(struct percpu_ref *ref, unsigned long nr)
 {
 	unsigned long old = __atomic_fetch_sub(&ref->data->count, nr, __ATOMIC_RELEASE);
 
 	if (old == nr) {
 		__atomic_thread_fence(__ATOMIC_ACQUIRE);
-		__percpu_ref_release(ref);
-	} else if (percpuref_unlikely(old - nr >= PERCPU_REF_UNDERFLOW_ZONE)) {
-		__percpu_ref_count_misuse(ref, old, nr, false);
+		return true;
 	}
+	if (percpuref_unlikely(old - nr >= PERCPU_REF_UNDERFLOW_ZONE))
+		__percpu_ref_count_misuse(ref, old, nr, false);
+	return false;
 }
 
 /* Adds one reference unless the count is zero (the kernel's add_unless). */
@@ -252,10 +262,10 @@ static inline void percpu_ref_put_many(struct percpu_ref *ref, unsigned long nr)
 
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return;
-	if (r == PERCPUREF_THIS_CPU_FLAGGED)
-		__percpu_ref_atomic_sub(ref, nr);
-	else
+	if (r != PERCPUREF_THIS_CPU_FLAGGED)
 		__percpu_ref_put_slow(ref, nr);
+	else if (__percpu_ref_atomic_sub_and_test(ref, nr))
+		__percpu_ref_release(ref);
 }
 
 /* percpu_ref_put - drop one reference; see percpu_ref_put_many(). */

@@ -1,0 +1,95 @@
+/*
+ * internal.h - what the library's source files share and the public headers
+ * do not show: the reader fence, the fallback read side, the per-CPU
+ * allocator, warnings and the fault-injection hook the tests use.
+ */
+#ifndef PERCPUREF_INTERNAL_H
+#define PERCPUREF_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <percpuref/compiler.h>
+#include <percpuref/this_cpu.h>
+
+#define _LGPL_SOURCE
+#include <urcu/urcu-bp.h>
+
+/* The library's locks (held across fork() by runtime.c, in this order). */
+extern pthread_mutex_t percpuref_switch_lock;	/* percpu_ref.c: mode switches */
+extern pthread_mutex_t percpuref_alloc_lock;	/* percpu_alloc.c: chunks, slots */
+
+/* Runtime set-up: rseq/membarrier detection, CPU count, fork handlers.
+ * Idempotent and thread-safe; every slow path that may be first calls it. */
+void percpuref_runtime_init(void);
+
+/* Number of per-CPU units: every CPU id the kernel may report is below it. */
+unsigned int percpuref_nr_units(void);
+
+/*
+ * percpuref_fence_readers - wait until no per-CPU update that read a mode
+ * word before this call can still commit.  The caller has already stored the
+ * new mode flags.  rseq readers: membarrier(..._RSEQ) aborts every
+ * uncommitted sequence.  Fallback readers (sched_getcpu + atomic inside an
+ * RCU read-side section): an RCU grace period, taken only once some thread
+ * has used the fallback (see percpuref_fallback_read_lock()).  Sleeps; must
+ * not be called inside an RCU read-side section.
+ */
+void percpuref_fence_readers(void);
+/* Only the rseq half: for callers that just waited for a grace period. */
+void percpuref_fence_rseq_readers(void);
+
+/* Fallback read side.  Nestable; any thread, no registration. */
+void percpuref_fallback_read_lock(void);
+void percpuref_fallback_read_unlock(void);
+/* This CPU's copy of the per-CPU counter at @cpu0 (fallback path). */
+unsigned long *percpuref_fallback_this_cpu(uintptr_t cpu0);
+
+/* Deferred call after an RCU grace period (liburcu-bp call_rcu). */
+struct percpuref_deferred;
+typedef void (*percpuref_deferred_fn)(struct percpuref_deferred *);
+struct percpuref_deferred {
+	struct rcu_head rcu;
+	percpuref_deferred_fn fn;
+};
+void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn);
+/* Wait for every callback queued before this call (urcu's rcu_barrier). */
+void percpuref_wait_deferred(void);
+
+/* Per-CPU allocator (percpu_alloc.c).  Counters are zeroed on allocation. */
+uintptr_t percpuref_counter_alloc(void);	/* CPU 0's address, or 0: ENOMEM */
+void percpuref_counter_free(uintptr_t cpu0);
+static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int cpu)
+{
+	return (unsigned long *)(cpu0 + ((uintptr_t)cpu << PERCPUREF_UNIT_SHIFT));
+}
+/* Allocator occupancy, for tests and the benchmarks' memory reports. */
+struct percpuref_counter_stats {
+	size_t chunks;		/* chunks mapped */
+	size_t in_use;		/* counters allocated */
+	size_t free;		/* counters allocatable without a new chunk */
+	size_t bytes_mapped;	/* address space reserved for counters */
+};
+PERCPUREF_API void percpuref_counter_stats(struct percpuref_counter_stats *stats);
+
+/* Memory for the library's own objects; fails on demand (see below). */
+void *percpuref_zalloc(size_t size);
+
+/*
+ * Fault injection for tests: the @nth next allocation made through
+ * percpuref_zalloc() or the per-CPU allocator fails (1 = the very next);
+ * 0 disarms.  Exposed (default visibility) so tests linking the static
+ * library can reach it; not part of the installed API.
+ */
+PERCPUREF_API void percpuref_fault_fail_nth_alloc(long nth);
+bool percpuref_fault_should_fail(void);
+
+/* One-line diagnostic on stderr: "percpuref: <fn>: <message>". */
+void percpuref_warn(const char *fn, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* Count of warnings printed so far (tests assert misuse was reported). */
+PERCPUREF_API unsigned long percpuref_warning_count(void);
+
+#endif

@@ -1,0 +1,514 @@
+/*
+ * percpu_ref.c - slow paths of the per-CPU reference count: init and exit,
+ * mode switches, kill, resurrect and reinit, and misuse handling.
+ *
+ * The object.  A percpu_ref is a mode word (percpu_count_ptr: the address of
+ * CPU 0's counter with the ATOMIC and DEAD flags in its low bits) plus a
+ * separately allocated percpu_ref_data holding the atomic count.  The total
+ * number of references is  data->count + sum of the per-CPU counters  taken
+ * modulo 2^64: any one per-CPU counter may be "negative" (a get on one CPU,
+ * the put on another), only the sum means something.
+ *
+ * Life cycle: per-CPU -> atomic -> dead (and back, with ALLOW_REINIT).
+ *  - Per-CPU mode: the fast paths add to this CPU's counter and never look
+ *    at zero.  data->count carries PERCPU_COUNT_BIAS (2^63) so that atomic
+ *    operations racing with a switch can never see it reach zero.
+ *  - To atomic: under the switch lock set ATOMIC in the mode word and take an
+ *    extra reference (atomic: the flag is already visible to this thread);
+ *    then the reader fence (membarrier for rseq readers, an RCU grace period
+ *    for fallback readers; runtime.c) guarantees that no per-CPU update which
+ *    read the old mode word can still land.  Only then is it safe to sum the
+ *    per-CPU counters and add (sum - BIAS) to data->count in one atomic add:
+ *    adding CPUs one by one could let the count touch zero halfway.
+ *    Finally the confirm callback runs and the extra reference is dropped;
+ *    if that was the last one, @release runs there.
+ *  - Kill: set DEAD, switch to atomic as above, drop the initial reference.
+ *  - To per-CPU: add BIAS, zero the per-CPU counters, then clear ATOMIC with
+ *    a release store; it pairs with the reader's load of the mode word
+ *    (an rseq load on x86 is ordered by TSO; the fallback loads with acquire)
+ *    so any reader that sees the flag clear also sees the zeroed counters.
+ *
+ * Concurrency.  One global mutex (percpuref_switch_lock) serialises every
+ * mode change, as the kernel's percpu_ref_switch_lock does (the proposal's
+ * limitation 4).  A switch to atomic in flight is marked by a non-NULL
+ * data->confirm_switch; the next mode change on that ref waits on
+ * switch_done until it is cleared.  Callbacks (confirm, release) are never
+ * called with the lock held, so they may call into the API on other refs.
+ * The asynchronous switch (switch_to_atomic, kill) finishes in a liburcu-bp
+ * call_rcu callback; percpu_ref_switch_to_atomic_sync() waits for the fence
+ * on the calling thread instead, which costs a membarrier, not a grace period
+ * plus a hand-off, when no thread runs on the fallback path.
+ *
+ * Misuse never corrupts the count: a count pushed below zero or a get on a
+ * released ref pins the count at PERCPU_REF_SATURATED (the object leaks,
+ * release never runs twice); kill twice, resurrect of a live ref, reinit of a
+ * non-zero ref and switching a ref created without ALLOW_REINIT back to
+ * per-CPU mode warn and do nothing.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "internal.h"
+#include "percpuref/percpu_ref.h"
+
+pthread_mutex_t percpuref_switch_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t switch_done = PTHREAD_COND_INITIALIZER;
+/* The ref whose switch this thread is finishing (callbacks run inside). */
+static __thread struct percpu_ref *finishing_switch_of;
+
+struct percpu_ref_impl {
+	struct percpu_ref_data data;	/* first: ref->data points here */
+	struct percpuref_deferred switch_work;
+};
+
+static struct percpu_ref_impl *impl_of(struct percpu_ref_data *data)
+{
+	return caa_container_of(data, struct percpu_ref_impl, data);
+}
+
+static uintptr_t mode_word(struct percpu_ref *ref)
+{
+	/* Relaxed: writers hold the switch lock; lockless readers order
+	 * themselves (see the fast paths). */
+	return __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_RELAXED);
+}
+
+static void set_mode_word(struct percpu_ref *ref, uintptr_t word)
+{
+	/* Relaxed: flag *setting* needs no order of its own, the reader fence
+	 * that follows orders it; clearing ATOMIC uses publish_percpu_mode(). */
+	__atomic_store_n(&ref->percpu_count_ptr, word, __ATOMIC_RELAXED);
+}
+
+static uintptr_t counter_of(struct percpu_ref *ref)
+{
+	return mode_word(ref) & ~(uintptr_t)__PERCPU_REF_ATOMIC_DEAD;
+}
+
+static void noop_confirm(struct percpu_ref *ref)
+{
+	(void)ref;
+}
+
+PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *release,
+				  unsigned int flags)
+{
+	struct percpu_ref_impl *impl;
+	unsigned long start_count = 0;
+	uintptr_t cpu0;
+
+	if (!ref)
+		return -EINVAL;
+	ref->percpu_count_ptr = __PERCPU_REF_ATOMIC_DEAD;
+	ref->data = NULL;
+	if (flags & ~(unsigned int)(PERCPU_REF_INIT_ATOMIC | PERCPU_REF_INIT_DEAD |
+				    PERCPU_REF_ALLOW_REINIT))
+		return -EINVAL;
+	percpuref_runtime_init();
+
+	cpu0 = percpuref_counter_alloc();
+	if (!cpu0)
+		return -ENOMEM;
+	impl = percpuref_zalloc(sizeof(*impl));
+	if (!impl) {
+		percpuref_counter_free(cpu0);
+		return -ENOMEM;
+	}
+
+	impl->data.force_atomic = flags & PERCPU_REF_INIT_ATOMIC;
+	impl->data.allow_reinit = flags & PERCPU_REF_ALLOW_REINIT;
+	if (flags & (PERCPU_REF_INIT_ATOMIC | PERCPU_REF_INIT_DEAD)) {
+		cpu0 |= __PERCPU_REF_ATOMIC;
+		impl->data.allow_reinit = true;
+	} else {
+		start_count += PERCPU_COUNT_BIAS;
+	}
+	if (flags & PERCPU_REF_INIT_DEAD)
+		cpu0 |= __PERCPU_REF_DEAD;
+	else
+		start_count++;
+
+	impl->data.count = start_count;
+	impl->data.release = release;
+	impl->data.ref = ref;
+	ref->percpu_count_ptr = cpu0;
+	ref->data = &impl->data;
+	return 0;
+}
+
+/* Waits until no switch to atomic is in flight on @data.  Lock held.
+ * False when this thread is inside that switch's own confirm callback. */
+static bool wait_switch_done(struct percpu_ref *ref)
+{
+	while (ref->data->confirm_switch) {
+		if (finishing_switch_of == ref)
+			return false;
+		pthread_cond_wait(&switch_done, &percpuref_switch_lock);
+	}
+	return true;
+}
+
+PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
+{
+	struct percpu_ref_data *data;
+	uintptr_t cpu0;
+
+	if (!ref)
+		return;
+	pthread_mutex_lock(&percpuref_switch_lock);
+	data = ref->data;
+	if (!data) {	/* never initialised successfully, or exited */
+		pthread_mutex_unlock(&percpuref_switch_lock);
+		return;
+	}
+	if (!wait_switch_done(ref)) {
+		percpuref_warn(__func__, "ref %p exited from its own confirm callback; leaked",
+			       (void *)ref);
+		pthread_mutex_unlock(&percpuref_switch_lock);
+		return;
+	}
+	cpu0 = counter_of(ref);
+	if (cpu0)
+		percpuref_counter_free(cpu0);
+	/* Keep the final count readable by percpu_ref_is_zero(). */
+	set_mode_word(ref, __PERCPU_REF_ATOMIC_DEAD |
+				   (__atomic_load_n(&data->count, __ATOMIC_RELAXED)
+				    << __PERCPU_REF_FLAG_BITS));
+	ref->data = NULL;
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	free(impl_of(data));
+}
+
+/*
+ * Folds the per-CPU counters into data->count.  Called after the reader
+ * fence, with the switch's extra reference held, so the result is >= 1 in a
+ * correct program; anything else means puts outnumbered gets.
+ */
+static void fold_percpu_counts(struct percpu_ref *ref)
+{
+	uintptr_t cpu0 = counter_of(ref);
+	unsigned int cpu, nr_units = percpuref_nr_units();
+	unsigned long sum = 0, count;
+
+	for (cpu = 0; cpu < nr_units; cpu++)
+		/* Relaxed: the fence made every update visible already. */
+		sum += __atomic_load_n(percpuref_counter_on(cpu0, cpu), __ATOMIC_RELAXED);
+	/* Relaxed: no release can race (extra reference held); the putter
+	 * that reaches zero later orders after this through the RMW chain. */
+	count = __atomic_add_fetch(&ref->data->count, sum - PERCPU_COUNT_BIAS,
+				   __ATOMIC_RELAXED);
+	if (count == 0 || count >= PERCPU_REF_UNDERFLOW_ZONE) {
+		percpuref_warn("percpu_ref_switch_to_atomic",
+			       "ref %p count %ld <= 0 after folding per-CPU counts; leaked",
+			       (void *)ref, (long)count);
+		__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+	}
+}
+
+/* Second half of a switch to atomic, after the reader fence: fold, confirm,
+ * drop the switch's reference.  Never called with the lock held. */
+static void finish_atomic_switch(struct percpu_ref *ref)
+{
+	struct percpu_ref_data *data = ref->data;
+	percpu_ref_func_t *confirm, *release = data->release;
+	bool released;
+
+	pthread_mutex_lock(&percpuref_switch_lock);
+	fold_percpu_counts(ref);
+	confirm = data->confirm_switch;
+	pthread_mutex_unlock(&percpuref_switch_lock);
+
+	finishing_switch_of = ref;
+	confirm(ref);
+
+	pthread_mutex_lock(&percpuref_switch_lock);
+	/* A dead ref that may never go back needs no per-CPU counter. */
+	if ((mode_word(ref) & __PERCPU_REF_DEAD) && !data->allow_reinit) {
+		percpuref_counter_free(counter_of(ref));
+		set_mode_word(ref, __PERCPU_REF_ATOMIC_DEAD);
+	}
+	released = __percpu_ref_atomic_sub_and_test(ref, 1);
+	data->confirm_switch = NULL;
+	pthread_cond_broadcast(&switch_done);
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	finishing_switch_of = NULL;
+
+	/* The data may be gone once the lock is dropped (a waiting exit):
+	 * use the release function read before. */
+	if (released && release)
+		release(ref);
+}
+
+static void switch_work_fn(struct percpuref_deferred *work)
+{
+	struct percpu_ref_impl *impl = caa_container_of(work, struct percpu_ref_impl, switch_work);
+
+	/* The grace period covered fallback readers; fence rseq readers. */
+	percpuref_fence_rseq_readers();
+	finish_atomic_switch(impl->data.ref);
+}
+
+/*
+ * First half of a switch to atomic.  Lock held, no switch in flight.
+ * Returns true when a switch was started (the caller must fence and finish
+ * it, or has it finished asynchronously when @async); false when the ref was
+ * atomic already and @confirm must be called by the caller after unlocking.
+ */
+static bool start_atomic_switch(struct percpu_ref *ref, percpu_ref_func_t *confirm, bool async)
+{
+	if (mode_word(ref) & __PERCPU_REF_ATOMIC)
+		return false;
+	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_ATOMIC);
+	ref->data->confirm_switch = confirm ? confirm : noop_confirm;
+	/* Held until the switch is confirmed; atomic since the flag is set. */
+	__atomic_fetch_add(&ref->data->count, 1, __ATOMIC_RELAXED);
+	if (async)
+		percpuref_call_after_grace_period(&impl_of(ref->data)->switch_work,
+						  switch_work_fn);
+	return true;
+}
+
+/* Lock held, no switch in flight, ref atomic and not dead. */
+static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
+{
+	uintptr_t cpu0 = counter_of(ref);
+	unsigned int cpu, nr_units = percpuref_nr_units();
+
+	if (!(mode_word(ref) & __PERCPU_REF_ATOMIC))
+		return;
+	if (!ref->data->allow_reinit || !cpu0) {
+		percpuref_warn(caller, "ref %p was created without PERCPU_REF_ALLOW_REINIT; "
+			       "stays atomic", (void *)ref);
+		return;
+	}
+	/* Relaxed: published by the release store below. */
+	__atomic_fetch_add(&ref->data->count, PERCPU_COUNT_BIAS, __ATOMIC_RELAXED);
+	for (cpu = 0; cpu < nr_units; cpu++)
+		__atomic_store_n(percpuref_counter_on(cpu0, cpu), 0, __ATOMIC_RELAXED);
+	/* Release: a reader that sees ATOMIC clear sees the bias and the zeroed
+	 * counters (pairs with the acquire/TSO load of the mode word). */
+	__atomic_store_n(&ref->percpu_count_ptr, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_ATOMIC,
+			 __ATOMIC_RELEASE);
+}
+
+/*
+ * The kernel's __percpu_ref_switch_mode(): wait for a switch in flight, then
+ * go where force_atomic and DEAD say.  Lock held.  Returns the confirm
+ * callback the caller must run after unlocking (ref was atomic already), or
+ * NULL.
+ */
+static percpu_ref_func_t *switch_mode_locked(struct percpu_ref *ref, percpu_ref_func_t *confirm,
+					     const char *caller)
+{
+	if (!wait_switch_done(ref)) {
+		percpuref_warn(caller, "ref %p switched from its own confirm callback; ignored",
+			       (void *)ref);
+		return NULL;
+	}
+	if (ref->data->force_atomic || (mode_word(ref) & __PERCPU_REF_DEAD)) {
+		if (!start_atomic_switch(ref, confirm, true))
+			return confirm;
+	} else {
+		switch_to_percpu_locked(ref, caller);
+	}
+	return NULL;
+}
+
+static bool ref_usable(struct percpu_ref *ref, const char *caller)
+{
+	if (ref && ref->data)
+		return true;
+	percpuref_warn(caller, "ref %p is not initialised (or already exited)", (void *)ref);
+	return false;
+}
+
+PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
+					       percpu_ref_func_t *confirm_switch)
+{
+	percpu_ref_func_t *confirm_now;
+
+	if (!ref_usable(ref, __func__))
+		return;
+	pthread_mutex_lock(&percpuref_switch_lock);
+	ref->data->force_atomic = true;
+	confirm_now = switch_mode_locked(ref, confirm_switch, __func__);
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	if (confirm_now)
+		confirm_now(ref);
+}
+
+PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
+{
+	bool started = false;
+
+	if (!ref_usable(ref, __func__))
+		return;
+	pthread_mutex_lock(&percpuref_switch_lock);
+	ref->data->force_atomic = true;
+	if (wait_switch_done(ref))
+		started = start_atomic_switch(ref, NULL, false);
+	else
+		percpuref_warn(__func__, "ref %p switched from its own confirm callback; ignored",
+			       (void *)ref);
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	if (started) {
+		percpuref_fence_readers();
+		finish_atomic_switch(ref);
+	}
+}
+
+PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
+{
+	if (!ref_usable(ref, __func__))
+		return;
+	pthread_mutex_lock(&percpuref_switch_lock);
+	ref->data->force_atomic = false;
+	switch_mode_locked(ref, NULL, __func__);
+	pthread_mutex_unlock(&percpuref_switch_lock);
+}
+
+PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
+					       percpu_ref_func_t *confirm_kill)
+{
+	percpu_ref_func_t *confirm_now;
+
+	if (!ref_usable(ref, __func__))
+		return;
+	pthread_mutex_lock(&percpuref_switch_lock);
+	if (mode_word(ref) & __PERCPU_REF_DEAD) {
+		pthread_mutex_unlock(&percpuref_switch_lock);
+		percpuref_warn(__func__, "called more than once on ref %p; ignored", (void *)ref);
+		return;
+	}
+	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
+	confirm_now = switch_mode_locked(ref, confirm_kill, __func__);
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	if (confirm_now)
+		confirm_now(ref);
+	percpu_ref_put(ref);	/* the initial reference */
+}
+
+PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
+{
+	if (!ref_usable(ref, __func__))
+		return;
+	pthread_mutex_lock(&percpuref_switch_lock);
+	if (!(mode_word(ref) & __PERCPU_REF_DEAD)) {
+		pthread_mutex_unlock(&percpuref_switch_lock);
+		percpuref_warn(__func__, "ref %p is not dead; ignored", (void *)ref);
+		return;
+	}
+	if (!ref->data->allow_reinit) {
+		pthread_mutex_unlock(&percpuref_switch_lock);
+		percpuref_warn(__func__, "ref %p was created without PERCPU_REF_ALLOW_REINIT; "
+			       "ignored", (void *)ref);
+		return;
+	}
+	set_mode_word(ref, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_DEAD);
+	/* The new initial reference; relaxed like any get (the count may be
+	 * zero here: reinit). */
+	__atomic_fetch_add(&ref->data->count, 1, __ATOMIC_RELAXED);
+	switch_mode_locked(ref, NULL, __func__);
+	pthread_mutex_unlock(&percpuref_switch_lock);
+}
+
+PERCPUREF_API void percpu_ref_reinit(struct percpu_ref *ref)
+{
+	if (!ref_usable(ref, __func__))
+		return;
+	if (!percpu_ref_is_zero(ref)) {
+		percpuref_warn(__func__, "ref %p count is not zero; ignored", (void *)ref);
+		return;
+	}
+	percpu_ref_resurrect(ref);
+}
+
+PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref)
+{
+	unsigned long count;
+
+	if (!(mode_word(ref) & __PERCPU_REF_ATOMIC_DEAD))
+		return false;
+	/* The lock keeps data from being freed under us. */
+	pthread_mutex_lock(&percpuref_switch_lock);
+	if (ref->data)
+		count = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
+	else
+		count = mode_word(ref) >> __PERCPU_REF_FLAG_BITS;
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	return count == 0;
+}
+
+PERCPUREF_API void percpu_ref_barrier(void)
+{
+	percpuref_wait_deferred();
+}
+
+/*
+ * Fallback halves of the fast paths, for threads without rseq.  The mode
+ * word is read inside an RCU read-side section with acquire (pairs with the
+ * release store in switch_to_percpu_locked()); the per-CPU add is atomic
+ * because the thread may migrate between sched_getcpu() and the add.  The
+ * atomic-mode work happens after the read-side section ends, so a release
+ * callback never runs inside one.
+ */
+static bool fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
+{
+	uintptr_t word;
+	bool done = false;
+
+	percpuref_fallback_read_lock();
+	word = __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_ACQUIRE);
+	if (!(word & __PERCPU_REF_ATOMIC_DEAD)) {
+		/* Relaxed: the switcher's grace period orders it. */
+		__atomic_fetch_add(percpuref_fallback_this_cpu(word), delta, __ATOMIC_RELAXED);
+		done = true;
+	}
+	percpuref_fallback_read_unlock();
+	return done;
+}
+
+PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr)
+{
+	if (!fallback_percpu_add(ref, nr))
+		__percpu_ref_atomic_add(ref, nr);
+}
+
+PERCPUREF_API bool __percpu_ref_tryget_slow(struct percpu_ref *ref, unsigned long nr, bool live)
+{
+	if (fallback_percpu_add(ref, nr))
+		return true;
+	if (live && (mode_word(ref) & __PERCPU_REF_DEAD))
+		return false;
+	return __percpu_ref_atomic_add_not_zero(ref, nr);
+}
+
+PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long nr)
+{
+	if (!fallback_percpu_add(ref, -nr) && __percpu_ref_atomic_sub_and_test(ref, nr))
+		__percpu_ref_release(ref);
+}
+
+PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
+{
+	if (ref->data->release)
+		ref->data->release(ref);
+}
+
+PERCPUREF_API void __percpu_ref_count_misuse(struct percpu_ref *ref, unsigned long old,
+					     unsigned long nr, bool get)
+{
+	/* Already saturated: stay pinned, already reported. */
+	if (old < PERCPU_REF_UNDERFLOW_ZONE) {
+		if (get)
+			percpuref_warn("percpu_ref_get", "ref %p get on a released ref "
+				       "(count was 0); leaked", (void *)ref);
+		else
+			percpuref_warn("percpu_ref_put", "ref %p put of %lu below zero "
+				       "(count was %lu); leaked", (void *)ref, nr, old);
+	}
+	/* Relaxed: a best-effort pin, as refcount_t's saturation. */
+	__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,449 @@
+/*
+ * Unit tests of <percpuref/percpu_ref.h>: one block per call and per rule of
+ * the kernel's percpu_ref contract, plus misuse, allocation failure, the
+ * per-CPU layout and migration.  Run as is (rseq fast path where the kernel
+ * and libc provide it), under PERCPUREF_NO_RSEQ=1 (fallback path) and under
+ * valgrind (no rseq) by tests/CMakeLists.txt.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "percpuref/percpu_ref.h"
+#include "tap.h"
+
+static int releases, confirms;
+static struct percpu_ref *last_released, *last_confirmed;
+
+static void count_release(struct percpu_ref *ref)
+{
+	releases++;
+	last_released = ref;
+}
+
+static void count_confirm(struct percpu_ref *ref)
+{
+	confirms++;
+	last_confirmed = ref;
+}
+
+static bool is_atomic(struct percpu_ref *ref)
+{
+	return ref->percpu_count_ptr & __PERCPU_REF_ATOMIC;
+}
+
+/* The true count: atomic count without bias plus every CPU's counter. */
+static unsigned long total(struct percpu_ref *ref)
+{
+	unsigned long sum = ref->data->count;
+	unsigned int cpu;
+
+	if (!is_atomic(ref)) {
+		sum -= PERCPU_COUNT_BIAS;
+		for (cpu = 0; cpu < percpuref_nr_units(); cpu++)
+			sum += *percpuref_counter_on(ref->percpu_count_ptr & ~3UL, cpu);
+	}
+	return sum;
+}
+
+static void reset(void)
+{
+	releases = confirms = 0;
+	last_released = last_confirmed = NULL;
+}
+
+static void test_init(void)
+{
+	struct percpu_ref ref;
+
+	is(percpu_ref_init(&ref, count_release, 0), 0, "init: returns 0");
+	ok(!is_atomic(&ref) && !percpu_ref_is_dying(&ref), "init: per-CPU and live");
+	is(total(&ref), 1, "init: count starts at 1");
+	ok(!percpu_ref_is_zero(&ref), "init: not zero");
+	percpu_ref_exit(&ref);
+
+	is(percpu_ref_init(&ref, count_release, 1U << 7), -EINVAL, "init: unknown flag is -EINVAL");
+	ok(ref.data == NULL, "init: failed init leaves no data");
+	percpu_ref_exit(&ref);	/* must be harmless */
+	is(percpu_ref_init(NULL, count_release, 0), -EINVAL, "init: NULL ref is -EINVAL");
+
+	is(percpu_ref_init(&ref, count_release, PERCPU_REF_INIT_ATOMIC), 0, "init atomic: 0");
+	ok(is_atomic(&ref) && !percpu_ref_is_dying(&ref), "init atomic: atomic, live");
+	is(ref.data->count, 1, "init atomic: count 1, no bias");
+	percpu_ref_exit(&ref);
+
+	is(percpu_ref_init(&ref, count_release, PERCPU_REF_INIT_DEAD), 0, "init dead: 0");
+	ok(percpu_ref_is_dying(&ref) && percpu_ref_is_zero(&ref), "init dead: dying, zero");
+	ok(!percpu_ref_tryget(&ref), "init dead: tryget fails");
+	percpu_ref_reinit(&ref);
+	ok(!percpu_ref_is_dying(&ref) && !is_atomic(&ref), "init dead: reinit makes it live per-CPU");
+	is(total(&ref), 1, "init dead: reinit count 1");
+	percpu_ref_exit(&ref);
+}
+
+static void test_get_put_kill(void)
+{
+	struct percpu_ref ref;
+	int i;
+
+	reset();
+	percpu_ref_init(&ref, count_release, 0);
+	for (i = 0; i < 1000; i++)
+		percpu_ref_get(&ref);
+	percpu_ref_get_many(&ref, 500);
+	is(total(&ref), 1501, "get/get_many: per-CPU count");
+	for (i = 0; i < 1000; i++)
+		percpu_ref_put(&ref);
+	percpu_ref_put_many(&ref, 500);
+	is(total(&ref), 1, "put/put_many: back to 1");
+	is(releases, 0, "per-CPU mode never releases");
+	ok(percpu_ref_tryget(&ref) && percpu_ref_tryget_many(&ref, 3), "tryget per-CPU succeeds");
+	ok(percpu_ref_tryget_live(&ref), "tryget_live on a live ref succeeds");
+	is(total(&ref), 6, "tryget counted");
+	percpu_ref_put_many(&ref, 5);
+
+	percpu_ref_get(&ref);		/* a user reference outliving kill */
+	percpu_ref_kill_and_confirm(&ref, count_confirm);
+	ok(percpu_ref_is_dying(&ref), "kill: dying at once");
+	percpu_ref_barrier();
+	is(confirms, 1, "kill_and_confirm: confirm ran once");
+	ok(last_confirmed == &ref, "kill_and_confirm: confirm got the ref");
+	ok(is_atomic(&ref), "kill: atomic after confirmation");
+	is(ref.data->count, 1, "kill: folded count is the user's reference");
+	is(releases, 0, "kill: no release while referenced");
+	ok(!percpu_ref_tryget_live(&ref), "tryget_live fails after kill confirmed");
+	ok(percpu_ref_tryget(&ref), "tryget succeeds on dying ref with count > 0");
+	percpu_ref_put(&ref);
+	percpu_ref_put(&ref);
+	is(releases, 1, "last put releases exactly once");
+	ok(last_released == &ref, "release got the ref");
+	ok(percpu_ref_is_zero(&ref), "is_zero after release");
+	ok(!percpu_ref_tryget(&ref), "tryget fails at zero");
+	percpu_ref_exit(&ref);
+	ok(percpu_ref_is_zero(&ref), "is_zero readable after exit");
+	ok(percpu_ref_is_dying(&ref), "is_dying readable after exit");
+
+	reset();
+	percpu_ref_init(&ref, count_release, 0);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 1, "kill of an unreferenced ref releases after the switch");
+	percpu_ref_exit(&ref);
+}
+
+static void test_switching(void)
+{
+	struct percpu_ref ref;
+
+	reset();
+	percpu_ref_init(&ref, count_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_get_many(&ref, 7);
+	percpu_ref_switch_to_atomic(&ref, count_confirm);
+	ok(is_atomic(&ref), "switch_to_atomic: flag set at once");
+	percpu_ref_barrier();
+	is(confirms, 1, "switch_to_atomic: confirm after the switch");
+	is(ref.data->count, 8, "switch_to_atomic: per-CPU counts folded");
+	percpu_ref_switch_to_atomic(&ref, count_confirm);
+	is(confirms, 2, "switch_to_atomic on atomic ref confirms at once");
+	percpu_ref_put_many(&ref, 7);
+	is(ref.data->count, 1, "atomic put");
+	is(releases, 0, "atomic mode does not release above zero");
+
+	percpu_ref_switch_to_percpu(&ref);
+	ok(!is_atomic(&ref), "switch_to_percpu: per-CPU again");
+	is(total(&ref), 1, "switch_to_percpu: count kept");
+	percpu_ref_switch_to_atomic_sync(&ref);
+	ok(is_atomic(&ref) && ref.data->confirm_switch == NULL, "switch_to_atomic_sync: done on return");
+	is(ref.data->count, 1, "switch_to_atomic_sync: count kept");
+
+	/* Sticky atomic: survives kill + reinit until switch_to_percpu. */
+	percpu_ref_kill(&ref);
+	is(releases, 1, "kill of an atomic ref releases synchronously");
+	percpu_ref_reinit(&ref);
+	ok(is_atomic(&ref) && !percpu_ref_is_dying(&ref), "reinit keeps a forced-atomic ref atomic");
+	percpu_ref_switch_to_percpu(&ref);
+	ok(!is_atomic(&ref), "switch_to_percpu lifts the sticky atomic mode");
+
+	/* switch_to_percpu of a dying ref waits for reinit. */
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 2, "second kill cycle releases");
+	percpu_ref_switch_to_percpu(&ref);
+	ok(is_atomic(&ref), "switch_to_percpu on a dead ref keeps it atomic");
+	percpu_ref_reinit(&ref);
+	ok(!is_atomic(&ref), "reinit then goes per-CPU");
+	percpu_ref_exit(&ref);
+}
+
+static void test_resurrect(void)
+{
+	struct percpu_ref ref;
+
+	reset();
+	percpu_ref_init(&ref, count_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_get(&ref);
+	percpu_ref_kill(&ref);
+	percpu_ref_resurrect(&ref);
+	ok(!percpu_ref_is_dying(&ref), "resurrect: live again");
+	percpu_ref_barrier();
+	ok(!is_atomic(&ref), "resurrect: back to per-CPU once the kill's switch ends");
+	is(total(&ref), 2, "resurrect: user ref + new initial ref");
+	percpu_ref_put(&ref);
+	is(releases, 0, "resurrect: no release");
+
+	percpu_ref_resurrect(&ref);
+	is(total(&ref), 1, "resurrect of a live ref changes nothing");
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 1, "released after final kill");
+	percpu_ref_exit(&ref);
+
+	/* Without ALLOW_REINIT a dead ref stays dead. */
+	reset();
+	percpu_ref_init(&ref, count_release, 0);
+	percpu_ref_get(&ref);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	percpu_ref_resurrect(&ref);
+	ok(percpu_ref_is_dying(&ref), "resurrect refused without ALLOW_REINIT");
+	is(ref.data->count, 1, "refused resurrect keeps the count");
+	percpu_ref_put(&ref);
+	is(releases, 1, "released once");
+	percpu_ref_exit(&ref);
+}
+
+static void test_misuse(void)
+{
+	struct percpu_ref ref;
+	unsigned long warned;
+
+	reset();
+	percpu_ref_init(&ref, count_release, 0);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	warned = percpuref_warning_count();
+	percpu_ref_kill(&ref);
+	ok(percpuref_warning_count() == warned + 1, "kill twice warns");
+	is(releases, 1, "kill twice does not release twice");
+	ok(percpu_ref_is_zero(&ref), "kill twice leaves count at zero");
+
+	percpu_ref_put(&ref);
+	ok(percpuref_warning_count() == warned + 2, "put below zero warns");
+	is(releases, 1, "put below zero does not release");
+	is(ref.data->count, PERCPU_REF_SATURATED, "put below zero saturates");
+	percpu_ref_put(&ref);
+	percpu_ref_get(&ref);
+	is(ref.data->count, PERCPU_REF_SATURATED, "saturated count stays pinned");
+	ok(percpuref_warning_count() == warned + 2, "saturated count warns only once");
+	percpu_ref_exit(&ref);
+
+	/* get on a released ref. */
+	reset();
+	percpu_ref_init(&ref, count_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_ref_kill(&ref);
+	is(releases, 1, "atomic kill released");
+	warned = percpuref_warning_count();
+	percpu_ref_get(&ref);
+	ok(percpuref_warning_count() == warned + 1, "get on released ref warns");
+	percpu_ref_put(&ref);
+	is(releases, 1, "get+put on released ref never releases again");
+	percpu_ref_exit(&ref);
+
+	/* Too many puts while per-CPU: caught when folding at kill. */
+	reset();
+	percpu_ref_init(&ref, count_release, 0);
+	percpu_ref_put(&ref);
+	percpu_ref_put(&ref);
+	warned = percpuref_warning_count();
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	ok(percpuref_warning_count() >= warned + 1, "per-CPU underflow warned at fold");
+	is(releases, 0, "per-CPU underflow never releases");
+	percpu_ref_exit(&ref);
+
+	/* reinit of a nonzero ref. */
+	percpu_ref_init(&ref, count_release, PERCPU_REF_ALLOW_REINIT);
+	warned = percpuref_warning_count();
+	percpu_ref_reinit(&ref);
+	ok(percpuref_warning_count() == warned + 1, "reinit of a live ref warns");
+	is(total(&ref), 1, "reinit of a live ref changes nothing");
+	percpu_ref_exit(&ref);
+
+	/* Calls on an exited ref. */
+	warned = percpuref_warning_count();
+	percpu_ref_kill(&ref);
+	percpu_ref_switch_to_percpu(&ref);
+	ok(percpuref_warning_count() == warned + 2, "calls on an exited ref warn");
+}
+
+static void test_alloc_failure(void)
+{
+	struct percpuref_counter_stats before, after;
+	struct percpu_ref ref, *fill;
+	size_t i, n;
+
+	percpuref_counter_stats(&before);
+	percpuref_fault_fail_nth_alloc(1);	/* the ref's data */
+	is(percpu_ref_init(&ref, count_release, 0), -ENOMEM, "init: data allocation failure is -ENOMEM");
+	percpuref_counter_stats(&after);
+	ok(after.in_use == before.in_use, "data failure frees the per-CPU counter");
+	ok(ref.data == NULL, "failed init leaves the ref exitable");
+	percpu_ref_exit(&ref);
+
+	/* Use up every free counter, then make growing fail. */
+	n = before.free;
+	fill = calloc(n + 1, sizeof(*fill));
+	for (i = 0; i < n; i++)
+		percpu_ref_init(&fill[i], count_release, 0);
+	percpuref_counter_stats(&before);
+	is(before.free, 0, "allocator full");
+	percpuref_fault_fail_nth_alloc(1);
+	is(percpu_ref_init(&fill[n], count_release, 0), -ENOMEM, "chunk growth failure is -ENOMEM");
+	percpuref_counter_stats(&after);
+	ok(after.chunks == before.chunks && after.in_use == before.in_use,
+	   "chunk growth failure leaks nothing");
+	percpuref_fault_fail_nth_alloc(2);
+	is(percpu_ref_init(&fill[n], count_release, 0), -ENOMEM, "second failure point is -ENOMEM too");
+	percpuref_counter_stats(&after);
+	ok(after.in_use == before.in_use, "second failure point leaks no counter");
+	percpuref_fault_fail_nth_alloc(0);
+	is(percpu_ref_init(&fill[n], count_release, 0), 0, "init succeeds once memory is back");
+	percpuref_counter_stats(&after);
+	ok(after.chunks == before.chunks + 1, "a new chunk was mapped");
+	for (i = 0; i <= n; i++)
+		percpu_ref_exit(&fill[i]);
+	free(fill);
+
+	/* Freed slots are reused: churn does not grow memory. */
+	percpuref_counter_stats(&before);
+	for (i = 0; i < 50000; i++) {
+		percpu_ref_init(&ref, count_release, 0);
+		percpu_ref_exit(&ref);
+	}
+	percpuref_counter_stats(&after);
+	ok(after.chunks == before.chunks && after.in_use == before.in_use,
+	   "init/exit churn reuses slots");
+}
+
+static void test_layout(void)
+{
+	size_t per_chunk = (1UL << PERCPUREF_UNIT_SHIFT) / sizeof(unsigned long), i, n;
+	struct percpuref_counter_stats before, after;
+	struct percpu_ref *refs;
+	uintptr_t c;
+
+	/* Fill what is free, then exactly one chunk's worth: if a counter took
+	 * more than 8 bytes per CPU, a second new chunk would be needed. */
+	percpuref_counter_stats(&before);
+	n = before.free + per_chunk;
+	refs = calloc(n, sizeof(*refs));
+	for (i = 0; i < n; i++)
+		percpu_ref_init(&refs[i], count_release, 0);
+	percpuref_counter_stats(&after);
+	is(after.chunks, before.chunks + 1, "one chunk holds unit/8 counters: 8 bytes per CPU per ref");
+	is(after.bytes_mapped - before.bytes_mapped,
+	   (size_t)percpuref_nr_units() << PERCPUREF_UNIT_SHIFT, "a chunk is one unit per possible CPU");
+	c = refs[0].percpu_count_ptr;
+	ok((c & 7) == 0, "counters are 8-byte aligned");
+	ok((char *)percpuref_counter_on(c, 1) - (char *)percpuref_counter_on(c, 0) ==
+		   1L << PERCPUREF_UNIT_SHIFT,
+	   "CPU 1's copy is one unit away: never on CPU 0's cache line");
+	for (i = 0; i < n; i++)
+		percpu_ref_exit(&refs[i]);
+	free(refs);
+}
+
+static struct percpu_ref migrating_ref;
+
+static void *migrate_and_count(void *arg)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	cpu_set_t set;
+	int i, j;
+
+	(void)arg;
+	for (i = 0; i < 2000; i++) {
+		CPU_ZERO(&set);
+		CPU_SET(i % cpus, &set);
+		pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+		for (j = 0; j < 50; j++)
+			percpu_ref_get(&migrating_ref);
+		sched_yield();
+		for (j = 0; j < 49; j++)
+			percpu_ref_put(&migrating_ref);
+	}
+	return NULL;
+}
+
+static void test_migration(void)
+{
+	pthread_t threads[4];
+	int i;
+
+	reset();
+	percpu_ref_init(&migrating_ref, count_release, 0);
+	for (i = 0; i < 4; i++)
+		pthread_create(&threads[i], NULL, migrate_and_count, NULL);
+	for (i = 0; i < 4; i++)
+		pthread_join(threads[i], NULL);
+	is(total(&migrating_ref), 1 + 4 * 2000, "migrating threads: per-CPU sum exact");
+	percpu_ref_kill(&migrating_ref);
+	percpu_ref_barrier();
+	is(migrating_ref.data->count, 4 * 2000, "migrating threads: folded count exact");
+	percpu_ref_put_many(&migrating_ref, 4 * 2000);
+	is(releases, 1, "migrating threads: released once at the end");
+	percpu_ref_exit(&migrating_ref);
+}
+
+struct object {
+	struct percpu_ref ref;
+	int payload;
+};
+
+static int objects_freed;
+
+static void free_object(struct percpu_ref *ref)
+{
+	struct object *obj = caa_container_of(ref, struct object, ref);
+
+	percpu_ref_exit(&obj->ref);
+	free(obj);
+	objects_freed++;
+}
+
+static void test_release_frees(void)
+{
+	struct object *obj = malloc(sizeof(*obj));
+	struct object *obj2 = malloc(sizeof(*obj2));
+
+	percpu_ref_init(&obj->ref, free_object, 0);
+	percpu_ref_kill(&obj->ref);	/* released in the switch callback */
+	percpu_ref_barrier();
+	is(objects_freed, 1, "release may exit and free its object (async switch)");
+
+	percpu_ref_init(&obj2->ref, free_object, 0);
+	percpu_ref_get(&obj2->ref);
+	percpu_ref_switch_to_atomic_sync(&obj2->ref);
+	percpu_ref_kill(&obj2->ref);
+	percpu_ref_put(&obj2->ref);
+	is(objects_freed, 2, "release may exit and free its object (last put)");
+}
+
+int main(void)
+{
+	test_init();
+	test_get_put_kill();
+	test_switching();
+	test_resurrect();
+	test_misuse();
+	test_alloc_failure();
+	test_layout();
+	test_migration();
+	test_release_frees();
+	printf("# fast path: %s\n", percpuref_rseq_usable ? "rseq" : "fallback");
+	return done_testing();
+}
