@@ -67,16 +67,14 @@ bool rcuref_put_slowpath(rcuref_t *ref, unsigned int cnt)
 		 * get revived it (or that get's own last put already marked
 		 * it): then this put must not release, and needs no retry.
 		 * Release: keeps this thread's accesses before DEAD is seen.
+		 * Acquire (the kernel's smp_acquire__after_ctrl_dep(), folded
+		 * into the cmpxchg so ThreadSanitizer can follow it): the
+		 * NOREF it reads comes from this put's own decrement, in the
+		 * release sequence of every earlier put, so the destructor
+		 * sees their accesses.
 		 */
-		if (!__atomic_compare_exchange_n(&ref->refcnt, &cnt, RCUREF_DEAD, false,
-						 __ATOMIC_RELEASE, __ATOMIC_RELAXED))
-			return false;
-		/*
-		 * The caller now destroys the object: pairs with the release
-		 * decrement of every other put (rcuref_put_rcusafe()).
-		 */
-		__atomic_thread_fence(__ATOMIC_ACQUIRE);
-		return true;
+		return __atomic_compare_exchange_n(&ref->refcnt, &cnt, RCUREF_DEAD, false,
+						   __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 	}
 	/* A put on a dead count is imbalanced: keep it dead, never release. */
 	if (cnt >= RCUREF_RELEASED) {

@@ -29,9 +29,9 @@
  * reached the object through something that already orders it (a lock, an
  * RCU-protected pointer, a reference it holds).  A put is a release
  * operation, so everything this thread did to the object happens before the
- * count drops; the put that reaches zero then issues an acquire fence,
- * pairing with the release of every other put, so @release sees every
- * access made under every reference.
+ * count drops; the put that reaches zero then issues an acquire fence
+ * (__kref_acquire_after_dec()), pairing with the release of every other
+ * put, so @release sees every access made under every reference.
  *
  * Any thread, any context; no registration.  The fast paths are inline;
  * only the misuse report is out of line (src/refcount_baselines.c).
@@ -54,6 +54,20 @@ struct kref {
 
 /* Static initialiser: struct kref k = KREF_INIT(1); */
 #define KREF_INIT(n) { (n) }
+
+/*
+ * The acquire half of the put that reached zero: a fence, the kernel's
+ * smp_acquire__after_ctrl_dep().  ThreadSanitizer does not model fences, so
+ * under it an acquire load of the count stands in: it reads this put's own
+ * decrement, which lies in the release sequence of every earlier put (Rust's
+ * Arc does the same).
+ */
+#ifdef __SANITIZE_THREAD__
+#define __kref_acquire_after_dec(kref) \
+	((void)__atomic_load_n(&(kref)->refcount, __ATOMIC_ACQUIRE))
+#else
+#define __kref_acquire_after_dec(kref) __atomic_thread_fence(__ATOMIC_ACQUIRE)
+#endif
 
 /*
  * Reports misuse in @fn (old value @old) unless the count was already
@@ -135,7 +149,7 @@ static inline int kref_put(struct kref *kref, void (*release)(struct kref *kref)
 
 	if (old == 1) {
 		/* Pairs with the release decrement of every earlier put. */
-		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		__kref_acquire_after_dec(kref);
 		release(kref);
 		return 1;
 	}

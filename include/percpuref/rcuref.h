@@ -45,9 +45,10 @@
  *
  * Memory ordering (as the kernel): gets are relaxed; whatever the caller
  * used to find the object (the RCU-protected pointer load, a lock) orders
- * its accesses.  A put is a release operation; the put that marks the count
- * dead follows its cmpxchg with an acquire fence, pairing with the release
- * of every other put, so the destructor sees all their accesses.
+ * its accesses.  A put is a release operation; the cmpxchg of the put that
+ * marks the count dead is also an acquire (the kernel's release cmpxchg plus
+ * smp_acquire__after_ctrl_dep()), pairing with the release of every other
+ * put, so the destructor sees all their accesses.
  *
  * Misuse is reported with one line on stderr: saturation once per object
  * (by the get that crosses RCUREF_MAXREF), an imbalanced put on a dead
@@ -136,8 +137,8 @@ static inline bool __attribute__((warn_unused_result)) rcuref_put_rcusafe(rcuref
 {
 	/*
 	 * Release: this thread's accesses to the object happen before the
-	 * count drops (pairs with the acquire fence of the put that marks it
-	 * dead, in rcuref_put_slowpath()).
+	 * count drops (pairs with the acquire cmpxchg of the put that marks
+	 * it dead, in rcuref_put_slowpath()).
 	 */
 	unsigned int cnt = __atomic_sub_fetch(&ref->refcnt, 1, __ATOMIC_RELEASE);
 

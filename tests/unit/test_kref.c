@@ -162,9 +162,12 @@ static void check_release(struct kref *kref)
 	int all = 1;
 
 	(void)kref;
-	/* The acquire in kref_put() makes every thread's write visible. */
+	/*
+	 * Relaxed loads: only the release/acquire pairing in kref_put()
+	 * guarantees they see the putters' relaxed stores.
+	 */
 	for (int i = 0; i < NTHREADS; i++)
-		all &= written[i];
+		all &= __atomic_load_n(&written[i], __ATOMIC_RELAXED);
 	release_saw_all = all;
 	__atomic_fetch_add(&release_calls, 1, __ATOMIC_RELAXED);
 }
@@ -185,7 +188,7 @@ static void *last_put_thread(void *arg)
 	int id = (int)(long)arg;
 
 	pthread_barrier_wait(&barrier);
-	written[id] = 1;	/* plain write, published by the put's release */
+	__atomic_store_n(&written[id], 1, __ATOMIC_RELAXED);
 	kref_put(&shared, check_release);
 	return NULL;
 }
