@@ -14,12 +14,12 @@
 #include <percpuref/compiler.h>
 #include <percpuref/this_cpu.h>
 
-#define _LGPL_SOURCE
 #include <urcu/urcu-bp.h>
 
 /* The library's locks (held across fork() by runtime.c, in this order). */
 extern pthread_mutex_t percpuref_switch_lock;	/* percpu_ref.c: mode switches */
 extern pthread_mutex_t percpuref_alloc_lock;	/* percpu_alloc.c: chunks, slots */
+extern pthread_mutex_t percpuref_deferred_lock;	/* deferred.c: callback queue */
 
 /* Runtime set-up: rseq/membarrier detection, CPU count, fork handlers.
  * Idempotent and thread-safe; every slow path that may be first calls it. */
@@ -38,8 +38,6 @@ unsigned int percpuref_nr_units(void);
  * not be called inside an RCU read-side section.
  */
 void percpuref_fence_readers(void);
-/* Only the rseq half: for callers that just waited for a grace period. */
-void percpuref_fence_rseq_readers(void);
 
 /* Fallback read side.  Nestable; any thread, no registration. */
 void percpuref_fallback_read_lock(void);
@@ -47,16 +45,27 @@ void percpuref_fallback_read_unlock(void);
 /* This CPU's copy of the per-CPU counter at @cpu0 (fallback path). */
 unsigned long *percpuref_fallback_this_cpu(uintptr_t cpu0);
 
-/* Deferred call after an RCU grace period (liburcu-bp call_rcu). */
+/*
+ * Deferred work (deferred.c): @fn(@d) runs on the library's callback thread
+ * after a reader fence that started after this call.  The item must stay
+ * valid until @fn runs; @fn may free it.
+ */
 struct percpuref_deferred;
 typedef void (*percpuref_deferred_fn)(struct percpuref_deferred *);
 struct percpuref_deferred {
-	struct rcu_head rcu;
+	struct percpuref_deferred *next;
 	percpuref_deferred_fn fn;
 };
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn);
-/* Wait for every callback queued before this call (urcu's rcu_barrier). */
-void percpuref_wait_deferred(void);
+/* Wait for every item queued before this call: 0, or -EDEADLK when called
+ * on the callback thread itself, -EAGAIN if the thread cannot start. */
+int percpuref_wait_deferred(void);
+bool percpuref_on_deferred_thread(void);
+/* Drain the queue and stop the thread (shutdown); it restarts on demand. */
+void percpuref_deferred_stop(void);
+void percpuref_deferred_after_fork_child(void);
+/* Fences the callback thread waited for (one per batch). */
+unsigned long percpuref_deferred_fences(void);
 
 /* Per-CPU allocator (percpu_alloc.c).  Counters are zeroed on allocation. */
 uintptr_t percpuref_counter_alloc(void);	/* CPU 0's address, or 0: ENOMEM */

@@ -34,8 +34,8 @@
  * data->confirm_switch; the next mode change on that ref waits on
  * switch_done until it is cleared.  Callbacks (confirm, release) are never
  * called with the lock held, so they may call into the API on other refs.
- * The asynchronous switch (switch_to_atomic, kill) finishes in a liburcu-bp
- * call_rcu callback; percpu_ref_switch_to_atomic_sync() waits for the fence
+ * The asynchronous switch (switch_to_atomic, kill) finishes on the library's
+ * callback thread after one fence for the whole batch (deferred.c); percpu_ref_switch_to_atomic_sync() waits for the fence
  * on the calling thread instead, which costs a membarrier, not a grace period
  * plus a hand-off, when no thread runs on the fallback path.
  *
@@ -77,9 +77,10 @@ static uintptr_t mode_word(struct percpu_ref *ref)
 
 static void set_mode_word(struct percpu_ref *ref, uintptr_t word)
 {
-	/* Relaxed: flag *setting* needs no order of its own, the reader fence
-	 * that follows orders it; clearing ATOMIC uses publish_percpu_mode(). */
-	__atomic_store_n(&ref->percpu_count_ptr, word, __ATOMIC_RELAXED);
+	/* Sequentially consistent: the reader fence's check for fallback
+	 * readers must not be ordered before it (runtime.c).  Clearing ATOMIC
+	 * goes through switch_to_percpu_locked()'s release store instead. */
+	__atomic_store_n(&ref->percpu_count_ptr, word, __ATOMIC_SEQ_CST);
 }
 
 static uintptr_t counter_of(struct percpu_ref *ref)
@@ -245,8 +246,7 @@ static void switch_work_fn(struct percpuref_deferred *work)
 {
 	struct percpu_ref_impl *impl = caa_container_of(work, struct percpu_ref_impl, switch_work);
 
-	/* The grace period covered fallback readers; fence rseq readers. */
-	percpuref_fence_rseq_readers();
+	/* The callback thread fenced the readers before calling us. */
 	finish_atomic_switch(impl->data.ref);
 }
 
@@ -441,15 +441,18 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref)
 	return count == 0;
 }
 
-PERCPUREF_API void percpu_ref_barrier(void)
+PERCPUREF_API int percpu_ref_barrier(void)
 {
-	percpuref_wait_deferred();
+	int ret = percpuref_wait_deferred();
+
+	if (ret == -EDEADLK)
+		percpuref_warn(__func__, "called from a callback; would wait for itself");
+	return ret;
 }
 
 /*
  * Fallback halves of the fast paths, for threads without rseq.  The mode
- * word is read inside an RCU read-side section with acquire (pairs with the
- * release store in switch_to_percpu_locked()); the per-CPU add is atomic
+ * word is read inside an RCU read-side section; the per-CPU add is atomic
  * because the thread may migrate between sched_getcpu() and the add.  The
  * atomic-mode work happens after the read-side section ends, so a release
  * callback never runs inside one.
@@ -460,7 +463,9 @@ static bool fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
 	bool done = false;
 
 	percpuref_fallback_read_lock();
-	word = __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_ACQUIRE);
+	/* Acquire pairs with the release store in switch_to_percpu_locked();
+	 * sequentially consistent for the announcement in runtime.c. */
+	word = __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_SEQ_CST);
 	if (!(word & __PERCPU_REF_ATOMIC_DEAD)) {
 		/* Relaxed: the switcher's grace period orders it. */
 		__atomic_fetch_add(percpuref_fallback_this_cpu(word), delta, __ATOMIC_RELAXED);

@@ -20,13 +20,15 @@
  *  - fallback readers run inside a liburcu-bp read-side section; a grace
  *    period (urcu_bp_synchronize_rcu) waits for them.  The grace period is
  *    skipped while no thread has ever taken the fallback: a thread announces
- *    itself once (store flag; full fence; then read the mode word), the
- *    switcher does (store mode; full fence; load flag).  By the store-buffer
- *    (Dekker) argument at least one side sees the other's store, so either
- *    the switcher waits a grace period or the reader sees the new mode.
+ *    itself once (store flag, then read the mode word), the switcher does
+ *    (store mode word, then load flag), all four sequentially consistent.
+ *    By the store-buffer (Dekker) argument at least one side sees the
+ *    other's store, so either the switcher waits a grace period or the
+ *    reader sees the new mode.
  *
  * liburcu-bp is the flavour because it needs nothing from calling threads:
- * readers register themselves on first use.  Fork: liburcu's own atfork
+ * readers register themselves on first use.  Work that must wait for a fence
+ * runs on the library's own callback thread (deferred.c).  Fork: liburcu's own atfork
  * hooks run from ours, and the locks this library owns are taken around fork
  * so the child never inherits one held by a thread that does not exist there.
  */
@@ -116,6 +118,7 @@ static bool membarrier_rseq_register(void)
 static pthread_mutex_t *const fork_locks[] = {
 	&percpuref_switch_lock,
 	&percpuref_alloc_lock,
+	&percpuref_deferred_lock,
 };
 #define NR_FORK_LOCKS (sizeof(fork_locks) / sizeof(fork_locks[0]))
 
@@ -125,7 +128,6 @@ static void fork_prepare(void)
 
 	for (i = 0; i < NR_FORK_LOCKS; i++)
 		pthread_mutex_lock(fork_locks[i]);
-	urcu_bp_call_rcu_before_fork();
 	urcu_bp_before_fork();
 }
 
@@ -134,7 +136,6 @@ static void fork_parent(void)
 	unsigned int i;
 
 	urcu_bp_after_fork_parent();
-	urcu_bp_call_rcu_after_fork_parent();
 	for (i = NR_FORK_LOCKS; i-- > 0;)
 		pthread_mutex_unlock(fork_locks[i]);
 }
@@ -144,7 +145,7 @@ static void fork_child(void)
 	unsigned int i;
 
 	urcu_bp_after_fork_child();
-	urcu_bp_call_rcu_after_fork_child();
+	percpuref_deferred_after_fork_child();
 	/* Re-register for the child's mm; harmless if it was inherited. */
 	if (percpuref_rseq_usable && !membarrier_rseq_register())
 		percpuref_rseq_usable = false;
@@ -173,7 +174,7 @@ unsigned int percpuref_nr_units(void)
 	return nr_units;
 }
 
-void percpuref_fence_rseq_readers(void)
+void percpuref_fence_readers(void)
 {
 	if (percpuref_rseq_usable &&
 	    sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, 0) != 0) {
@@ -181,15 +182,11 @@ void percpuref_fence_rseq_readers(void)
 		percpuref_warn(__func__, "membarrier failed: %s", strerror(errno));
 		abort();
 	}
-}
-
-void percpuref_fence_readers(void)
-{
-	percpuref_fence_rseq_readers();
-	/* Orders the caller's mode-word store before the flag load (Dekker
-	 * with the fence in percpuref_fallback_read_lock()). */
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	if (__atomic_load_n(&fallback_readers_seen, __ATOMIC_RELAXED))
+	/* Sequentially consistent, as the mode-word store before it and the
+	 * flag store and mode-word load of the fallback reader: in the single
+	 * total order one of the two stores comes first, so either we see the
+	 * flag or the reader sees the new mode (store-buffer / Dekker). */
+	if (__atomic_load_n(&fallback_readers_seen, __ATOMIC_SEQ_CST))
 		urcu_bp_synchronize_rcu();
 }
 
@@ -197,10 +194,8 @@ void percpuref_fallback_read_lock(void)
 {
 	if (percpuref_unlikely(!fallback_announced)) {
 		fallback_announced = true;
-		__atomic_store_n(&fallback_readers_seen, true, __ATOMIC_RELAXED);
-		/* Flag store before the mode-word load that follows the lock
-		 * (pairs with the fence in percpuref_fence_readers()). */
-		__atomic_thread_fence(__ATOMIC_SEQ_CST);
+		/* Before the mode-word load that follows; see the fence. */
+		__atomic_store_n(&fallback_readers_seen, true, __ATOMIC_SEQ_CST);
 	}
 	urcu_bp_read_lock();
 }
@@ -219,24 +214,6 @@ unsigned long *percpuref_fallback_this_cpu(uintptr_t cpu0)
 	if (cpu < 0 || (unsigned int)cpu >= nr_units)
 		cpu = 0;
 	return percpuref_counter_on(cpu0, (unsigned int)cpu);
-}
-
-static void deferred_trampoline(struct rcu_head *head)
-{
-	struct percpuref_deferred *d = caa_container_of(head, struct percpuref_deferred, rcu);
-
-	d->fn(d);
-}
-
-void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn)
-{
-	d->fn = fn;
-	urcu_bp_call_rcu(&d->rcu, deferred_trampoline);
-}
-
-void percpuref_wait_deferred(void)
-{
-	urcu_bp_barrier();
 }
 
 void *percpuref_zalloc(size_t size)

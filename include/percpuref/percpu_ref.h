@@ -26,7 +26,7 @@
  *
  * Callbacks: @release runs on the thread whose put drops the last reference;
  * if that last reference was the one a switch holds while it waits, it runs
- * on the library's RCU callback thread.  Confirm callbacks (kill_and_confirm,
+ * on the library's callback thread ("percpuref-cb").  Confirm callbacks (kill_and_confirm,
  * switch_to_atomic) run on that callback thread, or on the caller's thread
  * when the ref was already atomic.  Callbacks may free the object, call
  * percpu_ref_exit() on the ref they were called for (@release only) and use
@@ -116,10 +116,11 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref);
 /*
  * percpu_ref_barrier - wait until every asynchronous switch (kill,
  * switch_to_atomic) started before the call has been confirmed, and the
- * releases those switches triggered have run.  For tests and shutdown; must
- * not be called from a callback.
+ * releases those switches triggered have run.  For tests and shutdown.
+ * Returns 0, or -EDEADLK (and warns) when called from a callback, which
+ * would wait for itself.
  */
-PERCPUREF_API void percpu_ref_barrier(void);
+PERCPUREF_API int percpu_ref_barrier(void);
 
 /* Out-of-line halves of the fast paths: fallback (no rseq) and misuse. */
 PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr);
@@ -142,9 +143,10 @@ static inline void percpu_ref_kill(struct percpu_ref *ref)
 
 /*
  * Atomic-mode helpers.  get is relaxed (holding a reference orders nothing);
- * the put that may release is a release operation, and its zero test is
- * followed by an acquire fence so @release sees every access made under
- * every other reference (pairs with the other putters' release decrements).
+ * put is acquire-release: release so that accesses made under the reference
+ * happen before the release callback, acquire so that the putter reaching
+ * zero sees every other putter's accesses (same instruction as a plain
+ * locked subtract on x86).
  */
 static inline void __percpu_ref_atomic_add(struct percpu_ref *ref, unsigned long nr)
 {
@@ -158,12 +160,10 @@ static inline void __percpu_ref_atomic_add(struct percpu_ref *ref, unsigned long
  * then owns the release). */
 static inline bool __percpu_ref_atomic_sub_and_test(struct percpu_ref *ref, unsigned long nr)
 {
-	unsigned long old = __atomic_fetch_sub(&ref->data->count, nr, __ATOMIC_RELEASE);
+	unsigned long old = __atomic_fetch_sub(&ref->data->count, nr, __ATOMIC_ACQ_REL);
 
-	if (old == nr) {
-		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	if (old == nr)
 		return true;
-	}
 	if (percpuref_unlikely(old - nr >= PERCPU_REF_UNDERFLOW_ZONE))
 		__percpu_ref_count_misuse(ref, old, nr, false);
 	return false;

@@ -1,0 +1,182 @@
+/*
+ * Stress of percpu_ref: worker threads take and drop references on a few
+ * shared refs (tryget, tryget_live, get/put, _many) while a controller
+ * thread flips modes (async and sync switch to atomic, back to per-CPU),
+ * kills and resurrects, kills and reinits, at random.
+ *
+ * Checked: every life (init or reinit) ends in exactly one release; no
+ * tryget succeeds on a released ref; every confirm callback runs exactly
+ * once; at the end every count is exactly the initial reference.
+ * Duration: STRESS_SECONDS (default 2).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <stddef.h>
+#include <time.h>
+
+#define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
+
+#include "percpuref/percpu_ref.h"
+#include "tap.h"
+
+#define NR_REFS 8
+#define NR_WORKERS 3
+
+struct obj {
+	struct percpu_ref ref;
+	int released;		/* set by release, cleared before reinit */
+	long releases;		/* releases seen */
+	long lives_ended;	/* kills meant to end a life */
+};
+
+static struct obj objs[NR_REFS];
+static int stop;
+static long errors, confirms_wanted, confirms_seen, worker_ops;
+
+static void obj_release(struct percpu_ref *ref)
+{
+	struct obj *o = container_of(ref, struct obj, ref);
+
+	/* Release store: the controller waits for it before reinit. */
+	if (__atomic_exchange_n(&o->released, 1, __ATOMIC_SEQ_CST))
+		__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);	/* twice */
+	__atomic_fetch_add(&o->releases, 1, __ATOMIC_RELAXED);
+}
+
+static void count_confirm(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_fetch_add(&confirms_seen, 1, __ATOMIC_RELAXED);
+}
+
+static unsigned int rnd(unsigned int *seed)
+{
+	*seed = *seed * 1103515245u + 12345u;
+	return *seed >> 16;
+}
+
+static void *worker(void *arg)
+{
+	unsigned int seed = (unsigned int)(uintptr_t)arg, k, extra;
+	long ops = 0;
+
+	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
+		struct obj *o = &objs[rnd(&seed) % NR_REFS];
+		bool live = rnd(&seed) & 1;
+		bool got = live ? percpu_ref_tryget_live(&o->ref) : percpu_ref_tryget(&o->ref);
+
+		if (!got)
+			continue;
+		if (__atomic_load_n(&o->released, __ATOMIC_SEQ_CST))
+			__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
+		extra = rnd(&seed) % 4;
+		for (k = 0; k < extra; k++)
+			percpu_ref_get(&o->ref);
+		percpu_ref_get_many(&o->ref, 3);
+		if (rnd(&seed) % 8 == 0)
+			sched_yield();
+		percpu_ref_put_many(&o->ref, 3);
+		for (k = 0; k < extra; k++)
+			percpu_ref_put(&o->ref);
+		percpu_ref_put(&o->ref);
+		ops++;
+	}
+	__atomic_fetch_add(&worker_ops, ops, __ATOMIC_RELAXED);
+	return NULL;
+}
+
+static void wait_released(struct obj *o)
+{
+	while (!__atomic_load_n(&o->released, __ATOMIC_SEQ_CST))
+		sched_yield();
+}
+
+static long controller(double seconds)
+{
+	struct timespec start, now;
+	unsigned int seed = 42;
+	long ops = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	do {
+		struct obj *o = &objs[rnd(&seed) % NR_REFS];
+
+		switch (rnd(&seed) % 6) {
+		case 0:
+			__atomic_fetch_add(&confirms_wanted, 1, __ATOMIC_RELAXED);
+			percpu_ref_switch_to_atomic(&o->ref, count_confirm);
+			break;
+		case 1:
+			percpu_ref_switch_to_atomic_sync(&o->ref);
+			break;
+		case 2:
+		case 3:
+			percpu_ref_switch_to_percpu(&o->ref);
+			break;
+		case 4:	/* kill while holding a reference, then resurrect */
+			percpu_ref_get(&o->ref);
+			__atomic_fetch_add(&confirms_wanted, 1, __ATOMIC_RELAXED);
+			percpu_ref_kill_and_confirm(&o->ref, count_confirm);
+			if (rnd(&seed) & 1)
+				sched_yield();
+			percpu_ref_resurrect(&o->ref);
+			percpu_ref_put(&o->ref);
+			break;
+		case 5:	/* end this life, start the next */
+			o->lives_ended++;
+			percpu_ref_kill(&o->ref);
+			wait_released(o);
+			__atomic_store_n(&o->released, 0, __ATOMIC_SEQ_CST);
+			percpu_ref_reinit(&o->ref);
+			break;
+		}
+		ops++;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while ((double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
+	return ops;
+}
+
+int main(void)
+{
+	pthread_t threads[NR_WORKERS];
+	long control_ops, i;
+	bool exact = true, once = true;
+
+	for (i = 0; i < NR_REFS; i++)
+		if (percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT))
+			return 1;
+	for (i = 0; i < NR_WORKERS; i++)
+		pthread_create(&threads[i], NULL, worker, (void *)(uintptr_t)(i + 1));
+	control_ops = controller(stress_seconds(2));
+	__atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
+	for (i = 0; i < NR_WORKERS; i++)
+		pthread_join(threads[i], NULL);
+	percpu_ref_barrier();
+
+	printf("# %ld controller ops, %ld worker ops\n", control_ops, worker_ops);
+	ok(control_ops > 100 && worker_ops > 1000, "both sides made progress");
+	for (i = 0; i < NR_REFS; i++) {
+		struct obj *o = &objs[i];
+
+		percpu_ref_switch_to_atomic_sync(&o->ref);
+		if (__atomic_load_n(&o->ref.data->count, __ATOMIC_RELAXED) != 1) {
+			printf("# ref %ld count %lu\n", i, o->ref.data->count);
+			exact = false;
+		}
+		o->lives_ended++;
+		percpu_ref_kill(&o->ref);
+		percpu_ref_barrier();
+		if (o->releases != o->lives_ended) {
+			printf("# ref %ld: %ld releases for %ld lives\n", i, o->releases, o->lives_ended);
+			once = false;
+		}
+		percpu_ref_exit(&o->ref);
+	}
+	ok(exact, "every count is exactly the initial reference at the end");
+	ok(once, "every life ended in exactly one release");
+	is(errors, 0, "no tryget succeeded on a released ref, no double release");
+	is(confirms_seen, confirms_wanted, "every confirm callback ran exactly once");
+	return done_testing();
+}
