@@ -14,8 +14,11 @@
  * back.  No ordering is needed: a pinned object is leaked, nothing is
  * released through it.
  */
-#define _LGPL_SOURCE	/* inline urcu_bp_read_lock()/unlock() */
 #include <string.h>
+/*
+ * Without _LGPL_SOURCE: the inline urcu_bp_read_lock() trips UBSan on
+ * liburcu's misaligned reader struct, so take the exported function.
+ */
 #include <urcu/urcu-bp.h>
 
 #include <percpuref/kref.h>

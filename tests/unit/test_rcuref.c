@@ -9,7 +9,6 @@
  * with call_rcu: its worker thread would outlive the test and show up in
  * valgrind's leak report).
  */
-#define _LGPL_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
 #include <urcu/urcu-bp.h>
