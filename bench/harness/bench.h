@@ -1,0 +1,170 @@
+/*
+ * bench.h - what a workload sees of the benchmark harness.
+ *
+ * One binary, percpuref-bench, runs every workload; a workload is one file
+ * in bench/workloads/ that fills in a struct bench_workload and registers it
+ * with PERCPUREF_BENCH_WORKLOAD().  The harness owns everything else: the
+ * command line, CPU topology and pinning, timing, repetitions, the table
+ * and the JSON (docs/bench.md).
+ *
+ * A measurement is one variant at one thread count.  For each, the harness
+ *   1. calls setup(run) on the main thread (shared objects go in run->state);
+ *   2. starts run->nthreads threads, each pinned to its own CPU before it
+ *      runs, which call thread_init(t) and wait on a start barrier;
+ *   3. releases the barrier, lets the threads warm up, snapshots every
+ *      thread's operation count and the clock, sleeps for the duration,
+ *      snapshots again, then sets the stop flag;
+ *   4. joins the threads (each calls thread_fini(t) after its loop) and
+ *      calls teardown(run) on the main thread.
+ * Only the operations counted between the two snapshots are reported, so
+ * thread start-up, warm-up and the stop are outside the measured window.
+ *
+ * The variant's loop runs on each thread after the barrier:
+ *
+ *	static void my_loop(struct bench_thread *t)
+ *	{
+ *		struct my_state *s = t->run->state;
+ *
+ *		while (bench_running(t)) {
+ *			for (int i = 0; i < BENCH_BATCH; i++)
+ *				one_operation(s);
+ *			bench_count(t, BENCH_BATCH);
+ *		}
+ *	}
+ *
+ * The loop is the workload's own, so nothing but the operation is inside
+ * it: no indirect call per operation, and the stop flag and the counter are
+ * touched once per batch.  The counter lives in the thread's own padded
+ * struct bench_thread, never shared with another writer.
+ *
+ * Hooks run on the thread they name; any of them may be NULL.  A workload
+ * that cannot go on (allocation failure, a count that did not come back to
+ * its start value) calls bench_die(), which exits with status 1.
+ */
+#ifndef PERCPUREF_BENCH_H
+#define PERCPUREF_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <percpuref/compiler.h>
+
+PERCPUREF_BEGIN_DECLS
+
+/* Operations per batch that the example loop above uses. */
+#define BENCH_BATCH 64
+
+struct bench_workload;
+struct bench_variant;
+
+/* One measurement: a variant at a thread count. */
+struct bench_run {
+	const struct bench_workload *workload;
+	const struct bench_variant *variant;
+	unsigned int nthreads;
+	void *state;		/* the workload's: set by setup() */
+	/*
+	 * Set once by the main thread at the end of the window; read
+	 * relaxed by the loops (bench_running()), which only need to see
+	 * it eventually.
+	 */
+	bool stop;
+};
+
+/*
+ * One thread of a measurement.  Each lives on its own pair of cache lines
+ * (128 bytes, against the adjacent-line prefetcher), so the counter the
+ * thread writes never shares a line with another thread's.
+ */
+struct bench_thread {
+	struct bench_run *run;
+	unsigned int index;	/* 0 .. run->nthreads - 1 */
+	int cpu;		/* the CPU it is pinned to */
+	void *local;		/* the workload's: e.g. set by thread_init() */
+	/*
+	 * Operations done so far: written only by this thread, read by the
+	 * main thread for its snapshots (relaxed on both sides: the
+	 * snapshots need a recent value, not an ordering).
+	 */
+	uint64_t ops;
+} __attribute__((aligned(128)));
+
+struct bench_variant {
+	const char *name;	/* as given to --variants */
+	const char *help;	/* one line for --list */
+	void (*loop)(struct bench_thread *t);	/* the measured loop */
+	long arg;		/* free for the workload, e.g. a mode flag */
+};
+
+enum bench_option_type {
+	BENCH_OPT_LONG,		/* long *value */
+	BENCH_OPT_DOUBLE,	/* double *value */
+	BENCH_OPT_STRING,	/* const char **value */
+	BENCH_OPT_BOOL,		/* bool *value; the flag takes no argument */
+};
+
+/*
+ * A workload option, "--name VALUE" on the command line after the
+ * workload's name.  *value holds the default until the command line
+ * overrides it, and is reported in the JSON "params" of every row.
+ */
+struct bench_option {
+	const char *name;
+	enum bench_option_type type;
+	void *value;
+	const char *help;
+};
+
+struct bench_workload {
+	const char *name;	/* first argument of percpuref-bench */
+	const char *help;	/* one line for --help and --list */
+	/*
+	 * What one counted operation is, singular ("pair", "open"): the
+	 * table's columns become ns/<op> and M<op>s/s.
+	 */
+	const char *op;
+	const struct bench_variant *variants;	/* ended by { NULL } */
+	const struct bench_option *options;	/* ended by { NULL }; or NULL */
+	/* Scaling efficiency does not apply (not comparable per thread). */
+	bool no_efficiency;
+
+	void (*setup)(struct bench_run *run);
+	void (*thread_init)(struct bench_thread *t);
+	void (*thread_fini)(struct bench_thread *t);
+	void (*teardown)(struct bench_run *run);
+};
+
+/*
+ * PERCPUREF_BENCH_WORKLOAD(w) - register the workload w (a static struct
+ * bench_workload) with the harness.  It puts a pointer to w in the linker
+ * section "percpuref_bench_workloads", which the harness walks at start-up
+ * through the __start_/__stop_ symbols the linker provides.
+ */
+#define PERCPUREF_BENCH_WORKLOAD(w)                                         \
+	static const struct bench_workload *const bench_workload_ptr_##w   \
+		__attribute__((used, section("percpuref_bench_workloads"))) = &(w)
+
+/* bench_running - false once the main thread has ended the measurement. */
+static inline bool bench_running(const struct bench_thread *t)
+{
+	return !__atomic_load_n(&t->run->stop, __ATOMIC_RELAXED);
+}
+
+/* bench_count - add @n operations to this thread's count. */
+static inline void bench_count(struct bench_thread *t, uint64_t n)
+{
+	/* Single writer: a relaxed load and store, no locked instruction. */
+	__atomic_store_n(&t->ops, __atomic_load_n(&t->ops, __ATOMIC_RELAXED) + n,
+			 __ATOMIC_RELAXED);
+}
+
+/* Zeroed memory aligned to 128 bytes, for shared objects; dies on ENOMEM. */
+void *bench_zalloc(size_t size);
+
+/* Print "percpuref-bench: <message>" on stderr and exit with status 1. */
+void bench_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+PERCPUREF_END_DECLS
+
+#endif

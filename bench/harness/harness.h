@@ -1,0 +1,73 @@
+/*
+ * harness.h - what the harness's own files share (workloads see bench.h):
+ * the CPU topology, the measurement loop and the reports.
+ */
+#ifndef PERCPUREF_BENCH_HARNESS_H
+#define PERCPUREF_BENCH_HARNESS_H
+
+#include <stdio.h>
+
+#include "bench.h"
+
+/*
+ * The CPUs this process may run on (online and in its affinity mask), in
+ * the order threads are placed: fill one L3 domain before the next; inside
+ * a domain, one thread per physical core first, then the SMT siblings.
+ */
+struct topology {
+	unsigned int ncpus;
+	int *order;		/* CPU of thread i is order[i % ncpus] */
+	int *domain;		/* domain[i]: 0-based domain of order[i] */
+	unsigned int ndomains;
+	bool smt;		/* some core has more than one usable CPU */
+	/* What a domain is: "L3" (cache/index*), "package" or "none". */
+	const char *domain_source;
+	unsigned int online;	/* CPUs online, usable or not */
+	char model[96];		/* "model name" of /proc/cpuinfo */
+};
+
+void topology_read(struct topology *topo);
+void topology_free(struct topology *topo);
+/* Domains that the first @nthreads threads touch. */
+unsigned int topology_domains_used(const struct topology *topo, unsigned int nthreads);
+/* "0-3,8" for CPUs order[0 .. n-1] (n <= ncpus), sorted; into buf. */
+void topology_format_cpus(const struct topology *topo, unsigned int n, char *buf, size_t len);
+
+/* One measurement's outcome. */
+struct sample {
+	uint64_t ops;
+	double seconds;
+};
+
+/* One measurement of @duration seconds, after duration / 5 of warm-up. */
+struct sample measure(const struct bench_workload *w, const struct bench_variant *v,
+		      unsigned int nthreads, const struct topology *topo, double duration);
+
+/* One row-and-column cell of the report, after the repetitions. */
+struct result {
+	const struct bench_variant *variant;
+	unsigned int threads;
+	struct sample *samples;	/* one per repetition */
+	double ops_per_sec;	/* the reported statistic */
+	double ns_per_op;	/* threads * 1e9 / ops_per_sec */
+	double efficiency;	/* fraction; negative: does not apply */
+};
+
+struct report {
+	const struct bench_workload *workload;
+	const struct topology *topo;
+	const unsigned int *threads;	/* rows, ascending */
+	unsigned int nthreads;
+	const struct bench_variant **variants;	/* columns */
+	unsigned int nvariants;
+	struct result *results;	/* [row * nvariants + column] */
+	unsigned int repeat;
+	const char *stat;	/* "median" or "best" */
+	double duration;
+	char started[32];	/* ISO 8601 UTC */
+};
+
+void report_table(FILE *out, const struct report *r);
+void report_json(FILE *out, const struct report *r);
+
+#endif

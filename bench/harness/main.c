@@ -1,0 +1,592 @@
+/*
+ * main.c - percpuref-bench: the command line, the workload registry and the
+ * measurement schedule.
+ *
+ *   percpuref-bench <workload> [--threads LIST] [--variants LIST]
+ *                   [--duration S] [--repeat N] [--stat median|best]
+ *                   [--oversubscribe] [--json FILE|-] [--list]
+ *                   [workload options]
+ *   percpuref-bench --help | --list
+ *
+ * Workloads register themselves (PERCPUREF_BENCH_WORKLOAD() in bench.h) by
+ * putting a pointer in the linker section percpuref_bench_workloads; this
+ * file walks it through __start_/__stop_ symbols, declared weak so a build
+ * with no workload still links.
+ *
+ * Schedule: repetition by repetition, every thread count, every variant,
+ * so slow drifts of the machine (other load, thermal) spread over all
+ * points instead of landing on one variant.  The reported figure of a point
+ * is the median (default) or the best of its repetitions' throughputs.
+ * Scaling efficiency needs the one-thread throughput of each variant, so a
+ * one-thread row is added when --threads leaves it out.
+ *
+ * Exit status: 0, 1 on a runtime failure, 2 on a usage error (message and
+ * usage on stderr).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+extern const struct bench_workload *const __start_percpuref_bench_workloads[]
+	__attribute__((weak));
+extern const struct bench_workload *const __stop_percpuref_bench_workloads[]
+	__attribute__((weak));
+
+static const struct bench_workload **workloads;
+static unsigned int nworkloads;
+
+void bench_die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fflush(stdout);
+	fprintf(stderr, "percpuref-bench: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+void *bench_zalloc(size_t size)
+{
+	size_t rounded = (size + 127) & ~(size_t)127;
+	void *p = aligned_alloc(128, rounded ? rounded : 128);
+
+	if (!p)
+		bench_die("out of memory (%zu bytes)", size);
+	return memset(p, 0, rounded ? rounded : 128);
+}
+
+static int cmp_workload(const void *a, const void *b)
+{
+	return strcmp((*(const struct bench_workload *const *)a)->name,
+		      (*(const struct bench_workload *const *)b)->name);
+}
+
+static void load_workloads(void)
+{
+	const struct bench_workload *const *p;
+
+	nworkloads = __stop_percpuref_bench_workloads - __start_percpuref_bench_workloads;
+	workloads = calloc(nworkloads + 1, sizeof(*workloads));
+	if (!workloads)
+		bench_die("out of memory");
+	for (p = __start_percpuref_bench_workloads; p < __stop_percpuref_bench_workloads; p++) {
+		const struct bench_workload *w = *p;
+
+		if (!w->name || !w->help || !w->op || !w->variants || !w->variants[0].name)
+			bench_die("workload %s: name, help, op and a variant are required",
+				  w->name ? w->name : "(unnamed)");
+		for (const struct bench_variant *v = w->variants; v->name; v++)
+			if (!v->loop)
+				bench_die("workload %s, variant %s: no loop", w->name, v->name);
+		workloads[p - __start_percpuref_bench_workloads] = w;
+	}
+	qsort(workloads, nworkloads, sizeof(*workloads), cmp_workload);
+}
+
+static const struct bench_workload *find_workload(const char *name)
+{
+	for (unsigned int i = 0; i < nworkloads; i++)
+		if (!strcmp(workloads[i]->name, name))
+			return workloads[i];
+	return NULL;
+}
+
+enum {
+	OPT_THREADS = 1000,
+	OPT_VARIANTS,
+	OPT_DURATION,
+	OPT_REPEAT,
+	OPT_STAT,
+	OPT_OVERSUBSCRIBE,
+	OPT_JSON,
+	OPT_LIST,
+	OPT_HELP,
+	OPT_WORKLOAD,	/* + index of the workload's option */
+};
+
+static const struct option common_options[] = {
+	{ "threads", required_argument, NULL, OPT_THREADS },
+	{ "variants", required_argument, NULL, OPT_VARIANTS },
+	{ "duration", required_argument, NULL, OPT_DURATION },
+	{ "repeat", required_argument, NULL, OPT_REPEAT },
+	{ "stat", required_argument, NULL, OPT_STAT },
+	{ "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
+	{ "json", required_argument, NULL, OPT_JSON },
+	{ "list", no_argument, NULL, OPT_LIST },
+	{ "help", no_argument, NULL, OPT_HELP },
+};
+#define NCOMMON (sizeof(common_options) / sizeof(common_options[0]))
+
+static void print_option_value(FILE *out, const struct bench_option *o)
+{
+	switch (o->type) {
+	case BENCH_OPT_LONG:
+		fprintf(out, " (default %ld)", *(long *)o->value);
+		break;
+	case BENCH_OPT_DOUBLE:
+		fprintf(out, " (default %g)", *(double *)o->value);
+		break;
+	case BENCH_OPT_STRING:
+		fprintf(out, " (default \"%s\")", *(const char **)o->value);
+		break;
+	case BENCH_OPT_BOOL:
+		break;
+	}
+}
+
+static void list_workload(FILE *out, const struct bench_workload *w)
+{
+	fprintf(out, "%s: %s\nvariants:\n", w->name, w->help);
+	for (const struct bench_variant *v = w->variants; v->name; v++)
+		fprintf(out, "  %-16s %s\n", v->name, v->help ? v->help : "");
+	if (w->options && w->options[0].name) {
+		fprintf(out, "options:\n");
+		for (const struct bench_option *o = w->options; o->name; o++) {
+			char flag[64];
+
+			snprintf(flag, sizeof(flag), "--%s%s", o->name,
+				 o->type == BENCH_OPT_BOOL ? "" :
+				 o->type == BENCH_OPT_STRING ? " STR" : " N");
+			fprintf(out, "  %-22s %s", flag, o->help ? o->help : "");
+			print_option_value(out, o);
+			fputc('\n', out);
+		}
+	}
+}
+
+static void usage(FILE *out, const struct bench_workload *w)
+{
+	fprintf(out,
+		"usage: percpuref-bench <workload> [options] [workload options]\n"
+		"       percpuref-bench --help | --list\n"
+		"options:\n"
+		"  --threads LIST      thread counts: numbers, ranges a-b and \"max\", comma-separated\n"
+		"                      (default 1,2,4,...,max); one thread per usable CPU\n"
+		"  --variants LIST     variants to run, comma-separated (default: all)\n"
+		"  --duration S        seconds measured per point, after S/5 of warm-up (default 0.5)\n"
+		"  --repeat N          measure every point N times, interleaved (default 1)\n"
+		"  --stat median|best  which repetition to report (default median)\n"
+		"  --oversubscribe     allow more threads than usable CPUs (rows flagged '!')\n"
+		"  --json FILE         also write JSON Lines to FILE; \"-\": JSON on stdout, table on stderr\n"
+		"  --list              list workloads, or the workload's variants and options\n");
+	if (w) {
+		fputc('\n', out);
+		list_workload(out, w);
+		return;
+	}
+	fprintf(out, "workloads:\n");
+	for (unsigned int i = 0; i < nworkloads; i++)
+		fprintf(out, "  %-16s %s\n", workloads[i]->name, workloads[i]->help);
+}
+
+static void __attribute__((noreturn, format(printf, 2, 3)))
+usage_error(const struct bench_workload *w, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "percpuref-bench: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\n");
+	usage(stderr, w);
+	exit(2);
+}
+
+static int cmp_uint(const void *a, const void *b)
+{
+	unsigned int x = *(const unsigned int *)a, y = *(const unsigned int *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Parses "1,2,8-12,max" into @out (sorted, unique); returns the count. */
+static unsigned int parse_threads(const struct bench_workload *w, const char *arg,
+				  unsigned int max, unsigned int **out)
+{
+	unsigned int n = 0, u = 1, cap = 16, *list = malloc(cap * sizeof(*list));
+	char *copy = strdup(arg), *save = NULL;
+
+	if (!list || !copy)
+		bench_die("out of memory");
+	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		unsigned long lo, hi;
+		char *end;
+
+		if (!strcmp(tok, "max")) {
+			lo = hi = max;
+		} else {
+			lo = hi = strtoul(tok, &end, 10);
+			if (*end == '-')
+				hi = strtoul(end + 1, &end, 10);
+			if (end == tok || *end || lo == 0 || hi < lo || hi > 1u << 16)
+				usage_error(w, "--threads: bad element \"%s\"", tok);
+		}
+		for (unsigned long t = lo; t <= hi; t++) {
+			if (n == cap && !(list = realloc(list, (cap *= 2) * sizeof(*list))))
+				bench_die("out of memory");
+			list[n++] = t;
+		}
+	}
+	free(copy);
+	if (n == 0)
+		usage_error(w, "--threads: empty list");
+	qsort(list, n, sizeof(*list), cmp_uint);
+	for (unsigned int i = 1; i < n; i++)
+		if (list[i] != list[u - 1])
+			list[u++] = list[i];
+	*out = list;
+	return u;
+}
+
+static unsigned int default_threads(unsigned int max, unsigned int **out)
+{
+	unsigned int n = 0, *list = malloc(34 * sizeof(*list));
+
+	if (!list)
+		bench_die("out of memory");
+	for (unsigned int t = 1; t < max; t *= 2)
+		list[n++] = t;
+	list[n++] = max;
+	*out = list;
+	return n;
+}
+
+/* Parses "a,b" into variants of @w, in the order given. */
+static unsigned int parse_variants(const struct bench_workload *w, const char *arg,
+				   const struct bench_variant ***out)
+{
+	unsigned int n = 0, cap = 0;
+	const struct bench_variant **list;
+	char *copy = strdup(arg), *save = NULL;
+
+	for (const struct bench_variant *v = w->variants; v->name; v++)
+		cap++;
+	list = calloc(cap, sizeof(*list));
+	if (!list || !copy)
+		bench_die("out of memory");
+	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		const struct bench_variant *v = w->variants;
+
+		while (v->name && strcmp(v->name, tok))
+			v++;
+		if (!v->name)
+			usage_error(w, "workload %s has no variant \"%s\"", w->name, tok);
+		for (unsigned int i = 0; i < n; i++)
+			if (list[i] == v)
+				usage_error(w, "--variants: \"%s\" given twice", tok);
+		list[n++] = v;
+	}
+	free(copy);
+	if (n == 0)
+		usage_error(w, "--variants: empty list");
+	*out = list;
+	return n;
+}
+
+static void parse_workload_option(const struct bench_workload *w, const struct bench_option *o,
+				  const char *arg)
+{
+	long l = 0;
+	double d = 0;
+	char *end;
+
+	errno = 0;
+	switch (o->type) {
+	case BENCH_OPT_LONG:
+		l = strtol(arg, &end, 0);
+		break;
+	case BENCH_OPT_DOUBLE:
+		d = strtod(arg, &end);
+		break;
+	case BENCH_OPT_STRING:
+		*(const char **)o->value = arg;
+		return;
+	case BENCH_OPT_BOOL:
+		*(bool *)o->value = true;
+		return;
+	}
+	/* Check before storing: the usage message shows the default. */
+	if (end == arg || *end || errno)
+		usage_error(w, "--%s: bad number \"%s\"", o->name, arg);
+	if (o->type == BENCH_OPT_LONG)
+		*(long *)o->value = l;
+	else
+		*(double *)o->value = d;
+}
+
+static double rate(const struct sample *s)
+{
+	return s->seconds > 0 ? s->ops / s->seconds : 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The reported throughput of @res over its @repeat samples. */
+static double aggregate(const struct result *res, unsigned int repeat, bool best)
+{
+	double rates[repeat];
+
+	for (unsigned int k = 0; k < repeat; k++)
+		rates[k] = rate(&res->samples[k]);
+	qsort(rates, repeat, sizeof(*rates), cmp_double);
+	if (best)
+		return rates[repeat - 1];
+	return repeat % 2 ? rates[repeat / 2] : (rates[repeat / 2 - 1] + rates[repeat / 2]) / 2;
+}
+
+/* What the command line asked for, beyond the report's own fields. */
+struct cli {
+	const char *threads;
+	const char *variants;
+	const char *json;
+	bool oversubscribe;
+	bool list;
+};
+
+/* Parses the arguments after the workload's name; exits on --help. */
+static void parse_cli(const struct bench_workload *w, int argc, char **argv, struct cli *cli,
+		      struct report *r)
+{
+	unsigned int nopts = 0;
+	struct option *longopts;
+	char *end;
+	int c;
+
+	for (const struct bench_option *o = w->options; o && o->name; o++)
+		nopts++;
+	longopts = calloc(NCOMMON + nopts + 1, sizeof(*longopts));
+	if (!longopts)
+		bench_die("out of memory");
+	memcpy(longopts, common_options, sizeof(common_options));
+	for (unsigned int i = 0; i < nopts; i++) {
+		const struct bench_option *o = &w->options[i];
+
+		for (unsigned int k = 0; k < NCOMMON + i; k++)
+			if (!strcmp(longopts[k].name, o->name))
+				bench_die("workload %s: option --%s defined twice", w->name, o->name);
+		longopts[NCOMMON + i] = (struct option){
+			o->name, o->type == BENCH_OPT_BOOL ? no_argument : required_argument,
+			NULL, OPT_WORKLOAD + (int)i
+		};
+	}
+
+	/* ":" first: report errors ourselves, ':' for a missing value. */
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+		switch (c) {
+		case OPT_THREADS:
+			cli->threads = optarg;
+			break;
+		case OPT_VARIANTS:
+			cli->variants = optarg;
+			break;
+		case OPT_DURATION:
+			r->duration = strtod(optarg, &end);
+			if (end == optarg || *end || !(r->duration > 0) || r->duration > 3600)
+				usage_error(w, "--duration: want seconds in (0, 3600], got \"%s\"",
+					    optarg);
+			break;
+		case OPT_REPEAT:
+			r->repeat = strtoul(optarg, &end, 10);
+			if (end == optarg || *end || r->repeat < 1 || r->repeat > 1000)
+				usage_error(w, "--repeat: want 1..1000, got \"%s\"", optarg);
+			break;
+		case OPT_STAT:
+			if (strcmp(optarg, "median") && strcmp(optarg, "best"))
+				usage_error(w, "--stat: want median or best, got \"%s\"", optarg);
+			r->stat = optarg;
+			break;
+		case OPT_OVERSUBSCRIBE:
+			cli->oversubscribe = true;
+			break;
+		case OPT_JSON:
+			cli->json = optarg;
+			break;
+		case OPT_LIST:
+			cli->list = true;
+			break;
+		case OPT_HELP:
+			usage(stdout, w);
+			exit(0);
+		case ':':
+			usage_error(w, "%s needs a value", argv[optind - 1]);
+		case '?':
+			usage_error(w, "unknown option %s", argv[optind - 1]);
+		default:
+			parse_workload_option(w, &w->options[c - OPT_WORKLOAD], optarg);
+			break;
+		}
+	}
+	if (optind < argc)
+		usage_error(w, "unexpected argument \"%s\"", argv[optind]);
+	free(longopts);
+}
+
+/* Rows and columns of @r from the command line. */
+static void plan_report(struct report *r, const struct cli *cli)
+{
+	const struct bench_workload *w = r->workload;
+	unsigned int *threads;
+
+	r->nthreads = cli->threads ? parse_threads(w, cli->threads, r->topo->ncpus, &threads)
+				   : default_threads(r->topo->ncpus, &threads);
+	if (!cli->oversubscribe && threads[r->nthreads - 1] > r->topo->ncpus)
+		usage_error(w, "--threads %u: only %u CPUs usable; --oversubscribe allows more",
+			    threads[r->nthreads - 1], r->topo->ncpus);
+	/* Efficiency divides by the one-thread row, which is then row 0. */
+	if (!w->no_efficiency && threads[0] != 1) {
+		threads = realloc(threads, (r->nthreads + 1) * sizeof(*threads));
+		if (!threads)
+			bench_die("out of memory");
+		memmove(threads + 1, threads, r->nthreads++ * sizeof(*threads));
+		threads[0] = 1;
+	}
+	r->threads = threads;
+
+	if (cli->variants) {
+		r->nvariants = parse_variants(w, cli->variants, &r->variants);
+	} else {
+		const struct bench_variant **all;
+
+		for (const struct bench_variant *v = w->variants; v->name; v++)
+			r->nvariants++;
+		all = calloc(r->nvariants, sizeof(*all));
+		if (!all)
+			bench_die("out of memory");
+		for (unsigned int i = 0; i < r->nvariants; i++)
+			all[i] = &w->variants[i];
+		r->variants = all;
+	}
+
+	r->results = calloc(r->nthreads * r->nvariants, sizeof(*r->results));
+	if (!r->results)
+		bench_die("out of memory");
+	for (unsigned int i = 0; i < r->nthreads * r->nvariants; i++) {
+		r->results[i].variant = r->variants[i % r->nvariants];
+		r->results[i].threads = r->threads[i / r->nvariants];
+		r->results[i].samples = calloc(r->repeat, sizeof(struct sample));
+		if (!r->results[i].samples)
+			bench_die("out of memory");
+	}
+}
+
+/* Every repetition of every point; a progress line when stderr is a tty. */
+static void run_schedule(struct report *r)
+{
+	unsigned int points = r->nthreads * r->nvariants, done = 0;
+	bool progress = isatty(STDERR_FILENO);
+	time_t now = time(NULL);
+	struct tm tm;
+
+	strftime(r->started, sizeof(r->started), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
+	for (unsigned int k = 0; k < r->repeat; k++) {
+		for (unsigned int i = 0; i < points; i++) {
+			struct result *res = &r->results[i];
+
+			if (progress)
+				fprintf(stderr, "\r[%u/%u] %s, %u thread%s   ", ++done,
+					r->repeat * points, res->variant->name, res->threads,
+					res->threads == 1 ? "" : "s");
+			res->samples[k] = measure(r->workload, res->variant, res->threads, r->topo,
+						  r->duration);
+		}
+	}
+	if (progress)
+		fprintf(stderr, "\r%*s\r", 60, "");
+}
+
+static void compute_results(struct report *r)
+{
+	bool best = !strcmp(r->stat, "best");
+
+	for (unsigned int i = 0; i < r->nthreads * r->nvariants; i++) {
+		struct result *res = &r->results[i];
+		/* Row 0 is the one-thread row whenever efficiency applies. */
+		const struct result *one = &r->results[i % r->nvariants];
+
+		res->ops_per_sec = aggregate(res, r->repeat, best);
+		res->ns_per_op = res->ops_per_sec > 0 ? res->threads * 1e9 / res->ops_per_sec : NAN;
+		res->efficiency = r->workload->no_efficiency ? -1 :
+				  res->ops_per_sec / (res->threads * one->ops_per_sec);
+	}
+}
+
+static void free_report(struct report *r)
+{
+	for (unsigned int i = 0; i < r->nthreads * r->nvariants; i++)
+		free(r->results[i].samples);
+	free(r->results);
+	free((void *)r->variants);
+	free((void *)r->threads);
+}
+
+int main(int argc, char **argv)
+{
+	struct topology topo;
+	struct report r = { .repeat = 1, .stat = "median", .duration = 0.5, .topo = &topo };
+	struct cli cli = { 0 };
+	FILE *table_out = stdout, *json_out = NULL;
+
+	load_workloads();
+	if (argc < 2)
+		usage_error(NULL, "no workload given");
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+		usage(stdout, NULL);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--list")) {
+		for (unsigned int i = 0; i < nworkloads; i++)
+			list_workload(stdout, workloads[i]);
+		return 0;
+	}
+	r.workload = find_workload(argv[1]);
+	if (!r.workload)
+		usage_error(NULL, "unknown workload \"%s\"", argv[1]);
+	/* getopt_long sees the workload's name as argv[0]. */
+	parse_cli(r.workload, argc - 1, argv + 1, &cli, &r);
+	if (cli.list) {
+		list_workload(stdout, r.workload);
+		return 0;
+	}
+
+	topology_read(&topo);
+	plan_report(&r, &cli);
+	/* Open the JSON file first: a bad path fails before a long run. */
+	if (cli.json && !strcmp(cli.json, "-")) {
+		json_out = stdout;
+		table_out = stderr;
+	} else if (cli.json && !(json_out = fopen(cli.json, "w"))) {
+		bench_die("%s: %m", cli.json);
+	}
+
+	run_schedule(&r);
+	compute_results(&r);
+	report_table(table_out, &r);
+	if (json_out) {
+		report_json(json_out, &r);
+		if (json_out != stdout && fclose(json_out))
+			bench_die("%s: %m", cli.json);
+	}
+	free_report(&r);
+	topology_free(&topo);
+	free(workloads);
+	return 0;
+}

@@ -1,0 +1,124 @@
+/*
+ * measure.c - one measurement: a variant's loop on N pinned threads for a
+ * fixed time, counted between two snapshots.
+ *
+ * Each thread is created with its CPU affinity already set (it never runs
+ * anywhere else), runs the workload's thread_init, and waits on a barrier
+ * shared with the main thread.  After the barrier the main thread sleeps
+ * through a warm-up (duration / 5: page faults, cache misses, frequency
+ * ramp-up), reads CLOCK_MONOTONIC and every thread's counter, sleeps for
+ * the duration to an absolute deadline, reads the clock and the counters
+ * again, and only then sets the stop flag.  So the sample is exactly the
+ * operations completed inside [t0, t1], with every thread running
+ * throughout: no start-up skew, no tail where some threads have stopped.
+ *
+ * Ordering: the counters and the stop flag are relaxed atomics.  A snapshot
+ * may miss the last batch a thread is committing; that is one batch per
+ * thread in hundreds of millions of operations.  The stop flag needs no
+ * ordering either: the threads' results are read after pthread_join(),
+ * which orders everything.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "harness.h"
+
+static pthread_barrier_t start_barrier;
+
+static void *thread_main(void *arg)
+{
+	struct bench_thread *t = arg;
+	const struct bench_workload *w = t->run->workload;
+
+	if (w->thread_init)
+		w->thread_init(t);
+	pthread_barrier_wait(&start_barrier);
+	t->run->variant->loop(t);
+	if (w->thread_fini)
+		w->thread_fini(t);
+	return NULL;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_until(double when)
+{
+	struct timespec ts = { .tv_sec = (time_t)when };
+
+	ts.tv_nsec = (long)((when - ts.tv_sec) * 1e9);
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
+{
+	uint64_t sum = 0;
+
+	for (unsigned int i = 0; i < n; i++)
+		sum += __atomic_load_n(&threads[i].ops, __ATOMIC_RELAXED);
+	return sum;
+}
+
+struct sample measure(const struct bench_workload *w, const struct bench_variant *v,
+		      unsigned int nthreads, const struct topology *topo, double duration)
+{
+	struct bench_run run = { .workload = w, .variant = v, .nthreads = nthreads };
+	struct bench_thread *threads = bench_zalloc(nthreads * sizeof(*threads));
+	pthread_t *tids = calloc(nthreads, sizeof(*tids));
+	struct sample s;
+	uint64_t ops0;
+	double t0;
+	int err;
+
+	if (!tids)
+		bench_die("out of memory");
+	if (w->setup)
+		w->setup(&run);
+	pthread_barrier_init(&start_barrier, NULL, nthreads + 1);
+	for (unsigned int i = 0; i < nthreads; i++) {
+		pthread_attr_t attr;
+		cpu_set_t set;
+
+		threads[i].run = &run;
+		threads[i].index = i;
+		threads[i].cpu = topo->order[i % topo->ncpus];
+		CPU_ZERO(&set);
+		CPU_SET(threads[i].cpu, &set);
+		pthread_attr_init(&attr);
+		pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
+		err = pthread_create(&tids[i], &attr, thread_main, &threads[i]);
+		pthread_attr_destroy(&attr);
+		if (err)
+			bench_die("pthread_create (thread %u on CPU %d): %s", i, threads[i].cpu,
+				  strerror(err));
+	}
+	pthread_barrier_wait(&start_barrier);
+
+	sleep_until(now() + duration / 5);
+	t0 = now();
+	ops0 = snapshot(threads, nthreads);
+	sleep_until(t0 + duration);
+	s.seconds = now() - t0;
+	s.ops = snapshot(threads, nthreads) - ops0;
+	__atomic_store_n(&run.stop, true, __ATOMIC_RELAXED);
+
+	for (unsigned int i = 0; i < nthreads; i++)
+		pthread_join(tids[i], NULL);
+	pthread_barrier_destroy(&start_barrier);
+	if (w->teardown)
+		w->teardown(&run);
+	free(tids);
+	free(threads);
+	return s;
+}

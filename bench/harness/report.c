@@ -1,0 +1,214 @@
+/*
+ * report.c - the human table and the JSON Lines output (docs/bench.md).
+ *
+ * The table has one row per thread count and, per variant, three columns:
+ * ns per operation per thread (threads x elapsed / operations: how long one
+ * thread waits for one operation, the figure that grows under contention),
+ * aggregate millions of operations per second, and scaling efficiency,
+ * throughput(N) / (N x throughput(1)), as a percentage.  The JSON has one
+ * self-contained object per row and variant, machine included, so files from
+ * different runs and machines can simply be concatenated.
+ */
+#include <math.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static void center(FILE *out, const char *s, int width)
+{
+	int len = (int)strlen(s), left = (width - len) / 2;
+
+	fprintf(out, "%*s%s%*s", left > 0 ? left : 0, "", s,
+		width - len - left > 0 ? width - len - left : 0, "");
+}
+
+void report_table(FILE *out, const struct report *r)
+{
+	const struct topology *topo = r->topo;
+	const char *op = r->workload->op;
+	bool efficiency = !r->workload->no_efficiency, oversubscribed = false;
+	char ns_head[32], rate_head[32], cpus[4096];
+	int ns_w, rate_w, cpus_w = 4, block_w;
+
+	snprintf(ns_head, sizeof(ns_head), "ns/%s", op);
+	snprintf(rate_head, sizeof(rate_head), "M%ss/s", op);
+	ns_w = strlen(ns_head) > 8 ? (int)strlen(ns_head) : 8;
+	rate_w = strlen(rate_head) > 9 ? (int)strlen(rate_head) : 9;
+	block_w = ns_w + 1 + rate_w + (efficiency ? 6 : 0);
+	for (unsigned int i = 0; i < r->nthreads; i++) {
+		topology_format_cpus(topo, r->threads[i] < topo->ncpus ? r->threads[i] : topo->ncpus,
+				     cpus, sizeof(cpus));
+		if ((int)strlen(cpus) > cpus_w)
+			cpus_w = strlen(cpus);
+	}
+
+	fprintf(out, "%s: %s\n", r->workload->name, r->workload->help);
+	fprintf(out, "machine: %s; %u of %u online CPUs usable, %u %s domain%s%s\n", topo->model,
+		topo->ncpus, topo->online, topo->ndomains, topo->domain_source,
+		topo->ndomains == 1 ? "" : "s", topo->smt ? ", SMT" : ", no SMT siblings");
+	fprintf(out, "each point: %g s after a %g s warm-up, %s of %u run%s", r->duration,
+		r->duration / 5, r->stat, r->repeat, r->repeat == 1 ? "" : "s");
+	if (efficiency)
+		fprintf(out, "; eff = throughput(N) / (N x throughput(1))");
+	fprintf(out, "\n\n");
+
+	fprintf(out, "%*s |", 8 + cpus_w + 4, "");
+	for (unsigned int v = 0; v < r->nvariants; v++) {
+		fputc(' ', out);
+		center(out, r->variants[v]->name, block_w);
+		fprintf(out, " |");
+	}
+	fprintf(out, "\n%7s %-*s %3s |", "threads", cpus_w, "cpus", "L3");
+	for (unsigned int v = 0; v < r->nvariants; v++) {
+		fprintf(out, " %*s %*s", ns_w, ns_head, rate_w, rate_head);
+		if (efficiency)
+			fprintf(out, " %5s", "eff");
+		fprintf(out, " |");
+	}
+	fputc('\n', out);
+
+	for (unsigned int i = 0; i < r->nthreads; i++) {
+		unsigned int n = r->threads[i];
+		bool over = n > topo->ncpus;
+
+		oversubscribed |= over;
+		topology_format_cpus(topo, over ? topo->ncpus : n, cpus, sizeof(cpus));
+		fprintf(out, "%6u%c %-*s %3u |", n, over ? '!' : ' ', cpus_w, cpus,
+			topology_domains_used(topo, n));
+		for (unsigned int v = 0; v < r->nvariants; v++) {
+			const struct result *res = &r->results[i * r->nvariants + v];
+
+			fprintf(out, " %*.2f %*.1f", ns_w, res->ns_per_op, rate_w,
+				res->ops_per_sec / 1e6);
+			if (efficiency)
+				fprintf(out, " %4.0f%%", res->efficiency * 100);
+			fprintf(out, " |");
+		}
+		fputc('\n', out);
+	}
+	if (oversubscribed)
+		fprintf(out, "! oversubscribed: more threads than usable CPUs, pinned round-robin\n");
+	fflush(out);
+}
+
+/* A JSON string: quotes, backslashes and control characters escaped. */
+static void json_string(FILE *out, const char *s)
+{
+	fputc('"', out);
+	for (; *s; s++) {
+		unsigned char c = *s;
+
+		if (c == '"' || c == '\\')
+			fprintf(out, "\\%c", c);
+		else if (c < 0x20)
+			fprintf(out, "\\u%04x", c);
+		else
+			fputc(c, out);
+	}
+	fputc('"', out);
+}
+
+/* A JSON number, or null for what JSON cannot hold (inf, nan). */
+static void json_number(FILE *out, double x)
+{
+	if (isfinite(x))
+		fprintf(out, "%.6g", x);
+	else
+		fprintf(out, "null");
+}
+
+static void json_params(FILE *out, const struct bench_workload *w)
+{
+	fputc('{', out);
+	for (const struct bench_option *o = w->options; o && o->name; o++) {
+		if (o != w->options)
+			fputc(',', out);
+		json_string(out, o->name);
+		fputc(':', out);
+		switch (o->type) {
+		case BENCH_OPT_LONG:
+			fprintf(out, "%ld", *(long *)o->value);
+			break;
+		case BENCH_OPT_DOUBLE:
+			json_number(out, *(double *)o->value);
+			break;
+		case BENCH_OPT_STRING:
+			json_string(out, *(const char **)o->value);
+			break;
+		case BENCH_OPT_BOOL:
+			fprintf(out, *(bool *)o->value ? "true" : "false");
+			break;
+		}
+	}
+	fputc('}', out);
+}
+
+static void json_machine(FILE *out, const struct topology *topo)
+{
+	struct utsname uts;
+	char host[256] = "";
+
+	if (uname(&uts))
+		strcpy(uts.release, "unknown");
+	gethostname(host, sizeof(host) - 1);
+	fprintf(out, "{\"model\":");
+	json_string(out, topo->model);
+	fprintf(out, ",\"cpus_online\":%u,\"cpus\":%u,\"l3_domains\":%u,\"domain_source\":\"%s\""
+		",\"smt\":%s,\"kernel\":", topo->online, topo->ncpus, topo->ndomains,
+		topo->domain_source, topo->smt ? "true" : "false");
+	json_string(out, uts.release);
+	fprintf(out, ",\"hostname\":");
+	json_string(out, host);
+	fputc('}', out);
+}
+
+void report_json(FILE *out, const struct report *r)
+{
+	const struct topology *topo = r->topo;
+
+	for (unsigned int i = 0; i < r->nthreads; i++) {
+		unsigned int n = r->threads[i], placed = n < topo->ncpus ? n : topo->ncpus;
+
+		for (unsigned int v = 0; v < r->nvariants; v++) {
+			const struct result *res = &r->results[i * r->nvariants + v];
+
+			fprintf(out, "{\"schema\":\"percpuref-bench/1\",\"workload\":");
+			json_string(out, r->workload->name);
+			fprintf(out, ",\"variant\":");
+			json_string(out, res->variant->name);
+			fprintf(out, ",\"threads\":%u,\"op\":", n);
+			json_string(out, r->workload->op);
+			fprintf(out, ",\"ops_per_sec\":");
+			json_number(out, res->ops_per_sec);
+			fprintf(out, ",\"ns_per_op\":");
+			json_number(out, res->ns_per_op);
+			fprintf(out, ",\"efficiency\":");
+			if (res->efficiency < 0)
+				fprintf(out, "null");
+			else
+				json_number(out, res->efficiency);
+			fprintf(out, ",\"oversubscribed\":%s,\"cpus\":[",
+				n > topo->ncpus ? "true" : "false");
+			for (unsigned int c = 0; c < placed; c++)
+				fprintf(out, "%s%d", c ? "," : "", topo->order[c]);
+			fprintf(out, "],\"l3_domains_used\":%u,\"stat\":\"%s\",\"repeat\":%u,"
+				"\"samples\":[", topology_domains_used(topo, n), r->stat, r->repeat);
+			for (unsigned int k = 0; k < r->repeat; k++) {
+				fprintf(out, "%s{\"ops\":%llu,\"seconds\":", k ? "," : "",
+					(unsigned long long)res->samples[k].ops);
+				json_number(out, res->samples[k].seconds);
+				fputc('}', out);
+			}
+			fprintf(out, "],\"duration_s\":");
+			json_number(out, r->duration);
+			fprintf(out, ",\"params\":");
+			json_params(out, r->workload);
+			fprintf(out, ",\"machine\":");
+			json_machine(out, topo);
+			fprintf(out, ",\"started\":\"%s\"}\n", r->started);
+		}
+	}
+	fflush(out);
+}
