@@ -84,7 +84,10 @@ static inline void kref_init(struct kref *kref)
 	__atomic_store_n(&kref->refcount, 1, __ATOMIC_RELAXED);
 }
 
-/* kref_read - the current count (KREF_SATURATED and above: misused). */
+/*
+ * kref_read - the current count (KREF_SATURATED and above: misused).  A
+ * relaxed snapshot, for statistics and tests; it orders nothing.
+ */
 static inline unsigned int kref_read(const struct kref *kref)
 {
 	return __atomic_load_n(&kref->refcount, __ATOMIC_RELAXED);
