@@ -1,0 +1,446 @@
+/*
+ * Stress test of <percpuref/hcount.h>: threads charge and uncharge in many
+ * namespaces of one tree at once, in cache mode (batch 16 and batch 1) and
+ * in no-cache mode.  Three workloads, each run for a share of
+ * stress_seconds(3):
+ *
+ *   churn  tight limits, random charges (some with a caller max) and
+ *          uncharges, private namespaces created and destroyed on the fly,
+ *          limits of the middle level lowered and raised.  Checks: no count
+ *          ever above a limit (sampled while running), then conservation.
+ *   room   every level's limit is THREADS * HOLD and each thread holds at
+ *          most HOLD units, so usage plus charges in flight never exceed a
+ *          limit: every charge must succeed, although caches alone would
+ *          pass the limits many times over (drains on every refill).
+ *   fill   charges only, until refused; then every refusal must be
+ *          justified by the final usage: some level on its path has
+ *          usage + n above its limit (or the caller's max).  Usage only
+ *          grows, so a refusal that was exact when it happened is still
+ *          justified at the end.  No-cache mode charges 1 unit at a time,
+ *          for which its refusals are justified too (see docs/hcount.md).
+ *
+ * After every run: hcount_tree_check() (the invariant), own units equal to
+ * the units the threads hold, then everything uncharged and every namespace
+ * destroyed, which must bring the root's count back to exactly zero.
+ * The seed is printed; STRESS_SEED=<seed> replays its random choices (the
+ * interleaving differs).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <percpuref/hcount.h>
+
+#include "tap.h"
+
+#define THREADS 6
+#define TYPES 2
+#define MAX_NS 16
+#define HOLD 8		/* room: units one thread may hold per type */
+#define LOG_MAX 2048	/* fill: refusals logged per thread and round */
+
+enum workload { CHURN, ROOM, FILL };
+static const char *const workload_name[] = { "churn", "room", "fill" };
+
+struct world {
+	struct hcount_tree *tree;
+	struct hcount_ns *ns[MAX_NS];
+	int parent[MAX_NS];		/* index; -1 for the root */
+	long max_limit[MAX_NS][TYPES];	/* highest limit ever set */
+	int nr;
+	unsigned int batch;
+};
+
+struct refusal {
+	int ns;
+	unsigned int type;
+	long n, max;
+};
+
+struct worker {
+	pthread_t thread;
+	struct world *w;
+	enum workload kind;
+	uint64_t rng;
+	long held[MAX_NS][TYPES];
+	unsigned long ops, granted, refused, errors, private_ns, limit_sets;
+	struct refusal log[LOG_MAX];
+	int nr_log;
+};
+
+static int stop;
+
+static uint64_t rnd(uint64_t *s)
+{
+	/* xorshift64* */
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 2685821657736338717ULL;
+}
+
+static long rnd_range(uint64_t *s, long lo, long hi)
+{
+	return lo + (long)(rnd(s) % (uint64_t)(hi - lo + 1));
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/*
+ * root -> m0, m1, m2; each mi -> two leaves; the first leaf of m0 has a
+ * child: 11 namespaces, depth 3.  Limits per level come from lim(level).
+ */
+static int world_build(struct world *w, unsigned int batch, enum workload kind, uint64_t *rng)
+{
+	static const int shape[] = { -1, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4 };
+	static const long churn[4][TYPES] = { { 120, 60 }, { 50, 30 }, { 25, 15 }, { 10, 8 } };
+	int i, level[MAX_NS];
+
+	memset(w, 0, sizeof(*w));
+	w->batch = batch;
+	w->nr = (int)(sizeof(shape) / sizeof(shape[0]));
+	for (i = 0; i < w->nr; i++) {
+		long lim[TYPES];
+		unsigned int t;
+
+		w->parent[i] = shape[i];
+		level[i] = shape[i] < 0 ? 0 : level[shape[i]] + 1;
+		for (t = 0; t < TYPES; t++) {
+			if (kind == CHURN)
+				lim[t] = churn[level[i]][t];
+			else if (kind == ROOM)
+				lim[t] = THREADS * HOLD;
+			else	/* fill: random, smaller further down */
+				lim[t] = rnd_range(rng, 3, 200 >> level[i]);
+			w->max_limit[i][t] = lim[t];
+		}
+		if (i == 0) {
+			if (hcount_tree_create(&w->tree, TYPES, batch, lim))
+				return -1;
+			w->ns[0] = hcount_tree_root(w->tree);
+		} else if (hcount_ns_create(&w->ns[i], w->ns[w->parent[i]], lim)) {
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static int is_ancestor_or_self(const struct world *w, int a, int i)
+{
+	for (; i >= 0; i = w->parent[i])
+		if (i == a)
+			return 1;
+	return 0;
+}
+
+/* churn: a private namespace under a random one, used, emptied, destroyed. */
+static void churn_private(struct worker *me)
+{
+	struct world *w = me->w;
+	long lim[TYPES] = { rnd_range(&me->rng, 1, 20), rnd_range(&me->rng, 1, 20) };
+	long held[TYPES] = { 0, 0 };
+	struct hcount_ns *ns;
+	unsigned int t;
+	int i;
+
+	if (hcount_ns_create(&ns, w->ns[rnd(&me->rng) % w->nr], lim)) {
+		me->errors++;
+		return;
+	}
+	for (i = 0; i < 32; i++) {
+		long n = rnd_range(&me->rng, 1, 4);
+		int r;
+
+		t = rnd(&me->rng) % TYPES;
+		r = hcount_charge(ns, t, n);
+		if (r == 0)
+			held[t] += n;
+		else if (r != -EDQUOT)
+			me->errors++;
+		if (held[t] && rnd(&me->rng) % 2) {
+			if (hcount_uncharge(ns, t, held[t]))
+				me->errors++;
+			held[t] = 0;
+		}
+	}
+	for (t = 0; t < TYPES; t++)
+		if (held[t] && hcount_uncharge(ns, t, held[t]))
+			me->errors++;
+	if (hcount_ns_destroy(ns))
+		me->errors++;
+	me->private_ns++;
+}
+
+static void churn_set_limit(struct worker *me)
+{
+	struct world *w = me->w;
+	int i = 1 + (int)(rnd(&me->rng) % 3);	/* a middle namespace */
+	unsigned int t = rnd(&me->rng) % TYPES;
+	long lim = w->max_limit[i][t] - (rnd(&me->rng) % 2 ? 10 : 0);
+	int r = hcount_ns_set_limit(w->ns[i], t, lim);
+
+	if (r != 0 && r != -EBUSY)
+		me->errors++;
+	me->limit_sets++;
+}
+
+static void one_op(struct worker *me)
+{
+	struct world *w = me->w;
+	int i = (int)(rnd(&me->rng) % w->nr);
+	unsigned int t = rnd(&me->rng) % TYPES;
+	long total = 0, n, max = HCOUNT_UNLIMITED;
+	int r, j;
+
+	for (j = 0; j < w->nr; j++)
+		total += me->held[j][t];
+	if (me->kind == FILL) {
+		n = w->batch ? rnd_range(&me->rng, 1, 4) : 1;
+		if (rnd(&me->rng) % 4 == 0)
+			max = rnd_range(&me->rng, 0, 40);
+	} else if (me->kind == ROOM) {
+		if (total == HOLD || (total && rnd(&me->rng) % 2)) {
+			/* Uncharge from a namespace we hold units in. */
+			while (!me->held[i][t])
+				i = (i + 1) % w->nr;
+			n = rnd_range(&me->rng, 1, me->held[i][t]);
+			if (hcount_uncharge(w->ns[i], t, n))
+				me->errors++;
+			me->held[i][t] -= n;
+			me->ops++;
+			return;
+		}
+		n = rnd_range(&me->rng, 1, HOLD - total);
+		if (rnd(&me->rng) % 2)
+			max = THREADS * HOLD;	/* never binding here */
+	} else {
+		if (me->held[i][t] && (total > 40 || rnd(&me->rng) % 2)) {
+			n = rnd_range(&me->rng, 1, me->held[i][t]);
+			if (hcount_uncharge(w->ns[i], t, n))
+				me->errors++;
+			me->held[i][t] -= n;
+			me->ops++;
+			return;
+		}
+		n = rnd_range(&me->rng, 1, 6);
+		if (rnd(&me->rng) % 4 == 0)
+			max = rnd_range(&me->rng, 5, 30);
+	}
+	r = hcount_charge_max(w->ns[i], t, n, max);
+	me->ops++;
+	if (r == 0) {
+		me->held[i][t] += n;
+		me->granted++;
+	} else if (r == -EDQUOT) {
+		me->refused++;
+		if (me->kind == FILL && me->nr_log < LOG_MAX)
+			me->log[me->nr_log++] = (struct refusal){ i, t, n, max };
+	} else {
+		me->errors++;
+	}
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *me = arg;
+	unsigned long streak = 0, refused;
+
+	do {
+		refused = me->refused;
+		one_op(me);
+		if (me->kind == CHURN && rnd(&me->rng) % 256 == 0)
+			churn_private(me);
+		if (me->kind == CHURN && rnd(&me->rng) % 512 == 0)
+			churn_set_limit(me);
+		if (me->kind == FILL) {
+			streak = me->refused != refused ? streak + 1 : 0;
+			/* Full enough: leave the rest to the checks. */
+			if (streak > 200 || me->nr_log == LOG_MAX)
+				break;
+		}
+		/* Relaxed: only tells the worker when to finish. */
+	} while (!__atomic_load_n(&stop, __ATOMIC_RELAXED));
+	return NULL;
+}
+
+/* While the workers run: no count above the highest limit ever set. */
+static unsigned long sample(const struct world *w)
+{
+	unsigned long bad = 0;
+	unsigned int t;
+	int i;
+
+	for (i = 0; i < w->nr; i++) {
+		for (t = 0; t < TYPES; t++) {
+			long count = hcount_ns_count(w->ns[i], t);
+
+			bad += count < 0 || count > w->max_limit[i][t];
+			bad += hcount_ns_cached(w->ns[i], t) < 0;
+			bad += hcount_ns_own(w->ns[i], t) < 0;
+		}
+	}
+	return bad;
+}
+
+/* usage(i, t) from what the threads hold: sum over the subtree of i. */
+static long usage(const struct world *w, const struct worker *wk, int i, unsigned int t)
+{
+	long sum = 0;
+	int j, k;
+
+	for (j = 0; j < w->nr; j++)
+		if (is_ancestor_or_self(w, i, j))
+			for (k = 0; k < THREADS; k++)
+				sum += wk[k].held[j][t];
+	return sum;
+}
+
+static unsigned long unjustified(const struct world *w, const struct worker *wk)
+{
+	unsigned long bad = 0;
+	int k, l, a;
+
+	for (k = 0; k < THREADS; k++) {
+		for (l = 0; l < wk[k].nr_log; l++) {
+			const struct refusal *r = &wk[k].log[l];
+			long lim = hcount_ns_limit(w->ns[r->ns], r->type);
+			long cap = r->max < lim ? r->max : lim;
+			int ok = usage(w, wk, r->ns, r->type) + r->n > cap;
+
+			for (a = w->parent[r->ns]; a >= 0 && !ok; a = w->parent[a])
+				ok = usage(w, wk, a, r->type) + r->n >
+				     hcount_ns_limit(w->ns[a], r->type);
+			if (!ok && bad++ < 5)
+				printf("# refused %ld at ns %d type %u max %ld with room\n", r->n,
+				       r->ns, r->type, r->max);
+		}
+	}
+	return bad;
+}
+
+/* One run: build, work for `secs`, check, empty, destroy. */
+static void run(enum workload kind, unsigned int batch, double secs, uint64_t seed)
+{
+	static struct worker wk[THREADS];
+	const char *name = workload_name[kind];
+	unsigned long bad = 0, ops = 0, refused = 0, errors = 0, priv = 0, sets = 0;
+	unsigned long mismatched = 0, unjust = 0, rounds = 0, failed_uncharge = 0;
+	unsigned long failed_destroy = 0, leftover = 0, failed_check = 0, build_failed = 0;
+	double end = now() + secs;
+	struct world w;
+	uint64_t rng = seed;
+	int k, i;
+
+	__atomic_store_n(&stop, 0, __ATOMIC_RELAXED);
+	do {
+		if (world_build(&w, batch, kind, &rng)) {
+			build_failed++;
+			break;
+		}
+		memset(wk, 0, sizeof(wk));
+		for (k = 0; k < THREADS; k++) {
+			wk[k].w = &w;
+			wk[k].kind = kind;
+			wk[k].rng = seed * 7919 + (uint64_t)k * 104729 + rounds + 1;
+			pthread_create(&wk[k].thread, NULL, worker_main, &wk[k]);
+		}
+		if (kind != FILL) {
+			struct timespec pause = { 0, 200 * 1000 };
+
+			while (now() < end) {
+				bad += sample(&w);
+				nanosleep(&pause, NULL);
+			}
+			/* Relaxed: the joins below order everything. */
+			__atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
+		}
+		for (k = 0; k < THREADS; k++)
+			pthread_join(wk[k].thread, NULL);
+		bad += sample(&w);
+
+		/* Quiescent: the invariant, and own units = units held. */
+		failed_check += hcount_tree_check(w.tree) != 0;
+		for (i = 0; i < w.nr; i++) {
+			for (unsigned int t = 0; t < TYPES; t++) {
+				long held = 0;
+
+				for (k = 0; k < THREADS; k++)
+					held += wk[k].held[i][t];
+				mismatched += hcount_ns_own(w.ns[i], t) != held;
+			}
+		}
+		if (kind == FILL)
+			unjust += unjustified(&w, wk);
+		for (k = 0; k < THREADS; k++) {
+			ops += wk[k].ops;
+			refused += wk[k].refused;
+			errors += wk[k].errors;
+			priv += wk[k].private_ns;
+			sets += wk[k].limit_sets;
+			for (i = 0; i < w.nr; i++) {
+				for (unsigned int t = 0; t < TYPES; t++) {
+					long held = wk[k].held[i][t];
+
+					if (held)
+						failed_uncharge +=
+							hcount_uncharge(w.ns[i], t, held) != 0;
+				}
+			}
+		}
+		failed_check += hcount_tree_check(w.tree) != 0;
+		/* Children were created after their parents: destroy backwards. */
+		for (i = w.nr - 1; i > 0; i--)
+			failed_destroy += hcount_ns_destroy(w.ns[i]) != 0;
+		for (unsigned int t = 0; t < TYPES; t++)
+			leftover += hcount_ns_count(w.ns[0], t) != 0;
+		failed_destroy += hcount_tree_destroy(w.tree) != 0;
+		rounds++;
+	} while (now() < end);
+
+	printf("# %s/batch %u: %lu rounds, %lu ops, %lu refused, %lu private namespaces, "
+	       "%lu limit changes\n",
+	       name, batch, rounds, ops, refused, priv, sets);
+	is(build_failed, 0, "%s/batch %u: tree built", name, batch);
+	ok(ops > 0, "%s/batch %u: workers ran", name, batch);
+	is(errors, 0, "%s/batch %u: every call returned an expected code", name, batch);
+	is(bad, 0, "%s/batch %u: no count above a limit, nothing negative, while running", name,
+	   batch);
+	is(failed_check, 0, "%s/batch %u: invariant holds after every run", name, batch);
+	is(mismatched, 0, "%s/batch %u: own units == units the threads hold", name, batch);
+	if (kind == ROOM)
+		is(refused, 0, "%s/batch %u: no charge refused while room exists", name, batch);
+	if (kind == FILL)
+		is(unjust, 0, "%s/batch %u: every refusal justified by usage", name, batch);
+	is(failed_uncharge, 0, "%s/batch %u: all held units uncharged", name, batch);
+	is(failed_destroy, 0, "%s/batch %u: every namespace destroyed", name, batch);
+	is(leftover, 0, "%s/batch %u: root count 0 after destruction (conservation)", name,
+	   batch);
+}
+
+int main(void)
+{
+	static const unsigned int batches[] = { HCOUNT_BATCH_DEFAULT, 1, HCOUNT_NO_CACHE };
+	double share = stress_seconds(3.0) / 9;
+	const char *env = getenv("STRESS_SEED");	/* to replay a failure */
+	uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) | 1;
+	int b;
+
+	printf("# seed %llu, %.2f s per run\n", (unsigned long long)seed, share);
+	for (b = 0; b < 3; b++) {
+		run(CHURN, batches[b], share, seed + b);
+		run(ROOM, batches[b], share, seed + 10 + b);
+		run(FILL, batches[b], share, seed + 20 + b);
+	}
+	return done_testing();
+}
