@@ -1,0 +1,683 @@
+/*
+ * labels.c - the AppArmor label case (DESIGN.md 1a): nginx workers whose
+ * every request takes and drops a reference on one shared label, with each
+ * refcount strategy behind the same request loop, optional policy churn,
+ * and a check of the security property.
+ *
+ * A request, as an nginx worker's:
+ *   1. if the task's credential points at a stale label, move it to the
+ *      newest one (begin_current_label_crit_section() does this);
+ *   2. secid: get the current label, read its secid, put
+ *      (apparmor_current_getsecid_subj);
+ *   3. file open: get the label, walk its compiled permission table for the
+ *      request's path, put (apparmor_file_open);
+ *   4. private work: --work rounds of a xorshift over a private 4 KiB
+ *      buffer, standing for everything else nginx does for a request.
+ * The op of the table is one request.
+ *
+ * Variants (one column each).  All but "off" run the same request loop,
+ * instantiated per variant with a constant ops table (labels_refops), so
+ * the count's calls are inlined and nothing else differs:
+ *   off             no label work at all (apparmor=off);
+ *   kref            aa_get_newest_label(): kref_get/kref_put on every
+ *                   access (apparmor=on, the seed's baseline);
+ *   condref         no reference unless the label is stale (upstream's
+ *                   file_open fix, __begin_current_label_crit_section());
+ *   rcuref          rcuref_get/rcuref_put (Linux 6.4 rcuref_t).
+ * Stale labels resolve to the newest one under RCU with tryget in every
+ * variant (aa_get_label_rcu()).
+ *
+ * Why condref is safe: a fresh label is pinned by the reference the task's
+ * credential holds, and only the task itself replaces its credential
+ * (step 1, between requests), so the label cannot be released while the
+ * task checks against it; a stale label is not looked at beyond its proxy,
+ * and the newest label is pinned by a reference taken for the check.  This
+ * is upstream's argument for the current task's label (the credential is
+ * the task's own, so nobody else can drop its reference), and for a file's
+ * f_cred (the open file pins its cred, the cred pins the label).
+ *
+ * Churn (--churn R): a loader thread replaces R profiles per second, every
+ * other one the workers' own profile ("nginx"), the rest round-robin
+ * through every namespace's profiles.  The workload then reports, per
+ * measurement, after the main table: replacements, labels alive and stale
+ * labels outstanding (peak and at the end), resident memory and per-CPU
+ * counters in use (peak), and release latency (stale -> freed).
+ *
+ * Checks (the run fails, exit 1, if one breaks):
+ *   - security: before each file-open decision the worker loads, with
+ *     acquire, the rules version of the last completed replacement of each
+ *     component profile; the rules the decision then uses must be at least
+ *     that new (labels_model.h, steps 1-3, give the ordering);
+ *   - no released label read: a label's secid is poisoned when its last
+ *     reference goes; a worker that reads the poison used a dead label
+ *     (and ASan, in the smoke test, catches any read of a freed one);
+ *   - decisions: each path's verdict must match the profile's intent;
+ *   - leaks: every label and table is freed at the end of a measurement.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <urcu/urcu-bp.h>
+
+#include "bench.h"
+#include "labels_model.h"
+
+/*
+ * The per-CPU allocator's statistics, from src/internal.h (exported with
+ * default visibility, not installed): declared here because the bench
+ * cannot include the library's private headers.  Keep in step.
+ */
+struct percpuref_counter_stats {
+	size_t chunks;
+	size_t in_use;
+	size_t free;
+	size_t bytes_mapped;
+};
+void percpuref_counter_stats(struct percpuref_counter_stats *stats);
+
+/* Options. */
+static long opt_work = 400;
+static double opt_churn;
+static long opt_namespaces = 2;
+static long opt_profiles = 8;
+static long opt_stacks = 4;
+static bool opt_unconfined;
+
+#define LABELS_NPATHS 8
+#define LABELS_BUF_WORDS 512
+
+/* The paths requests open, in turn: nginx's document root and config. */
+static const char *const labels_paths[LABELS_NPATHS] = {
+	"/var/www/html/index.html",
+	"/var/www/html/static/css/site.css",
+	"/usr/share/nginx/html/50x.html",
+	"/etc/nginx/mime.types",
+	"/var/www/html/images/logo.png",
+	"/etc/shadow",
+	"/var/www/html/api/v1/items.json",
+	"/etc/ssl/private/server.key",
+};
+/* What the nginx profile must answer to a read of each path. */
+static const bool labels_nginx_reads[LABELS_NPATHS] = { 1, 1, 1, 1, 1, 0, 1, 0 };
+static const bool labels_unconfined_reads[LABELS_NPATHS] = { 1, 1, 1, 1, 1, 1, 1, 1 };
+
+enum labels_mode {
+	LABELS_OFF,	/* no label work */
+	LABELS_REF,	/* a reference around every access */
+	LABELS_CONDREF,	/* a reference only for a stale label */
+};
+
+/* How a variant counts: its ops and, for the model's teardown, a drain. */
+struct labels_kind {
+	const struct labels_refops *ops;
+	void (*drain)(struct labels_model *m);
+};
+
+struct labels_state {
+	struct labels_model *model;
+	const struct labels_kind *kind;
+	struct labels_lineage *task_lineage;	/* what the workers run under */
+
+	/* The loader: stopped through loader_lock/loader_cond. */
+	pthread_t loader;
+	pthread_mutex_t loader_lock;
+	pthread_cond_t loader_cond;
+	bool loader_stop;
+	uint64_t loader_start_ns;
+	long rss_peak_kb;	/* loader samples; read after the join */
+	size_t pcpu_peak;
+
+	/* Failed checks: atomics, added to on the (never taken) error paths. */
+	uint64_t violations;
+	uint64_t poisoned_reads;
+	uint64_t wrong_decisions;
+	uint64_t refreshes;	/* credentials moved to a newer label */
+};
+
+/* One worker: the task.  Allocated per thread, never shared. */
+struct labels_task {
+	struct labels_state *s;
+	struct labels_label *cred;	/* the credential's label: one reference */
+	const bool *expect;		/* expected verdict per path */
+	unsigned int path;		/* next path, 0 .. LABELS_NPATHS - 1 */
+	uint64_t secids;		/* sum of secids read (keeps the read) */
+	uint64_t mismatches;		/* verdicts that differed from expect */
+	uint64_t refreshes;
+	uint64_t rng;
+	uint64_t buf[LABELS_BUF_WORDS];	/* the private work's memory */
+};
+
+#define labels_of(ptr, member) \
+	((struct labels_label *)((char *)(ptr) - offsetof(struct labels_label, member)))
+
+/* kref: the atomic count (condref counts with it too). */
+static void labels_kref_release(struct kref *kref)
+{
+	labels_label_release(labels_of(kref, count.kref));
+}
+
+static void labels_kref_init(struct labels_label *l)
+{
+	kref_init(&l->count.kref);
+}
+
+static void labels_nop(struct labels_label *l)
+{
+}
+
+static void labels_kref_get(struct labels_label *l)
+{
+	kref_get(&l->count.kref);
+}
+
+static bool labels_kref_tryget(struct labels_label *l)
+{
+	return kref_get_unless_zero(&l->count.kref);
+}
+
+static void labels_kref_put(struct labels_label *l)
+{
+	kref_put(&l->count.kref, labels_kref_release);
+}
+
+static const struct labels_refops labels_kref_ops = {
+	.init = labels_kref_init,
+	.live = labels_nop,
+	.get = labels_kref_get,
+	.tryget = labels_kref_tryget,
+	.put = labels_kref_put,
+};
+
+/* rcuref: the count dies once; labels are freed after a grace period anyway. */
+static void labels_rcuref_init(struct labels_label *l)
+{
+	rcuref_init(&l->count.rcuref, 1);
+}
+
+static bool labels_rcuref_tryget(struct labels_label *l)
+{
+	return rcuref_get(&l->count.rcuref);
+}
+
+static void labels_rcuref_get(struct labels_label *l)
+{
+	/* The caller's reference keeps the count alive: cannot fail. */
+	if (percpuref_unlikely(!rcuref_get(&l->count.rcuref)))
+		bench_die("labels rcuref: get on a dead count (label %p)", (void *)l);
+}
+
+static void labels_rcuref_put(struct labels_label *l)
+{
+	if (rcuref_put(&l->count.rcuref))
+		labels_label_release(l);
+}
+
+static const struct labels_refops labels_rcuref_ops = {
+	.init = labels_rcuref_init,
+	.live = labels_nop,
+	.get = labels_rcuref_get,
+	.tryget = labels_rcuref_tryget,
+	.put = labels_rcuref_put,
+};
+
+enum labels_kind_id {
+	LABELS_KIND_KREF,
+	LABELS_KIND_RCUREF,
+};
+
+static const struct labels_kind labels_kinds[] = {
+	[LABELS_KIND_KREF] = { &labels_kref_ops, NULL },
+	[LABELS_KIND_RCUREF] = { &labels_rcuref_ops, NULL },
+};
+
+/*
+ * The newest label of @l's lineage, with a reference (aa_get_label_rcu()):
+ * the proxy is read under RCU, and a tryget that fails (the newest was
+ * replaced and released meanwhile) reads the proxy again.
+ */
+static inline __attribute__((always_inline)) struct labels_label *
+labels_get_newest(struct labels_label *l, const struct labels_refops *ops)
+{
+	struct labels_label *newest;
+
+	urcu_bp_read_lock();
+	do {
+		/* rcu_dereference: pairs with labels_publish()'s release. */
+		newest = __atomic_load_n(&l->proxy->label, __ATOMIC_ACQUIRE);
+	} while (!ops->tryget(newest));
+	urcu_bp_read_unlock();
+	return newest;
+}
+
+/*
+ * The label to check against, and whether the check holds a reference on
+ * it that labels_end() must drop.  kref and the others: a reference on
+ * every access.  condref: none unless the credential's label is stale.
+ */
+static inline __attribute__((always_inline)) struct labels_label *
+labels_begin(struct labels_label *cred, const struct labels_refops *ops, enum labels_mode mode,
+	     bool *needput)
+{
+	*needput = true;
+	if (percpuref_unlikely(labels_label_is_stale(cred)))
+		return labels_get_newest(cred, ops);
+	if (mode == LABELS_CONDREF) {
+		*needput = false;
+		return cred;
+	}
+	ops->get(cred);
+	return cred;
+}
+
+static inline __attribute__((always_inline)) void
+labels_end(struct labels_label *l, const struct labels_refops *ops, bool needput)
+{
+	if (needput)
+		ops->put(l);
+}
+
+static void __attribute__((noinline, cold))
+labels_report_violation(struct labels_task *task, const struct labels_label *l, unsigned int i,
+			uint64_t need)
+{
+	if (!__atomic_fetch_add(&task->s->violations, 1, __ATOMIC_RELAXED))
+		fprintf(stderr, "labels: decision with rules version %llu of %s after "
+			"replacement %llu completed\n",
+			(unsigned long long)l->rules[i]->version, l->proxy->vec[i]->name,
+			(unsigned long long)need);
+}
+
+static void __attribute__((noinline, cold))
+labels_report_poison(struct labels_task *task, const struct labels_label *l)
+{
+	if (!__atomic_fetch_add(&task->s->poisoned_reads, 1, __ATOMIC_RELAXED))
+		fprintf(stderr, "labels: read the secid of released label %p\n", (const void *)l);
+}
+
+/* Step 4: the request's own work, on memory nobody else touches. */
+static inline __attribute__((always_inline)) void labels_private_work(struct labels_task *task)
+{
+	uint64_t x = task->rng;
+
+	for (long i = 0; i < opt_work; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		task->buf[x & (LABELS_BUF_WORDS - 1)] += x;
+	}
+	task->rng = x;
+}
+
+/* One request (see the top of the file); @ops and @mode are constants. */
+static inline __attribute__((always_inline)) void
+labels_request(struct labels_task *task, const struct labels_refops *ops, enum labels_mode mode)
+{
+	struct labels_label *cred = task->cred, *l;
+	uint64_t need[LABELS_STACK_MAX];
+	bool needput, allowed;
+	uint32_t secid;
+
+	if (mode != LABELS_OFF) {
+		/* 1: only this task writes its credential. */
+		if (percpuref_unlikely(labels_label_is_stale(cred))) {
+			task->cred = labels_get_newest(cred, ops);
+			ops->put(cred);
+			cred = task->cred;
+			task->refreshes++;
+		}
+
+		/* 2: secid. */
+		l = labels_begin(cred, ops, mode, &needput);
+		secid = __atomic_load_n(&l->secid, __ATOMIC_RELAXED);
+		if (percpuref_unlikely(secid == LABELS_SECID_POISON))
+			labels_report_poison(task, l);
+		task->secids += secid;
+		labels_end(l, ops, needput);
+
+		/*
+		 * 3: file open.  Acquire: pairs with the loader's release of
+		 * completed, after which it can only resolve to newer rules.
+		 * The components do not change across versions.
+		 */
+		for (unsigned int i = 0; i < cred->size; i++)
+			need[i] = __atomic_load_n(&cred->proxy->vec[i]->completed, __ATOMIC_ACQUIRE);
+		l = labels_begin(cred, ops, mode, &needput);
+		allowed = labels_label_allows(l, labels_paths[task->path], LABELS_MAY_READ);
+		for (unsigned int i = 0; i < l->size; i++)
+			if (percpuref_unlikely(l->rules[i] && l->rules[i]->version < need[i]))
+				labels_report_violation(task, l, i, need[i]);
+		labels_end(l, ops, needput);
+		task->mismatches += allowed != task->expect[task->path];
+		task->path = (task->path + 1) % LABELS_NPATHS;
+	}
+	labels_private_work(task);
+}
+
+static inline __attribute__((always_inline)) void
+labels_loop(struct bench_thread *t, const struct labels_refops *ops, enum labels_mode mode)
+{
+	struct labels_task *task = t->local;
+
+	while (bench_running(t)) {
+		for (int i = 0; i < BENCH_BATCH; i++)
+			labels_request(task, ops, mode);
+		bench_count(t, BENCH_BATCH);
+	}
+}
+
+static void labels_off_loop(struct bench_thread *t)
+{
+	labels_loop(t, &labels_kref_ops, LABELS_OFF);
+}
+
+static void labels_kref_loop(struct bench_thread *t)
+{
+	labels_loop(t, &labels_kref_ops, LABELS_REF);
+}
+
+static void labels_condref_loop(struct bench_thread *t)
+{
+	labels_loop(t, &labels_kref_ops, LABELS_CONDREF);
+}
+
+static void labels_rcuref_loop(struct bench_thread *t)
+{
+	labels_loop(t, &labels_rcuref_ops, LABELS_REF);
+}
+
+/* Resident set size in KiB. */
+static long labels_rss_kb(void)
+{
+	FILE *f = fopen("/proc/self/statm", "r");
+	long size = 0, resident = 0;
+
+	if (!f)
+		return 0;
+	if (fscanf(f, "%ld %ld", &size, &resident) != 2)
+		resident = 0;
+	fclose(f);
+	return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* The high-water mark of the resident set (VmHWM) in KiB. */
+static long labels_hwm_kb(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long kb = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %ld kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb;
+}
+
+static void labels_sample_memory(struct labels_state *s)
+{
+	struct percpuref_counter_stats pcpu;
+	long rss = labels_rss_kb();
+
+	percpuref_counter_stats(&pcpu);
+	/* Only the loader (and the main thread after joining it) writes these. */
+	if (rss > s->rss_peak_kb)
+		s->rss_peak_kb = rss;
+	if (pcpu.in_use > s->pcpu_peak)
+		s->pcpu_peak = pcpu.in_use;
+}
+
+/*
+ * The loader: a replacement every 1/--churn seconds on an absolute
+ * schedule (it catches up when a replacement took longer than a period),
+ * and a memory sample every 10 ms.
+ */
+static void *labels_loader(void *arg)
+{
+	struct labels_state *s = arg;
+	struct labels_model *m = s->model;
+	struct labels_lineage *hot = s->task_lineage->vec[0];
+	uint64_t period = (uint64_t)(1e9 / opt_churn), next = labels_now_ns(), sampled = 0;
+	unsigned int k = 0, turn = 0, round = 0;
+
+	pthread_mutex_lock(&s->loader_lock);
+	while (!s->loader_stop) {
+		struct labels_lineage *p;
+		uint64_t now = labels_now_ns();
+
+		if (now < next) {
+			struct timespec ts = { .tv_sec = next / 1000000000u,
+					       .tv_nsec = next % 1000000000u };
+
+			pthread_cond_timedwait(&s->loader_cond, &s->loader_lock, &ts);
+			continue;
+		}
+		pthread_mutex_unlock(&s->loader_lock);
+		next += period;
+		/* Every other replacement hits the workers' profile. */
+		if (turn++ % 2 == 0 && !hot->unconfined) {
+			p = hot;
+		} else {
+			struct labels_ns *ns = &m->ns[k % m->nns];
+
+			p = ns->profiles[round % ns->nprofiles];
+			if (++k % m->nns == 0)
+				round++;
+		}
+		labels_replace_profile(m, p);
+		if (now - sampled >= 10000000u) {
+			labels_sample_memory(s);
+			sampled = now;
+		}
+		pthread_mutex_lock(&s->loader_lock);
+	}
+	pthread_mutex_unlock(&s->loader_lock);
+	return NULL;
+}
+
+/* The churn report: one row per measurement, printed after the table. */
+struct labels_row {
+	const char *variant;
+	unsigned int threads;
+	double seconds;
+	uint64_t replacements;
+	long alive_peak, alive_end, stale_peak, stale_end;
+	long rss_peak_kb;
+	size_t pcpu_peak;
+	uint64_t reaped, reap_ns_sum, reap_ns_max;
+	uint64_t refreshes;
+};
+static struct labels_row *labels_rows;
+static unsigned int labels_nrows;
+
+static void labels_print_rows(void)
+{
+	fflush(stdout);
+	fprintf(stderr, "\nlabels churn: %g replacements/s requested; alive/stale: labels "
+		"(peak, at the end); rss: peak resident KiB; pcpu: per-CPU counters in use "
+		"(peak); release: stale -> freed (mean, max)\n", opt_churn);
+	fprintf(stderr, "%-15s %7s %8s %8s %13s %13s %9s %6s %8s %18s\n", "variant", "threads",
+		"repl/s", "moved", "alive", "stale", "rss", "pcpu", "released", "release ms");
+	for (unsigned int i = 0; i < labels_nrows; i++) {
+		const struct labels_row *r = &labels_rows[i];
+		char alive[32], stale[32], lat[32];
+
+		snprintf(alive, sizeof(alive), "%ld, %ld", r->alive_peak, r->alive_end);
+		snprintf(stale, sizeof(stale), "%ld, %ld", r->stale_peak, r->stale_end);
+		if (r->reaped)
+			snprintf(lat, sizeof(lat), "%.2f, %.2f",
+				 r->reap_ns_sum / 1e6 / r->reaped, r->reap_ns_max / 1e6);
+		else
+			snprintf(lat, sizeof(lat), "-");
+		fprintf(stderr, "%-15s %7u %8.0f %8llu %13s %13s %9ld %6zu %8llu %18s\n",
+			r->variant, r->threads, r->replacements / r->seconds,
+			(unsigned long long)r->refreshes, alive, stale, r->rss_peak_kb,
+			r->pcpu_peak, (unsigned long long)r->reaped, lat);
+	}
+	fprintf(stderr, "process peak resident (VmHWM): %ld KiB\n", labels_hwm_kb());
+	free(labels_rows);
+}
+
+static void labels_setup(struct bench_run *run)
+{
+	struct labels_state *s = bench_zalloc(sizeof(*s));
+	struct labels_config cfg = {
+		.namespaces = opt_namespaces,
+		.profiles = opt_profiles,
+		.stacks = opt_stacks,
+	};
+	pthread_condattr_t attr;
+
+	if (opt_namespaces < 1 || opt_namespaces > 64 || opt_profiles < 2 ||
+	    opt_profiles > 1024 || opt_stacks < 0 || opt_work < 0 || opt_churn < 0)
+		bench_die("labels: want --namespaces 1..64, --profiles 2..1024, and "
+			  "--stacks, --work, --churn >= 0");
+	s->kind = &labels_kinds[run->variant->arg];
+	s->model = labels_model_create(&cfg, s->kind->ops);
+	s->task_lineage = labels_lineage_find(&s->model->ns[0],
+					      opt_unconfined ? "unconfined" : "nginx");
+	if (!s->task_lineage)
+		bench_die("labels: no nginx profile in the root namespace");
+	pthread_mutex_init(&s->loader_lock, NULL);
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	pthread_cond_init(&s->loader_cond, &attr);
+	pthread_condattr_destroy(&attr);
+	run->state = s;
+	if (opt_churn > 0) {
+		if (!labels_rows)
+			atexit(labels_print_rows);
+		labels_rows = realloc(labels_rows, (labels_nrows + 1) * sizeof(*labels_rows));
+		if (!labels_rows)
+			bench_die("labels: out of memory");
+		labels_sample_memory(s);
+		s->loader_start_ns = labels_now_ns();
+		if (pthread_create(&s->loader, NULL, labels_loader, s))
+			bench_die("labels: cannot start the loader thread");
+	}
+}
+
+/* The task execs into its label: an RCU lookup in the label set, then tryget. */
+static void labels_thread_init(struct bench_thread *t)
+{
+	struct labels_state *s = t->run->state;
+	struct labels_task *task = bench_zalloc(sizeof(*task));
+
+	task->s = s;
+	task->rng = 0x9e3779b97f4a7c15ull * (t->index + 1);
+	task->expect = opt_unconfined ? labels_unconfined_reads : labels_nginx_reads;
+	if (t->run->variant->loop != labels_off_loop) {
+		const struct labels_refops *ops = s->kind->ops;
+		struct labels_label *l;
+
+		urcu_bp_read_lock();
+		do {
+			l = __atomic_load_n(&s->task_lineage->label, __ATOMIC_ACQUIRE);
+		} while (!ops->tryget(l));
+		urcu_bp_read_unlock();
+		task->cred = l;
+	}
+	t->local = task;
+}
+
+static void labels_thread_fini(struct bench_thread *t)
+{
+	struct labels_state *s = t->run->state;
+	struct labels_task *task = t->local;
+
+	if (task->cred)
+		s->kind->ops->put(task->cred);
+	__atomic_add_fetch(&s->wrong_decisions, task->mismatches, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&s->refreshes, task->refreshes, __ATOMIC_RELAXED);
+	free(task);
+}
+
+static void labels_teardown(struct bench_run *run)
+{
+	struct labels_state *s = run->state;
+	struct labels_model *m = s->model;
+	const char *name = run->variant->name;
+	struct labels_stats final;
+
+	if (opt_churn > 0) {
+		struct labels_row *r = &labels_rows[labels_nrows++];
+
+		pthread_mutex_lock(&s->loader_lock);
+		s->loader_stop = true;
+		pthread_cond_signal(&s->loader_cond);
+		pthread_mutex_unlock(&s->loader_lock);
+		pthread_join(s->loader, NULL);
+		labels_sample_memory(s);
+		*r = (struct labels_row){
+			.variant = name,
+			.threads = run->nthreads,
+			.seconds = (labels_now_ns() - s->loader_start_ns) / 1e9,
+			.replacements = m->stats.replacements,
+			.alive_peak = m->stats.alive_peak,
+			.alive_end = __atomic_load_n(&m->stats.alive, __ATOMIC_RELAXED),
+			.stale_peak = m->stats.stale_peak,
+			.stale_end = __atomic_load_n(&m->stats.stale, __ATOMIC_RELAXED),
+			.rss_peak_kb = s->rss_peak_kb,
+			.pcpu_peak = s->pcpu_peak,
+			.refreshes = s->refreshes,
+		};
+	}
+	labels_model_destroy(m, s->kind->drain, &final);
+	if (opt_churn > 0) {
+		struct labels_row *r = &labels_rows[labels_nrows - 1];
+
+		/* Fresh labels freed by the teardown are not stale: not counted. */
+		r->reaped = final.reaped_stale;
+		r->reap_ns_sum = final.reap_ns_sum;
+		r->reap_ns_max = final.reap_ns_max;
+	}
+	if (s->violations || s->poisoned_reads || s->wrong_decisions)
+		bench_die("labels %s, %u threads: %llu decisions on superseded rules, "
+			  "%llu reads of released labels, %llu wrong verdicts", name, run->nthreads,
+			  (unsigned long long)s->violations, (unsigned long long)s->poisoned_reads,
+			  (unsigned long long)s->wrong_decisions);
+	pthread_cond_destroy(&s->loader_cond);
+	pthread_mutex_destroy(&s->loader_lock);
+	free(s);
+}
+
+static const struct bench_variant labels_variants[] = {
+	{ "off", "no label work (apparmor=off)", labels_off_loop, LABELS_KIND_KREF },
+	{ "kref", "kref get/put on every access (apparmor=on)", labels_kref_loop,
+	  LABELS_KIND_KREF },
+	{ "condref", "a reference only for a stale label (upstream file_open fix)",
+	  labels_condref_loop, LABELS_KIND_KREF },
+	{ "rcuref", "rcuref_get/rcuref_put (Linux 6.4 rcuref_t)", labels_rcuref_loop,
+	  LABELS_KIND_RCUREF },
+	{ NULL },
+};
+
+static const struct bench_option labels_options[] = {
+	{ "work", BENCH_OPT_LONG, &opt_work, "private work per request, in xorshift rounds" },
+	{ "churn", BENCH_OPT_DOUBLE, &opt_churn,
+	  "profile replacements per second by a loader thread (0: none)" },
+	{ "namespaces", BENCH_OPT_LONG, &opt_namespaces, "policy namespaces" },
+	{ "profiles", BENCH_OPT_LONG, &opt_profiles, "profiles per namespace" },
+	{ "stacks", BENCH_OPT_LONG, &opt_stacks, "stacked labels per namespace" },
+	{ "unconfined", BENCH_OPT_BOOL, &opt_unconfined,
+	  "workers run unconfined (no table walk) instead of under nginx" },
+	{ NULL },
+};
+
+static const struct bench_workload labels = {
+	.name = "labels",
+	.help = "AppArmor labels: nginx requests (secid + file open) on one shared label",
+	.op = "req",
+	.variants = labels_variants,
+	.options = labels_options,
+	.setup = labels_setup,
+	.thread_init = labels_thread_init,
+	.thread_fini = labels_thread_fini,
+	.teardown = labels_teardown,
+};
+PERCPUREF_BENCH_WORKLOAD(labels);
