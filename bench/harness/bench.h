@@ -39,7 +39,19 @@
  *
  * Hooks run on the thread they name; any of them may be NULL.  A workload
  * that cannot go on (allocation failure, a count that did not come back to
- * its start value) calls bench_die(), which exits with status 1.
+ * its start value) calls bench_die(), which exits with status 1.  What the
+ * user can get wrong is checked before anything runs, with a usage message
+ * and exit status 2: the harness rejects what is not a number, and the
+ * workload's validate() hook the values its options cannot take, so setup()
+ * never sees them.
+ *
+ * Every field after the hooks is optional, and zero keeps the plain
+ * behaviour: rows of 1,2,4,...,max threads, never more than the usable CPUs
+ * unless --oversubscribe, and a table of per-thread figures.  A workload
+ * whose threads come in groups (signal1: K containers of W workers each)
+ * names the group and points at the option holding its size; the table
+ * then has a row label and a throughput column per group, and its default
+ * rows (threads) are counted in groups.
  */
 #ifndef PERCPUREF_BENCH_H
 #define PERCPUREF_BENCH_H
@@ -133,6 +145,34 @@ struct bench_workload {
 	void (*thread_init)(struct bench_thread *t);
 	void (*thread_fini)(struct bench_thread *t);
 	void (*teardown)(struct bench_run *run);
+
+	/*
+	 * Called once the command line is parsed, before anything runs:
+	 * NULL if the options' values are usable, else why not ("--workers:
+	 * want 1..65536"; a literal, or formatted into a static buffer),
+	 * which the harness prints with the usage, exiting with status 2.
+	 */
+	const char *(*validate)(void);
+	/*
+	 * Rows when --threads is not given, in its syntax ("1,2,4,8,16"),
+	 * counted in groups when group is set.  NULL: 1,2,4,...,max threads.
+	 */
+	const char *threads;
+	/*
+	 * Oversubscription is part of the design: thread counts above the
+	 * usable CPUs need no --oversubscribe.  Their rows are still flagged.
+	 */
+	bool oversubscribe;
+	/*
+	 * What a group of threads is, singular ("container"): threads
+	 * i*size .. i*size+size-1 form group i, and N threads make
+	 * ceil(N / size) groups (the last one short when size does not
+	 * divide N).  size is *group_size, the value of one of the
+	 * workload's BENCH_OPT_LONG options, which validate() keeps in
+	 * 1..65536; NULL: one thread per group.
+	 */
+	const char *group;
+	const long *group_size;
 };
 
 /*

@@ -13,6 +13,8 @@
  * The CPUs this process may run on (online and in its affinity mask), in
  * the order threads are placed: fill one L3 domain before the next; inside
  * a domain, one thread per physical core first, then the SMT siblings.
+ * PERCPUREF_BENCH_SYSFS=DIR reads a fake /sys/devices/system/cpu from DIR
+ * (for the tests; the affinity mask is then ignored).
  */
 struct topology {
 	unsigned int ncpus;
@@ -47,6 +49,7 @@ struct sample measure(const struct bench_workload *w, const struct bench_variant
 struct result {
 	const struct bench_variant *variant;
 	unsigned int threads;
+	unsigned int groups;	/* of the workload's group; threads if it has none */
 	struct sample *samples;	/* one per repetition */
 	double ops_per_sec;	/* the reported statistic */
 	double ns_per_op;	/* threads * 1e9 / ops_per_sec */
@@ -69,5 +72,7 @@ struct report {
 
 void report_table(FILE *out, const struct report *r);
 void report_json(FILE *out, const struct report *r);
+/* The machine line and the CPUs in placement order (--topology). */
+void report_topology(FILE *out, const struct topology *topo);
 
 #endif

@@ -6,7 +6,7 @@
  *                   [--duration S] [--repeat N] [--stat median|best]
  *                   [--oversubscribe] [--json FILE|-] [--list]
  *                   [workload options]
- *   percpuref-bench --help | --list
+ *   percpuref-bench --help | --list | --topology
  *
  * Workloads register themselves (PERCPUREF_BENCH_WORKLOAD() in bench.h) by
  * putting a pointer in the linker section percpuref_bench_workloads; this
@@ -19,6 +19,12 @@
  * is the median (default) or the best of its repetitions' throughputs.
  * Scaling efficiency needs the one-thread throughput of each variant, so a
  * one-thread row is added when --threads leaves it out.
+ *
+ * Rows: --threads, else the workload's own default list (counted in its
+ * groups, so signal1's "1,2,4" means 1, 2 and 4 containers whatever
+ * --workers is), else 1,2,4,...,max.  Everything the user gives is checked
+ * before the first measurement, the workload's options by its validate()
+ * hook included, so a mistake costs a usage message, not a run.
  *
  * Exit status: 0, 1 on a runtime failure, 2 on a usage error (message and
  * usage on stderr).
@@ -67,6 +73,11 @@ void *bench_zalloc(size_t size)
 	return memset(p, 0, rounded ? rounded : 128);
 }
 
+static unsigned int group_size(const struct bench_workload *w)
+{
+	return w->group_size ? (unsigned int)*w->group_size : 1;
+}
+
 static int cmp_workload(const void *a, const void *b)
 {
 	return strcmp((*(const struct bench_workload *const *)a)->name,
@@ -87,6 +98,8 @@ static void load_workloads(void)
 		if (!w->name || !w->help || !w->op || !w->variants || !w->variants[0].name)
 			bench_die("workload %s: name, help, op and a variant are required",
 				  w->name ? w->name : "(unnamed)");
+		if (w->group_size && !w->group)
+			bench_die("workload %s: a group_size needs a group name", w->name);
 		for (const struct bench_variant *v = w->variants; v->name; v++)
 			if (!v->loop)
 				bench_die("workload %s, variant %s: no loop", w->name, v->name);
@@ -148,7 +161,11 @@ static void print_option_value(FILE *out, const struct bench_option *o)
 
 static void list_workload(FILE *out, const struct bench_workload *w)
 {
-	fprintf(out, "%s: %s\nvariants:\n", w->name, w->help);
+	fprintf(out, "%s: %s\n", w->name, w->help);
+	if (w->threads)
+		fprintf(out, "default rows: %s %ss%s\n", w->threads, w->group ? w->group : "thread",
+			w->oversubscribe ? ", past the usable CPUs by design" : "");
+	fprintf(out, "variants:\n");
 	for (const struct bench_variant *v = w->variants; v->name; v++)
 		fprintf(out, "  %-16s %s\n", v->name, v->help ? v->help : "");
 	if (w->options && w->options[0].name) {
@@ -170,17 +187,20 @@ static void usage(FILE *out, const struct bench_workload *w)
 {
 	fprintf(out,
 		"usage: percpuref-bench <workload> [options] [workload options]\n"
-		"       percpuref-bench --help | --list\n"
+		"       percpuref-bench --help | --list | --topology\n"
 		"options:\n"
 		"  --threads LIST      thread counts: numbers, ranges a-b and \"max\", comma-separated\n"
-		"                      (default 1,2,4,...,max); one thread per usable CPU\n"
+		"                      (default: the workload's, or 1,2,4,...,max); one thread per\n"
+		"                      usable CPU\n"
 		"  --variants LIST     variants to run, comma-separated (default: all)\n"
 		"  --duration S        seconds measured per point, after S/5 of warm-up (default 0.5)\n"
 		"  --repeat N          measure every point N times, interleaved (default 1)\n"
 		"  --stat median|best  which repetition to report (default median)\n"
-		"  --oversubscribe     allow more threads than usable CPUs (rows flagged '!')\n"
+		"  --oversubscribe     allow more threads than usable CPUs (rows flagged '!'); implied\n"
+		"                      for workloads that oversubscribe by design\n"
 		"  --json FILE         also write JSON Lines to FILE; \"-\": JSON on stdout, table on stderr\n"
-		"  --list              list workloads, or the workload's variants and options\n");
+		"  --list              list workloads, or the workload's variants and options\n"
+		"  --topology          (no workload) print the usable CPUs in placement order\n");
 	if (w) {
 		fputc('\n', out);
 		list_workload(out, w);
@@ -212,9 +232,12 @@ static int cmp_uint(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Parses "1,2,8-12,max" into @out (sorted, unique); returns the count. */
-static unsigned int parse_threads(const struct bench_workload *w, const char *arg,
-				  unsigned int max, unsigned int **out)
+/*
+ * Parses "1,2,8-12,max" into @out (sorted, unique); returns the count.
+ * @what names the list in messages.
+ */
+static unsigned int parse_threads(const struct bench_workload *w, const char *what,
+				  const char *arg, unsigned int max, unsigned int **out)
 {
 	unsigned int n = 0, u = 1, cap = 16, *list = malloc(cap * sizeof(*list));
 	char *copy = strdup(arg), *save = NULL;
@@ -232,7 +255,7 @@ static unsigned int parse_threads(const struct bench_workload *w, const char *ar
 			if (*end == '-')
 				hi = strtoul(end + 1, &end, 10);
 			if (end == tok || *end || lo == 0 || hi < lo || hi > 1u << 16)
-				usage_error(w, "--threads: bad element \"%s\"", tok);
+				usage_error(w, "%s: bad element \"%s\"", what, tok);
 		}
 		for (unsigned long t = lo; t <= hi; t++) {
 			if (n == cap && !(list = realloc(list, (cap *= 2) * sizeof(*list))))
@@ -242,7 +265,7 @@ static unsigned int parse_threads(const struct bench_workload *w, const char *ar
 	}
 	free(copy);
 	if (n == 0)
-		usage_error(w, "--threads: empty list");
+		usage_error(w, "%s: empty list", what);
 	qsort(list, n, sizeof(*list), cmp_uint);
 	for (unsigned int i = 1; i < n; i++)
 		if (list[i] != list[u - 1])
@@ -274,7 +297,8 @@ static unsigned int parse_variants(const struct bench_workload *w, const char *a
 
 	for (const struct bench_variant *v = w->variants; v->name; v++)
 		cap++;
-	list = calloc(cap, sizeof(*list));
+	/* Stored first, so a usage error's exit leaks nothing (LeakSanitizer). */
+	*out = list = calloc(cap, sizeof(*list));
 	if (!list || !copy)
 		bench_die("out of memory");
 	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -292,7 +316,6 @@ static unsigned int parse_variants(const struct bench_workload *w, const char *a
 	free(copy);
 	if (n == 0)
 		usage_error(w, "--variants: empty list");
-	*out = list;
 	return n;
 }
 
@@ -318,8 +341,10 @@ static void parse_workload_option(const struct bench_workload *w, const struct b
 		*(bool *)o->value = true;
 		return;
 	}
+	if (o->type == BENCH_OPT_LONG)
+		d = l;
 	/* Check before storing: the usage message shows the default. */
-	if (end == arg || *end || errno)
+	if (end == arg || *end || errno || !isfinite(d))
 		usage_error(w, "--%s: bad number \"%s\"", o->name, arg);
 	if (o->type == BENCH_OPT_LONG)
 		*(long *)o->value = l;
@@ -367,6 +392,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 {
 	unsigned int nopts = 0;
 	struct option *longopts;
+	const char *why;
 	char *end;
 	int c;
 
@@ -438,6 +464,11 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 	if (optind < argc)
 		usage_error(w, "unexpected argument \"%s\"", argv[optind]);
 	free(longopts);
+	if (w->validate && (why = w->validate()))
+		usage_error(w, "%s: %s", w->name, why);
+	if (w->group_size && (*w->group_size < 1 || *w->group_size > 1 << 16))
+		bench_die("workload %s: %s size %ld; its validate() must keep it in 1..65536",
+			  w->name, w->group, *w->group_size);
 }
 
 /* Rows and columns of @r from the command line. */
@@ -446,9 +477,26 @@ static void plan_report(struct report *r, const struct cli *cli)
 	const struct bench_workload *w = r->workload;
 	unsigned int *threads;
 
-	r->nthreads = cli->threads ? parse_threads(w, cli->threads, r->topo->ncpus, &threads)
-				   : default_threads(r->topo->ncpus, &threads);
-	if (!cli->oversubscribe && threads[r->nthreads - 1] > r->topo->ncpus)
+	if (cli->threads) {
+		r->nthreads = parse_threads(w, "--threads", cli->threads, r->topo->ncpus,
+					    &threads);
+	} else if (w->threads) {
+		unsigned int size = group_size(w), ncpus = r->topo->ncpus;
+
+		/* Counted in groups: "max" is the groups that fill the CPUs. */
+		r->nthreads = parse_threads(w, "the workload's default rows", w->threads,
+					    ncpus > size ? ncpus / size : 1, &threads);
+		for (unsigned int i = 0; i < r->nthreads; i++) {
+			if ((uint64_t)threads[i] * size > 1u << 16)
+				usage_error(w, "%u %ss of %u threads: more than 65536 threads",
+					    threads[i], w->group, size);
+			threads[i] *= size;
+		}
+	} else {
+		r->nthreads = default_threads(r->topo->ncpus, &threads);
+	}
+	if (!cli->oversubscribe && !w->oversubscribe &&
+	    threads[r->nthreads - 1] > r->topo->ncpus)
 		usage_error(w, "--threads %u: only %u CPUs usable; --oversubscribe allows more",
 			    threads[r->nthreads - 1], r->topo->ncpus);
 	/* Efficiency divides by the one-thread row, which is then row 0. */
@@ -522,6 +570,7 @@ static void compute_results(struct report *r)
 		/* Row 0 is the one-thread row whenever efficiency applies. */
 		const struct result *one = &r->results[i % r->nvariants];
 
+		res->groups = (res->threads + group_size(r->workload) - 1) / group_size(r->workload);
 		res->ops_per_sec = aggregate(res, r->repeat, best);
 		res->ns_per_op = res->ops_per_sec > 0 ? res->threads * 1e9 / res->ops_per_sec : NAN;
 		res->efficiency = r->workload->no_efficiency ? -1 :
@@ -555,6 +604,12 @@ int main(int argc, char **argv)
 	if (!strcmp(argv[1], "--list")) {
 		for (unsigned int i = 0; i < nworkloads; i++)
 			list_workload(stdout, workloads[i]);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--topology")) {
+		topology_read(&topo);
+		report_topology(stdout, &topo);
+		topology_free(&topo);
 		return 0;
 	}
 	r.workload = find_workload(argv[1]);

@@ -5,7 +5,11 @@
  * ns per operation per thread (threads x elapsed / operations: how long one
  * thread waits for one operation, the figure that grows under contention),
  * aggregate millions of operations per second, and scaling efficiency,
- * throughput(N) / (N x throughput(1)), as a percentage.  The JSON has one
+ * throughput(N) / (N x throughput(1)), as a percentage.  A workload whose
+ * threads come in groups (signal1's containers) gets its group count as the
+ * rows' first column, and the throughput of one group in place of ns per
+ * operation: its report compares groups, and one thread's time is not one
+ * group's when a group has several threads.  The JSON has one
  * self-contained object per row and variant, machine included, so files from
  * different runs and machines can simply be concatenated.
  */
@@ -24,19 +28,47 @@ static void center(FILE *out, const char *s, int width)
 		width - len - left > 0 ? width - len - left : 0, "");
 }
 
+static void print_machine(FILE *out, const struct topology *topo)
+{
+	fprintf(out, "machine: %s; %u of %u online CPUs usable, %u %s domain%s%s\n", topo->model,
+		topo->ncpus, topo->online, topo->ndomains, topo->domain_source,
+		topo->ndomains == 1 ? "" : "s", topo->smt ? ", SMT" : ", no SMT siblings");
+}
+
+void report_topology(FILE *out, const struct topology *topo)
+{
+	print_machine(out, topo);
+	fprintf(out, "placement:");
+	for (unsigned int i = 0; i < topo->ncpus; i++)
+		fprintf(out, "%s %d", i && topo->domain[i] != topo->domain[i - 1] ? " |" : "",
+			topo->order[i]);
+	fputc('\n', out);
+}
+
 void report_table(FILE *out, const struct report *r)
 {
 	const struct topology *topo = r->topo;
-	const char *op = r->workload->op;
+	const char *op = r->workload->op, *group = r->workload->group;
 	bool efficiency = !r->workload->no_efficiency, oversubscribed = false;
-	char ns_head[32], rate_head[32], cpus[4096];
-	int ns_w, rate_w, cpus_w = 4, block_w;
+	char first_head[32], fig_head[40], rate_head[32], cpus[4096];
+	int first_w = 0, fig_w, rate_w, cpus_w = 4, block_w;
 
-	snprintf(ns_head, sizeof(ns_head), "ns/%s", op);
+	/*
+	 * Per variant: ns/<op> and the total, or, for a workload with
+	 * groups, the per-group throughput and the total (per-thread time is
+	 * not a group's figure); then eff.
+	 */
+	if (group) {
+		snprintf(first_head, sizeof(first_head), "%ss", group);
+		snprintf(fig_head, sizeof(fig_head), "per %s", group);
+		first_w = strlen(first_head);
+	} else {
+		snprintf(fig_head, sizeof(fig_head), "ns/%s", op);
+	}
 	snprintf(rate_head, sizeof(rate_head), "M%ss/s", op);
-	ns_w = strlen(ns_head) > 8 ? (int)strlen(ns_head) : 8;
+	fig_w = strlen(fig_head) > 8 ? (int)strlen(fig_head) : 8;
 	rate_w = strlen(rate_head) > 9 ? (int)strlen(rate_head) : 9;
-	block_w = ns_w + 1 + rate_w + (efficiency ? 6 : 0);
+	block_w = fig_w + 1 + rate_w + (efficiency ? 6 : 0);
 	for (unsigned int i = 0; i < r->nthreads; i++) {
 		topology_format_cpus(topo, r->threads[i] < topo->ncpus ? r->threads[i] : topo->ncpus,
 				     cpus, sizeof(cpus));
@@ -45,24 +77,27 @@ void report_table(FILE *out, const struct report *r)
 	}
 
 	fprintf(out, "%s: %s\n", r->workload->name, r->workload->help);
-	fprintf(out, "machine: %s; %u of %u online CPUs usable, %u %s domain%s%s\n", topo->model,
-		topo->ncpus, topo->online, topo->ndomains, topo->domain_source,
-		topo->ndomains == 1 ? "" : "s", topo->smt ? ", SMT" : ", no SMT siblings");
+	print_machine(out, topo);
 	fprintf(out, "each point: %g s after a %g s warm-up, %s of %u run%s", r->duration,
 		r->duration / 5, r->stat, r->repeat, r->repeat == 1 ? "" : "s");
 	if (efficiency)
 		fprintf(out, "; eff = throughput(N) / (N x throughput(1))");
+	if (group)
+		fprintf(out, "\nper %s: %ss/s of one %s = total / %ss", group, op, group, group);
 	fprintf(out, "\n\n");
 
-	fprintf(out, "%*s |", 8 + cpus_w + 4, "");
+	fprintf(out, "%*s |", (first_w ? first_w + 2 : 0) + 8 + cpus_w + 4, "");
 	for (unsigned int v = 0; v < r->nvariants; v++) {
 		fputc(' ', out);
 		center(out, r->variants[v]->name, block_w);
 		fprintf(out, " |");
 	}
-	fprintf(out, "\n%7s %-*s %3s |", "threads", cpus_w, "cpus", "L3");
+	fputc('\n', out);
+	if (group)
+		fprintf(out, "%*s  ", first_w, first_head);
+	fprintf(out, "%7s %-*s %3s |", "threads", cpus_w, "cpus", "L3");
 	for (unsigned int v = 0; v < r->nvariants; v++) {
-		fprintf(out, " %*s %*s", ns_w, ns_head, rate_w, rate_head);
+		fprintf(out, " %*s %*s", fig_w, fig_head, rate_w, rate_head);
 		if (efficiency)
 			fprintf(out, " %5s", "eff");
 		fprintf(out, " |");
@@ -75,13 +110,21 @@ void report_table(FILE *out, const struct report *r)
 
 		oversubscribed |= over;
 		topology_format_cpus(topo, over ? topo->ncpus : n, cpus, sizeof(cpus));
-		fprintf(out, "%6u%c %-*s %3u |", n, over ? '!' : ' ', cpus_w, cpus,
-			topology_domains_used(topo, n));
+		/* The flag follows the row's first figure. */
+		if (group)
+			fprintf(out, "%*u%c %7u", first_w, r->results[i * r->nvariants].groups,
+				over ? '!' : ' ', n);
+		else
+			fprintf(out, "%6u%c", n, over ? '!' : ' ');
+		fprintf(out, " %-*s %3u |", cpus_w, cpus, topology_domains_used(topo, n));
 		for (unsigned int v = 0; v < r->nvariants; v++) {
 			const struct result *res = &r->results[i * r->nvariants + v];
 
-			fprintf(out, " %*.2f %*.1f", ns_w, res->ns_per_op, rate_w,
-				res->ops_per_sec / 1e6);
+			if (group)
+				fprintf(out, " %*.0f", fig_w, res->ops_per_sec / res->groups);
+			else
+				fprintf(out, " %*.2f", fig_w, res->ns_per_op);
+			fprintf(out, " %*.1f", rate_w, res->ops_per_sec / 1e6);
 			if (efficiency)
 				fprintf(out, " %4.0f%%", res->efficiency * 100);
 			fprintf(out, " |");
@@ -89,7 +132,8 @@ void report_table(FILE *out, const struct report *r)
 		fputc('\n', out);
 	}
 	if (oversubscribed)
-		fprintf(out, "! oversubscribed: more threads than usable CPUs, pinned round-robin\n");
+		fprintf(out, "! oversubscribed: more threads than the %u usable CPUs, pinned "
+			"round-robin: threads time-share\n", topo->ncpus);
 	fflush(out);
 }
 
@@ -184,6 +228,12 @@ void report_json(FILE *out, const struct report *r)
 			json_number(out, res->ops_per_sec);
 			fprintf(out, ",\"ns_per_op\":");
 			json_number(out, res->ns_per_op);
+			if (r->workload->group) {
+				fprintf(out, ",\"group\":");
+				json_string(out, r->workload->group);
+				fprintf(out, ",\"groups\":%u,\"ops_per_sec_per_group\":", res->groups);
+				json_number(out, res->ops_per_sec / res->groups);
+			}
 			fprintf(out, ",\"efficiency\":");
 			if (res->efficiency < 0)
 				fprintf(out, "null");

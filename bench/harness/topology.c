@@ -17,6 +17,12 @@
  * is usable when it is online and in the process's affinity mask, so
  * `taskset -c 2-7 percpuref-bench ...` restricts the run as expected.
  * Masks are cpu_set_t: machines of up to CPU_SETSIZE (1024) CPUs.
+ *
+ * PERCPUREF_BENCH_SYSFS=DIR reads DIR in place of /sys/devices/system/cpu,
+ * so a test can check the order on a machine it makes up (bench/tests/
+ * topology.sh).  The affinity mask belongs to the real machine, so it is
+ * ignored then: every CPU online in DIR is usable, which is good for
+ * `percpuref-bench --topology` and nothing else.
  */
 #define _GNU_SOURCE
 #include <limits.h>
@@ -26,6 +32,8 @@
 #include <string.h>
 
 #include "harness.h"
+
+static const char *sysfs = "/sys/devices/system/cpu";
 
 struct cpu_info {
 	int cpu;
@@ -70,15 +78,14 @@ static int lowest_cpu(const cpu_set_t *set, int dflt)
 /* The lowest CPU sharing cpu's L3, or -1 if sysfs does not say. */
 static int l3_key(int cpu)
 {
-	char path[128];
+	char path[PATH_MAX];
 	cpu_set_t set;
 
 	for (int idx = 0; idx < 16; idx++) {
 		FILE *f;
 		int level = 0;
 
-		snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/cache/index%d/level",
-			 cpu, idx);
+		snprintf(path, sizeof(path), "%s/cpu%d/cache/index%d/level", sysfs, cpu, idx);
 		f = fopen(path, "r");
 		if (!f)
 			break;
@@ -87,8 +94,8 @@ static int l3_key(int cpu)
 		fclose(f);
 		if (level != 3)
 			continue;
-		snprintf(path, sizeof(path),
-			 "/sys/devices/system/cpu/cpu%d/cache/index%d/shared_cpu_list", cpu, idx);
+		snprintf(path, sizeof(path), "%s/cpu%d/cache/index%d/shared_cpu_list", sysfs, cpu,
+			 idx);
 		if (read_cpulist(path, &set))
 			return lowest_cpu(&set, -1);
 	}
@@ -97,10 +104,10 @@ static int l3_key(int cpu)
 
 static int topology_key(int cpu, const char *file)
 {
-	char path[128];
+	char path[PATH_MAX];
 	cpu_set_t set;
 
-	snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/%s", cpu, file);
+	snprintf(path, sizeof(path), "%s/cpu%d/topology/%s", sysfs, cpu, file);
 	return read_cpulist(path, &set) ? lowest_cpu(&set, -1) : -1;
 }
 
@@ -143,13 +150,20 @@ void topology_read(struct topology *topo)
 	cpu_set_t online, allowed;
 	struct cpu_info *info;
 	bool have_l3 = true, have_package = true;
+	const char *fake = getenv("PERCPUREF_BENCH_SYSFS");
+	char path[PATH_MAX];
 	unsigned int n = 0;
 
 	memset(topo, 0, sizeof(*topo));
+	if (fake && *fake)
+		sysfs = fake;
 	if (sched_getaffinity(0, sizeof(allowed), &allowed))
 		bench_die("sched_getaffinity: %m");
-	if (!read_cpulist("/sys/devices/system/cpu/online", &online))
+	snprintf(path, sizeof(path), "%s/online", sysfs);
+	if (!read_cpulist(path, &online))
 		online = allowed;
+	else if (sysfs == fake)
+		allowed = online;
 	topo->online = CPU_COUNT(&online);
 	CPU_AND(&allowed, &allowed, &online);
 	info = calloc(CPU_COUNT(&allowed), sizeof(*info));

@@ -1,0 +1,126 @@
+#!/bin/sh
+# cli.sh BENCH - the command line of percpuref-bench: exit statuses of the
+# usage errors (2, with the usage on stderr, before anything is measured),
+# --help (0), and the JSON Lines of --json - (one valid object per row and
+# variant, with the fields docs/bench.md promises).  Runs are a few
+# milliseconds each, so the test suits every build, sanitizers included.
+set -u
+bench=$1
+python=/usr/bin/python3
+fails=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# expect STATUS ARGS...: run BENCH ARGS, want STATUS; 2 also wants the
+# usage on stderr and nothing on stdout (no table: nothing was measured).
+expect() {
+	want=$1
+	shift
+	"$bench" "$@" >"$tmp/out" 2>"$tmp/err"
+	got=$?
+	if [ "$got" -ne "$want" ]; then
+		echo "FAIL: percpuref-bench $*: exit $got, want $want"
+		sed 's/^/  stderr: /' "$tmp/err" | head -5
+		fails=$((fails + 1))
+	elif [ "$want" -eq 2 ] && { ! grep -q '^usage: percpuref-bench' "$tmp/err" ||
+				    [ -s "$tmp/out" ]; }; then
+		echo "FAIL: percpuref-bench $*: no usage on stderr, or output on stdout"
+		fails=$((fails + 1))
+	else
+		echo "ok: percpuref-bench $* -> $got"
+	fi
+}
+
+cpus=$("$bench" --topology | sed -n 's/^machine: .*; \([0-9]*\) of .*/\1/p')
+over=$((cpus + 1))
+short="--duration 0.01"
+
+expect 2
+expect 2 no-such-workload
+expect 2 micro --no-such-flag
+expect 2 micro --threads
+expect 2 micro --threads 0
+expect 2 micro --threads 2-1
+expect 2 micro --threads x
+expect 2 micro --threads "$over" $short
+expect 2 micro --variants no-such-variant
+expect 2 micro --duration 0
+expect 2 micro --duration -1
+expect 2 micro --duration 1s
+expect 2 micro --repeat 0
+expect 2 micro --stat mean
+expect 2 micro extra-argument
+expect 2 signal1 --workers 0
+expect 2 signal1 --workers -3
+expect 2 signal1 --workers 12abc
+expect 2 signal1 --workers ""
+expect 2 signal1 --batch -1
+expect 2 signal1 --batch 0
+expect 2 signal1 --batch 99999999999999999999
+expect 0 --help
+expect 0 --list
+expect 0 micro --help
+expect 0 signal1 --list
+# signal1 oversubscribes by design: no --oversubscribe needed.
+expect 0 signal1 --threads "$over" --variants cached $short
+
+# json WORKLOAD ROWS GROUPED ARGS...: --json - gives ROWS objects, each
+# valid and complete; with GROUPED=yes they also carry their groups (of
+# --workers threads).
+json() {
+	workload=$1 rows=$2 grouped=$3
+	shift 3
+	if ! "$bench" "$workload" "$@" $short --json - >"$tmp/json" 2>"$tmp/table"; then
+		echo "FAIL: percpuref-bench $workload $* --json -: exit status $?"
+		fails=$((fails + 1))
+		return
+	fi
+	if "$python" -c '
+import json, sys
+rows, group, cpus = int(sys.argv[2]), sys.argv[3] == "yes", int(sys.argv[4])
+need = {"workload": str, "variant": str, "threads": int, "ops_per_sec": (int, float),
+        "ns_per_op": (int, float), "efficiency": (int, float, type(None)),
+        "oversubscribed": bool}
+if group:
+    need.update({"group": str, "groups": int, "ops_per_sec_per_group": (int, float)})
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == rows, f"{len(lines)} lines, want {rows}"
+for n, line in enumerate(lines, 1):
+    obj = json.loads(line)
+    for key, kind in need.items():
+        assert isinstance(obj.get(key), kind), f"line {n}: {key} = {obj.get(key)!r}"
+    assert obj["oversubscribed"] == (obj["threads"] > cpus), f"line {n}: oversubscribed"
+    if group:
+        size = obj["params"]["workers"]
+        assert obj["groups"] == -(-obj["threads"] // size), f"line {n}: groups"
+        per = obj["ops_per_sec"] / obj["groups"]
+        assert abs(obj["ops_per_sec_per_group"] - per) <= 1e-5 * per, f"line {n}: per group"
+' "$tmp/json" "$rows" "$grouped" "$cpus"; then
+		echo "ok: percpuref-bench $workload $* --json -"
+	else
+		echo "FAIL: percpuref-bench $workload $* --json -: bad JSON"
+		fails=$((fails + 1))
+	fi
+	if ! grep -q "^$workload: " "$tmp/table"; then
+		echo "FAIL: percpuref-bench $workload $* --json -: no table on stderr"
+		fails=$((fails + 1))
+	fi
+}
+
+# micro: rows 1 (added for efficiency) and 2, two variants.
+json micro 4 no --threads 2 --oversubscribe --variants private,kref
+# signal1: 3 threads of 2 workers make 2 containers, the last one short.
+json signal1 4 yes --threads 1,3 --workers 2
+json signal1 2 yes --threads "$over" --variants global
+
+# The flagged table row and its footnote.
+"$bench" signal1 --threads "$over" --variants cached $short >"$tmp/out" 2>&1
+if grep -q "^ *$over! " "$tmp/out" && grep -q '^! oversubscribed' "$tmp/out"; then
+	echo "ok: oversubscribed row flagged"
+else
+	echo "FAIL: oversubscribed row not flagged:"
+	cat "$tmp/out"
+	fails=$((fails + 1))
+fi
+
+[ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
