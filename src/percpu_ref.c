@@ -39,6 +39,31 @@
  * on the calling thread instead, which costs a membarrier, not a grace period
  * plus a hand-off, when no thread runs on the fallback path.
  *
+ * Managed mode (percpu_ref_switch_to_managed; the list and the thread are
+ * in managed.c).  The initial reference belongs to the manager; the ref is
+ * per-CPU except while the reclaimer checks it, and kill and the mode calls
+ * refuse it.  A check is a switch to atomic mode done in two halves under
+ * the switch lock, percpuref_managed_begin() and, after a reader fence,
+ * percpuref_managed_finish(): fold, then one CAS of the count from 2 (the
+ * manager's reference and the switch's) to 0.  If it succeeds nobody else
+ * held a reference and none can be taken any more (tryget sees 0; no one
+ * holds one to get from): the ref is dead, the reclaimer unlinks its node
+ * and only then calls @release, so a release never races the walk.  If it
+ * fails the ref goes back to per-CPU mode, the manager's reference intact.
+ * The proposal instead drops the manager's reference with a put and then
+ * tries tryget to see whether that was the last: there a user put may reach
+ * zero in between, and that putter goes on to touch the ref (the call to
+ * @release) while the manager, seeing zero, unlinks and frees it.  The
+ * kernel covers that with RCU-freed objects; the CAS needs nothing: no user
+ * put can reach zero on a managed ref, and one that does dropped the
+ * manager's reference (misuse: warned, count pinned, never released).
+ * The reclaimer owns a node while it is linked or its release is pending
+ * (mstate): an exit meanwhile only marks it exited, and the reclaimer frees
+ * it.  The in-flight mark (confirm_switch) makes exit, switch_to_unmanaged
+ * and switch_to_managed wait for a check to end, and @release is called
+ * only after every mark of the batch is cleared, so a release callback may
+ * exit or unmanage any other ref of the same batch.
+ *
  * Misuse never corrupts the count: a count pushed below zero or a get on a
  * released ref pins the count at PERCPU_REF_SATURATED (the object leaks,
  * release never runs twice); kill twice, resurrect of a live ref, reinit of a
@@ -51,6 +76,7 @@
 #include <stdlib.h>
 
 #include "internal.h"
+#include "managed.h"
 #include "percpuref/percpu_ref.h"
 
 pthread_mutex_t percpuref_switch_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -58,9 +84,19 @@ static pthread_cond_t switch_done = PTHREAD_COND_INITIALIZER;
 /* The ref whose switch this thread is finishing (callbacks run inside). */
 static __thread struct percpu_ref *finishing_switch_of;
 
+/* Where a ref's managed-list node is; switch lock. */
+enum mnode_state {
+	MNODE_OFF,		/* not on the list: exit frees the impl */
+	MNODE_LISTED,		/* linked: the reclaimer frees it if exited */
+	MNODE_RELEASING,	/* unlinked, release pending: likewise */
+};
+
 struct percpu_ref_impl {
 	struct percpu_ref_data data;	/* first: ref->data points here */
 	struct percpuref_deferred switch_work;
+	struct percpuref_mnode mnode;
+	enum mnode_state mstate;
+	bool exited;			/* exit ran while the reclaimer owned it */
 };
 
 static struct percpu_ref_impl *impl_of(struct percpu_ref_data *data)
@@ -178,8 +214,13 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 				   (__atomic_load_n(&data->count, __ATOMIC_RELAXED)
 				    << __PERCPU_REF_FLAG_BITS));
 	ref->data = NULL;
+	/* A node the reclaimer still reaches is freed by the reclaimer. */
+	impl_of(data)->exited = true;
+	if (impl_of(data)->mstate != MNODE_OFF)
+		data = NULL;
 	pthread_mutex_unlock(&percpuref_switch_lock);
-	free(impl_of(data));
+	if (data)
+		free(impl_of(data));
 }
 
 /*
@@ -324,6 +365,44 @@ static bool ref_usable(struct percpu_ref *ref, const char *caller)
 	return false;
 }
 
+static bool is_managed(struct percpu_ref *ref)
+{
+	/* Relaxed: written under the switch lock, which callers hold, except
+	 * __percpu_ref_release() (see there). */
+	return __atomic_load_n(&ref->data->managed, __ATOMIC_RELAXED);
+}
+
+static void set_managed(struct percpu_ref *ref, bool managed)
+{
+	/* Relaxed: the switch lock orders it for every reader that matters. */
+	__atomic_store_n(&ref->data->managed, managed, __ATOMIC_RELAXED);
+}
+
+/* Lock held.  True (after a warning) when @ref is managed: the mode calls
+ * and kill belong to the reclaimer then. */
+static bool refuse_managed(struct percpu_ref *ref, const char *caller)
+{
+	if (!is_managed(ref))
+		return false;
+	percpuref_warn(caller, "ref %p is managed (the reclaimer owns its mode and initial "
+		       "reference); ignored", (void *)ref);
+	return true;
+}
+
+/* Lock held.  Links the ref's node unless the reclaimer owns it already
+ * (listed, or unlinked with its release pending: that release relinks it).
+ * True when the reclaimer must be kicked after unlocking. */
+static bool list_node(struct percpu_ref *ref)
+{
+	struct percpu_ref_impl *impl = impl_of(ref->data);
+
+	if (impl->mstate != MNODE_OFF)
+		return false;
+	impl->mstate = MNODE_LISTED;
+	percpuref_managed_push(&impl->mnode);
+	return true;
+}
+
 PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 					       percpu_ref_func_t *confirm_switch)
 {
@@ -332,6 +411,10 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 	if (!ref_usable(ref, __func__))
 		return;
 	pthread_mutex_lock(&percpuref_switch_lock);
+	if (refuse_managed(ref, __func__)) {
+		pthread_mutex_unlock(&percpuref_switch_lock);
+		return;
+	}
 	ref->data->force_atomic = true;
 	confirm_now = switch_mode_locked(ref, confirm_switch, __func__);
 	pthread_mutex_unlock(&percpuref_switch_lock);
@@ -346,6 +429,10 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 	if (!ref_usable(ref, __func__))
 		return;
 	pthread_mutex_lock(&percpuref_switch_lock);
+	if (refuse_managed(ref, __func__)) {
+		pthread_mutex_unlock(&percpuref_switch_lock);
+		return;
+	}
 	ref->data->force_atomic = true;
 	if (wait_switch_done(ref))
 		started = start_atomic_switch(ref, NULL, false);
@@ -364,8 +451,10 @@ PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
 	if (!ref_usable(ref, __func__))
 		return;
 	pthread_mutex_lock(&percpuref_switch_lock);
-	ref->data->force_atomic = false;
-	switch_mode_locked(ref, NULL, __func__);
+	if (!refuse_managed(ref, __func__)) {
+		ref->data->force_atomic = false;
+		switch_mode_locked(ref, NULL, __func__);
+	}
 	pthread_mutex_unlock(&percpuref_switch_lock);
 }
 
@@ -377,6 +466,10 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	if (!ref_usable(ref, __func__))
 		return;
 	pthread_mutex_lock(&percpuref_switch_lock);
+	if (refuse_managed(ref, __func__)) {
+		pthread_mutex_unlock(&percpuref_switch_lock);
+		return;
+	}
 	if (mode_word(ref) & __PERCPU_REF_DEAD) {
 		pthread_mutex_unlock(&percpuref_switch_lock);
 		percpuref_warn(__func__, "called more than once on ref %p; ignored", (void *)ref);
@@ -392,6 +485,8 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 
 PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 {
+	bool push;
+
 	if (!ref_usable(ref, __func__))
 		return;
 	pthread_mutex_lock(&percpuref_switch_lock);
@@ -408,10 +503,13 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 	}
 	set_mode_word(ref, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_DEAD);
 	/* The new initial reference; relaxed like any get (the count may be
-	 * zero here: reinit). */
+	 * zero here: reinit).  A managed ref's belongs to the manager again. */
 	__atomic_fetch_add(&ref->data->count, 1, __ATOMIC_RELAXED);
 	switch_mode_locked(ref, NULL, __func__);
+	push = is_managed(ref) && list_node(ref);
 	pthread_mutex_unlock(&percpuref_switch_lock);
+	if (push)
+		percpuref_managed_kick();
 }
 
 PERCPUREF_API void percpu_ref_reinit(struct percpu_ref *ref)
@@ -423,6 +521,158 @@ PERCPUREF_API void percpu_ref_reinit(struct percpu_ref *ref)
 		return;
 	}
 	percpu_ref_resurrect(ref);
+}
+
+/*
+ * Managed mode.  The manager's reference is the initial one; the reclaimer
+ * (managed.c) checks a listed ref with percpuref_managed_begin(), a reader
+ * fence and percpuref_managed_finish(), all under this file's switch lock
+ * except the fence; see the design comment at the top.
+ */
+
+PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
+{
+	const char *why = NULL;
+	bool push = false;
+	int ret = -EINVAL;
+
+	if (!ref_usable(ref, __func__))
+		return -EINVAL;
+	pthread_mutex_lock(&percpuref_switch_lock);
+	if (!wait_switch_done(ref))
+		why = "called from the ref's own confirm callback";
+	else if (is_managed(ref) && !(mode_word(ref) & __PERCPU_REF_DEAD))
+		why = "already managed", ret = -EALREADY;
+	else if (mode_word(ref) & __PERCPU_REF_DEAD)
+		why = "ref is dead (killed or released); reinit it first";
+	else if (!ref->data->allow_reinit)
+		why = "ref was created without PERCPU_REF_ALLOW_REINIT";
+	if (!why) {
+		ref->data->force_atomic = false;
+		switch_to_percpu_locked(ref, __func__);
+		set_managed(ref, true);
+		push = list_node(ref);
+		ret = 0;
+	}
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	if (why)
+		percpuref_warn(__func__, "ref %p: %s; ignored", (void *)ref, why);
+	if (push)
+		percpuref_managed_kick();
+	return ret;
+}
+
+PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref)
+{
+	const char *why = NULL;
+
+	if (!ref_usable(ref, __func__))
+		return -EINVAL;
+	pthread_mutex_lock(&percpuref_switch_lock);
+	/* A check in flight ends with the ref per-CPU or released. */
+	wait_switch_done(ref);
+	if (!is_managed(ref))
+		why = "ref is not managed";
+	else if (mode_word(ref) & __PERCPU_REF_DEAD)
+		why = "ref was released by the reclaimer";
+	else
+		set_managed(ref, false);	/* the reclaimer unlinks the node */
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	if (!why)
+		return 0;
+	percpuref_warn(__func__, "ref %p: %s; ignored", (void *)ref, why);
+	return -EINVAL;
+}
+
+static struct percpu_ref_impl *impl_of_node(struct percpuref_mnode *node)
+{
+	return caa_container_of(node, struct percpu_ref_impl, mnode);
+}
+
+enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *node)
+{
+	struct percpu_ref_impl *impl = impl_of_node(node);
+	struct percpu_ref *ref = impl->data.ref;
+
+	if (impl->exited)
+		return MANAGED_FREE;
+	/*
+	 * A managed ref is per-CPU and has no switch in flight here: the
+	 * switch to managed waited for any, and every call that could start
+	 * one refuses a managed ref.  An unmanaged one leaves the list.
+	 */
+	if (!is_managed(ref)) {
+		impl->mstate = MNODE_OFF;
+		return MANAGED_UNLINK;
+	}
+	start_atomic_switch(ref, noop_confirm, false);
+	return MANAGED_CHECK;
+}
+
+bool percpuref_managed_finish(struct percpuref_mnode *node)
+{
+	struct percpu_ref_impl *impl = impl_of_node(node);
+	struct percpu_ref *ref = impl->data.ref;
+	unsigned long last = 2;	/* the manager's and the switch's */
+	bool released;
+
+	fold_percpu_counts(ref);
+	if (__atomic_load_n(&ref->data->count, __ATOMIC_RELAXED) == 1) {
+		/* Only the switch's left: a user put the manager's reference. */
+		percpuref_warn("percpu_ref_put", "ref %p is managed: a put dropped the "
+			       "manager's reference; leaked", (void *)ref);
+		/* Relaxed: a best-effort pin, as in __percpu_ref_count_misuse(). */
+		__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+	}
+	/*
+	 * Drop both references only if no other is left.  Acquire on success:
+	 * pairs with the acq_rel decrement of every user put made in atomic
+	 * mode (those made per-CPU are ordered by the reader fence), so the
+	 * users' accesses happen before @release.  Relaxed on failure: the ref
+	 * survives and nothing is read under it.
+	 */
+	released = __atomic_compare_exchange_n(&ref->data->count, &last, 0, false,
+					       __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+	if (released) {
+		set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
+		impl->mstate = MNODE_RELEASING;
+	} else {
+		/* The switch's reference; the manager's keeps it above zero. */
+		__atomic_fetch_sub(&ref->data->count, 1, __ATOMIC_RELAXED);
+		switch_to_percpu_locked(ref, "percpuref_reclaimer");
+	}
+	ref->data->confirm_switch = NULL;
+	pthread_cond_broadcast(&switch_done);
+	return released;
+}
+
+void percpuref_managed_free(struct percpuref_mnode *node)
+{
+	free(impl_of_node(node));
+}
+
+void percpuref_managed_release(struct percpuref_mnode *node)
+{
+	struct percpu_ref_impl *impl = impl_of_node(node);
+	bool push = false;
+
+	/* The impl is ours until mstate leaves RELEASING: an exit meanwhile
+	 * only marks it (percpu_ref_exit()). */
+	if (impl->data.release)
+		impl->data.release(impl->data.ref);
+	pthread_mutex_lock(&percpuref_switch_lock);
+	if (impl->exited) {
+		pthread_mutex_unlock(&percpuref_switch_lock);
+		free(impl);
+		return;
+	}
+	impl->mstate = MNODE_OFF;
+	/* Reinit from the release callback (or racing it): back on the list. */
+	if (is_managed(impl->data.ref) && !(mode_word(impl->data.ref) & __PERCPU_REF_DEAD))
+		push = list_node(impl->data.ref);
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	if (push)
+		percpuref_managed_kick();
 }
 
 PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref)
@@ -498,6 +748,19 @@ PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long n
 
 PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
 {
+	/*
+	 * Only the reclaimer takes a managed ref to zero (the manager's
+	 * reference is dropped only together with the last one), so a user
+	 * put that got here dropped a reference it did not have.  Reading
+	 * @managed is safe: nobody else can release the ref meanwhile.
+	 */
+	if (is_managed(ref)) {
+		percpuref_warn("percpu_ref_put", "ref %p is managed: put dropped the manager's "
+			       "reference; leaked", (void *)ref);
+		/* Relaxed: a best-effort pin, as in __percpu_ref_count_misuse(). */
+		__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+		return;
+	}
 	if (ref->data->release)
 		ref->data->release(ref);
 }

@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "managed.h"
 #include "percpuref/this_cpu.h"
 
 PERCPUREF_API bool percpuref_rseq_usable;
@@ -116,9 +117,11 @@ static bool membarrier_rseq_register(void)
 
 /* The library's locks, in the order they nest; held across fork(). */
 static pthread_mutex_t *const fork_locks[] = {
+	&percpuref_scan_lock,
 	&percpuref_switch_lock,
 	&percpuref_alloc_lock,
 	&percpuref_deferred_lock,
+	&percpuref_managed_lock,
 };
 #define NR_FORK_LOCKS (sizeof(fork_locks) / sizeof(fork_locks[0]))
 
@@ -149,6 +152,9 @@ static void fork_child(void)
 	/* Re-register for the child's mm; harmless if it was inherited. */
 	if (percpuref_rseq_usable && !membarrier_rseq_register())
 		percpuref_rseq_usable = false;
+	/* Last: it may start the child's reclaimer, which blocks on the
+	 * locks until they are released below. */
+	percpuref_managed_after_fork_child();
 	for (i = NR_FORK_LOCKS; i-- > 0;)
 		pthread_mutex_unlock(fork_locks[i]);
 }

@@ -122,6 +122,45 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref);
  */
 PERCPUREF_API int percpu_ref_barrier(void);
 
+/*
+ * Managed mode (docs/managed.md; control and statistics in managed.h).
+ *
+ * percpu_ref_switch_to_managed - hand the initial reference to the manager.
+ * The ref goes (and stays) per-CPU; the library's reclaimer thread checks
+ * it periodically and calls @release, exactly once, on its own thread, once
+ * the manager's is the only reference left.  The caller must hold the
+ * initial reference (a live ref, never killed) and the ref must be allowed
+ * to switch back to per-CPU mode (PERCPU_REF_ALLOW_REINIT, INIT_ATOMIC or
+ * INIT_DEAD).  Returns 0; -EALREADY if already managed, -EINVAL otherwise
+ * (both warned, nothing changed).
+ *
+ * On a managed ref, kill, switch_to_atomic(_sync) and switch_to_percpu warn
+ * and do nothing: the reclaimer owns the mode and the initial reference.
+ * get/put/tryget work in every mode.  Once released the ref is dead and
+ * atomic with count 0 (tryget fails); reinit puts it back under management
+ * with a new initial reference that is the manager's.  exit of a managed
+ * ref, released or not, is allowed: the ref is never checked again (the
+ * reclaimer frees the list node later); @release does not run.  A user put
+ * that would drop the manager's reference is misuse: warned, count pinned.
+ */
+PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref);
+/*
+ * percpu_ref_switch_to_unmanaged - the manager hands the initial reference
+ * back to the caller, who may kill the ref as usual.  The ref stays per-CPU.
+ * Waits for a check of the ref in flight.  0, or -EINVAL (warned) when the
+ * ref is not managed or was already released.
+ */
+PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
+/*
+ * percpuref_shutdown - stop the library's threads (reclaimer and callback
+ * thread): finish every pending switch, run a last full scan so that every
+ * managed ref whose only reference is the manager's is released, run
+ * pending RCU-deferred releases, free the reclaimer's own memory.  Managed
+ * refs still referenced stay managed; the threads start again on demand.
+ * Also runs at process exit.  Not from a callback (warned, does nothing).
+ */
+PERCPUREF_API void percpuref_shutdown(void);
+
 /* Out-of-line halves of the fast paths: fallback (no rseq) and misuse. */
 PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr);
 PERCPUREF_API bool __percpu_ref_tryget_slow(struct percpu_ref *ref, unsigned long nr,

@@ -1,0 +1,76 @@
+/*
+ * managed.h - control and statistics of the reclaimer, the background
+ * thread that owns the initial reference of every managed percpu_ref
+ * (percpu_ref_switch_to_managed(), percpu_ref.h) and releases the ones
+ * nobody else references (docs/managed.md).
+ *
+ * The reclaimer starts on first use, scans every @interval_ms at most
+ * @max_per_scan refs, and checks each with one of two strategies:
+ *  - FAITHFUL, as the kernel proposal: per ref, switch to atomic mode, wait
+ *    for one reader fence, check, switch back: one fence per ref;
+ *  - BATCHED: switch the scan's refs to atomic mode together, one fence,
+ *    check them all, switch the survivors back: one fence per scan.
+ * A ref stays in atomic mode for about one fence in both.
+ *
+ * Environment (read once, at the first use of managed mode; a bad value is
+ * warned and ignored): PERCPUREF_SCAN_INTERVAL_MS, PERCPUREF_SCAN_MAX (0: no
+ * limit), PERCPUREF_SCAN_STRATEGY=faithful|batched.
+ */
+#ifndef PERCPUREF_MANAGED_H
+#define PERCPUREF_MANAGED_H
+
+#include <stdint.h>
+
+#include <percpuref/compiler.h>
+
+PERCPUREF_BEGIN_DECLS
+
+enum percpu_ref_scan_strategy {
+	PERCPU_REF_SCAN_FAITHFUL,	/* one fence per ref (the proposal) */
+	PERCPU_REF_SCAN_BATCHED,	/* one fence per scan */
+};
+
+struct percpu_ref_managed_config {
+	unsigned long interval_ms;	/* scan start to scan start; 0: back to back */
+	unsigned long max_per_scan;	/* refs checked per scan; 0: no limit */
+	enum percpu_ref_scan_strategy strategy;
+};
+
+/* Defaults: the proposal's 5 s and 100 refs; batched (same atomic window
+ * per ref, a hundredth of the fences). */
+#define PERCPU_REF_MANAGED_INTERVAL_MS 5000UL
+#define PERCPU_REF_MANAGED_MAX_PER_SCAN 100UL
+
+PERCPUREF_API void percpu_ref_managed_get_config(struct percpu_ref_managed_config *config);
+/* Takes effect at once (a sleeping reclaimer wakes up).  0, or -EINVAL for
+ * an unknown strategy (nothing changed). */
+PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_config *config);
+
+/*
+ * percpu_ref_managed_flush - return once every managed ref whose only
+ * reference was the manager's when the call started has been released (its
+ * @release has returned; for a percpu_rcuref, its RCU-deferred release).
+ * Scans back to back, ignoring the interval, until a whole pass over the
+ * list that started after the call has finished.  0; -EDEADLK (warned) from
+ * a callback run by the reclaimer; -EAGAIN if the thread cannot start.
+ */
+PERCPUREF_API int percpu_ref_managed_flush(void);
+
+/* Cumulative since the process started (or since fork, in a child). */
+struct percpu_ref_managed_stats {
+	uint64_t scans;		/* scans that checked at least one node */
+	uint64_t passes;	/* complete walks over the list */
+	uint64_t refs_scanned;	/* refs checked (switched to atomic) */
+	uint64_t released;	/* refs released by the reclaimer */
+	uint64_t fences;	/* reader fences ("grace periods") waited */
+	uint64_t rcu_grace_periods; /* liburcu grace periods (percpu_rcuref) */
+	uint64_t scan_ns_total;	/* time spent in scans */
+	uint64_t scan_ns_max;	/* longest scan */
+	uint64_t scan_ns_last;	/* latest scan */
+};
+
+PERCPUREF_API void percpu_ref_managed_get_stats(struct percpu_ref_managed_stats *stats);
+
+PERCPUREF_END_DECLS
+
+#endif

@@ -1,0 +1,606 @@
+/*
+ * managed.c - the reclaimer: the background thread that owns the initial
+ * reference of every managed percpu_ref and releases the refs nobody else
+ * holds, as the "Managed Percpu Refcount" proposal describes it; plus the
+ * RCU-deferred releases of percpu_rcuref, which run on the same thread.
+ *
+ * The list.  Managed refs sit on a push-only lockless stack (list_head).
+ * Any thread pushes (percpu_ref_switch_to_managed, reinit of a managed ref)
+ * with a CAS on the head; nobody else ever writes the head except the
+ * reclaimer, which (1) pushes a marker node at the start of each pass and
+ * (2) pops that marker at the end of the pass if it is still on top.  Every
+ * node below a marker is older than the marker and is owned by the
+ * reclaimer: it alone reads and writes those nodes' next pointers, so the
+ * walk and unlinking use plain pointers.  A pusher reads only the head and
+ * writes only its new node.  Push-only means no ABA: a push CAS that
+ * succeeds links the new node to whatever node is on top at that moment.
+ * (liburcu's cds_lfs_push is this same CAS loop, but its atomics are inline
+ * assembly that ThreadSanitizer cannot see, and we need no pop; so the few
+ * lines are ours and the ordering is checked by TSAN.)
+ *
+ * A pass.  Push a marker, then walk from it down to the bottom.  Nodes
+ * pushed during the pass sit above the marker and wait for the next pass.
+ * Markers of earlier passes met on the way are unlinked and freed; nodes of
+ * refs no longer managed are unlinked; nodes of refs exited while listed are
+ * unlinked and freed.  Every other ref is checked (percpu_ref.c):
+ * switch to atomic mode, reader fence, fold the per-CPU counts, then drop the
+ * manager's reference if and only if it is the last one, in one CAS; if it
+ * was, the node is unlinked and @release is called (without any lock, after
+ * the whole chunk is done); if not, the ref goes back to per-CPU mode.  A scan
+ * checks at most max_per_scan refs and the next scan resumes where it
+ * stopped (cursor: the last node kept, which stays linked because only the
+ * walk unlinks, and never its own position).  scan_lock makes one thread
+ * the scanner: the reclaimer thread, or shutdown once that thread is gone;
+ * it is held across fork so that no check is ever cut in half.
+ *
+ * Strategies.  FAITHFUL checks one ref per fence, exactly as the proposal
+ * (its synchronous switch per ref); BATCHED starts the switch of every ref
+ * of the scan under one hold of the switch lock, fences once, then finishes
+ * them all under one hold.  The batch needs no array: after the first
+ * half, the refs being checked are exactly the nodes that follow the cursor
+ * (everything else between them was unlinked), so the second half walks
+ * the same nodes again.
+ *
+ * Threads and locks.  Order: scan_lock, switch lock, alloc lock, deferred
+ * lock, managed_lock (innermost: nothing else is taken under it).  Callbacks
+ * (@release, RCU-deferred releases) run on the reclaimer thread with no lock
+ * held, so they may call any non-blocking API, free their object, and create
+ * or reinit managed refs.  A flush or shutdown from such a callback would wait
+ * for itself: refused with -EDEADLK / a warning.  The thread starts on first
+ * use, sleeps while the list is empty, is stopped by percpuref_shutdown()
+ * (also a destructor, so process exit joins it) and starts again on
+ * demand.  After fork the child starts its own reclaimer if the parent had
+ * one, so managed refs keep being released in the child.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "managed.h"
+#include "percpuref/managed.h"
+
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
+
+pthread_mutex_t percpuref_scan_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t percpuref_managed_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Top of the managed list; see above for who writes it. */
+static struct percpuref_mnode *list_head;
+
+/* Scanner state (scan_lock). */
+static struct percpuref_mnode *cursor;		/* NULL: no pass open */
+static struct percpuref_mnode *pass_marker;	/* the open pass's marker */
+
+/* Everything below: managed_lock. */
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+static pthread_cond_t wake;			/* CLOCK_MONOTONIC: the thread */
+static pthread_cond_t progress = PTHREAD_COND_INITIALIZER; /* flush waiters */
+static struct percpu_ref_managed_config config = {
+	.interval_ms = PERCPU_REF_MANAGED_INTERVAL_MS,
+	.max_per_scan = PERCPU_REF_MANAGED_MAX_PER_SCAN,
+	.strategy = PERCPU_REF_SCAN_BATCHED,
+};
+static struct percpu_ref_managed_stats stats;
+static bool thread_running, thread_stopping, pass_open;
+static pthread_t thread;
+static uint64_t passes_started, passes_done, flush_target;
+static uint64_t next_scan_ns;
+static struct percpuref_deferred *rcu_head, **rcu_tail = &rcu_head;
+static uint64_t rcu_queued, rcu_done;
+
+/*
+ * TSAN cannot see a liburcu grace period.  Every percpu_rcuref read-side
+ * unlock releases on this address, and the reclaimer acquires it after each
+ * grace period: a reader that unlocked before the grace period ended
+ * happens-before the deferred releases (percpu_rcuref.c).
+ */
+char percpuref_rcu_tsan_sync;
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static bool parse_ulong(const char *name, unsigned long *value)
+{
+	const char *env = getenv(name);
+	unsigned long v;
+	char *end;
+
+	if (!env || !*env)
+		return false;
+	errno = 0;
+	v = strtoul(env, &end, 10);
+	if (errno || *end || *env == '-') {
+		percpuref_warn("percpuref_managed", "%s=\"%s\" is not a number; ignored", name, env);
+		return false;
+	}
+	*value = v;
+	return true;
+}
+
+static void init_conds(void)
+{
+	pthread_condattr_t attr;
+
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	pthread_cond_init(&wake, &attr);
+	pthread_condattr_destroy(&attr);
+	pthread_cond_init(&progress, NULL);
+}
+
+static void config_init_once(void)
+{
+	const char *strategy = getenv("PERCPUREF_SCAN_STRATEGY");
+
+	init_conds();
+
+	parse_ulong("PERCPUREF_SCAN_INTERVAL_MS", &config.interval_ms);
+	parse_ulong("PERCPUREF_SCAN_MAX", &config.max_per_scan);
+	if (strategy && !strcmp(strategy, "faithful"))
+		config.strategy = PERCPU_REF_SCAN_FAITHFUL;
+	else if (strategy && !strcmp(strategy, "batched"))
+		config.strategy = PERCPU_REF_SCAN_BATCHED;
+	else if (strategy && *strategy)
+		percpuref_warn("percpuref_managed", "PERCPUREF_SCAN_STRATEGY=\"%s\" is neither "
+			       "faithful nor batched; ignored", strategy);
+}
+
+static void managed_init(void)
+{
+	percpuref_runtime_init();
+	pthread_once(&config_once, config_init_once);
+}
+
+void percpuref_managed_push(struct percpuref_mnode *node)
+{
+	struct percpuref_mnode *top = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
+
+	do
+		node->next = top;
+	/* Release: the node's next and everything written before the push
+	 * (the ref's data) are visible to the reclaimer, whose marker push
+	 * acquires the head (a later push continues the release sequence). */
+	while (!__atomic_compare_exchange_n(&list_head, &top, node, true, __ATOMIC_RELEASE,
+					    __ATOMIC_RELAXED));
+}
+
+static void *reclaimer_main(void *arg);
+
+/* managed_lock held.  False (warned) if the thread cannot start. */
+static bool ensure_thread(void)
+{
+	int err;
+
+	if (thread_running)
+		return true;
+	thread_stopping = false;
+	err = pthread_create(&thread, NULL, reclaimer_main, NULL);
+	if (err) {
+		percpuref_warn("percpuref_managed", "cannot start the reclaimer: %s",
+			       strerror(err));
+		return false;
+	}
+	pthread_setname_np(thread, "percpuref-reclaim");
+	thread_running = true;
+	return true;
+}
+
+void percpuref_managed_kick(void)
+{
+	managed_init();
+	pthread_mutex_lock(&percpuref_managed_lock);
+	if (ensure_thread())
+		pthread_cond_signal(&wake);
+	pthread_mutex_unlock(&percpuref_managed_lock);
+}
+
+bool percpuref_on_reclaimer_thread(void)
+{
+	bool on;
+
+	pthread_mutex_lock(&percpuref_managed_lock);
+	on = thread_running && pthread_equal(pthread_self(), thread);
+	pthread_mutex_unlock(&percpuref_managed_lock);
+	return on;
+}
+
+void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_fn fn)
+{
+	managed_init();
+	pthread_mutex_lock(&percpuref_managed_lock);
+	d->fn = fn;
+	d->next = NULL;
+	*rcu_tail = d;
+	rcu_tail = &d->next;
+	rcu_queued++;
+	/* A failure to start leaves the item queued for the next kick. */
+	if (ensure_thread())
+		pthread_cond_signal(&wake);
+	pthread_mutex_unlock(&percpuref_managed_lock);
+}
+
+/* managed_lock held on entry and on return, dropped meanwhile.  One grace
+ * period for the whole queue, then the items in order. */
+static void run_rcu_batch(void)
+{
+	struct percpuref_deferred *batch = rcu_head, *next;
+	uint64_t n = 0;
+
+	rcu_head = NULL;
+	rcu_tail = &rcu_head;
+	pthread_mutex_unlock(&percpuref_managed_lock);
+
+	urcu_bp_synchronize_rcu();
+#if defined(__SANITIZE_THREAD__)
+	__tsan_acquire(&percpuref_rcu_tsan_sync);
+#endif
+	for (; batch; batch = next, n++) {
+		next = batch->next;	/* the function may free the item */
+		batch->fn(batch);
+	}
+
+	pthread_mutex_lock(&percpuref_managed_lock);
+	stats.rcu_grace_periods++;
+	rcu_done += n;
+	pthread_cond_broadcast(&progress);
+}
+
+/*
+ * One chunk of a scan: check up to @limit refs below the cursor with one
+ * fence.  scan_lock held.  Released nodes are chained on *@released (through
+ * their next pointers: they are off the list).  Returns the refs checked;
+ * *@end is set when the walk reached the bottom of the list.
+ */
+static unsigned long check_chunk(unsigned long limit, struct percpuref_mnode **released,
+				 bool *end)
+{
+	struct percpuref_mnode *prev = cursor, *node;
+	unsigned long k = 0, i;
+
+	pthread_mutex_lock(&percpuref_switch_lock);
+	while (k < limit && (node = prev->next)) {
+		if (node->marker) {	/* an earlier pass's */
+			prev->next = node->next;
+			free(node);
+			continue;
+		}
+		switch (percpuref_managed_begin(node)) {
+		case MANAGED_CHECK:
+			k++;
+			prev = node;
+			break;
+		case MANAGED_UNLINK:
+			prev->next = node->next;
+			break;
+		case MANAGED_FREE:
+			prev->next = node->next;
+			percpuref_managed_free(node);
+			break;
+		}
+	}
+	*end = !prev->next;
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	if (!k)
+		return 0;
+
+	percpuref_fence_readers();
+
+	/* The k checked nodes follow the cursor, contiguous: nothing else
+	 * unlinks below the marker, nothing is linked there. */
+	prev = cursor;
+	pthread_mutex_lock(&percpuref_switch_lock);
+	for (i = 0; i < k; i++) {
+		node = prev->next;
+		if (percpuref_managed_finish(node)) {
+			prev->next = node->next;
+			node->next = *released;
+			*released = node;
+		} else {
+			prev = node;
+		}
+	}
+	*end = !prev->next;
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	cursor = prev;
+	return k;
+}
+
+/*
+ * One scan: up to max_per_scan refs (all with @unlimited), resuming the
+ * open pass or opening one.  Called by the one scanner, no lock held.
+ */
+static void scan_once(bool unlimited)
+{
+	struct percpuref_mnode *released = NULL, *next;
+	unsigned long checked = 0, fences = 0, nreleased = 0, limit, max;
+	enum percpu_ref_scan_strategy strategy;
+	bool end = false;
+	uint64_t start, elapsed;
+
+	pthread_mutex_lock(&percpuref_managed_lock);
+	max = unlimited ? 0 : config.max_per_scan;
+	strategy = config.strategy;
+	pthread_mutex_unlock(&percpuref_managed_lock);
+
+	pthread_mutex_lock(&percpuref_scan_lock);
+	start = now_ns();
+	if (!cursor) {
+		if (!__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
+			/* An empty pass: nothing to check, a flush is satisfied. */
+			pthread_mutex_unlock(&percpuref_scan_lock);
+			pthread_mutex_lock(&percpuref_managed_lock);
+			passes_started++;
+			passes_done++;
+			pthread_cond_broadcast(&progress);
+			pthread_mutex_unlock(&percpuref_managed_lock);
+			return;
+		}
+		pass_marker = percpuref_zalloc(sizeof(*pass_marker));
+		if (!pass_marker) {
+			pthread_mutex_unlock(&percpuref_scan_lock);
+			percpuref_warn("percpuref_reclaimer", "no memory for a marker; scan skipped");
+			return;
+		}
+		pass_marker->marker = true;
+		pass_marker->next = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
+		/* Acquire: pairs with the release CAS of the pushes below the
+		 * marker, whose nodes the walk reads.  Release: a push that
+		 * reads the marker as top links to an initialised node. */
+		while (!__atomic_compare_exchange_n(&list_head, &pass_marker->next, pass_marker,
+						    true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			;
+		cursor = pass_marker;
+		pthread_mutex_lock(&percpuref_managed_lock);
+		passes_started++;
+		pass_open = true;
+		pthread_mutex_unlock(&percpuref_managed_lock);
+	}
+	while (!end && (!max || checked < max)) {
+		limit = strategy == PERCPU_REF_SCAN_FAITHFUL ? 1 : max ? max - checked : ULONG_MAX;
+		limit = check_chunk(limit, &released, &end);
+		checked += limit;
+		fences += limit != 0;
+	}
+	if (end) {
+		/* Pop our marker if nothing was pushed above it (relaxed: the
+		 * head's new value was published by its own push); otherwise
+		 * the next pass frees it. */
+		struct percpuref_mnode *top = pass_marker;
+
+		if (__atomic_compare_exchange_n(&list_head, &top, pass_marker->next, false,
+						__ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			free(pass_marker);
+		cursor = pass_marker = NULL;
+	}
+	elapsed = now_ns() - start;
+	pthread_mutex_unlock(&percpuref_scan_lock);
+
+	for (; released; released = next, nreleased++) {
+		next = released->next;
+		percpuref_managed_release(released);
+	}
+
+	pthread_mutex_lock(&percpuref_managed_lock);
+	if (checked) {
+		stats.scans++;
+		stats.refs_scanned += checked;
+		stats.released += nreleased;
+		stats.fences += fences;
+		stats.scan_ns_total += elapsed;
+		stats.scan_ns_last = elapsed;
+		if (elapsed > stats.scan_ns_max)
+			stats.scan_ns_max = elapsed;
+	}
+	if (end) {
+		passes_done++;
+		stats.passes++;
+		pass_open = false;
+		pthread_cond_broadcast(&progress);
+	}
+	pthread_mutex_unlock(&percpuref_managed_lock);
+}
+
+static void *reclaimer_main(void *arg)
+{
+	struct timespec until;
+	uint64_t now;
+
+	(void)arg;
+	pthread_mutex_lock(&percpuref_managed_lock);
+	for (;;) {
+		if (rcu_head) {
+			run_rcu_batch();
+			continue;
+		}
+		if (thread_stopping)
+			break;
+		now = now_ns();
+		if (passes_done >= flush_target) {
+			if (!pass_open && !__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
+				/* Idle: a push or a flush kicks us. */
+				pthread_cond_wait(&wake, &percpuref_managed_lock);
+				continue;
+			}
+			if (now < next_scan_ns) {
+				until.tv_sec = (time_t)(next_scan_ns / 1000000000u);
+				until.tv_nsec = (long)(next_scan_ns % 1000000000u);
+				pthread_cond_timedwait(&wake, &percpuref_managed_lock, &until);
+				continue;
+			}
+		}
+		next_scan_ns = now + config.interval_ms * 1000000u;
+		pthread_mutex_unlock(&percpuref_managed_lock);
+		scan_once(false);
+		pthread_mutex_lock(&percpuref_managed_lock);
+	}
+	thread_running = false;
+	pthread_cond_broadcast(&progress);
+	pthread_mutex_unlock(&percpuref_managed_lock);
+	return NULL;
+}
+
+PERCPUREF_API void percpu_ref_managed_get_config(struct percpu_ref_managed_config *out)
+{
+	managed_init();
+	pthread_mutex_lock(&percpuref_managed_lock);
+	*out = config;
+	pthread_mutex_unlock(&percpuref_managed_lock);
+}
+
+PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_config *in)
+{
+	if (in->strategy != PERCPU_REF_SCAN_FAITHFUL && in->strategy != PERCPU_REF_SCAN_BATCHED) {
+		percpuref_warn(__func__, "unknown strategy %d; ignored", (int)in->strategy);
+		return -EINVAL;
+	}
+	managed_init();
+	pthread_mutex_lock(&percpuref_managed_lock);
+	config = *in;
+	/* A scan already scheduled is due one new interval from now. */
+	if (next_scan_ns)
+		next_scan_ns = now_ns() + config.interval_ms * 1000000u;
+	pthread_cond_signal(&wake);
+	pthread_mutex_unlock(&percpuref_managed_lock);
+	return 0;
+}
+
+PERCPUREF_API void percpu_ref_managed_get_stats(struct percpu_ref_managed_stats *out)
+{
+	pthread_mutex_lock(&percpuref_managed_lock);
+	*out = stats;
+	pthread_mutex_unlock(&percpuref_managed_lock);
+}
+
+PERCPUREF_API int percpu_ref_managed_flush(void)
+{
+	uint64_t target;
+	int ret = 0;
+
+	if (percpuref_on_reclaimer_thread()) {
+		percpuref_warn(__func__, "called from a reclaimer callback; would wait for itself");
+		return -EDEADLK;
+	}
+	managed_init();
+	pthread_mutex_lock(&percpuref_managed_lock);
+	/* A pass that starts after now: the open one (if any) may have
+	 * walked past refs pushed before the call. */
+	target = passes_started + 1;
+	if (flush_target < target)
+		flush_target = target;
+	while (passes_done < target) {
+		if (!ensure_thread()) {
+			ret = -EAGAIN;
+			break;
+		}
+		pthread_cond_signal(&wake);
+		pthread_cond_wait(&progress, &percpuref_managed_lock);
+	}
+	/* The releases those passes deferred past a grace period. */
+	target = rcu_queued;
+	while (!ret && rcu_done < target) {
+		if (!ensure_thread()) {
+			ret = -EAGAIN;
+			break;
+		}
+		pthread_cond_wait(&progress, &percpuref_managed_lock);
+	}
+	pthread_mutex_unlock(&percpuref_managed_lock);
+	return ret;
+}
+
+/* Stops the thread, if running, and waits for it. */
+static void stop_thread(void)
+{
+	pthread_t joinee;
+
+	pthread_mutex_lock(&percpuref_managed_lock);
+	if (!thread_running) {
+		pthread_mutex_unlock(&percpuref_managed_lock);
+		return;
+	}
+	thread_stopping = true;
+	joinee = thread;
+	pthread_cond_signal(&wake);
+	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_join(joinee, NULL);
+}
+
+/*
+ * With the thread stopped, be the scanner: finish the open pass and run a
+ * whole new one, then the RCU-deferred releases.  True if any work was done
+ * (which may have queued more: callbacks can kill refs or make new ones).
+ */
+static bool drain(void)
+{
+	uint64_t target, done_before;
+	bool worked;
+
+	pthread_mutex_lock(&percpuref_managed_lock);
+	target = passes_started + 1;
+	done_before = stats.released + rcu_done;
+	while (passes_done < target) {
+		pthread_mutex_unlock(&percpuref_managed_lock);
+		scan_once(true);
+		pthread_mutex_lock(&percpuref_managed_lock);
+	}
+	while (rcu_head)
+		run_rcu_batch();
+	worked = stats.released + rcu_done != done_before;
+	pthread_mutex_unlock(&percpuref_managed_lock);
+	return worked;
+}
+
+PERCPUREF_API void percpuref_shutdown(void)
+{
+	bool worked;
+
+	if (percpuref_on_reclaimer_thread() || percpuref_on_deferred_thread()) {
+		percpuref_warn(__func__, "called from a callback; would wait for itself");
+		return;
+	}
+	/* Until quiet: a release may kill other refs (callback thread work),
+	 * whose releases may queue RCU work and restart the reclaimer. */
+	do {
+		stop_thread();
+		worked = drain();
+		percpuref_deferred_stop();
+		pthread_mutex_lock(&percpuref_managed_lock);
+		worked |= thread_running || rcu_head;
+		pthread_mutex_unlock(&percpuref_managed_lock);
+	} while (worked);
+}
+
+/* Process exit: join the threads and release what is releasable.  Not from
+ * exit() called inside one of our callbacks: that thread cannot join itself. */
+static __attribute__((destructor)) void managed_at_exit(void)
+{
+	if (!percpuref_on_reclaimer_thread() && !percpuref_on_deferred_thread())
+		percpuref_shutdown();
+}
+
+void percpuref_managed_after_fork_child(void)
+{
+	/* managed_lock is held across fork (runtime.c); the parent's
+	 * thread does not exist here.  Flush waiters neither. */
+	bool restart = thread_running;
+
+	/* A condition variable the parent's threads waited on keeps their
+	 * phantom waiters in the child: a signal could go to one of them. */
+	init_conds();
+	thread_running = false;
+	thread_stopping = false;
+	flush_target = passes_done;
+	if (restart)
+		ensure_thread();
+}

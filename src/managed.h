@@ -1,0 +1,68 @@
+/*
+ * managed.h - what percpu_ref.c (the per-ref steps of a check), managed.c
+ * (the list, the scans and the reclaimer thread) and percpu_rcuref.c share
+ * about managed refs.  Internal: not installed.
+ */
+#ifndef PERCPUREF_MANAGED_INTERNAL_H
+#define PERCPUREF_MANAGED_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "internal.h"
+#include "percpuref/percpu_ref.h"
+
+/*
+ * A node of the managed list: embedded in every ref's private data, or a
+ * marker of its own.  @next is written by a pusher before the node is
+ * published and afterwards only by the reclaimer (managed.c).
+ */
+struct percpuref_mnode {
+	struct percpuref_mnode *next;
+	bool marker;
+};
+
+/* Held by whoever scans (the reclaimer thread, or shutdown), for a whole
+ * chunk of a scan; outermost of the library's locks (held across fork). */
+extern pthread_mutex_t percpuref_scan_lock;
+/* managed.c's thread, configuration and statistics; innermost lock. */
+extern pthread_mutex_t percpuref_managed_lock;
+
+/* managed.c: put @node on the list; any thread, any lock held. */
+void percpuref_managed_push(struct percpuref_mnode *node);
+/* managed.c: start the reclaimer if needed and wake it; no lock held. */
+void percpuref_managed_kick(void);
+void percpuref_managed_after_fork_child(void);
+bool percpuref_on_reclaimer_thread(void);
+
+/*
+ * @fn(@d) runs on the reclaimer thread after a liburcu-bp grace period that
+ * started after this call (percpu_rcuref's deferred release).
+ */
+void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_fn fn);
+
+/*
+ * Per-ref steps of a check (percpu_ref.c), each called by the scanner with
+ * percpuref_switch_lock held.
+ *
+ * percpuref_managed_begin() looks at a listed node: MANAGED_CHECK means it
+ * started a switch to atomic mode (the node stays linked, marked in flight
+ * until percpuref_managed_finish()); the other verdicts ask the caller to
+ * unlink the node, and for MANAGED_FREE then to percpuref_managed_free() it.
+ */
+enum percpuref_managed_verdict {
+	MANAGED_CHECK,		/* switch started: fence, then finish */
+	MANAGED_UNLINK,		/* no longer managed: unlink, keep */
+	MANAGED_FREE,		/* exited while listed: unlink, free */
+};
+enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *node);
+/* After the fence: true when the manager's was the last reference (the
+ * node must be unlinked, then percpuref_managed_release() called without
+ * the lock); false when the ref went back to per-CPU mode. */
+bool percpuref_managed_finish(struct percpuref_mnode *node);
+void percpuref_managed_free(struct percpuref_mnode *node);
+/* Calls @release of a node that percpuref_managed_finish() released and
+ * that is unlinked; takes the switch lock itself afterwards. */
+void percpuref_managed_release(struct percpuref_mnode *node);
+
+#endif

@@ -1,0 +1,455 @@
+/*
+ * Unit tests of managed mode (percpu_ref_switch_to_managed and the
+ * reclaimer, <percpuref/managed.h>): the rules on a managed ref, release
+ * exactly once by the reclaimer under both strategies, the per-scan limit
+ * and statistics, the release-latency bound (two scan intervals), release
+ * callbacks that free, call the API and create managed refs, exit of a
+ * listed ref, shutdown, fork, and the environment variables.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "percpuref/managed.h"
+#include "percpuref/percpu_ref.h"
+#include "tap.h"
+
+struct object {
+	struct percpu_ref ref;
+	int releases;			/* atomic: set on the reclaimer thread */
+	uint64_t released_ns;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void obj_release(struct percpu_ref *ref)
+{
+	struct object *o = caa_container_of(ref, struct object, ref);
+
+	/* Release: the test thread reads released_ns after seeing it. */
+	__atomic_store_n(&o->released_ns, now_ns(), __ATOMIC_RELAXED);
+	__atomic_fetch_add(&o->releases, 1, __ATOMIC_RELEASE);
+}
+
+static int releases_of(struct object *o)
+{
+	/* Acquire: pairs with obj_release(). */
+	return __atomic_load_n(&o->releases, __ATOMIC_ACQUIRE);
+}
+
+static bool is_atomic(struct percpu_ref *ref)
+{
+	/* Relaxed: the reclaimer may be checking it right now. */
+	return __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_RELAXED) & __PERCPU_REF_ATOMIC;
+}
+
+static void set_config(unsigned long interval_ms, unsigned long max,
+		       enum percpu_ref_scan_strategy strategy)
+{
+	struct percpu_ref_managed_config c = { interval_ms, max, strategy };
+
+	percpu_ref_managed_set_config(&c);
+}
+
+static void test_rules(void)
+{
+	struct object o = { 0 }, plain = { 0 };
+	unsigned long warned;
+
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_ref_get(&o.ref);	/* ours: the initial one becomes the manager's */
+	is(percpu_ref_switch_to_managed(&o.ref), 0, "switch_to_managed: 0");
+	ok(!is_atomic(&o.ref) && o.ref.data->managed, "managed ref is per-CPU and marked");
+	warned = percpuref_warning_count();
+	is(percpu_ref_switch_to_managed(&o.ref), -EALREADY, "twice: -EALREADY");
+	percpu_ref_kill(&o.ref);
+	percpu_ref_switch_to_atomic(&o.ref, NULL);
+	percpu_ref_switch_to_atomic_sync(&o.ref);
+	percpu_ref_switch_to_percpu(&o.ref);
+	percpu_ref_resurrect(&o.ref);
+	percpu_ref_reinit(&o.ref);
+	is(percpuref_warning_count() - warned, 7, "twice, kill, switches, resurrect, reinit: warned");
+	ok(!is_atomic(&o.ref) && !percpu_ref_is_dying(&o.ref), "refused calls changed nothing");
+	ok(percpu_ref_tryget(&o.ref) && percpu_ref_tryget_live(&o.ref), "tryget works");
+	percpu_ref_put_many(&o.ref, 3);
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 1, "released once its references were gone");
+	ok(is_atomic(&o.ref) && percpu_ref_is_dying(&o.ref) && percpu_ref_is_zero(&o.ref),
+	   "released ref is atomic, dead, zero");
+	ok(!percpu_ref_tryget(&o.ref) && !percpu_ref_tryget_live(&o.ref),
+	   "no tryget after release");
+	warned = percpuref_warning_count();
+	is(percpu_ref_switch_to_managed(&o.ref), -EINVAL, "released ref: switch_to_managed -EINVAL");
+	is(percpu_ref_switch_to_unmanaged(&o.ref), -EINVAL, "released ref: unmanaged -EINVAL");
+	is(percpuref_warning_count() - warned, 2, "both warned");
+
+	percpu_ref_reinit(&o.ref);
+	ok(o.ref.data->managed && !percpu_ref_is_dying(&o.ref), "reinit: managed again, live");
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 2, "reinit: the manager's reference released again");
+	percpu_ref_exit(&o.ref);
+
+	percpu_ref_init(&plain.ref, obj_release, 0);
+	warned = percpuref_warning_count();
+	is(percpu_ref_switch_to_managed(&plain.ref), -EINVAL, "without ALLOW_REINIT: -EINVAL");
+	is(percpu_ref_switch_to_unmanaged(&plain.ref), -EINVAL, "unmanaged of plain ref: -EINVAL");
+	is(percpuref_warning_count() - warned, 2, "both warned");
+	percpu_ref_kill(&plain.ref);
+	percpu_ref_barrier();
+	is(releases_of(&plain), 1, "plain ref unaffected");
+	percpu_ref_exit(&plain.ref);
+
+	percpu_ref_init(&plain.ref, obj_release, PERCPU_REF_INIT_DEAD);
+	warned = percpuref_warning_count();
+	is(percpu_ref_switch_to_managed(&plain.ref), -EINVAL, "dead ref: -EINVAL");
+	is(percpuref_warning_count() - warned, 1, "warned");
+	percpu_ref_exit(&plain.ref);
+}
+
+static void test_unmanaged_and_exit(void)
+{
+	struct object o = { 0 }, listed = { 0 };
+
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&o.ref);
+	is(percpu_ref_switch_to_unmanaged(&o.ref), 0, "switch_to_unmanaged: 0");
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 0, "unmanaged: the caller's initial reference keeps it");
+	is(percpu_ref_switch_to_managed(&o.ref), 0, "managed again before the node left");
+	is(percpu_ref_switch_to_unmanaged(&o.ref), 0, "and unmanaged again");
+	percpu_ref_kill(&o.ref);
+	percpu_ref_barrier();
+	is(releases_of(&o), 1, "kill after unmanaged releases as usual");
+	percpu_ref_exit(&o.ref);	/* node maybe still listed: reclaimer frees */
+
+	percpu_ref_init(&listed.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_get(&listed.ref);
+	percpu_ref_switch_to_managed(&listed.ref);
+	percpu_ref_exit(&listed.ref);	/* a live managed ref: never checked again */
+	percpu_ref_managed_flush();
+	percpu_ref_managed_flush();
+	is(releases_of(&listed), 0, "exit of a managed ref: no release");
+}
+
+static void check_strategy(enum percpu_ref_scan_strategy strategy, const char *name)
+{
+	enum { N = 10 };
+	struct object objs[N];
+	struct percpu_ref_managed_stats before, after;
+	int i, released = 0;
+
+	memset(objs, 0, sizeof(objs));
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, 0, strategy);
+	for (i = 0; i < N; i++) {
+		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+		percpu_ref_get(&objs[i].ref);	/* the user's */
+		percpu_ref_switch_to_managed(&objs[i].ref);
+	}
+	percpu_ref_managed_flush();
+	percpu_ref_managed_get_stats(&before);
+	percpu_ref_managed_flush();
+	percpu_ref_managed_get_stats(&after);
+	for (i = 0; i < N; i++)
+		released += releases_of(&objs[i]);
+	is(released, 0, "%s: referenced refs survive a pass", name);
+	is(after.refs_scanned - before.refs_scanned, N, "%s: one pass checks every ref", name);
+	is(after.fences - before.fences, strategy == PERCPU_REF_SCAN_FAITHFUL ? N : 1,
+	   "%s: %s", name, strategy == PERCPU_REF_SCAN_FAITHFUL ? "one fence per ref"
+								 : "one fence per scan");
+	ok(after.scan_ns_total > before.scan_ns_total && after.scan_ns_max > 0,
+	   "%s: scan time accounted", name);
+
+	for (i = 0; i < N; i += 2)
+		percpu_ref_put(&objs[i].ref);
+	percpu_ref_managed_flush();
+	percpu_ref_managed_get_stats(&before);
+	for (i = 0, released = 0; i < N; i++)
+		released += releases_of(&objs[i]) == (i % 2 == 0);
+	is(released, N, "%s: exactly the unreferenced refs released, once", name);
+	ok(before.released - after.released == N / 2, "%s: released counted", name);
+	for (i = 1; i < N; i += 2)
+		percpu_ref_put(&objs[i].ref);
+	percpu_ref_managed_flush();
+	for (i = 0, released = 0; i < N; i++) {
+		released += releases_of(&objs[i]);
+		percpu_ref_exit(&objs[i].ref);
+	}
+	is(released, N, "%s: the rest released after their puts", name);
+}
+
+static void test_scan_limit(void)
+{
+	enum { N = 10, MAX = 3 };
+	struct object objs[N];
+	struct percpu_ref_managed_stats s0, s1;
+	int i;
+
+	memset(objs, 0, sizeof(objs));
+	for (i = 0; i < N; i++) {
+		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+		percpu_ref_switch_to_managed(&objs[i].ref);
+	}
+	set_config(0, MAX, PERCPU_REF_SCAN_BATCHED);
+	percpu_ref_managed_get_stats(&s0);
+	percpu_ref_managed_flush();
+	percpu_ref_managed_get_stats(&s1);
+	ok(s1.scans - s0.scans >= (N + MAX - 1) / MAX, "max %d per scan: %lu scans for %d refs",
+	   MAX, (unsigned long)(s1.scans - s0.scans), N);
+	ok(s1.refs_scanned - s0.refs_scanned <= (s1.scans - s0.scans) * MAX,
+	   "no scan checked more than the maximum");
+	for (i = 0; i < N; i++) {
+		is(releases_of(&objs[i]), 1, "ref %d released by the flush", i);
+		percpu_ref_exit(&objs[i].ref);
+	}
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_BATCHED);
+}
+
+/* An unreferenced managed ref is released within two scan intervals. */
+static void test_latency_bound(void)
+{
+	enum { INTERVAL_MS = 100, TRIALS = 4 };
+	struct object objs[TRIALS];
+	uint64_t put_ns, worst = 0;
+	int i;
+
+	memset(objs, 0, sizeof(objs));
+	set_config(INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FAITHFUL);
+	for (i = 0; i < TRIALS; i++) {
+		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+		percpu_ref_get(&objs[i].ref);
+		percpu_ref_switch_to_managed(&objs[i].ref);
+	}
+	for (i = 0; i < TRIALS; i++) {
+		/* Put at different phases of the scan period. */
+		usleep(1000 * (INTERVAL_MS / 3 + 7 * i));
+		put_ns = now_ns();
+		percpu_ref_put(&objs[i].ref);
+		while (!releases_of(&objs[i]) && now_ns() - put_ns < 10ull * INTERVAL_MS * 1000000)
+			usleep(1000);
+		if (releases_of(&objs[i]) && objs[i].released_ns - put_ns > worst)
+			worst = objs[i].released_ns - put_ns;
+		is(releases_of(&objs[i]), 1, "latency trial %d: released", i);
+	}
+	printf("# worst release latency %.1f ms at a %d ms interval\n", worst / 1e6, INTERVAL_MS);
+	ok(worst < 2ull * INTERVAL_MS * 1000000, "released within two scan intervals");
+	for (i = 0; i < TRIALS; i++)
+		percpu_ref_exit(&objs[i].ref);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_BATCHED);
+}
+
+/* Release callbacks that free the object, use the API, make new refs. */
+struct node_obj {
+	struct percpu_ref ref;
+	struct node_obj *child;		/* managed ref created by our release */
+	struct percpu_ref *to_put;	/* a user reference we drop in release */
+	int depth;
+};
+
+static int nodes_freed, flush_from_callback = 1;
+
+static void node_release(struct percpu_ref *ref)
+{
+	struct node_obj *n = caa_container_of(ref, struct node_obj, ref);
+
+	if (n->to_put)
+		percpu_ref_put(n->to_put);
+	if (n->depth > 0) {
+		struct node_obj *c = calloc(1, sizeof(*c));
+
+		c->depth = n->depth - 1;
+		percpu_ref_init(&c->ref, node_release, PERCPU_REF_ALLOW_REINIT);
+		percpu_ref_switch_to_managed(&c->ref);
+	}
+	if (n->depth == 0)
+		flush_from_callback = percpu_ref_managed_flush();
+	percpu_ref_exit(&n->ref);
+	free(n);
+	__atomic_fetch_add(&nodes_freed, 1, __ATOMIC_RELAXED);
+}
+
+static void test_callbacks(void)
+{
+	struct node_obj *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+	int i;
+
+	/* a's release drops the user reference on b and creates a chain of
+	 * three new managed refs, one per generation. */
+	percpu_ref_init(&b->ref, node_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_get(&b->ref);
+	percpu_ref_switch_to_managed(&b->ref);
+	percpu_ref_init(&a->ref, node_release, PERCPU_REF_ALLOW_REINIT);
+	a->to_put = &b->ref;
+	a->depth = 3;
+	percpu_ref_switch_to_managed(&a->ref);
+	for (i = 0; i < 6 && __atomic_load_n(&nodes_freed, __ATOMIC_RELAXED) < 5; i++)
+		percpu_ref_managed_flush();
+	is(nodes_freed, 5, "callbacks freed objects, dropped references, made new managed refs");
+	is(flush_from_callback, -EDEADLK, "flush from a release callback: -EDEADLK");
+}
+
+static void test_misuse(void)
+{
+	struct object o = { 0 };
+	unsigned long warned = percpuref_warning_count();
+
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&o.ref);
+	percpu_ref_put(&o.ref);		/* the manager's: not ours to drop */
+	percpu_ref_managed_flush();
+	ok(percpuref_warning_count() > warned, "put of the manager's reference: warned");
+	is(releases_of(&o), 0, "and leaked, never released");
+	percpu_ref_exit(&o.ref);
+}
+
+static void test_shutdown(void)
+{
+	struct object o = { 0 }, held = { 0 };
+
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&o.ref);
+	percpu_ref_init(&held.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_get(&held.ref);
+	percpu_ref_switch_to_managed(&held.ref);
+	percpuref_shutdown();
+	is(releases_of(&o), 1, "shutdown released the releasable ref");
+	is(releases_of(&held), 0, "and kept the referenced one");
+	percpu_ref_put(&held.ref);
+	percpu_ref_managed_flush();	/* the reclaimer starts again */
+	is(releases_of(&held), 1, "after shutdown the reclaimer comes back on demand");
+	percpu_ref_exit(&o.ref);
+	percpu_ref_exit(&held.ref);
+}
+
+static void test_fork(void)
+{
+	struct object kept = { 0 }, dropped = { 0 };
+	int status;
+	pid_t pid;
+
+	percpu_ref_init(&kept.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_get(&kept.ref);
+	percpu_ref_switch_to_managed(&kept.ref);
+	percpu_ref_init(&dropped.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_get(&dropped.ref);
+	percpu_ref_switch_to_managed(&dropped.ref);
+	set_config(20, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FAITHFUL);
+
+	pid = fork();
+	if (pid == 0) {
+		uint64_t start = now_ns();
+		int code = 0;
+
+		/* No API call after the put: the child's own reclaimer must
+		 * find it. */
+		percpu_ref_put(&dropped.ref);
+		while (!releases_of(&dropped) && now_ns() - start < 5000000000ull)
+			usleep(1000);
+		if (releases_of(&dropped) != 1 || releases_of(&kept))
+			code = 1;
+		percpu_ref_get(&kept.ref);	/* the child keeps using refs */
+		percpu_ref_put_many(&kept.ref, 2);
+		percpu_ref_managed_flush();
+		if (releases_of(&kept) != 1)
+			code |= 2;
+		percpu_ref_exit(&kept.ref);
+		percpu_ref_exit(&dropped.ref);
+		exit(code);
+	}
+	ok(pid > 0 && waitpid(pid, &status, 0) == pid, "forked and reaped");
+	is(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0,
+	   "child's reclaimer released the child's refs (and only those)");
+	percpu_ref_managed_flush();
+	is(releases_of(&dropped) + releases_of(&kept), 0, "parent's refs untouched by the child");
+	percpu_ref_put(&dropped.ref);
+	percpu_ref_put(&kept.ref);
+	percpu_ref_managed_flush();
+	is(releases_of(&dropped) + releases_of(&kept), 2, "parent releases its own");
+	percpu_ref_exit(&kept.ref);
+	percpu_ref_exit(&dropped.ref);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_BATCHED);
+}
+
+/* Re-executes this test with environment settings; see main(). */
+static int run_env_child(const char *interval, const char *max, const char *strategy)
+{
+	char e1[64], e2[64], e3[64];
+	char *argv[] = { "test_managed", "--print-config", NULL };
+	char *envp[] = { e1, e2, e3, NULL };
+	int status;
+	pid_t pid;
+
+	snprintf(e1, sizeof(e1), "PERCPUREF_SCAN_INTERVAL_MS=%s", interval);
+	snprintf(e2, sizeof(e2), "PERCPUREF_SCAN_MAX=%s", max);
+	snprintf(e3, sizeof(e3), "PERCPUREF_SCAN_STRATEGY=%s", strategy);
+	/* posix_spawn, not fork: no atfork handlers, no reclaimer started in
+	 * a child that is about to exec (ThreadSanitizer forbids it). */
+	/* Our own path as we were started (under valgrind, /proc/self/exe
+	 * is valgrind). */
+	if (posix_spawn(&pid, program_invocation_name, NULL, NULL, argv, envp) ||
+	    waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+		return -1;
+	return WEXITSTATUS(status);
+}
+
+static int print_config(void)
+{
+	struct percpu_ref_managed_config c;
+
+	percpu_ref_managed_get_config(&c);
+	/* Encoded for the parent: interval 7, max 9, faithful -> 0 bits. */
+	return (c.interval_ms != 7) | (c.max_per_scan != 9) << 1 |
+	       (c.strategy != PERCPU_REF_SCAN_FAITHFUL) << 2 | (int)percpuref_warning_count() << 3;
+}
+
+static void test_env(void)
+{
+	struct percpu_ref_managed_config c = { 1, 1, (enum percpu_ref_scan_strategy)7 };
+
+	is(run_env_child("7", "9", "faithful"), 0, "environment sets interval, max, strategy");
+	is(run_env_child("x", "-1", "fastest"), 7 | 3 << 3,
+	   "bad values: three warnings, defaults kept");
+	is(percpu_ref_managed_set_config(&c), -EINVAL, "set_config: unknown strategy -EINVAL");
+	percpu_ref_managed_get_config(&c);
+	is(c.interval_ms, PERCPU_REF_MANAGED_INTERVAL_MS, "and nothing changed");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && !strcmp(argv[1], "--print-config"))
+		return print_config();
+	test_rules();
+	test_unmanaged_and_exit();
+	check_strategy(PERCPU_REF_SCAN_FAITHFUL, "faithful");
+	check_strategy(PERCPU_REF_SCAN_BATCHED, "batched");
+	test_scan_limit();
+	test_latency_bound();
+	test_callbacks();
+	test_misuse();
+	test_shutdown();
+#if defined(__SANITIZE_THREAD__)
+	/* TSAN cannot start threads in the child of a threaded process. */
+	printf("# skipped the fork test under ThreadSanitizer\n");
+#else
+	test_fork();
+#endif
+	test_env();
+	return done_testing();
+}
