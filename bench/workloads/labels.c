@@ -523,6 +523,20 @@ static void labels_print_rows(void)
 	free(labels_rows);
 }
 
+/* What the options cannot be: a usage error before anything runs. */
+static const char *labels_validate(void)
+{
+	if (opt_work < 0 || opt_churn < 0)
+		return "--work and --churn cannot be negative";
+	if (opt_namespaces < 1 || opt_namespaces > 64)
+		return "--namespaces: want 1..64";
+	if (opt_profiles < 2 || opt_profiles > 1024)
+		return "--profiles: want 2..1024";
+	if (opt_stacks < 0 || opt_stacks >= opt_profiles)
+		return "--stacks: want 0 .. profiles - 1";
+	return NULL;
+}
+
 static void labels_setup(struct bench_run *run)
 {
 	struct labels_state *s = bench_zalloc(sizeof(*s));
@@ -533,10 +547,6 @@ static void labels_setup(struct bench_run *run)
 	};
 	pthread_condattr_t attr;
 
-	if (opt_namespaces < 1 || opt_namespaces > 64 || opt_profiles < 2 ||
-	    opt_profiles > 1024 || opt_stacks < 0 || opt_work < 0 || opt_churn < 0)
-		bench_die("labels: want --namespaces 1..64, --profiles 2..1024, and "
-			  "--stacks, --work, --churn >= 0");
 	s->kind = &labels_kinds[run->variant->arg];
 	s->model = labels_model_create(&cfg, s->kind->ops);
 	s->task_lineage = labels_lineage_find(&s->model->ns[0],
@@ -658,14 +668,18 @@ static const struct bench_variant labels_variants[] = {
 };
 
 static const struct bench_option labels_options[] = {
-	{ "work", BENCH_OPT_LONG, &opt_work, "private work per request, in xorshift rounds" },
-	{ "churn", BENCH_OPT_DOUBLE, &opt_churn,
-	  "profile replacements per second by a loader thread (0: none)" },
-	{ "namespaces", BENCH_OPT_LONG, &opt_namespaces, "policy namespaces" },
-	{ "profiles", BENCH_OPT_LONG, &opt_profiles, "profiles per namespace" },
-	{ "stacks", BENCH_OPT_LONG, &opt_stacks, "stacked labels per namespace" },
-	{ "unconfined", BENCH_OPT_BOOL, &opt_unconfined,
-	  "workers run unconfined (no table walk) instead of under nginx" },
+	{ .name = "work", .type = BENCH_OPT_LONG, .value = &opt_work,
+	  .help = "private work per request, in xorshift rounds" },
+	{ .name = "churn", .type = BENCH_OPT_DOUBLE, .value = &opt_churn,
+	  .help = "profile replacements per second by a loader thread (0: none)" },
+	{ .name = "namespaces", .type = BENCH_OPT_LONG, .value = &opt_namespaces,
+	  .help = "policy namespaces" },
+	{ .name = "profiles", .type = BENCH_OPT_LONG, .value = &opt_profiles,
+	  .help = "profiles per namespace" },
+	{ .name = "stacks", .type = BENCH_OPT_LONG, .value = &opt_stacks,
+	  .help = "stacked labels per namespace (fewer than profiles)" },
+	{ .name = "unconfined", .type = BENCH_OPT_BOOL, .value = &opt_unconfined,
+	  .help = "workers run unconfined (no table walk) instead of under nginx" },
 	{ NULL },
 };
 
@@ -679,5 +693,6 @@ static const struct bench_workload labels = {
 	.thread_init = labels_thread_init,
 	.thread_fini = labels_thread_fini,
 	.teardown = labels_teardown,
+	.validate = labels_validate,
 };
 PERCPUREF_BENCH_WORKLOAD(labels);

@@ -331,7 +331,7 @@ struct labels_model *labels_model_create(const struct labels_config *cfg,
 		ns->unconfined = labels_profile_new(ns, "unconfined", true);
 		ns->nprofiles = cfg->profiles;
 		ns->profiles = calloc(ns->nprofiles, sizeof(*ns->profiles));
-		ns->nstacks = cfg->stacks < cfg->profiles ? cfg->stacks : cfg->profiles - 1;
+		ns->nstacks = cfg->stacks;
 		ns->stacks = calloc(ns->nstacks ? ns->nstacks : 1, sizeof(*ns->stacks));
 		if (!ns->profiles || !ns->stacks)
 			bench_die("labels: out of memory");

@@ -177,7 +177,7 @@ struct labels_stats {
 struct labels_config {
 	unsigned int namespaces;
 	unsigned int profiles;	/* per namespace */
-	unsigned int stacks;	/* compound labels per namespace */
+	unsigned int stacks;	/* compound labels per namespace, < profiles */
 };
 
 struct labels_model {
