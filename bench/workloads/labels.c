@@ -23,7 +23,11 @@
  *                   access (apparmor=on, the seed's baseline);
  *   condref         no reference unless the label is stale (upstream's
  *                   file_open fix, __begin_current_label_crit_section());
- *   rcuref          rcuref_get/rcuref_put (Linux 6.4 rcuref_t).
+ *   rcuref          rcuref_get/rcuref_put (Linux 6.4 rcuref_t);
+ *   percpu-managed  a percpu_ref handed to the library's reclaimer when the
+ *                   label goes live (the seed's fix): get/put are per-CPU,
+ *                   and a label is released by the reclaimer once stale
+ *                   and unreferenced.
  * Stale labels resolve to the newest one under RCU with tryget in every
  * variant (aa_get_label_rcu()).
  *
@@ -63,8 +67,28 @@
 
 #include <urcu/urcu-bp.h>
 
+#include <percpuref/managed.h>
+
 #include "bench.h"
 #include "labels_model.h"
+
+/*
+ * percpu_ref's per-CPU adds are inline asm (rseq) that ThreadSanitizer
+ * cannot see; the reclaimer's reader fence is what orders a put before the
+ * release.  Under TSAN each put releases on the label and the release
+ * callback acquires it, the edge the fence provides.  The sync address is
+ * the label's size, which no atomic touches: TSAN gives an atomic
+ * release-store (a mode switch on the ref's own word) a fresh clock, which
+ * would drop the puts' releases.
+ */
+#ifdef __SANITIZE_THREAD__
+#include <sanitizer/tsan_interface.h>
+#define labels_tsan_release(l) __tsan_release(&(l)->size)
+#define labels_tsan_acquire(l) __tsan_acquire(&(l)->size)
+#else
+#define labels_tsan_release(l) ((void)(l))
+#define labels_tsan_acquire(l) ((void)(l))
+#endif
 
 /*
  * The per-CPU allocator's statistics, from src/internal.h (exported with
@@ -85,6 +109,7 @@ static double opt_churn;
 static long opt_namespaces = 2;
 static long opt_profiles = 8;
 static long opt_stacks = 4;
+static long opt_scan_ms = 100;
 static bool opt_unconfined;
 
 #define LABELS_NPATHS 8
@@ -115,6 +140,7 @@ enum labels_mode {
 struct labels_kind {
 	const struct labels_refops *ops;
 	void (*drain)(struct labels_model *m);
+	bool managed;	/* percpu-managed: configure the reclaimer */
 };
 
 struct labels_state {
@@ -224,14 +250,82 @@ static const struct labels_refops labels_rcuref_ops = {
 	.put = labels_rcuref_put,
 };
 
+/*
+ * percpu-managed: the ref starts atomic (sticky, so an error before the
+ * label goes live is a plain atomic count) with the initial reference,
+ * plus the policy's own; going live hands the initial one to the manager,
+ * which switches the ref to per-CPU mode.  The reclaimer releases the label
+ * once the manager's is the last reference: after the label went stale,
+ * the policy dropped its reference and every task moved on.
+ */
+static void labels_pcpu_release(struct percpu_ref *ref)
+{
+	struct labels_label *l = labels_of(ref, count.pcpu);
+
+	labels_tsan_acquire(l);
+	labels_label_release(l);
+}
+
+static void labels_pcpu_init(struct labels_label *l)
+{
+	if (percpu_ref_init(&l->count.pcpu, labels_pcpu_release, PERCPU_REF_INIT_ATOMIC))
+		bench_die("labels: percpu_ref_init failed");
+	percpu_ref_get(&l->count.pcpu);
+}
+
+static void labels_pcpu_live(struct labels_label *l)
+{
+	if (percpu_ref_switch_to_managed(&l->count.pcpu))
+		bench_die("labels: percpu_ref_switch_to_managed failed");
+}
+
+static void labels_pcpu_get(struct labels_label *l)
+{
+	percpu_ref_get(&l->count.pcpu);
+}
+
+static bool labels_pcpu_tryget(struct labels_label *l)
+{
+	return percpu_ref_tryget(&l->count.pcpu);
+}
+
+static void labels_pcpu_put(struct labels_label *l)
+{
+	labels_tsan_release(l);
+	percpu_ref_put(&l->count.pcpu);
+}
+
+static void labels_pcpu_exit(struct labels_label *l)
+{
+	percpu_ref_exit(&l->count.pcpu);
+}
+
+static const struct labels_refops labels_pcpu_managed_ops = {
+	.init = labels_pcpu_init,
+	.live = labels_pcpu_live,
+	.get = labels_pcpu_get,
+	.tryget = labels_pcpu_tryget,
+	.put = labels_pcpu_put,
+	.exit = labels_pcpu_exit,
+};
+
+/* The reclaimer holds the last reference of every dropped label: release them. */
+static void labels_pcpu_drain(struct labels_model *m)
+{
+	if (percpu_ref_managed_flush())
+		bench_die("labels: percpu_ref_managed_flush failed");
+}
+
 enum labels_kind_id {
 	LABELS_KIND_KREF,
 	LABELS_KIND_RCUREF,
+	LABELS_KIND_PCPU_MANAGED,
 };
 
 static const struct labels_kind labels_kinds[] = {
-	[LABELS_KIND_KREF] = { &labels_kref_ops, NULL },
-	[LABELS_KIND_RCUREF] = { &labels_rcuref_ops, NULL },
+	[LABELS_KIND_KREF] = { &labels_kref_ops, NULL, false },
+	[LABELS_KIND_RCUREF] = { &labels_rcuref_ops, NULL, false },
+	[LABELS_KIND_PCPU_MANAGED] = { &labels_pcpu_managed_ops, labels_pcpu_drain, true },
 };
 
 /*
@@ -389,6 +483,11 @@ static void labels_rcuref_loop(struct bench_thread *t)
 	labels_loop(t, &labels_rcuref_ops, LABELS_REF);
 }
 
+static void labels_pcpu_managed_loop(struct bench_thread *t)
+{
+	labels_loop(t, &labels_pcpu_managed_ops, LABELS_REF);
+}
+
 /* Resident set size in KiB. */
 static long labels_rss_kb(void)
 {
@@ -526,8 +625,8 @@ static void labels_print_rows(void)
 /* What the options cannot be: a usage error before anything runs. */
 static const char *labels_validate(void)
 {
-	if (opt_work < 0 || opt_churn < 0)
-		return "--work and --churn cannot be negative";
+	if (opt_work < 0 || opt_churn < 0 || opt_scan_ms < 0)
+		return "--work, --churn and --scan-ms cannot be negative";
 	if (opt_namespaces < 1 || opt_namespaces > 64)
 		return "--namespaces: want 1..64";
 	if (opt_profiles < 2 || opt_profiles > 1024)
@@ -548,6 +647,14 @@ static void labels_setup(struct bench_run *run)
 	pthread_condattr_t attr;
 
 	s->kind = &labels_kinds[run->variant->arg];
+	if (s->kind->managed) {
+		struct percpu_ref_managed_config mc;
+
+		percpu_ref_managed_get_config(&mc);
+		mc.interval_ms = opt_scan_ms;
+		if (percpu_ref_managed_set_config(&mc))
+			bench_die("labels: percpu_ref_managed_set_config failed");
+	}
 	s->model = labels_model_create(&cfg, s->kind->ops);
 	s->task_lineage = labels_lineage_find(&s->model->ns[0],
 					      opt_unconfined ? "unconfined" : "nginx");
@@ -662,6 +769,8 @@ static const struct bench_variant labels_variants[] = {
 	  LABELS_KIND_KREF },
 	{ "condref", "a reference only for a stale label (upstream file_open fix)",
 	  labels_condref_loop, LABELS_KIND_KREF },
+	{ "percpu-managed", "percpu_ref released by the reclaimer (the seed's fix)",
+	  labels_pcpu_managed_loop, LABELS_KIND_PCPU_MANAGED },
 	{ "rcuref", "rcuref_get/rcuref_put (Linux 6.4 rcuref_t)", labels_rcuref_loop,
 	  LABELS_KIND_RCUREF },
 	{ NULL },
@@ -678,6 +787,8 @@ static const struct bench_option labels_options[] = {
 	  .help = "profiles per namespace" },
 	{ .name = "stacks", .type = BENCH_OPT_LONG, .value = &opt_stacks,
 	  .help = "stacked labels per namespace (fewer than profiles)" },
+	{ .name = "scan-ms", .type = BENCH_OPT_LONG, .value = &opt_scan_ms,
+	  .help = "percpu-managed: reclaimer scan interval in ms (0: back to back)" },
 	{ .name = "unconfined", .type = BENCH_OPT_BOOL, .value = &opt_unconfined,
 	  .help = "workers run unconfined (no table walk) instead of under nginx" },
 	{ NULL },
