@@ -579,7 +579,12 @@ static void *labels_loader(void *arg)
 	return NULL;
 }
 
-/* The churn report: one row per measurement, printed after the table. */
+/*
+ * The churn report: one row per measurement, printed at exit, after the
+ * harness's table (which comes after the last teardown); on stderr, which
+ * carries the table too when --json - takes stdout.  The harness has no
+ * per-measurement fields of a workload's own, so these are not in the JSON.
+ */
 struct labels_row {
 	const char *variant;
 	unsigned int threads;
