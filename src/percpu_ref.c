@@ -234,6 +234,8 @@ static void fold_percpu_counts(struct percpu_ref *ref)
 	unsigned int cpu, nr_units = percpuref_nr_units();
 	unsigned long sum = 0, count;
 
+	/* For TSAN: pairs with the release in percpu_ref_put_many(). */
+	percpuref_tsan_acquire(&ref->data);
 	for (cpu = 0; cpu < nr_units; cpu++)
 		/* Relaxed: the fence made every update visible already. */
 		sum += __atomic_load_n(percpuref_counter_on(cpu0, cpu), __ATOMIC_RELAXED);

@@ -48,6 +48,29 @@
 #include <percpuref/compiler.h>
 #include <percpuref/this_cpu.h>
 
+/*
+ * ThreadSanitizer cannot see a per-CPU put (an rseq commit, or a relaxed add
+ * on the fallback path) happen before the switcher's fold, which the reader
+ * fence orders.  Under TSAN a put releases on the ref and the fold acquires
+ * it, so accesses made under a reference happen before @release for TSAN as
+ * they do for the hardware.  Nothing in other builds.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define PERCPUREF_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PERCPUREF_TSAN 1
+#endif
+#endif
+#ifdef PERCPUREF_TSAN
+#include <sanitizer/tsan_interface.h>
+#define percpuref_tsan_release(addr) __tsan_release(addr)
+#define percpuref_tsan_acquire(addr) __tsan_acquire(addr)
+#else
+#define percpuref_tsan_release(addr) ((void)(addr))
+#define percpuref_tsan_acquire(addr) ((void)(addr))
+#endif
+
 PERCPUREF_BEGIN_DECLS
 
 /* Flags of percpu_ref_init(). */
@@ -296,8 +319,13 @@ static inline bool percpu_ref_tryget_live(struct percpu_ref *ref)
  */
 static inline void percpu_ref_put_many(struct percpu_ref *ref, unsigned long nr)
 {
-	enum percpuref_this_cpu_result r =
-		percpuref_this_cpu_add(&ref->percpu_count_ptr, -nr);
+	enum percpuref_this_cpu_result r;
+
+	/* Pairs with the fold's acquire.  On &ref->data, never accessed
+	 * atomically: a release store to the mode word would reset TSAN's
+	 * clock for that address. */
+	percpuref_tsan_release(&ref->data);
+	r = percpuref_this_cpu_add(&ref->percpu_count_ptr, -nr);
 
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return;

@@ -1,0 +1,301 @@
+/*
+ * Stress of managed percpu_refs while the reclaimer scans as fast as it can
+ * (interval 0), its strategy and per-scan limit flipped at random.
+ *
+ * Long-lived objects: workers tryget / tryget_live / get / put a table of
+ * static managed refs; a controller restarts every released one with
+ * reinit, and now and then takes one off management, kills it itself and
+ * puts it back.  Checked: every life ends in exactly one release, no tryget
+ * succeeds on a released ref.
+ *
+ * Short-lived objects: a producer creates heap objects, keeps one user
+ * reference, switches them to managed and hands them (with that reference)
+ * to the workers, who use them and drop the reference; the reclaimer frees
+ * them in @release (poisoned first, so ASan catches any late access), and
+ * one release in eight creates a new managed object itself.  Checked: every
+ * object is freed exactly once, by the end.
+ * Duration: STRESS_SECONDS (default 2).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "percpuref/managed.h"
+#include "percpuref/percpu_ref.h"
+#include "tap.h"
+
+#define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
+
+#define NR_STATIC 32
+#define NR_WORKERS 3
+#define RING 64
+#define MAGIC 0x5eed5eedUL
+
+struct obj {
+	struct percpu_ref ref;
+	int released;		/* set by release, cleared before reinit */
+	long releases, lives;
+};
+
+struct heap_obj {
+	struct percpu_ref ref;
+	unsigned long magic;
+	unsigned long uses;	/* atomic: workers add to it */
+};
+
+static struct obj objs[NR_STATIC];
+static int stop;
+static long errors, created, freed, spawns;
+
+/* Hand-off of heap objects, each with one user reference. */
+static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct heap_obj *ring[RING];
+static unsigned int ring_head, ring_tail;
+
+static unsigned int rnd(unsigned int *seed)
+{
+	*seed = *seed * 1103515245u + 12345u;
+	return *seed >> 16;
+}
+
+static void obj_release(struct percpu_ref *ref)
+{
+	struct obj *o = container_of(ref, struct obj, ref);
+
+	if (__atomic_exchange_n(&o->released, 1, __ATOMIC_SEQ_CST))
+		__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);	/* twice */
+	__atomic_fetch_add(&o->releases, 1, __ATOMIC_RELAXED);
+}
+
+static struct heap_obj *heap_obj_new(void);
+
+static void heap_release(struct percpu_ref *ref)
+{
+	struct heap_obj *h = container_of(ref, struct heap_obj, ref);
+
+	if (h->magic != MAGIC)
+		__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
+	/* Now and then a release makes a new managed object, unreferenced:
+	 * the next pass releases it. */
+	if (__atomic_fetch_add(&spawns, 1, __ATOMIC_RELAXED) % 8 == 0)
+		percpu_ref_switch_to_managed(&heap_obj_new()->ref);
+	percpu_ref_exit(&h->ref);
+	memset(h, 0xa5, sizeof(*h));
+	free(h);
+	__atomic_fetch_add(&freed, 1, __ATOMIC_RELAXED);
+}
+
+static struct heap_obj *heap_obj_new(void)
+{
+	struct heap_obj *h = calloc(1, sizeof(*h));
+
+	if (!h || percpu_ref_init(&h->ref, heap_release, PERCPU_REF_ALLOW_REINIT))
+		abort();
+	h->magic = MAGIC;
+	__atomic_fetch_add(&created, 1, __ATOMIC_RELAXED);
+	return h;
+}
+
+static struct heap_obj *ring_take(void)
+{
+	struct heap_obj *h = NULL;
+
+	pthread_mutex_lock(&ring_lock);
+	if (ring_tail != ring_head)
+		h = ring[ring_tail++ % RING];
+	pthread_mutex_unlock(&ring_lock);
+	return h;
+}
+
+static bool ring_give(struct heap_obj *h)
+{
+	bool ok = false;
+
+	pthread_mutex_lock(&ring_lock);
+	if (ring_head - ring_tail < RING) {
+		ring[ring_head++ % RING] = h;
+		ok = true;
+	}
+	pthread_mutex_unlock(&ring_lock);
+	return ok;
+}
+
+static void use_static(unsigned int *seed)
+{
+	struct obj *o = &objs[rnd(seed) % NR_STATIC];
+	bool got = rnd(seed) & 1 ? percpu_ref_tryget_live(&o->ref) : percpu_ref_tryget(&o->ref);
+	unsigned int k, extra = rnd(seed) % 3;
+
+	if (!got)
+		return;
+	if (__atomic_load_n(&o->released, __ATOMIC_SEQ_CST))
+		__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
+	for (k = 0; k < extra; k++)
+		percpu_ref_get(&o->ref);
+	if (rnd(seed) % 16 == 0)
+		sched_yield();
+	percpu_ref_put_many(&o->ref, extra + 1);
+}
+
+static void use_heap(unsigned int *seed)
+{
+	struct heap_obj *h = ring_take();
+	unsigned int k, n = rnd(seed) % 4;
+
+	if (!h)
+		return;
+	for (k = 0; k < n; k++) {
+		percpu_ref_get(&h->ref);
+		if (h->magic != MAGIC)
+			__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&h->uses, 1, __ATOMIC_RELAXED);
+		percpu_ref_put(&h->ref);
+	}
+	percpu_ref_put(&h->ref);	/* the reference handed over */
+}
+
+static void *worker(void *arg)
+{
+	unsigned int seed = (unsigned int)(uintptr_t)arg;
+
+	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
+		use_static(&seed);
+		if (rnd(&seed) % 4 == 0)
+			use_heap(&seed);
+	}
+	return NULL;
+}
+
+static void *producer(void *arg)
+{
+	struct heap_obj *h;
+
+	(void)arg;
+	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
+		h = heap_obj_new();
+		percpu_ref_get(&h->ref);	/* the reference we hand over */
+		percpu_ref_switch_to_managed(&h->ref);
+		while (!ring_give(h)) {
+			if (__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
+				percpu_ref_put(&h->ref);
+				break;
+			}
+			sched_yield();
+		}
+	}
+	return NULL;
+}
+
+static void flip_config(unsigned int *seed)
+{
+	static const unsigned long maxes[] = { 0, 1, 7, 100 };
+	struct percpu_ref_managed_config c = {
+		.interval_ms = 0,
+		.max_per_scan = maxes[rnd(seed) % 4],
+		.strategy = rnd(seed) & 1 ? PERCPU_REF_SCAN_FAITHFUL : PERCPU_REF_SCAN_BATCHED,
+	};
+
+	percpu_ref_managed_set_config(&c);
+}
+
+static long controller(double seconds)
+{
+	struct timespec start, now;
+	unsigned int seed = 42, i;
+	long ops = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	do {
+		struct obj *o = &objs[rnd(&seed) % NR_STATIC];
+
+		if (rnd(&seed) % 64 == 0)
+			flip_config(&seed);
+		if (rnd(&seed) % 8 == 0 && percpu_ref_switch_to_unmanaged(&o->ref) == 0) {
+			/* Ours again: end this life ourselves. */
+			percpu_ref_kill(&o->ref);
+			while (!__atomic_load_n(&o->released, __ATOMIC_SEQ_CST))
+				sched_yield();
+			__atomic_store_n(&o->released, 0, __ATOMIC_SEQ_CST);
+			o->lives++;
+			percpu_ref_reinit(&o->ref);
+			percpu_ref_switch_to_managed(&o->ref);
+			ops++;
+		}
+		for (i = 0; i < NR_STATIC; i++) {
+			o = &objs[i];
+			if (!__atomic_load_n(&o->released, __ATOMIC_SEQ_CST))
+				continue;
+			/* Released by the reclaimer: start the next life,
+			 * managed again. */
+			__atomic_store_n(&o->released, 0, __ATOMIC_SEQ_CST);
+			o->lives++;
+			percpu_ref_reinit(&o->ref);
+			ops++;
+		}
+		sched_yield();
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while ((double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
+	return ops;
+}
+
+int main(void)
+{
+	pthread_t threads[NR_WORKERS], prod;
+	struct percpu_ref_managed_stats stats;
+	struct heap_obj *h;
+	long control_ops, i, releases = 0, lives = 0;
+	unsigned int seed = 7;
+	bool once = true;
+
+	flip_config(&seed);
+	for (i = 0; i < NR_STATIC; i++) {
+		if (percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT))
+			return 1;
+		objs[i].lives = 1;
+		percpu_ref_switch_to_managed(&objs[i].ref);
+	}
+	for (i = 0; i < NR_WORKERS; i++)
+		pthread_create(&threads[i], NULL, worker, (void *)(uintptr_t)(i + 1));
+	pthread_create(&prod, NULL, producer, NULL);
+	control_ops = controller(stress_seconds(2));
+	__atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
+	for (i = 0; i < NR_WORKERS; i++)
+		pthread_join(threads[i], NULL);
+	pthread_join(prod, NULL);
+	while ((h = ring_take()))
+		percpu_ref_put(&h->ref);
+
+	/* Nobody holds a user reference now: one flush per generation of
+	 * objects made by releases (each makes at most one). */
+	for (i = 0; i < 100 && percpu_ref_managed_flush() == 0 &&
+		    __atomic_load_n(&freed, __ATOMIC_RELAXED) !=
+			    __atomic_load_n(&created, __ATOMIC_RELAXED);
+	     i++)
+		;
+	percpu_ref_managed_get_stats(&stats);
+	printf("# %ld restarts; reclaimer: %lu scans, %lu refs checked, %lu released, "
+	       "%lu fences; %ld heap objects\n", control_ops, (unsigned long)stats.scans,
+	       (unsigned long)stats.refs_scanned, (unsigned long)stats.released,
+	       (unsigned long)stats.fences, created);
+	ok(control_ops > 10 && created > 100, "lives restarted and objects went through");
+	percpu_ref_barrier();	/* releases of the controller's kills */
+	for (i = 0; i < NR_STATIC; i++) {
+		long n = __atomic_load_n(&objs[i].releases, __ATOMIC_RELAXED);
+
+		releases += n;
+		lives += objs[i].lives;
+		if (n != objs[i].lives) {
+			printf("# ref %ld: %ld releases for %ld lives\n", i, n, objs[i].lives);
+			once = false;
+		}
+		percpu_ref_exit(&objs[i].ref);
+	}
+	ok(once, "every life of %ld ended in exactly one release (%ld)", lives, releases);
+	is(freed, created, "every heap object freed exactly once");
+	is(errors, 0, "no tryget succeeded on a released ref, no double release, no stale object");
+	return done_testing();
+}
