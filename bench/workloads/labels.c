@@ -73,24 +73,6 @@
 #include "labels_model.h"
 
 /*
- * percpu_ref's per-CPU adds are inline asm (rseq) that ThreadSanitizer
- * cannot see; the reclaimer's reader fence is what orders a put before the
- * release.  Under TSAN each put releases on the label and the release
- * callback acquires it, the edge the fence provides.  The sync address is
- * the label's size, which no atomic touches: TSAN gives an atomic
- * release-store (a mode switch on the ref's own word) a fresh clock, which
- * would drop the puts' releases.
- */
-#ifdef __SANITIZE_THREAD__
-#include <sanitizer/tsan_interface.h>
-#define labels_tsan_release(l) __tsan_release(&(l)->size)
-#define labels_tsan_acquire(l) __tsan_acquire(&(l)->size)
-#else
-#define labels_tsan_release(l) ((void)(l))
-#define labels_tsan_acquire(l) ((void)(l))
-#endif
-
-/*
  * The per-CPU allocator's statistics, from src/internal.h (exported with
  * default visibility, not installed): declared here because the bench
  * cannot include the library's private headers.  Keep in step.
@@ -260,10 +242,7 @@ static const struct labels_refops labels_rcuref_ops = {
  */
 static void labels_pcpu_release(struct percpu_ref *ref)
 {
-	struct labels_label *l = labels_of(ref, count.pcpu);
-
-	labels_tsan_acquire(l);
-	labels_label_release(l);
+	labels_label_release(labels_of(ref, count.pcpu));
 }
 
 static void labels_pcpu_init(struct labels_label *l)
@@ -291,7 +270,6 @@ static bool labels_pcpu_tryget(struct labels_label *l)
 
 static void labels_pcpu_put(struct labels_label *l)
 {
-	labels_tsan_release(l);
 	percpu_ref_put(&l->count.pcpu);
 }
 
