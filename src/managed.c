@@ -63,9 +63,6 @@
 #include "managed.h"
 #include "percpuref/managed.h"
 
-#if defined(__SANITIZE_THREAD__)
-#include <sanitizer/tsan_interface.h>
-#endif
 
 pthread_mutex_t percpuref_scan_lock = PTHREAD_MUTEX_INITIALIZER;
 pthread_mutex_t percpuref_managed_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -230,6 +227,29 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 	pthread_mutex_unlock(&percpuref_managed_lock);
 }
 
+int percpuref_wait_rcu(void)
+{
+	uint64_t target;
+	int ret = 0;
+
+	if (percpuref_on_reclaimer_thread()) {
+		percpuref_warn("percpu_rcuref_barrier", "called from a callback; would wait "
+			       "for itself");
+		return -EDEADLK;
+	}
+	pthread_mutex_lock(&percpuref_managed_lock);
+	target = rcu_queued;
+	while (rcu_done < target) {
+		if (!ensure_thread()) {
+			ret = -EAGAIN;
+			break;
+		}
+		pthread_cond_wait(&progress, &percpuref_managed_lock);
+	}
+	pthread_mutex_unlock(&percpuref_managed_lock);
+	return ret;
+}
+
 /* managed_lock held on entry and on return, dropped meanwhile.  One grace
  * period for the whole queue, then the items in order. */
 static void run_rcu_batch(void)
@@ -242,9 +262,8 @@ static void run_rcu_batch(void)
 	pthread_mutex_unlock(&percpuref_managed_lock);
 
 	urcu_bp_synchronize_rcu();
-#if defined(__SANITIZE_THREAD__)
-	__tsan_acquire(&percpuref_rcu_tsan_sync);
-#endif
+	/* For TSAN: pairs with the release in percpu_rcuref_read_unlock(). */
+	percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
 	for (; batch; batch = next, n++) {
 		next = batch->next;	/* the function may free the item */
 		batch->fn(batch);
@@ -506,17 +525,9 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 		pthread_cond_signal(&wake);
 		pthread_cond_wait(&progress, &percpuref_managed_lock);
 	}
-	/* The releases those passes deferred past a grace period. */
-	target = rcu_queued;
-	while (!ret && rcu_done < target) {
-		if (!ensure_thread()) {
-			ret = -EAGAIN;
-			break;
-		}
-		pthread_cond_wait(&progress, &percpuref_managed_lock);
-	}
 	pthread_mutex_unlock(&percpuref_managed_lock);
-	return ret;
+	/* The releases those passes deferred past a grace period. */
+	return ret ? ret : percpuref_wait_rcu();
 }
 
 /* Stops the thread, if running, and waits for it. */

@@ -40,6 +40,11 @@ bool percpuref_on_reclaimer_thread(void);
  * started after this call (percpu_rcuref's deferred release).
  */
 void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_fn fn);
+/* Wait for every item queued before the call: 0, or -EDEADLK (warned) on
+ * the reclaimer thread, -EAGAIN if it cannot start. */
+int percpuref_wait_rcu(void);
+/* TSAN only: read-side unlocks release here, grace periods acquire. */
+extern char percpuref_rcu_tsan_sync;
 
 /*
  * Per-ref steps of a check (percpu_ref.c), each called by the scanner with

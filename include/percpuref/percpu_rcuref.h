@@ -1,0 +1,92 @@
+/*
+ * percpu_rcuref.h - a per-CPU reference count for objects that readers find
+ * under RCU (the proposal's "percpu rcuref"): a percpu_ref whose release is
+ * deferred past an RCU grace period, so that a reader who found the object
+ * in an RCU-protected structure may call percpu_rcuref_tryget() on it even
+ * while it is being released: the memory stays valid until the reader's
+ * read-side section ends, and tryget fails once the count reached zero.
+ *
+ * When the count reaches zero (the last put, or the reclaimer for a managed
+ * ref) the library calls @unpublish at once: remove the object from every
+ * structure where readers can find it.  Then it waits for an RCU grace
+ * period that starts after @unpublish returned and calls @release on the
+ * reclaimer thread: no reader can still hold a pointer it found before, so
+ * @release may percpu_rcuref_exit() and free the object.
+ *
+ * RCU flavour: liburcu-bp (link with liburcu-bp; pkg-config percpuref pulls
+ * it in).  Readers bracket lookups with percpu_rcuref_read_lock()/unlock(),
+ * which are urcu_bp_read_lock()/unlock() plus what ThreadSanitizer needs to
+ * see the grace period; calling urcu_bp_read_lock() directly works as well.
+ * No thread registration.  Get/put/tryget need no read-side section.
+ *
+ * Managed mode as for percpu_ref (percpu_ref.h, managed.h): after
+ * percpu_rcuref_switch_to_managed() nobody kills the ref; the reclaimer
+ * finds it unreferenced, calls @unpublish, and @release follows after a
+ * grace period.  percpu_ref_managed_flush() waits for both.
+ */
+#ifndef PERCPUREF_PERCPU_RCUREF_H
+#define PERCPUREF_PERCPU_RCUREF_H
+
+#include <percpuref/compiler.h>
+#include <percpuref/percpu_ref.h>
+
+PERCPUREF_BEGIN_DECLS
+
+struct percpu_rcuref;
+typedef void(percpu_rcuref_func_t)(struct percpu_rcuref *);
+struct percpu_rcuref_state;
+
+struct percpu_rcuref {
+	struct percpu_ref ref;
+	struct percpu_rcuref_state *state;	/* private: callbacks, queue link */
+};
+
+/*
+ * percpu_rcuref_init - one reference, per-CPU unless @flags say otherwise
+ * (percpu_ref_init() flags).  @unpublish may be NULL (an object readers
+ * cannot find); @release may not.  0, -EINVAL or -ENOMEM.
+ */
+PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_func_t *unpublish,
+				     percpu_rcuref_func_t *release, unsigned int flags);
+/* percpu_rcuref_exit - free what init allocated; from @release, or for a
+ * ref whose count never reached zero. */
+PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref);
+/* Drop the initial reference (unmanaged refs); see percpu_ref_kill(). */
+PERCPUREF_API void percpu_rcuref_kill(struct percpu_rcuref *ref);
+/* See percpu_ref_switch_to_managed() / _unmanaged(). */
+PERCPUREF_API int percpu_rcuref_switch_to_managed(struct percpu_rcuref *ref);
+PERCPUREF_API int percpu_rcuref_switch_to_unmanaged(struct percpu_rcuref *ref);
+/* RCU read-side section for lookups; nestable, any thread. */
+PERCPUREF_API void percpu_rcuref_read_lock(void);
+PERCPUREF_API void percpu_rcuref_read_unlock(void);
+/*
+ * percpu_rcuref_barrier - wait until every release whose count reached zero
+ * before the call has run (including kills still switching).  0, or
+ * -EDEADLK (warned) from a callback.  Not inside a read-side section.
+ */
+PERCPUREF_API int percpu_rcuref_barrier(void);
+
+/* percpu_rcuref_get - one more reference; the caller holds one. */
+static inline void percpu_rcuref_get(struct percpu_rcuref *ref)
+{
+	percpu_ref_get(&ref->ref);
+}
+
+/*
+ * percpu_rcuref_tryget - a reference unless the count reached zero.  Safe on
+ * an object found under percpu_rcuref_read_lock(), even one being released.
+ */
+static inline bool percpu_rcuref_tryget(struct percpu_rcuref *ref)
+{
+	return percpu_ref_tryget(&ref->ref);
+}
+
+/* percpu_rcuref_put - drop one; the last starts the deferred release. */
+static inline void percpu_rcuref_put(struct percpu_rcuref *ref)
+{
+	percpu_ref_put(&ref->ref);
+}
+
+PERCPUREF_END_DECLS
+
+#endif
