@@ -27,7 +27,10 @@
  *   percpu-managed  a percpu_ref handed to the library's reclaimer when the
  *                   label goes live (the seed's fix): get/put are per-CPU,
  *                   and a label is released by the reclaimer once stale
- *                   and unreferenced.
+ *                   and unreferenced;
+ *   percpu-rcuref   the same with a percpu_rcuref, whose release the
+ *                   library defers past an RCU grace period (the
+ *                   proposal's RCU variant).
  * Stale labels resolve to the newest one under RCU with tryget in every
  * variant (aa_get_label_rcu()).
  *
@@ -68,6 +71,7 @@
 #include <urcu/urcu-bp.h>
 
 #include <percpuref/managed.h>
+#include <percpuref/percpu_rcuref.h>
 
 #include "bench.h"
 #include "labels_model.h"
@@ -198,6 +202,8 @@ static const struct labels_refops labels_kref_ops = {
 	.get = labels_kref_get,
 	.tryget = labels_kref_tryget,
 	.put = labels_kref_put,
+	.read_lock = urcu_bp_read_lock,
+	.read_unlock = urcu_bp_read_unlock,
 };
 
 /* rcuref: the count dies once; labels are freed after a grace period anyway. */
@@ -230,6 +236,8 @@ static const struct labels_refops labels_rcuref_ops = {
 	.get = labels_rcuref_get,
 	.tryget = labels_rcuref_tryget,
 	.put = labels_rcuref_put,
+	.read_lock = urcu_bp_read_lock,
+	.read_unlock = urcu_bp_read_unlock,
 };
 
 /*
@@ -285,25 +293,93 @@ static const struct labels_refops labels_pcpu_managed_ops = {
 	.tryget = labels_pcpu_tryget,
 	.put = labels_pcpu_put,
 	.exit = labels_pcpu_exit,
+	.read_lock = urcu_bp_read_lock,
+	.read_unlock = urcu_bp_read_unlock,
 };
 
-/* The reclaimer holds the last reference of every dropped label: release them. */
+/* The reclaimer holds the last reference of every dropped label: release
+ * them (and, for percpu-rcuref, wait for their deferred releases). */
 static void labels_pcpu_drain(struct labels_model *m)
 {
 	if (percpu_ref_managed_flush())
 		bench_die("labels: percpu_ref_managed_flush failed");
 }
 
+/*
+ * percpu-rcuref: the same managed per-CPU count, but the library defers the
+ * release past an RCU grace period itself (percpu_rcuref.h): when the count
+ * reaches zero it calls unpublish (the label is marked dead), and after the
+ * grace period release frees it directly, on the reclaimer thread, instead
+ * of going through the model's reaper.  Proxy lookups use the library's
+ * read side, which is what its grace period waits for.
+ */
+static void labels_prcu_unpublish(struct percpu_rcuref *ref)
+{
+	labels_label_unpublish(labels_of(ref, count.prcu));
+}
+
+static void labels_prcu_release(struct percpu_rcuref *ref)
+{
+	labels_label_free(labels_of(ref, count.prcu));
+}
+
+static void labels_prcu_init(struct labels_label *l)
+{
+	if (percpu_rcuref_init(&l->count.prcu, labels_prcu_unpublish, labels_prcu_release,
+			       PERCPU_REF_INIT_ATOMIC))
+		bench_die("labels: percpu_rcuref_init failed");
+	percpu_rcuref_get(&l->count.prcu);
+}
+
+static void labels_prcu_live(struct labels_label *l)
+{
+	if (percpu_rcuref_switch_to_managed(&l->count.prcu))
+		bench_die("labels: percpu_rcuref_switch_to_managed failed");
+}
+
+static void labels_prcu_get(struct labels_label *l)
+{
+	percpu_rcuref_get(&l->count.prcu);
+}
+
+static bool labels_prcu_tryget(struct labels_label *l)
+{
+	return percpu_rcuref_tryget(&l->count.prcu);
+}
+
+static void labels_prcu_put(struct labels_label *l)
+{
+	percpu_rcuref_put(&l->count.prcu);
+}
+
+static void labels_prcu_exit(struct labels_label *l)
+{
+	percpu_rcuref_exit(&l->count.prcu);
+}
+
+static const struct labels_refops labels_prcu_managed_ops = {
+	.init = labels_prcu_init,
+	.live = labels_prcu_live,
+	.get = labels_prcu_get,
+	.tryget = labels_prcu_tryget,
+	.put = labels_prcu_put,
+	.exit = labels_prcu_exit,
+	.read_lock = percpu_rcuref_read_lock,
+	.read_unlock = percpu_rcuref_read_unlock,
+};
+
 enum labels_kind_id {
 	LABELS_KIND_KREF,
 	LABELS_KIND_RCUREF,
 	LABELS_KIND_PCPU_MANAGED,
+	LABELS_KIND_PRCU_MANAGED,
 };
 
 static const struct labels_kind labels_kinds[] = {
 	[LABELS_KIND_KREF] = { &labels_kref_ops, NULL, false },
 	[LABELS_KIND_RCUREF] = { &labels_rcuref_ops, NULL, false },
 	[LABELS_KIND_PCPU_MANAGED] = { &labels_pcpu_managed_ops, labels_pcpu_drain, true },
+	[LABELS_KIND_PRCU_MANAGED] = { &labels_prcu_managed_ops, labels_pcpu_drain, true },
 };
 
 /*
@@ -316,12 +392,12 @@ labels_get_newest(struct labels_label *l, const struct labels_refops *ops)
 {
 	struct labels_label *newest;
 
-	urcu_bp_read_lock();
+	ops->read_lock();
 	do {
 		/* rcu_dereference: pairs with labels_publish()'s release. */
 		newest = __atomic_load_n(&l->proxy->label, __ATOMIC_ACQUIRE);
 	} while (!ops->tryget(newest));
-	urcu_bp_read_unlock();
+	ops->read_unlock();
 	return newest;
 }
 
@@ -464,6 +540,11 @@ static void labels_rcuref_loop(struct bench_thread *t)
 static void labels_pcpu_managed_loop(struct bench_thread *t)
 {
 	labels_loop(t, &labels_pcpu_managed_ops, LABELS_REF);
+}
+
+static void labels_prcu_managed_loop(struct bench_thread *t)
+{
+	labels_loop(t, &labels_prcu_managed_ops, LABELS_REF);
 }
 
 /* Resident set size in KiB. */
@@ -675,11 +756,12 @@ static void labels_thread_init(struct bench_thread *t)
 		const struct labels_refops *ops = s->kind->ops;
 		struct labels_label *l;
 
-		urcu_bp_read_lock();
+		ops->read_lock();
 		do {
+			/* rcu_dereference: pairs with labels_publish()'s release. */
 			l = __atomic_load_n(&s->task_lineage->label, __ATOMIC_ACQUIRE);
 		} while (!ops->tryget(l));
-		urcu_bp_read_unlock();
+		ops->read_unlock();
 		task->cred = l;
 	}
 	t->local = task;
@@ -754,6 +836,8 @@ static const struct bench_variant labels_variants[] = {
 	  labels_condref_loop, LABELS_KIND_KREF },
 	{ "percpu-managed", "percpu_ref released by the reclaimer (the seed's fix)",
 	  labels_pcpu_managed_loop, LABELS_KIND_PCPU_MANAGED },
+	{ "percpu-rcuref", "managed percpu_rcuref: release deferred past a grace period",
+	  labels_prcu_managed_loop, LABELS_KIND_PRCU_MANAGED },
 	{ "rcuref", "rcuref_get/rcuref_put (Linux 6.4 rcuref_t)", labels_rcuref_loop,
 	  LABELS_KIND_RCUREF },
 	{ NULL },

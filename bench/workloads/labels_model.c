@@ -430,11 +430,16 @@ void labels_replace_profile(struct labels_model *m, struct labels_lineage *profi
 		m->ops->put(old[i]);
 }
 
+void labels_label_unpublish(struct labels_label *l)
+{
+	__atomic_store_n(&l->secid, LABELS_SECID_POISON, __ATOMIC_RELAXED);
+}
+
 void labels_label_release(struct labels_label *l)
 {
 	struct labels_model *m = l->proxy->ns->model;
 
-	__atomic_store_n(&l->secid, LABELS_SECID_POISON, __ATOMIC_RELAXED);
+	labels_label_unpublish(l);
 	pthread_mutex_lock(&m->dead_lock);
 	l->next_dead = m->dead;
 	m->dead = l;
@@ -443,19 +448,22 @@ void labels_label_release(struct labels_label *l)
 	pthread_mutex_unlock(&m->dead_lock);
 }
 
-static void labels_label_free(struct labels_model *m, struct labels_label *l)
+void labels_label_free(struct labels_label *l)
 {
+	struct labels_model *m = l->proxy->ns->model;
+
 	if (l->flags & LABELS_STALE) {
 		uint64_t took = labels_now_ns() - l->stale_ns;
+		uint64_t max = __atomic_load_n(&m->stats.reap_ns_max, __ATOMIC_RELAXED);
 
+		/* The reaper, or the library's thread for a count that defers. */
 		__atomic_sub_fetch(&m->stats.stale, 1, __ATOMIC_RELAXED);
-		/* Only the reaper writes these. */
-		__atomic_store_n(&m->stats.reaped_stale, m->stats.reaped_stale + 1,
-				 __ATOMIC_RELAXED);
-		__atomic_store_n(&m->stats.reap_ns_sum, m->stats.reap_ns_sum + took,
-				 __ATOMIC_RELAXED);
-		if (took > m->stats.reap_ns_max)
-			__atomic_store_n(&m->stats.reap_ns_max, took, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&m->stats.reaped_stale, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&m->stats.reap_ns_sum, took, __ATOMIC_RELAXED);
+		while (took > max && !__atomic_compare_exchange_n(&m->stats.reap_ns_max, &max, took,
+								  true, __ATOMIC_RELAXED,
+								  __ATOMIC_RELAXED))
+			;
 	}
 	if (m->ops->exit)
 		m->ops->exit(l);
@@ -487,7 +495,7 @@ static void *labels_reaper(void *arg)
 			struct labels_label *l = list;
 
 			list = l->next_dead;
-			labels_label_free(m, l);
+			labels_label_free(l);
 			n++;
 		}
 		pthread_mutex_lock(&m->dead_lock);

@@ -32,7 +32,9 @@
  * reference goes the count's release calls labels_label_release(), which
  * poisons the label's secid and hands the label to the reaper thread; the
  * reaper frees it after a liburcu-bp grace period, because RCU readers
- * (proxy and label-set lookups) may still be looking at it.
+ * (proxy and label-set lookups) may still be looking at it.  A count that
+ * defers its own release past a grace period (percpu_rcuref) calls
+ * labels_label_unpublish() at zero and labels_label_free() after it.
  *
  * Memory ordering (loader -> hot path), all release/acquire pairs:
  *   1. the new label is initialised, then published through the proxy with
@@ -54,6 +56,7 @@
 #include <stdint.h>
 
 #include <percpuref/kref.h>
+#include <percpuref/percpu_rcuref.h>
 #include <percpuref/percpu_ref.h>
 #include <percpuref/rcuref.h>
 
@@ -119,6 +122,7 @@ struct labels_label {
 		struct kref kref;
 		rcuref_t rcuref;
 		struct percpu_ref pcpu;
+		struct percpu_rcuref prcu;
 	} count;
 	/* LABELS_STALE: set once by the loader (release), read with acquire. */
 	unsigned int flags;
@@ -148,6 +152,9 @@ struct labels_refops {
 	void (*put)(struct labels_label *l);
 	/* After the grace period, before the memory is freed; may be NULL. */
 	void (*exit)(struct labels_label *l);
+	/* The RCU read side that the count's deferred release waits for. */
+	void (*read_lock)(void);
+	void (*read_unlock)(void);
 };
 
 struct labels_ns {
@@ -214,8 +221,20 @@ void labels_model_destroy(struct labels_model *m, void (*drain)(struct labels_mo
 struct labels_lineage *labels_lineage_find(struct labels_ns *ns, const char *name);
 /* Replaces @profile's rules: new labels for it and its stacks (loader). */
 void labels_replace_profile(struct labels_model *m, struct labels_lineage *profile);
-/* Called by a count's release: the label's last reference is gone. */
+/*
+ * Called by a count's release: the label's last reference is gone.  Marks
+ * it dead (labels_label_unpublish()) and has the reaper free it after a
+ * grace period.
+ */
 void labels_label_release(struct labels_label *l);
+/*
+ * For a count that defers its own release past a grace period
+ * (percpu_rcuref): unpublish when the last reference goes (the secid is
+ * poisoned: a holder that reads it used a dead label), then free once the
+ * grace period has passed.
+ */
+void labels_label_unpublish(struct labels_label *l);
+void labels_label_free(struct labels_label *l);
 /* Waits until every label released so far has been freed. */
 void labels_reap_wait(struct labels_model *m);
 
