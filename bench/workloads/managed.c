@@ -1,0 +1,369 @@
+/*
+ * managed.c - what the reclaimer of managed percpu_refs costs (managed.h),
+ * as three workloads:
+ *
+ *   managed-scan     one thread flushes back to back over N managed refs
+ *                    that all stay referenced (one pass = one scan, no
+ *                    per-scan limit): the cost of checking N refs.  Variants
+ *                    faithful-1k .. batched-100k.  The table's ns/pass
+ *                    includes the hand-off to the reclaimer; teardown prints
+ *                    the reclaimer's own figures: mean scan time and fences
+ *                    per scan.  100k faithful takes about a second per pass:
+ *                    give it --duration 3.
+ *   managed-latency  one thread makes a managed ref, sleeps a random part
+ *                    of the interval, drops its reference and waits for
+ *                    @release, with the reclaimer scanning every
+ *                    --interval-ms.  Teardown prints the latency from the
+ *                    last put to the release callback (mean, max); the
+ *                    table's ns/release includes the random sleep.
+ *   managed-hot      get+put pairs on one hot managed ref (plus --refs cold
+ *                    managed refs on the list) with the reclaimer idle, or
+ *                    scanning back to back (interval 0) with either
+ *                    strategy: the proposal's limitation 6, the atomic window
+ *                    during a check.  The ratio scan-X / idle is the cost.
+ *
+ * Every workload restores the reclaimer's default configuration and
+ * releases its refs in teardown, checking that none was released early.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <percpuref/managed.h>
+#include <percpuref/percpu_ref.h>
+
+#include "bench.h"
+
+struct mref {
+	struct percpu_ref ref;
+	uint64_t released_ns;	/* atomic: set by the reclaimer */
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void mref_release(struct percpu_ref *ref)
+{
+	struct mref *m = (struct mref *)ref;
+
+	/* Release: the waiting thread reads what preceded it. */
+	__atomic_store_n(&m->released_ns, now_ns(), __ATOMIC_RELEASE);
+}
+
+static void configure(unsigned long interval_ms, unsigned long max,
+		      enum percpu_ref_scan_strategy strategy)
+{
+	struct percpu_ref_managed_config c = { interval_ms, max, strategy };
+
+	if (percpu_ref_managed_set_config(&c))
+		bench_die("managed: bad reclaimer configuration");
+}
+
+static void configure_default(void)
+{
+	configure(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		  PERCPU_REF_SCAN_BATCHED);
+}
+
+/* An idle reclaimer: one scan an hour. */
+#define IDLE_INTERVAL_MS 3600000UL
+
+/* @n managed refs, each with one user reference the caller drops later. */
+static struct mref *make_refs(size_t n)
+{
+	struct mref *refs = calloc(n, sizeof(*refs));
+
+	if (!refs)
+		bench_die("managed: no memory for %zu refs", n);
+	for (size_t i = 0; i < n; i++) {
+		if (percpu_ref_init(&refs[i].ref, mref_release, PERCPU_REF_ALLOW_REINIT))
+			bench_die("managed: percpu_ref_init failed");
+		percpu_ref_get(&refs[i].ref);
+		if (percpu_ref_switch_to_managed(&refs[i].ref))
+			bench_die("managed: switch_to_managed failed");
+	}
+	return refs;
+}
+
+/* Drops the user references, waits for the releases, frees. */
+static void free_refs(struct mref *refs, size_t n, const char *who)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (__atomic_load_n(&refs[i].released_ns, __ATOMIC_ACQUIRE))
+			bench_die("%s: ref %zu released while referenced", who, i);
+		percpu_ref_put(&refs[i].ref);
+	}
+	if (percpu_ref_managed_flush())
+		bench_die("%s: flush failed", who);
+	for (size_t i = 0; i < n; i++) {
+		if (!__atomic_load_n(&refs[i].released_ns, __ATOMIC_ACQUIRE))
+			bench_die("%s: ref %zu not released by the flush", who, i);
+		percpu_ref_exit(&refs[i].ref);
+	}
+	free(refs);
+}
+
+/* ---- managed-scan ------------------------------------------------------ */
+
+struct scan_state {
+	struct mref *refs;
+	size_t n;
+	struct percpu_ref_managed_stats before;
+};
+
+#define SCAN_ARG(strategy, n) ((long)(n) << 1 | (strategy))
+
+static void scan_setup(struct bench_run *run)
+{
+	struct scan_state *s = bench_zalloc(sizeof(*s));
+
+	run->state = s;
+	s->n = (size_t)(run->variant->arg >> 1);
+	configure(IDLE_INTERVAL_MS, 0, (enum percpu_ref_scan_strategy)(run->variant->arg & 1));
+	s->refs = make_refs(s->n);
+	if (percpu_ref_managed_flush())	/* the first pass, outside the figures */
+		bench_die("managed-scan: flush failed");
+	percpu_ref_managed_get_stats(&s->before);
+}
+
+static void scan_loop(struct bench_thread *t)
+{
+	while (bench_running(t)) {
+		if (percpu_ref_managed_flush())
+			bench_die("managed-scan: flush failed");
+		bench_count(t, 1);
+	}
+}
+
+static void scan_teardown(struct bench_run *run)
+{
+	struct scan_state *s = run->state;
+	struct percpu_ref_managed_stats after;
+	double scans;
+
+	percpu_ref_managed_get_stats(&after);
+	scans = (double)(after.scans - s->before.scans);
+	if (scans > 0)
+		printf("# managed-scan %-14s %6zu refs: %4.0f scans, %10.3f ms/scan, "
+		       "%8.1f fences/scan, %6.1f ns/ref\n",
+		       run->variant->name, s->n, scans,
+		       (after.scan_ns_total - s->before.scan_ns_total) / scans / 1e6,
+		       (after.fences - s->before.fences) / scans,
+		       (after.scan_ns_total - s->before.scan_ns_total) /
+			       (double)(after.refs_scanned - s->before.refs_scanned));
+	configure_default();
+	free_refs(s->refs, s->n, "managed-scan");
+	free(s);
+}
+
+static const struct bench_variant scan_variants[] = {
+	{ "faithful-1k", "1000 refs, one fence per ref", scan_loop,
+	  SCAN_ARG(PERCPU_REF_SCAN_FAITHFUL, 1000) },
+	{ "faithful-10k", "10000 refs, one fence per ref", scan_loop,
+	  SCAN_ARG(PERCPU_REF_SCAN_FAITHFUL, 10000) },
+	{ "faithful-100k", "100000 refs, one fence per ref", scan_loop,
+	  SCAN_ARG(PERCPU_REF_SCAN_FAITHFUL, 100000) },
+	{ "batched-1k", "1000 refs, one fence per scan", scan_loop,
+	  SCAN_ARG(PERCPU_REF_SCAN_BATCHED, 1000) },
+	{ "batched-10k", "10000 refs, one fence per scan", scan_loop,
+	  SCAN_ARG(PERCPU_REF_SCAN_BATCHED, 10000) },
+	{ "batched-100k", "100000 refs, one fence per scan", scan_loop,
+	  SCAN_ARG(PERCPU_REF_SCAN_BATCHED, 100000) },
+	{ NULL },
+};
+
+static const struct bench_workload managed_scan = {
+	.name = "managed-scan",
+	.help = "reclaimer: one full scan of N referenced managed refs, per strategy",
+	.op = "pass",
+	.variants = scan_variants,
+	.no_efficiency = true,
+	.threads = "1",
+	.setup = scan_setup,
+	.teardown = scan_teardown,
+};
+PERCPUREF_BENCH_WORKLOAD(managed_scan);
+
+/* ---- managed-latency --------------------------------------------------- */
+
+static long opt_interval_ms = 20;
+
+struct latency_state {
+	uint64_t sum_ns, max_ns, n;	/* the loop thread's; read after join */
+};
+
+static void latency_setup(struct bench_run *run)
+{
+	run->state = bench_zalloc(sizeof(struct latency_state));
+	configure((unsigned long)opt_interval_ms, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		  (enum percpu_ref_scan_strategy)run->variant->arg);
+}
+
+static void latency_loop(struct bench_thread *t)
+{
+	struct latency_state *s = t->run->state;
+	struct mref m;
+	uint64_t put_ns, ns;
+
+	while (bench_running(t)) {
+		m.released_ns = 0;
+		if (percpu_ref_init(&m.ref, mref_release, PERCPU_REF_ALLOW_REINIT))
+			bench_die("managed-latency: init failed");
+		percpu_ref_get(&m.ref);
+		percpu_ref_switch_to_managed(&m.ref);
+		/* A random phase against the scan period. */
+		usleep((useconds_t)(rand() % (opt_interval_ms * 1000 + 1)));
+		put_ns = now_ns();
+		percpu_ref_put(&m.ref);
+		while (!__atomic_load_n(&m.released_ns, __ATOMIC_ACQUIRE))
+			usleep(50);
+		ns = m.released_ns - put_ns;
+		s->sum_ns += ns;
+		s->n++;
+		if (ns > s->max_ns)
+			s->max_ns = ns;
+		percpu_ref_exit(&m.ref);
+		bench_count(t, 1);
+	}
+}
+
+static void latency_teardown(struct bench_run *run)
+{
+	struct latency_state *s = run->state;
+
+	if (s->n)
+		printf("# managed-latency %-8s interval %ld ms: %llu releases, mean %.2f ms, "
+		       "max %.2f ms after the last put\n", run->variant->name, opt_interval_ms,
+		       (unsigned long long)s->n, s->sum_ns / (double)s->n / 1e6, s->max_ns / 1e6);
+	configure_default();
+	free(s);
+}
+
+static const char *latency_validate(void)
+{
+	return opt_interval_ms >= 1 && opt_interval_ms <= 60000 ? NULL
+							      : "--interval-ms: want 1..60000";
+}
+
+static const struct bench_variant latency_variants[] = {
+	{ "faithful", "one fence per ref", latency_loop, PERCPU_REF_SCAN_FAITHFUL },
+	{ "batched", "one fence per scan", latency_loop, PERCPU_REF_SCAN_BATCHED },
+	{ NULL },
+};
+
+static const struct bench_option latency_options[] = {
+	{ .name = "interval-ms", .type = BENCH_OPT_LONG, .value = &opt_interval_ms,
+	  .help = "scan interval of the reclaimer" },
+	{ NULL },
+};
+
+static const struct bench_workload managed_latency = {
+	.name = "managed-latency",
+	.help = "reclaimer: time from the last put of a managed ref to its release",
+	.op = "release",
+	.variants = latency_variants,
+	.options = latency_options,
+	.no_efficiency = true,
+	.threads = "1",
+	.setup = latency_setup,
+	.teardown = latency_teardown,
+	.validate = latency_validate,
+};
+PERCPUREF_BENCH_WORKLOAD(managed_latency);
+
+/* ---- managed-hot ------------------------------------------------------- */
+
+enum { HOT_IDLE = -1 };	/* else the strategy of a back-to-back reclaimer */
+
+static long opt_cold_refs = 1000;
+
+struct hot_state {
+	struct mref *refs;	/* [0] is the hot one */
+	size_t n;
+	struct percpu_ref_managed_stats before;
+	uint64_t start_ns;
+};
+
+static void hot_setup(struct bench_run *run)
+{
+	struct hot_state *s = bench_zalloc(sizeof(*s));
+
+	run->state = s;
+	s->n = (size_t)opt_cold_refs + 1;
+	configure(IDLE_INTERVAL_MS, 0, PERCPU_REF_SCAN_BATCHED);
+	s->refs = make_refs(s->n);
+	if (percpu_ref_managed_flush())
+		bench_die("managed-hot: flush failed");
+	percpu_ref_managed_get_stats(&s->before);
+	s->start_ns = now_ns();
+	if (run->variant->arg != HOT_IDLE)
+		configure(0, 0, (enum percpu_ref_scan_strategy)run->variant->arg);
+}
+
+static void hot_loop(struct bench_thread *t)
+{
+	struct hot_state *s = t->run->state;
+	struct percpu_ref *ref = &s->refs[0].ref;
+
+	while (bench_running(t)) {
+		for (int i = 0; i < BENCH_BATCH; i++) {
+			percpu_ref_get(ref);
+			percpu_ref_put(ref);
+		}
+		bench_count(t, BENCH_BATCH);
+	}
+}
+
+static void hot_teardown(struct bench_run *run)
+{
+	struct hot_state *s = run->state;
+	struct percpu_ref_managed_stats after;
+	double secs = (now_ns() - s->start_ns) / 1e9;
+
+	configure(IDLE_INTERVAL_MS, 0, PERCPU_REF_SCAN_BATCHED);
+	percpu_ref_managed_get_stats(&after);
+	printf("# managed-hot %-14s %u threads: %.0f scans/s, %.0f fences/s over %zu refs\n",
+	       run->variant->name, run->nthreads, (after.scans - s->before.scans) / secs,
+	       (after.fences - s->before.fences) / secs, s->n);
+	configure_default();
+	free_refs(s->refs, s->n, "managed-hot");
+	free(s);
+}
+
+static const char *hot_validate(void)
+{
+	return opt_cold_refs >= 0 && opt_cold_refs <= 1000000 ? NULL : "--refs: want 0..1000000";
+}
+
+static const struct bench_variant hot_variants[] = {
+	{ "idle", "reclaimer idle: per-CPU fast path", hot_loop, HOT_IDLE },
+	{ "scan-faithful", "reclaimer scanning back to back, one fence per ref", hot_loop,
+	  PERCPU_REF_SCAN_FAITHFUL },
+	{ "scan-batched", "reclaimer scanning back to back, one fence per scan", hot_loop,
+	  PERCPU_REF_SCAN_BATCHED },
+	{ NULL },
+};
+
+static const struct bench_option hot_options[] = {
+	{ .name = "refs", .type = BENCH_OPT_LONG, .value = &opt_cold_refs,
+	  .help = "cold managed refs scanned besides the hot one" },
+	{ NULL },
+};
+
+static const struct bench_workload managed_hot = {
+	.name = "managed-hot",
+	.help = "get+put on one hot managed ref, reclaimer idle vs scanning back to back",
+	.op = "pair",
+	.variants = hot_variants,
+	.options = hot_options,
+	.setup = hot_setup,
+	.teardown = hot_teardown,
+	.validate = hot_validate,
+};
+PERCPUREF_BENCH_WORKLOAD(managed_hot);
