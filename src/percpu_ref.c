@@ -721,6 +721,9 @@ static bool fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
 	if (!(word & __PERCPU_REF_ATOMIC_DEAD)) {
 		/* Relaxed: the switcher's grace period orders it. */
 		__atomic_fetch_add(percpuref_fallback_this_cpu(word), delta, __ATOMIC_RELAXED);
+		/* For TSAN, as in percpu_ref_put_many(), now covering this
+		 * function's own accesses to the ref and its counter. */
+		percpuref_tsan_release(&ref->data);
 		done = true;
 	}
 	percpuref_fallback_read_unlock();

@@ -214,7 +214,8 @@ static long controller(double seconds)
 
 		if (rnd(&seed) % 64 == 0)
 			flip_config(&seed);
-		if (rnd(&seed) % 8 == 0 && percpu_ref_switch_to_unmanaged(&o->ref) == 0) {
+		if (rnd(&seed) % 8 == 0 && !__atomic_load_n(&o->released, __ATOMIC_SEQ_CST) &&
+		    percpu_ref_switch_to_unmanaged(&o->ref) == 0) {
 			/* Ours again: end this life ourselves. */
 			percpu_ref_kill(&o->ref);
 			while (!__atomic_load_n(&o->released, __ATOMIC_SEQ_CST))

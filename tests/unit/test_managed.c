@@ -154,7 +154,7 @@ static void check_strategy(enum percpu_ref_scan_strategy strategy, const char *n
 	int i, released = 0;
 
 	memset(objs, 0, sizeof(objs));
-	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, 0, strategy);
+	set_config(3600000, 0, strategy);	/* only flushes scan */
 	for (i = 0; i < N; i++) {
 		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
 		percpu_ref_get(&objs[i].ref);	/* the user's */
@@ -200,12 +200,13 @@ static void test_scan_limit(void)
 	int i;
 
 	memset(objs, 0, sizeof(objs));
+	/* No scan of its own: only the flush below scans. */
+	set_config(3600000, MAX, PERCPU_REF_SCAN_BATCHED);
+	percpu_ref_managed_get_stats(&s0);
 	for (i = 0; i < N; i++) {
 		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
 		percpu_ref_switch_to_managed(&objs[i].ref);
 	}
-	set_config(0, MAX, PERCPU_REF_SCAN_BATCHED);
-	percpu_ref_managed_get_stats(&s0);
 	percpu_ref_managed_flush();
 	percpu_ref_managed_get_stats(&s1);
 	ok(s1.scans - s0.scans >= (N + MAX - 1) / MAX, "max %d per scan: %lu scans for %d refs",
