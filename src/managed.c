@@ -190,6 +190,8 @@ static bool ensure_thread(void)
 	}
 	pthread_setname_np(thread, "percpuref-reclaim");
 	thread_running = true;
+	/* The first scan one interval from now, as every later one. */
+	next_scan_ns = now_ns() + config.interval_ms * 1000000u;
 	return true;
 }
 
@@ -486,9 +488,8 @@ PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_
 	managed_init();
 	pthread_mutex_lock(&percpuref_managed_lock);
 	config = *in;
-	/* A scan already scheduled is due one new interval from now. */
-	if (next_scan_ns)
-		next_scan_ns = now_ns() + config.interval_ms * 1000000u;
+	/* The next scan is due one new interval from now. */
+	next_scan_ns = now_ns() + config.interval_ms * 1000000u;
 	pthread_cond_signal(&wake);
 	pthread_mutex_unlock(&percpuref_managed_lock);
 	return 0;
