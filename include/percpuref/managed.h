@@ -56,7 +56,7 @@ PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_
  */
 PERCPUREF_API int percpu_ref_managed_flush(void);
 
-/* Cumulative since the process started (or since fork, in a child). */
+/* Cumulative since the process started (a forked child inherits them). */
 struct percpu_ref_managed_stats {
 	uint64_t scans;		/* scans that checked at least one node */
 	uint64_t passes;	/* complete walks over the list */

@@ -49,7 +49,9 @@ struct percpu_rcuref {
 PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_func_t *unpublish,
 				     percpu_rcuref_func_t *release, unsigned int flags);
 /* percpu_rcuref_exit - free what init allocated; from @release, or for a
- * ref whose count never reached zero. */
+ * ref whose count never reached zero.  Likewise percpu_ref_reinit() of
+ * &ref->ref: only from @release or after it, never between zero and
+ * @release (the object is queued for its grace period then). */
 PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref);
 /* Drop the initial reference (unmanaged refs); see percpu_ref_kill(). */
 PERCPUREF_API void percpu_rcuref_kill(struct percpu_rcuref *ref);
