@@ -153,7 +153,14 @@ void percpuref_deferred_stop(void)
 
 void percpuref_deferred_after_fork_child(void)
 {
-	/* Lock held across fork by runtime.c. */
+	/*
+	 * Lock held across fork by runtime.c.  The thread is gone, and a
+	 * condition variable it (or any parent thread) waited on keeps those
+	 * phantom waiters in the child, where a signal could be spent on one
+	 * of them: start both from scratch.
+	 */
+	pthread_cond_init(&work_queued, NULL);
+	pthread_cond_init(&work_done, NULL);
 	thread_running = false;
 	thread_stopping = false;
 }
