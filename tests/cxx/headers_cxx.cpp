@@ -5,8 +5,13 @@
  * instantiated (an unused static inline function is never compiled).  A
  * header added to include/percpuref/ gets a line here.
  */
+#include <errno.h>
+
 #include <percpuref/compiler.h>
+#include <percpuref/hcount.h>
 #include <percpuref/kref.h>
+#include <percpuref/managed.h>
+#include <percpuref/percpu_rcuref.h>
 #include <percpuref/percpu_ref.h>
 #include <percpuref/rcuref.h>
 #include <percpuref/this_cpu.h>
@@ -61,7 +66,63 @@ static int check_percpu_ref()
 	return bad;
 }
 
+static int rcuref_released;
+
+static void rcuref_unpublish(struct percpu_rcuref *)
+{
+}
+
+static void rcuref_release(struct percpu_rcuref *ref)
+{
+	rcuref_released++;
+	percpu_rcuref_exit(ref);
+}
+
+static int check_percpu_rcuref()
+{
+	struct percpu_rcuref ref;
+
+	if (percpu_rcuref_init(&ref, rcuref_unpublish, rcuref_release, 0))
+		return 1;
+	percpu_rcuref_read_lock();
+	bool got = percpu_rcuref_tryget(&ref);
+	percpu_rcuref_read_unlock();
+	percpu_rcuref_get(&ref);
+	percpu_rcuref_put(&ref);
+	if (got)
+		percpu_rcuref_put(&ref);
+	percpu_rcuref_kill(&ref);
+	percpu_rcuref_barrier();
+	return got && rcuref_released == 1 ? 0 : 1;
+}
+
+static int check_hcount()
+{
+	struct hcount_tree *tree;
+	struct hcount_ns *ns;
+	long limit = 10;
+	int bad;
+
+	if (hcount_tree_create(&tree, 1, HCOUNT_BATCH_DEFAULT, &limit))
+		return 1;
+	if (hcount_ns_create(&ns, hcount_tree_root(tree), &limit))
+		return 1;
+	bad = hcount_charge(ns, 0, 3) != 0 || hcount_ns_count(ns, 0) != 3 ||
+	      hcount_charge(ns, 0, 8) != -EDQUOT || hcount_uncharge(ns, 0, 3) != 0;
+	bad |= hcount_ns_destroy(ns) != 0 || hcount_tree_destroy(tree) != 0;
+	return bad;
+}
+
+static int check_managed()
+{
+	struct percpu_ref_managed_stats stats;
+
+	percpu_ref_managed_get_stats(&stats);
+	return percpu_ref_managed_flush() == 0 ? 0 : 1;
+}
+
 int main()
 {
-	return check_kref() | check_rcuref() | check_percpu_ref();
+	return check_kref() | check_rcuref() | check_percpu_ref() | check_percpu_rcuref() |
+	       check_hcount() | check_managed();
 }
