@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include <percpuref/compiler.h>
+#include <percpuref/percpu_ref.h>
 #include <percpuref/this_cpu.h>
 
 #include <urcu/urcu-bp.h>
@@ -74,14 +75,7 @@ static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int c
 {
 	return (unsigned long *)(cpu0 + ((uintptr_t)cpu << PERCPUREF_UNIT_SHIFT));
 }
-/* Allocator occupancy, for tests and the benchmarks' memory reports. */
-struct percpuref_counter_stats {
-	size_t chunks;		/* chunks mapped */
-	size_t in_use;		/* counters allocated */
-	size_t free;		/* counters allocatable without a new chunk */
-	size_t bytes_mapped;	/* address space reserved for counters */
-};
-PERCPUREF_API void percpuref_counter_stats(struct percpuref_counter_stats *stats);
+/* percpuref_get_counter_stats(): public, in <percpuref/percpu_ref.h>. */
 
 /* Memory for the library's own objects; fails on demand (see below). */
 void *percpuref_zalloc(size_t size);

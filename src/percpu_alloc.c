@@ -104,7 +104,7 @@ void percpuref_counter_free(uintptr_t cpu0)
 	pthread_mutex_unlock(&percpuref_alloc_lock);
 }
 
-PERCPUREF_API void percpuref_counter_stats(struct percpuref_counter_stats *stats)
+PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *stats)
 {
 	pthread_mutex_lock(&percpuref_alloc_lock);
 	stats->chunks = nr_chunks;

@@ -76,19 +76,6 @@
 #include "bench.h"
 #include "labels_model.h"
 
-/*
- * The per-CPU allocator's statistics, from src/internal.h (exported with
- * default visibility, not installed): declared here because the bench
- * cannot include the library's private headers.  Keep in step.
- */
-struct percpuref_counter_stats {
-	size_t chunks;
-	size_t in_use;
-	size_t free;
-	size_t bytes_mapped;
-};
-void percpuref_counter_stats(struct percpuref_counter_stats *stats);
-
 /* Options. */
 static long opt_work = 400;
 static double opt_churn;
@@ -582,7 +569,7 @@ static void labels_sample_memory(struct labels_state *s)
 	struct percpuref_counter_stats pcpu;
 	long rss = labels_rss_kb();
 
-	percpuref_counter_stats(&pcpu);
+	percpuref_get_counter_stats(&pcpu);
 	/* Only the loader (and the main thread after joining it) writes these. */
 	if (rss > s->rss_peak_kb)
 		s->rss_peak_kb = rss;

@@ -43,6 +43,7 @@
 #define PERCPUREF_PERCPU_REF_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <percpuref/compiler.h>
@@ -183,6 +184,19 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
  * Also runs at process exit.  Not from a callback (warned, does nothing).
  */
 PERCPUREF_API void percpuref_shutdown(void);
+
+/*
+ * percpuref_get_counter_stats - occupancy of the per-CPU counter allocator that
+ * every percpu_ref (and percpu_rcuref) draws its counter from: for memory
+ * reports and leak checks.  A consistent snapshot; any thread.
+ */
+struct percpuref_counter_stats {
+	size_t chunks;		/* chunks mapped (one unit per possible CPU each) */
+	size_t in_use;		/* counters allocated */
+	size_t free;		/* counters allocatable without a new chunk */
+	size_t bytes_mapped;	/* address space reserved for counters */
+};
+PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *stats);
 
 /* Out-of-line halves of the fast paths: fallback (no rseq) and misuse. */
 PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr);

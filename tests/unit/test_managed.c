@@ -338,6 +338,7 @@ static void test_shutdown(void)
 	percpu_ref_exit(&held.ref);
 }
 
+#ifndef __SANITIZE_THREAD__	/* TSan refuses threads in a threaded parent's child */
 static void test_fork(void)
 {
 	struct object kept = { 0 }, dropped = { 0 };
@@ -387,6 +388,7 @@ static void test_fork(void)
 	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
 		   PERCPU_REF_SCAN_BATCHED);
 }
+#endif
 
 /* Re-executes this test with environment settings; see main(). */
 static int run_env_child(const char *interval, const char *max, const char *strategy)
