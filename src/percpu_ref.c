@@ -380,15 +380,22 @@ static void set_managed(struct percpu_ref *ref, bool managed)
 	__atomic_store_n(&ref->data->managed, managed, __ATOMIC_RELAXED);
 }
 
-/* Lock held.  True (after a warning) when @ref is managed: the mode calls
- * and kill belong to the reclaimer then. */
-static bool refuse_managed(struct percpu_ref *ref, const char *caller)
+/*
+ * Takes the switch lock for a mode call or kill, unless @ref is unusable
+ * (never initialised, exited) or managed (the reclaimer owns its mode and
+ * initial reference then): those warn and return false without the lock.
+ */
+static bool lock_unmanaged(struct percpu_ref *ref, const char *caller)
 {
-	if (!is_managed(ref))
+	if (!ref_usable(ref, caller))
 		return false;
+	pthread_mutex_lock(&percpuref_switch_lock);
+	if (!is_managed(ref))
+		return true;
+	pthread_mutex_unlock(&percpuref_switch_lock);
 	percpuref_warn(caller, "ref %p is managed (the reclaimer owns its mode and initial "
 		       "reference); ignored", (void *)ref);
-	return true;
+	return false;
 }
 
 /* Lock held.  Links the ref's node unless the reclaimer owns it already
@@ -410,13 +417,8 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 {
 	percpu_ref_func_t *confirm_now;
 
-	if (!ref_usable(ref, __func__))
+	if (!lock_unmanaged(ref, __func__))
 		return;
-	pthread_mutex_lock(&percpuref_switch_lock);
-	if (refuse_managed(ref, __func__)) {
-		pthread_mutex_unlock(&percpuref_switch_lock);
-		return;
-	}
 	ref->data->force_atomic = true;
 	confirm_now = switch_mode_locked(ref, confirm_switch, __func__);
 	pthread_mutex_unlock(&percpuref_switch_lock);
@@ -428,13 +430,8 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 {
 	bool started = false;
 
-	if (!ref_usable(ref, __func__))
+	if (!lock_unmanaged(ref, __func__))
 		return;
-	pthread_mutex_lock(&percpuref_switch_lock);
-	if (refuse_managed(ref, __func__)) {
-		pthread_mutex_unlock(&percpuref_switch_lock);
-		return;
-	}
 	ref->data->force_atomic = true;
 	if (wait_switch_done(ref))
 		started = start_atomic_switch(ref, NULL, false);
@@ -450,13 +447,10 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 
 PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
 {
-	if (!ref_usable(ref, __func__))
+	if (!lock_unmanaged(ref, __func__))
 		return;
-	pthread_mutex_lock(&percpuref_switch_lock);
-	if (!refuse_managed(ref, __func__)) {
-		ref->data->force_atomic = false;
-		switch_mode_locked(ref, NULL, __func__);
-	}
+	ref->data->force_atomic = false;
+	switch_mode_locked(ref, NULL, __func__);
 	pthread_mutex_unlock(&percpuref_switch_lock);
 }
 
@@ -465,13 +459,8 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 {
 	percpu_ref_func_t *confirm_now;
 
-	if (!ref_usable(ref, __func__))
+	if (!lock_unmanaged(ref, __func__))
 		return;
-	pthread_mutex_lock(&percpuref_switch_lock);
-	if (refuse_managed(ref, __func__)) {
-		pthread_mutex_unlock(&percpuref_switch_lock);
-		return;
-	}
 	if (mode_word(ref) & __PERCPU_REF_DEAD) {
 		pthread_mutex_unlock(&percpuref_switch_lock);
 		percpuref_warn(__func__, "called more than once on ref %p; ignored", (void *)ref);
