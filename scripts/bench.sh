@@ -11,6 +11,8 @@ dir=build/bench
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$dir" -j "$(nproc)" --target percpuref-bench
 mkdir -p results
-"$dir/bench/percpuref-bench" labels --json results/labels.json "$@"
+# Each point is the median of 3 interleaved runs: single half-second samples
+# on a shared 2-vCPU guest swing by several points.
+"$dir/bench/percpuref-bench" labels --repeat 3 --json results/labels.json "$@"
 /usr/bin/python3 bench/plot.py results/labels.json -o results/labels.png
 echo "plot written to results/labels.png"
