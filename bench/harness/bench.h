@@ -18,6 +18,8 @@
  *      calls teardown(run) on the main thread.
  * Only the operations counted between the two snapshots are reported, so
  * thread start-up, warm-up and the stop are outside the measured window.
+ * Figures other than the throughput (a latency, a peak of memory) go with
+ * the measurement through bench_report_metric().
  *
  * The variant's loop runs on each thread after the barrier:
  *
@@ -69,6 +71,7 @@ PERCPUREF_BEGIN_DECLS
 
 struct bench_workload;
 struct bench_variant;
+struct bench_metrics;
 
 /* One measurement: a variant at a thread count. */
 struct bench_run {
@@ -82,6 +85,8 @@ struct bench_run {
 	 * it eventually.
 	 */
 	bool stop;
+	/* The harness's: what bench_report_metric() attached. */
+	struct bench_metrics *metrics;
 };
 
 /*
@@ -198,6 +203,19 @@ static inline void bench_count(struct bench_thread *t, uint64_t n)
 	__atomic_store_n(&t->ops, __atomic_load_n(&t->ops, __ATOMIC_RELAXED) + n,
 			 __ATOMIC_RELAXED);
 }
+
+/*
+ * bench_report_metric - attach a figure of the workload's own to this
+ * measurement: @name (a short identifier, "stale_peak"; copied) = @value,
+ * in @unit ("ms", "KiB"; copied; NULL or "" for a count).  Call it from
+ * setup() or teardown(), on the main thread; reporting a name again
+ * replaces its value.  The figures land in the measurement's JSON object
+ * ("metrics", "metric_units") and in a second table after the main one;
+ * with --repeat, a row's figure is the mean over its repetitions.  A value
+ * that is not finite (NAN: not measured) shows as "-" and JSON null.
+ */
+void bench_report_metric(struct bench_run *run, const char *name, double value,
+			 const char *unit);
 
 /* Zeroed memory aligned to 128 bytes, for shared objects; dies on ENOMEM. */
 void *bench_zalloc(size_t size);

@@ -35,10 +35,28 @@ unsigned int topology_domains_used(const struct topology *topo, unsigned int nth
 /* "0-3,8" for CPUs order[0 .. n-1] (n <= ncpus), sorted; into buf. */
 void topology_format_cpus(const struct topology *topo, unsigned int n, char *buf, size_t len);
 
+/* A workload's own figure (bench_report_metric()); name and unit are owned. */
+struct metric {
+	char *name;
+	char *unit;		/* "" for none */
+	double value;		/* NAN: not measured */
+};
+
+/* The figures of one measurement, or a row's means, in reporting order. */
+struct bench_metrics {
+	struct metric *v;
+	unsigned int n, cap;
+};
+
+/* Adds @name or replaces its value. */
+void metrics_set(struct bench_metrics *m, const char *name, double value, const char *unit);
+void metrics_free(struct bench_metrics *m);
+
 /* One measurement's outcome. */
 struct sample {
 	uint64_t ops;
 	double seconds;
+	struct bench_metrics metrics;
 };
 
 /* One measurement of @duration seconds, after duration / 5 of warm-up. */
@@ -54,6 +72,8 @@ struct result {
 	double ops_per_sec;	/* the reported statistic */
 	double ns_per_op;	/* threads * 1e9 / ops_per_sec */
 	double efficiency;	/* fraction; negative: does not apply */
+	/* Each metric's mean over the samples where it is finite. */
+	struct bench_metrics metrics;
 };
 
 struct report {

@@ -561,6 +561,32 @@ static void run_schedule(struct report *r)
 		fprintf(stderr, "\r%*s\r", 60, "");
 }
 
+/* Each metric of @res's samples: its mean over the samples where it is finite. */
+static void mean_metrics(struct result *res, unsigned int repeat)
+{
+	for (unsigned int k = 0; k < repeat; k++) {
+		const struct bench_metrics *m = &res->samples[k].metrics;
+
+		for (unsigned int j = 0; j < m->n; j++) {
+			double sum = 0;
+			unsigned int n = 0;
+
+			for (unsigned int q = 0; q < repeat; q++) {
+				const struct bench_metrics *o = &res->samples[q].metrics;
+
+				for (unsigned int p = 0; p < o->n; p++) {
+					if (!strcmp(o->v[p].name, m->v[j].name) &&
+					    isfinite(o->v[p].value)) {
+						sum += o->v[p].value;
+						n++;
+					}
+				}
+			}
+			metrics_set(&res->metrics, m->v[j].name, n ? sum / n : NAN, m->v[j].unit);
+		}
+	}
+}
+
 static void compute_results(struct report *r)
 {
 	bool best = !strcmp(r->stat, "best");
@@ -575,13 +601,18 @@ static void compute_results(struct report *r)
 		res->ns_per_op = res->ops_per_sec > 0 ? res->threads * 1e9 / res->ops_per_sec : NAN;
 		res->efficiency = r->workload->no_efficiency ? -1 :
 				  res->ops_per_sec / (res->threads * one->ops_per_sec);
+		mean_metrics(res, r->repeat);
 	}
 }
 
 static void free_report(struct report *r)
 {
-	for (unsigned int i = 0; i < r->nthreads * r->nvariants; i++)
+	for (unsigned int i = 0; i < r->nthreads * r->nvariants; i++) {
+		for (unsigned int k = 0; k < r->repeat; k++)
+			metrics_free(&r->results[i].samples[k].metrics);
+		metrics_free(&r->results[i].metrics);
 		free(r->results[i].samples);
+	}
 	free(r->results);
 	free((void *)r->variants);
 	free((void *)r->threads);

@@ -17,6 +17,10 @@
  * thread in hundreds of millions of operations.  The stop flag needs no
  * ordering either: the threads' results are read after pthread_join(),
  * which orders everything.
+ *
+ * The workload's own figures (bench_report_metric()) go into the sample,
+ * from setup() and teardown() only: run->metrics is NULL while the threads
+ * exist, so a call from a thread's hook fails loudly instead of racing.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -29,6 +33,50 @@
 #include "harness.h"
 
 static pthread_barrier_t start_barrier;
+
+void metrics_set(struct bench_metrics *m, const char *name, double value, const char *unit)
+{
+	struct metric *x;
+
+	for (unsigned int i = 0; i < m->n; i++) {
+		if (!strcmp(m->v[i].name, name)) {
+			m->v[i].value = value;
+			return;
+		}
+	}
+	if (m->n == m->cap) {
+		m->cap = m->cap ? 2 * m->cap : 8;
+		m->v = realloc(m->v, m->cap * sizeof(*m->v));
+		if (!m->v)
+			bench_die("out of memory");
+	}
+	x = &m->v[m->n++];
+	x->name = strdup(name);
+	x->unit = strdup(unit ? unit : "");
+	x->value = value;
+	if (!x->name || !x->unit)
+		bench_die("out of memory");
+}
+
+void metrics_free(struct bench_metrics *m)
+{
+	for (unsigned int i = 0; i < m->n; i++) {
+		free(m->v[i].name);
+		free(m->v[i].unit);
+	}
+	free(m->v);
+	*m = (struct bench_metrics){ 0 };
+}
+
+void bench_report_metric(struct bench_run *run, const char *name, double value, const char *unit)
+{
+	if (!name || !*name)
+		bench_die("workload %s: a metric needs a name", run->workload->name);
+	if (!run->metrics)
+		bench_die("workload %s: metric %s reported outside setup() and teardown()",
+			  run->workload->name, name);
+	metrics_set(run->metrics, name, value, unit);
+}
 
 static void *thread_main(void *arg)
 {
@@ -73,10 +121,11 @@ static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
 struct sample measure(const struct bench_workload *w, const struct bench_variant *v,
 		      unsigned int nthreads, const struct topology *topo, double duration)
 {
-	struct bench_run run = { .workload = w, .variant = v, .nthreads = nthreads };
+	struct sample s = { 0 };
+	struct bench_run run = { .workload = w, .variant = v, .nthreads = nthreads,
+				 .metrics = &s.metrics };
 	struct bench_thread *threads = bench_zalloc(nthreads * sizeof(*threads));
 	pthread_t *tids = calloc(nthreads, sizeof(*tids));
-	struct sample s;
 	uint64_t ops0;
 	double t0;
 	int err;
@@ -85,6 +134,8 @@ struct sample measure(const struct bench_workload *w, const struct bench_variant
 		bench_die("out of memory");
 	if (w->setup)
 		w->setup(&run);
+	/* Metrics come from the main thread's hooks only: none while threads run. */
+	run.metrics = NULL;
 	pthread_barrier_init(&start_barrier, NULL, nthreads + 1);
 	for (unsigned int i = 0; i < nthreads; i++) {
 		pthread_attr_t attr;
@@ -116,6 +167,7 @@ struct sample measure(const struct bench_workload *w, const struct bench_variant
 	for (unsigned int i = 0; i < nthreads; i++)
 		pthread_join(tids[i], NULL);
 	pthread_barrier_destroy(&start_barrier);
+	run.metrics = &s.metrics;
 	if (w->teardown)
 		w->teardown(&run);
 	free(tids);

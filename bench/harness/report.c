@@ -9,11 +9,15 @@
  * threads come in groups (signal1's containers) gets its group count as the
  * rows' first column, and the throughput of one group in place of ns per
  * operation: its report compares groups, and one thread's time is not one
- * group's when a group has several threads.  The JSON has one
+ * group's when a group has several threads.  The figures a workload
+ * attaches to its measurements (bench_report_metric()) follow in a second
+ * table, one row per thread count and variant, one column per metric in the
+ * order the workload first reported them.  The JSON has one
  * self-contained object per row and variant, machine included, so files from
  * different runs and machines can simply be concatenated.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -43,6 +47,96 @@ void report_topology(FILE *out, const struct topology *topo)
 		fprintf(out, "%s %d", i && topo->domain[i] != topo->domain[i - 1] ? " |" : "",
 			topo->order[i]);
 	fputc('\n', out);
+}
+
+/* A metric's value in a few significant digits; "-" when not measured. */
+static void format_metric(char *buf, size_t len, double x)
+{
+	if (!isfinite(x))
+		snprintf(buf, len, "-");
+	else if (x == rint(x) || fabs(x) >= 1000)
+		snprintf(buf, len, "%.0f", x);
+	else if (fabs(x) >= 100)
+		snprintf(buf, len, "%.1f", x);
+	else if (fabs(x) >= 1)
+		snprintf(buf, len, "%.2f", x);
+	else
+		snprintf(buf, len, "%.3g", x);
+}
+
+static const struct metric *find_metric(const struct bench_metrics *m, const char *name)
+{
+	for (unsigned int i = 0; i < m->n; i++)
+		if (!strcmp(m->v[i].name, name))
+			return &m->v[i];
+	return NULL;
+}
+
+/* The workload's own figures, if it reported any: see the top of the file. */
+static void report_metrics(FILE *out, const struct report *r)
+{
+	unsigned int ncells = r->nthreads * r->nvariants, ncols = 0, max = 0;
+	const struct metric **cols;
+	int variant_w = 7, *width;
+	char buf[64], unit[64];
+
+	for (unsigned int i = 0; i < ncells; i++)
+		max += r->results[i].metrics.n;
+	if (!max)
+		return;
+	cols = calloc(max, sizeof(*cols));
+	width = calloc(max, sizeof(*width));
+	if (!cols || !width)
+		bench_die("out of memory");
+	/* Columns in first-seen order; each as wide as its name, unit and values. */
+	for (unsigned int i = 0; i < ncells; i++) {
+		const struct bench_metrics *m = &r->results[i].metrics;
+		int len = strlen(r->results[i].variant->name);
+
+		if (len > variant_w)
+			variant_w = len;
+		for (unsigned int j = 0; j < m->n; j++) {
+			unsigned int c = 0;
+
+			while (c < ncols && strcmp(cols[c]->name, m->v[j].name))
+				c++;
+			if (c == ncols) {
+				cols[ncols++] = &m->v[j];
+				width[c] = strlen(m->v[j].name);
+				if (*m->v[j].unit && (int)strlen(m->v[j].unit) + 2 > width[c])
+					width[c] = strlen(m->v[j].unit) + 2;
+			}
+			format_metric(buf, sizeof(buf), m->v[j].value);
+			if ((int)strlen(buf) > width[c])
+				width[c] = strlen(buf);
+		}
+	}
+
+	fprintf(out, "\n%s metrics: the workload's own figures per point%s; -: not measured\n",
+		r->workload->name, r->repeat > 1 ? ", mean over the repetitions" : "");
+	fprintf(out, "%7s  %-*s", "threads", variant_w, "variant");
+	for (unsigned int c = 0; c < ncols; c++)
+		fprintf(out, " %*s", width[c], cols[c]->name);
+	fprintf(out, "\n%7s  %-*s", "", variant_w, "");
+	for (unsigned int c = 0; c < ncols; c++) {
+		snprintf(unit, sizeof(unit), *cols[c]->unit ? "[%s]" : "", cols[c]->unit);
+		fprintf(out, " %*s", width[c], unit);
+	}
+	fputc('\n', out);
+	for (unsigned int i = 0; i < ncells; i++) {
+		const struct result *res = &r->results[i];
+
+		fprintf(out, "%7u  %-*s", res->threads, variant_w, res->variant->name);
+		for (unsigned int c = 0; c < ncols; c++) {
+			const struct metric *x = find_metric(&res->metrics, cols[c]->name);
+
+			format_metric(buf, sizeof(buf), x ? x->value : NAN);
+			fprintf(out, " %*s", width[c], buf);
+		}
+		fputc('\n', out);
+	}
+	free(width);
+	free(cols);
 }
 
 void report_table(FILE *out, const struct report *r)
@@ -134,6 +228,7 @@ void report_table(FILE *out, const struct report *r)
 	if (oversubscribed)
 		fprintf(out, "! oversubscribed: more threads than the %u usable CPUs, pinned "
 			"round-robin: threads time-share\n", topo->ncpus);
+	report_metrics(out, r);
 	fflush(out);
 }
 
@@ -185,6 +280,23 @@ static void json_params(FILE *out, const struct bench_workload *w)
 			fprintf(out, *(bool *)o->value ? "true" : "false");
 			break;
 		}
+	}
+	fputc('}', out);
+}
+
+/* {"name":value,...}, and with @units {"name":"unit",...}. */
+static void json_metrics(FILE *out, const struct bench_metrics *m, bool units)
+{
+	fputc('{', out);
+	for (unsigned int i = 0; i < m->n; i++) {
+		if (i)
+			fputc(',', out);
+		json_string(out, m->v[i].name);
+		fputc(':', out);
+		if (units)
+			json_string(out, m->v[i].unit);
+		else
+			json_number(out, m->v[i].value);
 	}
 	fputc('}', out);
 }
@@ -249,10 +361,18 @@ void report_json(FILE *out, const struct report *r)
 				fprintf(out, "%s{\"ops\":%llu,\"seconds\":", k ? "," : "",
 					(unsigned long long)res->samples[k].ops);
 				json_number(out, res->samples[k].seconds);
+				if (res->samples[k].metrics.n) {
+					fprintf(out, ",\"metrics\":");
+					json_metrics(out, &res->samples[k].metrics, false);
+				}
 				fputc('}', out);
 			}
 			fprintf(out, "],\"duration_s\":");
 			json_number(out, r->duration);
+			fprintf(out, ",\"metrics\":");
+			json_metrics(out, &res->metrics, false);
+			fprintf(out, ",\"metric_units\":");
+			json_metrics(out, &res->metrics, true);
 			fprintf(out, ",\"params\":");
 			json_params(out, r->workload);
 			fprintf(out, ",\"machine\":");
