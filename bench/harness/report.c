@@ -79,6 +79,7 @@ static void report_metrics(FILE *out, const struct report *r)
 	const struct metric **cols;
 	int variant_w = 7, *width;
 	char buf[64], unit[64];
+	bool units = false;
 
 	for (unsigned int i = 0; i < ncells; i++)
 		max += r->results[i].metrics.n;
@@ -117,12 +118,18 @@ static void report_metrics(FILE *out, const struct report *r)
 	fprintf(out, "%7s  %-*s", "threads", variant_w, "variant");
 	for (unsigned int c = 0; c < ncols; c++)
 		fprintf(out, " %*s", width[c], cols[c]->name);
-	fprintf(out, "\n%7s  %-*s", "", variant_w, "");
-	for (unsigned int c = 0; c < ncols; c++) {
-		snprintf(unit, sizeof(unit), *cols[c]->unit ? "[%s]" : "", cols[c]->unit);
-		fprintf(out, " %*s", width[c], unit);
-	}
 	fputc('\n', out);
+	/* The units, under the names, if any metric has one. */
+	for (unsigned int c = 0; c < ncols; c++)
+		units |= *cols[c]->unit != 0;
+	if (units) {
+		fprintf(out, "%7s  %-*s", "", variant_w, "");
+		for (unsigned int c = 0; c < ncols; c++) {
+			snprintf(unit, sizeof(unit), *cols[c]->unit ? "[%s]" : "", cols[c]->unit);
+			fprintf(out, " %*s", width[c], unit);
+		}
+		fputc('\n', out);
+	}
 	for (unsigned int i = 0; i < ncells; i++) {
 		const struct result *res = &r->results[i];
 
