@@ -45,10 +45,11 @@
  *
  * Churn (--churn R): a loader thread replaces R profiles per second, every
  * other one the workers' own profile ("nginx"), the rest round-robin
- * through every namespace's profiles.  The workload then reports, per
- * measurement, after the main table: replacements, labels alive and stale
- * labels outstanding (peak and at the end), resident memory and per-CPU
- * counters in use (peak), and release latency (stale -> freed).
+ * through every namespace's profiles.  Each measurement then reports, as
+ * metrics (the harness's second table, and the JSON): replacements per
+ * second, labels alive and stale labels outstanding (peak and at the end),
+ * resident memory and per-CPU counters in use (peak), and release latency
+ * (stale -> freed).
  *
  * Checks (the run fails, exit 1, if one breaks):
  *   - security: before each file-open decision the worker loads, with
@@ -62,6 +63,7 @@
  *   - leaks: every label and table is freed at the end of a measurement.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -625,52 +627,11 @@ static void *labels_loader(void *arg)
 	return NULL;
 }
 
-/*
- * The churn report: one row per measurement, printed at exit, after the
- * harness's table (which comes after the last teardown); on stderr, which
- * carries the table too when --json - takes stdout.  The harness has no
- * per-measurement fields of a workload's own, so these are not in the JSON.
- */
-struct labels_row {
-	const char *variant;
-	unsigned int threads;
-	double seconds;
-	uint64_t replacements;
-	long alive_peak, alive_end, stale_peak, stale_end;
-	long rss_peak_kb;
-	size_t pcpu_peak;
-	uint64_t reaped, reap_ns_sum, reap_ns_max;
-	uint64_t refreshes;
-};
-static struct labels_row *labels_rows;
-static unsigned int labels_nrows;
-
-static void labels_print_rows(void)
+/* The process's VmHWM, once at exit: a figure of the process, not of a run. */
+static void labels_print_hwm(void)
 {
 	fflush(stdout);
-	fprintf(stderr, "\nlabels churn: %g replacements/s requested; alive/stale: labels "
-		"(peak, at the end); rss: peak resident KiB; pcpu: per-CPU counters in use "
-		"(peak); release: stale -> freed (mean, max)\n", opt_churn);
-	fprintf(stderr, "%-15s %7s %8s %8s %13s %13s %9s %6s %8s %18s\n", "variant", "threads",
-		"repl/s", "moved", "alive", "stale", "rss", "pcpu", "released", "release ms");
-	for (unsigned int i = 0; i < labels_nrows; i++) {
-		const struct labels_row *r = &labels_rows[i];
-		char alive[32], stale[32], lat[32];
-
-		snprintf(alive, sizeof(alive), "%ld, %ld", r->alive_peak, r->alive_end);
-		snprintf(stale, sizeof(stale), "%ld, %ld", r->stale_peak, r->stale_end);
-		if (r->reaped)
-			snprintf(lat, sizeof(lat), "%.2f, %.2f",
-				 r->reap_ns_sum / 1e6 / r->reaped, r->reap_ns_max / 1e6);
-		else
-			snprintf(lat, sizeof(lat), "-");
-		fprintf(stderr, "%-15s %7u %8.0f %8llu %13s %13s %9ld %6zu %8llu %18s\n",
-			r->variant, r->threads, r->replacements / r->seconds,
-			(unsigned long long)r->refreshes, alive, stale, r->rss_peak_kb,
-			r->pcpu_peak, (unsigned long long)r->reaped, lat);
-	}
-	fprintf(stderr, "process peak resident (VmHWM): %ld KiB\n", labels_hwm_kb());
-	free(labels_rows);
+	fprintf(stderr, "labels: process peak resident (VmHWM): %ld KiB\n", labels_hwm_kb());
 }
 
 /* What the options cannot be: a usage error before anything runs. */
@@ -718,11 +679,10 @@ static void labels_setup(struct bench_run *run)
 	pthread_condattr_destroy(&attr);
 	run->state = s;
 	if (opt_churn > 0) {
-		if (!labels_rows)
-			atexit(labels_print_rows);
-		labels_rows = realloc(labels_rows, (labels_nrows + 1) * sizeof(*labels_rows));
-		if (!labels_rows)
-			bench_die("labels: out of memory");
+		static bool hwm_registered;
+
+		if (!hwm_registered && !atexit(labels_print_hwm))
+			hwm_registered = true;
 		labels_sample_memory(s);
 		s->loader_start_ns = labels_now_ns();
 		if (pthread_create(&s->loader, NULL, labels_loader, s))
@@ -766,45 +726,60 @@ static void labels_thread_fini(struct bench_thread *t)
 	free(task);
 }
 
+/*
+ * The churn figures, as metrics of the measurement (the harness's second
+ * table and the JSON): what the loader achieved, how many labels were
+ * alive and stale, the memory they held, and how long a stale label took
+ * to be freed.
+ */
+static void labels_report_churn(struct bench_run *run, const struct labels_state *s,
+				double seconds, const struct labels_stats *during,
+				const struct labels_stats *final)
+{
+	bench_report_metric(run, "repl_rate", during->replacements / seconds, "/s");
+	bench_report_metric(run, "moved", s->refreshes, NULL);
+	bench_report_metric(run, "alive_peak", during->alive_peak, NULL);
+	bench_report_metric(run, "alive_end", during->alive, NULL);
+	bench_report_metric(run, "stale_peak", during->stale_peak, NULL);
+	bench_report_metric(run, "stale_end", during->stale, NULL);
+	bench_report_metric(run, "rss_peak", s->rss_peak_kb, "KiB");
+	bench_report_metric(run, "pcpu_peak", s->pcpu_peak, NULL);
+	/* Fresh labels freed by the teardown are not stale: not counted. */
+	bench_report_metric(run, "released", final->reaped_stale, NULL);
+	bench_report_metric(run, "release_mean",
+			    final->reaped_stale ? final->reap_ns_sum / 1e6 / final->reaped_stale
+						: NAN, "ms");
+	bench_report_metric(run, "release_max", final->reaped_stale ? final->reap_ns_max / 1e6
+								    : NAN, "ms");
+}
+
 static void labels_teardown(struct bench_run *run)
 {
 	struct labels_state *s = run->state;
 	struct labels_model *m = s->model;
 	const char *name = run->variant->name;
-	struct labels_stats final;
+	struct labels_stats during = { 0 }, final;
+	double seconds = 0;
 
 	if (opt_churn > 0) {
-		struct labels_row *r = &labels_rows[labels_nrows++];
-
 		pthread_mutex_lock(&s->loader_lock);
 		s->loader_stop = true;
 		pthread_cond_signal(&s->loader_cond);
 		pthread_mutex_unlock(&s->loader_lock);
 		pthread_join(s->loader, NULL);
 		labels_sample_memory(s);
-		*r = (struct labels_row){
-			.variant = name,
-			.threads = run->nthreads,
-			.seconds = (labels_now_ns() - s->loader_start_ns) / 1e9,
+		seconds = (labels_now_ns() - s->loader_start_ns) / 1e9;
+		during = (struct labels_stats){
 			.replacements = m->stats.replacements,
 			.alive_peak = m->stats.alive_peak,
-			.alive_end = __atomic_load_n(&m->stats.alive, __ATOMIC_RELAXED),
+			.alive = __atomic_load_n(&m->stats.alive, __ATOMIC_RELAXED),
 			.stale_peak = m->stats.stale_peak,
-			.stale_end = __atomic_load_n(&m->stats.stale, __ATOMIC_RELAXED),
-			.rss_peak_kb = s->rss_peak_kb,
-			.pcpu_peak = s->pcpu_peak,
-			.refreshes = s->refreshes,
+			.stale = __atomic_load_n(&m->stats.stale, __ATOMIC_RELAXED),
 		};
 	}
 	labels_model_destroy(m, s->kind->drain, &final);
-	if (opt_churn > 0) {
-		struct labels_row *r = &labels_rows[labels_nrows - 1];
-
-		/* Fresh labels freed by the teardown are not stale: not counted. */
-		r->reaped = final.reaped_stale;
-		r->reap_ns_sum = final.reap_ns_sum;
-		r->reap_ns_max = final.reap_ns_max;
-	}
+	if (opt_churn > 0)
+		labels_report_churn(run, s, seconds, &during, &final);
 	if (s->violations || s->poisoned_reads || s->wrong_decisions)
 		bench_die("labels %s, %u threads: %llu decisions on superseded rules, "
 			  "%llu reads of released labels, %llu wrong verdicts", name, run->nthreads,
