@@ -6,26 +6,29 @@
  *                    that all stay referenced (one pass = one scan, no
  *                    per-scan limit): the cost of checking N refs.  Variants
  *                    faithful-1k .. batched-100k.  The table's ns/pass
- *                    includes the hand-off to the reclaimer; teardown prints
- *                    the reclaimer's own figures: mean scan time and fences
- *                    per scan.  100k faithful takes about a second per pass:
+ *                    includes the hand-off to the reclaimer; teardown reports
+ *                    the reclaimer's own figures as metrics: mean scan time,
+ *                    fences per scan and time per ref.  100k faithful takes about a second per pass:
  *                    give it --duration 3.
  *   managed-latency  one thread makes a managed ref, sleeps a random part
  *                    of the interval, drops its reference and waits for
  *                    @release, with the reclaimer scanning every
- *                    --interval-ms.  Teardown prints the latency from the
- *                    last put to the release callback (mean, max); the
- *                    table's ns/release includes the random sleep.
+ *                    --interval-ms.  Teardown reports the latency from the
+ *                    last put to the release callback (mean, max) as
+ *                    metrics; the table's ns/release includes the random
+ *                    sleep.
  *   managed-hot      get+put pairs on one hot managed ref (plus --refs cold
  *                    managed refs on the list) with the reclaimer idle, or
  *                    scanning back to back (interval 0) with either
  *                    strategy: the proposal's limitation 6, the atomic window
- *                    during a check.  The ratio scan-X / idle is the cost.
+ *                    during a check.  The ratio scan-X / idle is the cost;
+ *                    the metrics say how often the reclaimer scanned and
+ *                    fenced.
  *
  * Every workload restores the reclaimer's default configuration and
  * releases its refs in teardown, checking that none was released early.
  */
-#include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -145,18 +148,18 @@ static void scan_teardown(struct bench_run *run)
 {
 	struct scan_state *s = run->state;
 	struct percpu_ref_managed_stats after;
-	double scans;
+	double scans, scan_ns, refs;
 
 	percpu_ref_managed_get_stats(&after);
 	scans = (double)(after.scans - s->before.scans);
-	if (scans > 0)
-		printf("# managed-scan %-14s %6zu refs: %4.0f scans, %10.3f ms/scan, "
-		       "%8.1f fences/scan, %6.1f ns/ref\n",
-		       run->variant->name, s->n, scans,
-		       (after.scan_ns_total - s->before.scan_ns_total) / scans / 1e6,
-		       (after.fences - s->before.fences) / scans,
-		       (after.scan_ns_total - s->before.scan_ns_total) /
-			       (double)(after.refs_scanned - s->before.refs_scanned));
+	scan_ns = (double)(after.scan_ns_total - s->before.scan_ns_total);
+	refs = (double)(after.refs_scanned - s->before.refs_scanned);
+	bench_report_metric(run, "refs", s->n, NULL);
+	bench_report_metric(run, "scans", scans, NULL);
+	bench_report_metric(run, "scan_time", scans > 0 ? scan_ns / scans / 1e6 : NAN, "ms");
+	bench_report_metric(run, "fences_per_scan",
+			    scans > 0 ? (after.fences - s->before.fences) / scans : NAN, NULL);
+	bench_report_metric(run, "time_per_ref", refs > 0 ? scan_ns / refs : NAN, "ns");
 	configure_default();
 	free_refs(s->refs, s->n, "managed-scan");
 	free(s);
@@ -237,10 +240,10 @@ static void latency_teardown(struct bench_run *run)
 {
 	struct latency_state *s = run->state;
 
-	if (s->n)
-		printf("# managed-latency %-8s interval %ld ms: %llu releases, mean %.2f ms, "
-		       "max %.2f ms after the last put\n", run->variant->name, opt_interval_ms,
-		       (unsigned long long)s->n, s->sum_ns / (double)s->n / 1e6, s->max_ns / 1e6);
+	bench_report_metric(run, "releases", s->n, NULL);
+	bench_report_metric(run, "release_mean", s->n ? s->sum_ns / (double)s->n / 1e6 : NAN,
+			    "ms");
+	bench_report_metric(run, "release_max", s->n ? s->max_ns / 1e6 : NAN, "ms");
 	configure_default();
 	free(s);
 }
@@ -328,9 +331,9 @@ static void hot_teardown(struct bench_run *run)
 
 	configure(IDLE_INTERVAL_MS, 0, PERCPU_REF_SCAN_BATCHED);
 	percpu_ref_managed_get_stats(&after);
-	printf("# managed-hot %-14s %u threads: %.0f scans/s, %.0f fences/s over %zu refs\n",
-	       run->variant->name, run->nthreads, (after.scans - s->before.scans) / secs,
-	       (after.fences - s->before.fences) / secs, s->n);
+	bench_report_metric(run, "refs", s->n, NULL);
+	bench_report_metric(run, "scan_rate", (after.scans - s->before.scans) / secs, "/s");
+	bench_report_metric(run, "fence_rate", (after.fences - s->before.fences) / secs, "/s");
 	configure_default();
 	free_refs(s->refs, s->n, "managed-hot");
 	free(s);
