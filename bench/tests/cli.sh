@@ -2,7 +2,8 @@
 # cli.sh BENCH - the command line of percpuref-bench: exit statuses of the
 # usage errors (2, with the usage on stderr, before anything is measured),
 # --help (0), and the JSON Lines of --json - (one valid object per row and
-# variant, with the fields docs/bench.md promises).  Runs are a few
+# variant, with the fields docs/bench.md promises, a workload's metrics
+# included).  Runs are a few
 # milliseconds each, so the test suits every build, sanitizers included.
 set -u
 bench=$1
@@ -112,6 +113,47 @@ json micro 4 no --threads 2 --oversubscribe --variants private,kref
 # signal1: 3 threads of 2 workers make 2 containers, the last one short.
 json signal1 4 yes --threads 1,3 --workers 2
 json signal1 2 yes --threads "$over" --variants global
+
+# labels --churn: every row carries the churn metrics, with their units,
+# and the table on stderr is followed by the metrics table.
+if "$bench" labels --threads 1 --duration 0.05 --variants kref --churn 100 --json - \
+	>"$tmp/json" 2>"$tmp/table" &&
+   "$python" -c '
+import json, math, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 1, f"{len(lines)} lines, want 1"
+obj = json.loads(lines[0])
+metrics, units = obj.get("metrics"), obj.get("metric_units")
+assert isinstance(metrics, dict) and isinstance(units, dict), "no metrics object"
+for key in ("repl_rate", "alive_peak", "stale_peak", "stale_end", "rss_peak", "pcpu_peak",
+            "released", "release_mean", "release_max"):
+    assert key in metrics, f"metrics: no {key}"
+    value = metrics[key]
+    assert value is None or isinstance(value, (int, float)), f"{key} = {value!r}"
+    assert key in units, f"metric_units: no {key}"
+assert metrics["repl_rate"] > 0 and metrics["rss_peak"] > 0, metrics
+assert units["rss_peak"] == "KiB" and units["release_mean"] == "ms", units
+assert obj["samples"][0]["metrics"] == metrics, "sample metrics"
+' "$tmp/json" && grep -q '^labels metrics: ' "$tmp/table" &&
+   grep -q '^ *1  kref ' "$tmp/table"; then
+	echo "ok: percpuref-bench labels --churn 100 --json -: metrics"
+else
+	echo "FAIL: percpuref-bench labels --churn 100 --json -: no metrics"
+	sed 's/^/  /' "$tmp/json" "$tmp/table" | head -20
+	fails=$((fails + 1))
+fi
+# A workload that reports none has an empty object, and no metrics table.
+"$bench" micro --threads 1 --variants private $short --json - >"$tmp/json" 2>"$tmp/table"
+if "$python" -c '
+import json, sys
+obj = json.loads(open(sys.argv[1]).read())
+assert obj["metrics"] == {} and obj["metric_units"] == {}
+' "$tmp/json" && ! grep -q 'metrics:' "$tmp/table"; then
+	echo "ok: micro --json -: empty metrics"
+else
+	echo "FAIL: micro --json -: metrics not empty, or a metrics table"
+	fails=$((fails + 1))
+fi
 
 # The flagged table row and its footnote.
 "$bench" signal1 --threads "$over" --variants cached $short >"$tmp/out" 2>&1
