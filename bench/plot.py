@@ -6,7 +6,8 @@
 Reads the JSON Lines that `percpuref-bench --json` writes (a JSON array of
 the same objects, or "-" for stdin, works too), from any workload, and draws
 one PNG per workload: efficiency (throughput(N) / (N x throughput(1))) in
-percent against the thread count, one line per variant.  --throughput adds a
+percent against the thread count, one line per variant, on an axis zoomed
+to the data with a reference line at 100%.  --throughput adds a
 second panel with the aggregate throughput.  Workloads whose rows carry no
 efficiency get the throughput panel only.
 
@@ -127,6 +128,18 @@ def setup_threads_axis(ax, threads):
     ax.grid(True, alpha=0.3)
 
 
+def efficiency_limits(records):
+    """The efficiency axis, in percent, zoomed to the data: from a little
+    below the lowest point to a little above the highest or 100%, whichever
+    is higher, so the 100% line is always in view.  Variants that scale
+    within a few percent of each other stay apart instead of being squeezed
+    against the 100% line of a 0-based axis."""
+    ys = [100 * rec["efficiency"] for rec in records if rec.get("efficiency") is not None]
+    lo, hi = min(ys), max(100.0, max(ys))
+    pad = max(0.05 * (hi - lo), 1.0)
+    return max(0.0, lo - pad), hi + pad
+
+
 def plot_workload(plt, workload, series, path, throughput):
     runs = {run for (_, run) in series}
     records = [rec for points in series.values() for rec in points.values()]
@@ -153,7 +166,7 @@ def plot_workload(plt, workload, series, path, throughput):
         if panel == "efficiency":
             ax.axhline(100, color="black", linewidth=0.8)
             ax.set_ylabel("scaling efficiency, %\nthroughput(N) / (N x throughput(1))")
-            ax.set_ylim(bottom=0)
+            ax.set_ylim(*efficiency_limits(records))
         else:
             ax.set_ylabel(f"M{op}s/s (all threads)")
             rates = [rec["ops_per_sec"] for rec in records if rec["ops_per_sec"] > 0]
