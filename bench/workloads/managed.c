@@ -5,7 +5,7 @@
  *   managed-scan     one thread flushes back to back over N managed refs
  *                    that all stay referenced (one pass = one scan, no
  *                    per-scan limit): the cost of checking N refs.  Variants
- *                    faithful-1k .. batched-100k.  The table's ns/pass
+ *                    faithful-1k .. batched-100k.  The table's ns/scan
  *                    includes the hand-off to the reclaimer; teardown reports
  *                    the reclaimer's own figures as metrics: mean scan time,
  *                    fences per scan and time per ref.  100k faithful takes about a second per pass:
@@ -184,7 +184,7 @@ static const struct bench_variant scan_variants[] = {
 static const struct bench_workload managed_scan = {
 	.name = "managed-scan",
 	.help = "reclaimer: one full scan of N referenced managed refs, per strategy",
-	.op = "pass",
+	.op = "scan",
 	.variants = scan_variants,
 	.no_efficiency = true,
 	.threads = "1",
