@@ -3,11 +3,11 @@
 # three configurations (plain, ASan+UBSan, TSan).  The plain build also runs
 # each test on the fallback fast path (PERCPUREF_NO_RSEQ=1), under valgrind's
 # leak check, and checks the installed library through pkg-config.
-# STRESS_SECONDS bounds each stress test (default here 4 s; valgrind runs 1 s).
+# STRESS_SECONDS bounds each stress test (default here 8 s; valgrind runs 1 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-export STRESS_SECONDS=${STRESS_SECONDS:-4}
+export STRESS_SECONDS=${STRESS_SECONDS:-8}
 
 jobs=$(nproc)
 status=0
