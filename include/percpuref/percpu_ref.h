@@ -26,12 +26,15 @@
  *
  * Callbacks: @release runs on the thread whose put drops the last reference;
  * if that last reference was the one a switch holds while it waits, it runs
- * on the library's callback thread ("percpuref-cb").  Confirm callbacks (kill_and_confirm,
- * switch_to_atomic) run on that callback thread, or on the caller's thread
- * when the ref was already atomic.  Callbacks may free the object, call
- * percpu_ref_exit() on the ref they were called for (@release only) and use
- * any non-blocking call on other refs; they must not wait for a grace period
- * (percpu_ref_switch_to_atomic_sync(), synchronize_rcu()).
+ * on the library's callback thread ("percpuref-cb"), or on the caller's
+ * thread for percpu_ref_switch_to_atomic_sync().  A managed ref is released
+ * by the reclaimer thread only (docs/managed.md).  Confirm callbacks
+ * (kill_and_confirm, switch_to_atomic) run on the callback thread, or on the
+ * caller's thread when the ref was already atomic.  Callbacks may free the
+ * object, call percpu_ref_exit() on the ref they were called for (@release
+ * only) and use any non-blocking call on other refs; they must not wait for
+ * a grace period (percpu_ref_switch_to_atomic_sync(), percpu_ref_barrier(),
+ * percpu_ref_managed_flush(), synchronize_rcu()).
  *
  * Misuse is reported with one line on stderr naming the function and the ref
  * ("percpuref: percpu_ref_kill_and_confirm: called twice on ref 0x..."), and
