@@ -3,7 +3,7 @@
 # Debian 12 packages, when any of it is missing.  Needs root (or sudo).
 set -euo pipefail
 
-packages=(build-essential cmake ninja-build pkg-config liburcu-dev valgrind
+packages=(build-essential cmake ninja-build pkg-config liburcu-dev valgrind spin
           python3 python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do

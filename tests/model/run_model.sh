@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Checks one Promela model exhaustively with SPIN: generates the verifier
+# (spin -a), compiles it for safety properties (-DSAFETY: assertions and
+# invalid end states), runs it and compares the outcome with the expected one.
+#
+# usage: run_model.sh MODEL.pml pass|fail [-DMACRO ...]
+#   pass: the search must complete with "errors: 0"
+#   fail: SPIN must find a violation (a mutant: proof that the model can fail)
+# Prints one line: "model NAME [MACROS]: OK|FAILED (errors N, S states, T s)".
+# Environment: SPIN (default spin), CC (default cc).
+set -euo pipefail
+
+model=$(realpath "$1")
+expect=$2
+shift 2
+name=$(basename "$model" .pml)
+label="model $name${*:+ $*}"
+spin=${SPIN:-spin}
+cc=${CC:-cc}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+cp "$model" .
+
+"$spin" "$@" -a "$name.pml" >spin.log 2>&1 || { cat spin.log; echo "$label: FAILED (spin -a)"; exit 1; }
+"$cc" -O2 -DSAFETY -DMEMLIM=2048 -o pan pan.c 2>cc.log || { cat cc.log; echo "$label: FAILED (cc)"; exit 1; }
+./pan -m200000 >pan.log 2>&1 || true
+
+errors=$(sed -n 's/.*errors: \([0-9][0-9]*\).*/\1/p' pan.log | head -n1)
+states=$(awk '/states, stored/ {print $1; exit}' pan.log)
+secs=$(sed -n 's/^pan: elapsed time \([0-9.e+-]*\) seconds.*/\1/p' pan.log | head -n1)
+if [ -z "$errors" ]; then
+  cat pan.log
+  echo "$label: FAILED (no verdict from pan)"
+  exit 1
+fi
+# A depth-limit warning would mean the search was not exhaustive.
+if grep -q "max search depth too small" pan.log; then
+  cat pan.log
+  echo "$label: FAILED (search depth too small)"
+  exit 1
+fi
+summary="errors $errors, ${states:-?} states, ${secs:-?} s"
+
+if [ "$expect" = pass ] && [ "$errors" = 0 ]; then
+  echo "$label: OK (exhaustive, $summary)"
+elif [ "$expect" = fail ] && [ "$errors" != 0 ]; then
+  # Show the counterexample: what the mutant breaks.
+  "$spin" "$@" -t "$name.pml" 2>&1 | grep -E "assertion|violated" | head -n3 || true
+  echo "$label: OK (violation found as expected, $summary)"
+else
+  cat pan.log
+  [ "$errors" != 0 ] && "$spin" "$@" -t -p "$name.pml" 2>&1 | tail -n 40
+  echo "$label: FAILED (expected $expect, $summary)"
+  exit 1
+fi
