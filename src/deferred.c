@@ -24,7 +24,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
-#include <string.h>
 
 #include "internal.h"
 
@@ -74,20 +73,11 @@ static void *deferred_thread(void *arg)
 /* Lock held.  A failure to start leaves the items queued for the next try. */
 static bool ensure_thread(void)
 {
-	int err;
-
 	if (thread_running)
 		return true;
 	thread_stopping = false;
-	err = pthread_create(&thread, NULL, deferred_thread, NULL);
-	if (err) {
-		percpuref_warn("percpuref_deferred", "cannot start callback thread: %s",
-			       strerror(err));
-		return false;
-	}
-	pthread_setname_np(thread, "percpuref-cb");
-	thread_running = true;
-	return true;
+	thread_running = percpuref_start_thread(&thread, deferred_thread, "percpuref-cb");
+	return thread_running;
 }
 
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn)

@@ -77,6 +77,10 @@ static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int c
 }
 /* percpuref_get_counter_stats(): public, in <percpuref/percpu_ref.h>. */
 
+/* Starts one of the library's threads, named @name (at most 15 chars);
+ * false, after a warning naming it, when pthread_create() fails. */
+bool percpuref_start_thread(pthread_t *thread, void *(*fn)(void *), const char *name);
+
 /* Memory for the library's own objects; fails on demand (see below). */
 void *percpuref_zalloc(size_t size);
 

@@ -177,18 +177,11 @@ static void *reclaimer_main(void *arg);
 /* managed_lock held.  False (warned) if the thread cannot start. */
 static bool ensure_thread(void)
 {
-	int err;
-
 	if (thread_running)
 		return true;
 	thread_stopping = false;
-	err = pthread_create(&thread, NULL, reclaimer_main, NULL);
-	if (err) {
-		percpuref_warn("percpuref_managed", "cannot start the reclaimer: %s",
-			       strerror(err));
+	if (!percpuref_start_thread(&thread, reclaimer_main, "percpuref-recl"))
 		return false;
-	}
-	pthread_setname_np(thread, "percpuref-reclaim");
 	thread_running = true;
 	/* The first scan one interval from now, as every later one. */
 	next_scan_ns = now_ns() + config.interval_ms * 1000000u;

@@ -222,6 +222,18 @@ unsigned long *percpuref_fallback_this_cpu(uintptr_t cpu0)
 	return percpuref_counter_on(cpu0, (unsigned int)cpu);
 }
 
+bool percpuref_start_thread(pthread_t *thread, void *(*fn)(void *), const char *name)
+{
+	int err = pthread_create(thread, NULL, fn, NULL);
+
+	if (err) {
+		percpuref_warn(name, "cannot start thread: %s", strerror(err));
+		return false;
+	}
+	pthread_setname_np(*thread, name);
+	return true;
+}
+
 void *percpuref_zalloc(size_t size)
 {
 	if (percpuref_fault_should_fail())
