@@ -195,6 +195,17 @@ static void churn_set_limit(struct worker *me)
 	me->limit_sets++;
 }
 
+/* Gives back a random part (at least 1) of what @me holds at namespace @i. */
+static void uncharge_some(struct worker *me, int i, unsigned int t)
+{
+	long n = rnd_range(&me->rng, 1, me->held[i][t]);
+
+	if (hcount_uncharge(me->w->ns[i], t, n))
+		me->errors++;
+	me->held[i][t] -= n;
+	me->ops++;
+}
+
 static void one_op(struct worker *me)
 {
 	struct world *w = me->w;
@@ -214,11 +225,7 @@ static void one_op(struct worker *me)
 			/* Uncharge from a namespace we hold units in. */
 			while (!me->held[i][t])
 				i = (i + 1) % w->nr;
-			n = rnd_range(&me->rng, 1, me->held[i][t]);
-			if (hcount_uncharge(w->ns[i], t, n))
-				me->errors++;
-			me->held[i][t] -= n;
-			me->ops++;
+			uncharge_some(me, i, t);
 			return;
 		}
 		n = rnd_range(&me->rng, 1, HOLD - total);
@@ -226,11 +233,7 @@ static void one_op(struct worker *me)
 			max = THREADS * HOLD;	/* never binding here */
 	} else {
 		if (me->held[i][t] && (total > 40 || rnd(&me->rng) % 2)) {
-			n = rnd_range(&me->rng, 1, me->held[i][t]);
-			if (hcount_uncharge(w->ns[i], t, n))
-				me->errors++;
-			me->held[i][t] -= n;
-			me->ops++;
+			uncharge_some(me, i, t);
 			return;
 		}
 		n = rnd_range(&me->rng, 1, 6);
