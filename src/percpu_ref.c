@@ -575,6 +575,16 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref)
 	return -EINVAL;
 }
 
+/* A user put dropped the manager's reference of managed @ref: warn, and
+ * pin the count so the ref is leaked, never released. */
+static void pin_dropped_manager_ref(struct percpu_ref *ref)
+{
+	percpuref_warn("percpu_ref_put", "ref %p is managed: a put dropped the manager's "
+		       "reference; leaked", (void *)ref);
+	/* Relaxed: a best-effort pin, as in __percpu_ref_count_misuse(). */
+	__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+}
+
 static struct percpu_ref_impl *impl_of_node(struct percpuref_mnode *node)
 {
 	return caa_container_of(node, struct percpu_ref_impl, mnode);
@@ -608,13 +618,9 @@ bool percpuref_managed_finish(struct percpuref_mnode *node)
 	bool released;
 
 	fold_percpu_counts(ref);
-	if (__atomic_load_n(&ref->data->count, __ATOMIC_RELAXED) == 1) {
-		/* Only the switch's left: a user put the manager's reference. */
-		percpuref_warn("percpu_ref_put", "ref %p is managed: a put dropped the "
-			       "manager's reference; leaked", (void *)ref);
-		/* Relaxed: a best-effort pin, as in __percpu_ref_count_misuse(). */
-		__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
-	}
+	/* Only the switch's reference left: a user put the manager's. */
+	if (__atomic_load_n(&ref->data->count, __ATOMIC_RELAXED) == 1)
+		pin_dropped_manager_ref(ref);
 	/*
 	 * Drop both references only if no other is left.  Acquire on success:
 	 * pairs with the acq_rel decrement of every user put made in atomic
@@ -749,10 +755,7 @@ PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
 	 * @managed is safe: nobody else can release the ref meanwhile.
 	 */
 	if (is_managed(ref)) {
-		percpuref_warn("percpu_ref_put", "ref %p is managed: put dropped the manager's "
-			       "reference; leaked", (void *)ref);
-		/* Relaxed: a best-effort pin, as in __percpu_ref_count_misuse(). */
-		__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+		pin_dropped_manager_ref(ref);
 		return;
 	}
 	if (ref->data->release)
