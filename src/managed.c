@@ -90,6 +90,8 @@ static uint64_t passes_started, passes_done, flush_target;
 static uint64_t next_scan_ns;
 static struct percpuref_deferred *rcu_head, **rcu_tail = &rcu_head;
 static uint64_t rcu_queued, rcu_done;
+/* PERCPUREF_MANAGED_WARN_S, in ns; 0: off.  Set once by config_init_once(). */
+static uint64_t held_warn_ns;
 
 /*
  * TSAN cannot see a liburcu grace period.  Every percpu_rcuref read-side
@@ -140,10 +142,14 @@ static void config_init_once(void)
 {
 	const char *strategy = getenv("PERCPUREF_SCAN_STRATEGY");
 
+	unsigned long held_warn_s = 0;
+
 	init_conds();
 
 	parse_ulong("PERCPUREF_SCAN_INTERVAL_MS", &config.interval_ms);
 	parse_ulong("PERCPUREF_SCAN_MAX", &config.max_per_scan);
+	if (parse_ulong("PERCPUREF_MANAGED_WARN_S", &held_warn_s))
+		held_warn_ns = (uint64_t)held_warn_s * 1000000000u;
 	if (strategy && !strcmp(strategy, "faithful"))
 		config.strategy = PERCPU_REF_SCAN_FAITHFUL;
 	else if (strategy && !strcmp(strategy, "batched"))
@@ -163,6 +169,8 @@ void percpuref_managed_push(struct percpuref_mnode *node)
 {
 	struct percpuref_mnode *top = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
 
+	node->listed_ns = now_ns();
+	node->held_warned = false;
 	do
 		node->next = top;
 	/* Release: the node's next and everything written before the push
@@ -271,6 +279,21 @@ static void run_rcu_batch(void)
 }
 
 /*
+ * PERCPUREF_MANAGED_WARN_S: a managed ref still held long after it went
+ * under management is most often one whose creator never dropped its own
+ * reference (the contract before the manager took a reference of its own).
+ * Once per ref and listing; switch lock held.
+ */
+static void warn_held(struct percpuref_mnode *node, unsigned long others, uint64_t now)
+{
+	node->held_warned = true;
+	percpuref_warn("percpuref_reclaimer", "ref %p managed for %lu s, still held by %lu "
+		       "reference(s) besides the manager's; did its creator drop its own "
+		       "with percpu_ref_put()?", (void *)percpuref_managed_ref(node),
+		       (unsigned long)((now - node->listed_ns) / 1000000000u), others);
+}
+
+/*
  * One chunk of a scan: check up to @limit refs below the cursor with one
  * fence.  scan_lock held.  Released nodes are chained on *@released (through
  * their next pointers: they are off the list).  Returns the refs checked;
@@ -280,7 +303,8 @@ static unsigned long check_chunk(unsigned long limit, struct percpuref_mnode **r
 				 bool *end)
 {
 	struct percpuref_mnode *prev = cursor, *node;
-	unsigned long k = 0, i;
+	unsigned long k = 0, i, others;
+	uint64_t now;
 
 	pthread_mutex_lock(&percpuref_switch_lock);
 	while (k < limit && (node = prev->next)) {
@@ -313,14 +337,17 @@ static unsigned long check_chunk(unsigned long limit, struct percpuref_mnode **r
 	/* The k checked nodes follow the cursor, contiguous: nothing else
 	 * unlinks below the marker, nothing is linked there. */
 	prev = cursor;
+	now = held_warn_ns ? now_ns() : 0;
 	pthread_mutex_lock(&percpuref_switch_lock);
 	for (i = 0; i < k; i++) {
 		node = prev->next;
-		if (percpuref_managed_finish(node)) {
+		if (percpuref_managed_finish(node, &others)) {
 			prev->next = node->next;
 			node->next = *released;
 			*released = node;
 		} else {
+			if (held_warn_ns && !node->held_warned && now - node->listed_ns > held_warn_ns)
+				warn_held(node, others, now);
 			prev = node;
 		}
 	}

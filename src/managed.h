@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "internal.h"
 #include "percpuref/percpu_ref.h"
@@ -20,6 +21,10 @@
 struct percpuref_mnode {
 	struct percpuref_mnode *next;
 	bool marker;
+	/* Reclaimer's, for PERCPUREF_MANAGED_WARN_S: when the node was last
+	 * pushed, and whether the "still held" warning was given. */
+	uint64_t listed_ns;
+	bool held_warned;
 };
 
 /* Held by whoever scans (the reclaimer thread, or shutdown), for a whole
@@ -63,9 +68,12 @@ enum percpuref_managed_verdict {
 enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *node);
 /* After the fence: true when the manager's was the last reference (the
  * node must be unlinked, then percpuref_managed_release() called without
- * the lock); false when the ref went back to per-CPU mode. */
-bool percpuref_managed_finish(struct percpuref_mnode *node);
+ * the lock); false when the ref went back to per-CPU mode, with
+ * *@others = the references held besides the manager's at the check. */
+bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *others);
 void percpuref_managed_free(struct percpuref_mnode *node);
+/* The ref a (non-marker) node belongs to, for messages. */
+struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node);
 /* Calls @release of a node that percpuref_managed_finish() released and
  * that is unlinked; takes the switch lock itself afterwards. */
 void percpuref_managed_release(struct percpuref_mnode *node);

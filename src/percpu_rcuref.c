@@ -77,16 +77,18 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
 		ref->ref.data = NULL;
 		return -ENOMEM;
 	}
-	err = percpu_ref_init(&ref->ref, zero, flags);
-	if (err) {
-		free(st);
-		return err;
-	}
 	st->unpublish = unpublish;
 	st->release = release;
 	st->owner = ref;
+	/* Before init: with PERCPU_REF_REL_MANAGED the reclaimer may reach the
+	 * ref as soon as percpu_ref_init() links it. */
 	ref->state = st;
-	return 0;
+	err = percpu_ref_init(&ref->ref, zero, flags);
+	if (err) {
+		ref->state = NULL;
+		free(st);
+	}
+	return err;
 }
 
 PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref)

@@ -40,9 +40,11 @@
  * plus a hand-off, when no thread runs on the fallback path.
  *
  * Managed mode (percpu_ref_switch_to_managed; the list and the thread are
- * in managed.c).  The initial reference belongs to the manager; the ref is
- * per-CPU except while the reclaimer checks it, and kill and the mode calls
- * refuse it.  A check is a switch to atomic mode done in two halves under
+ * in managed.c).  The switch takes a reference that belongs to the manager
+ * (the seed's and the 2024 series' contract: the creator keeps its initial
+ * reference and drops it with a put, like every user); the ref is per-CPU
+ * except while the reclaimer checks it, and kill and the mode calls refuse
+ * it.  A check is a switch to atomic mode done in two halves under
  * the switch lock, percpuref_managed_begin() and, after a reader fence,
  * percpuref_managed_finish(): fold, then one CAS of the count from 2 (the
  * manager's reference and the switch's) to 0.  If it succeeds nobody else
@@ -129,6 +131,8 @@ static void noop_confirm(struct percpu_ref *ref)
 	(void)ref;
 }
 
+static void init_managed(struct percpu_ref *ref);
+
 PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *release,
 				  unsigned int flags)
 {
@@ -141,7 +145,7 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	ref->percpu_count_ptr = __PERCPU_REF_ATOMIC_DEAD;
 	ref->data = NULL;
 	if (flags & ~(unsigned int)(PERCPU_REF_INIT_ATOMIC | PERCPU_REF_INIT_DEAD |
-				    PERCPU_REF_ALLOW_REINIT))
+				    PERCPU_REF_ALLOW_REINIT | PERCPU_REF_REL_MANAGED))
 		return -EINVAL;
 	percpuref_runtime_init();
 
@@ -155,7 +159,7 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	}
 
 	impl->data.force_atomic = flags & PERCPU_REF_INIT_ATOMIC;
-	impl->data.allow_reinit = flags & PERCPU_REF_ALLOW_REINIT;
+	impl->data.allow_reinit = flags & (PERCPU_REF_ALLOW_REINIT | PERCPU_REF_REL_MANAGED);
 	if (flags & (PERCPU_REF_INIT_ATOMIC | PERCPU_REF_INIT_DEAD)) {
 		cpu0 |= __PERCPU_REF_ATOMIC;
 		impl->data.allow_reinit = true;
@@ -172,6 +176,8 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	impl->data.ref = ref;
 	ref->percpu_count_ptr = cpu0;
 	ref->data = &impl->data;
+	if (flags & PERCPU_REF_REL_MANAGED)
+		init_managed(ref);
 	return 0;
 }
 
@@ -493,9 +499,10 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_DEAD);
-	/* The new initial reference; relaxed like any get (the count may be
-	 * zero here: reinit).  A managed ref's belongs to the manager again. */
-	__atomic_fetch_add(&ref->data->count, 1, __ATOMIC_RELAXED);
+	/* The caller's new initial reference, and for a managed ref the
+	 * manager's own again; relaxed like any get (the count may be zero
+	 * here: reinit). */
+	__atomic_fetch_add(&ref->data->count, is_managed(ref) ? 2 : 1, __ATOMIC_RELAXED);
 	switch_mode_locked(ref, NULL, __func__);
 	push = is_managed(ref) && list_node(ref);
 	pthread_mutex_unlock(&percpuref_switch_lock);
@@ -521,6 +528,43 @@ PERCPUREF_API void percpu_ref_reinit(struct percpu_ref *ref)
  * except the fence; see the design comment at the top.
  */
 
+/*
+ * Lock held, no switch in flight, ref live with allow_reinit and not
+ * managed.  Takes the manager's reference (false, nothing changed, when the
+ * count is zero: nobody holds a reference to hand over), forces per-CPU
+ * mode and links the node; *@push says whether to kick the reclaimer after
+ * unlocking.
+ */
+static bool manage_locked(struct percpu_ref *ref, bool *push)
+{
+	/* Per-CPU: a per-CPU add, which cannot fail; atomic: add unless zero. */
+	if (!percpu_ref_tryget(ref))
+		return false;
+	ref->data->force_atomic = false;
+	switch_to_percpu_locked(ref, "percpu_ref_switch_to_managed");
+	set_managed(ref, true);
+	*push = list_node(ref);
+	return true;
+}
+
+/* PERCPU_REF_REL_MANAGED at init: the ref cannot be shared yet. */
+static void init_managed(struct percpu_ref *ref)
+{
+	bool push = false;
+
+	pthread_mutex_lock(&percpuref_switch_lock);
+	if (mode_word(ref) & __PERCPU_REF_DEAD) {
+		/* Managed from its first reinit on, per-CPU then. */
+		ref->data->force_atomic = false;
+		set_managed(ref, true);
+	} else {
+		manage_locked(ref, &push);	/* count 1: cannot fail */
+	}
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	if (push)
+		percpuref_managed_kick();
+}
+
 PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
 {
 	const char *why = NULL;
@@ -538,13 +582,10 @@ PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
 		why = "ref is dead (killed or released); reinit it first";
 	else if (!ref->data->allow_reinit)
 		why = "ref was created without PERCPU_REF_ALLOW_REINIT";
-	if (!why) {
-		ref->data->force_atomic = false;
-		switch_to_percpu_locked(ref, __func__);
-		set_managed(ref, true);
-		push = list_node(ref);
+	else if (!manage_locked(ref, &push))
+		why = "count is zero: no reference to hand over";
+	else
 		ret = 0;
-	}
 	pthread_mutex_unlock(&percpuref_switch_lock);
 	if (why)
 		percpuref_warn(__func__, "ref %p: %s; ignored", (void *)ref, why);
@@ -569,10 +610,15 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref)
 	else
 		set_managed(ref, false);	/* the reclaimer unlinks the node */
 	pthread_mutex_unlock(&percpuref_switch_lock);
-	if (!why)
-		return 0;
-	percpuref_warn(__func__, "ref %p: %s; ignored", (void *)ref, why);
-	return -EINVAL;
+	if (why) {
+		percpuref_warn(__func__, "ref %p: %s; ignored", (void *)ref, why);
+		return -EINVAL;
+	}
+	/* The manager's reference.  Per-CPU (no check in flight, and no mode
+	 * call accepts a managed ref), so this put cannot release: the
+	 * caller's reference keeps the ref alive. */
+	percpu_ref_put(ref);
+	return 0;
 }
 
 /* A user put dropped the manager's reference of managed @ref: warn, and
@@ -610,7 +656,7 @@ enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *n
 	return MANAGED_CHECK;
 }
 
-bool percpuref_managed_finish(struct percpuref_mnode *node)
+bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *others)
 {
 	struct percpu_ref_impl *impl = impl_of_node(node);
 	struct percpu_ref *ref = impl->data.ref;
@@ -618,6 +664,7 @@ bool percpuref_managed_finish(struct percpuref_mnode *node)
 	bool released;
 
 	fold_percpu_counts(ref);
+	*others = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED) - last;
 	/* Only the switch's reference left: a user put the manager's. */
 	if (__atomic_load_n(&ref->data->count, __ATOMIC_RELAXED) == 1)
 		pin_dropped_manager_ref(ref);
@@ -641,6 +688,11 @@ bool percpuref_managed_finish(struct percpuref_mnode *node)
 	ref->data->confirm_switch = NULL;
 	pthread_cond_broadcast(&switch_done);
 	return released;
+}
+
+struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node)
+{
+	return impl_of_node(node)->data.ref;
 }
 
 void percpuref_managed_free(struct percpuref_mnode *node)
@@ -686,6 +738,12 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref)
 		count = mode_word(ref) >> __PERCPU_REF_FLAG_BITS;
 	pthread_mutex_unlock(&percpuref_switch_lock);
 	return count == 0;
+}
+
+PERCPUREF_API const char *percpuref_fast_path(void)
+{
+	percpuref_runtime_init();
+	return percpuref_rseq_usable ? "rseq-glibc" : "fallback";
 }
 
 PERCPUREF_API int percpu_ref_barrier(void)

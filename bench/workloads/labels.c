@@ -230,12 +230,16 @@ static const struct labels_refops labels_rcuref_ops = {
 };
 
 /*
- * percpu-managed: the ref starts atomic (sticky, so an error before the
- * label goes live is a plain atomic count) with the initial reference,
- * plus the policy's own; going live hands the initial one to the manager,
- * which switches the ref to per-CPU mode.  The reclaimer releases the label
- * once the manager's is the last reference: after the label went stale,
- * the policy dropped its reference and every task moved on.
+ * percpu-managed: the seed's patch.  The ref starts atomic (sticky, so an
+ * error before the label goes live is a plain atomic count) with the
+ * initial reference, which is the policy's; when the label goes live (the
+ * model's equivalent of __label_insert(): published through its proxy)
+ * percpu_ref_switch_to_managed() gives the manager a reference of its own
+ * and switches the ref to per-CPU mode.  Every reference is dropped with a
+ * put, the policy's too when the label is replaced; nobody kills it.  The
+ * reclaimer releases the label once the manager's is the last reference:
+ * after the label went stale, the policy dropped its reference and every
+ * task moved on.
  */
 static void labels_pcpu_release(struct percpu_ref *ref)
 {
@@ -246,7 +250,6 @@ static void labels_pcpu_init(struct labels_label *l)
 {
 	if (percpu_ref_init(&l->count.pcpu, labels_pcpu_release, PERCPU_REF_INIT_ATOMIC))
 		bench_die("labels: percpu_ref_init failed");
-	percpu_ref_get(&l->count.pcpu);
 }
 
 static void labels_pcpu_live(struct labels_label *l)
@@ -317,7 +320,6 @@ static void labels_prcu_init(struct labels_label *l)
 	if (percpu_rcuref_init(&l->count.prcu, labels_prcu_unpublish, labels_prcu_release,
 			       PERCPU_REF_INIT_ATOMIC))
 		bench_die("labels: percpu_rcuref_init failed");
-	percpu_rcuref_get(&l->count.prcu);
 }
 
 static void labels_prcu_live(struct labels_label *l)

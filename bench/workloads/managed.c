@@ -77,7 +77,8 @@ static void configure_default(void)
 /* An idle reclaimer: one scan an hour. */
 #define IDLE_INTERVAL_MS 3600000UL
 
-/* @n managed refs, each with one user reference the caller drops later. */
+/* @n managed refs, each with its creator's reference, which the caller
+ * drops later. */
 static struct mref *make_refs(size_t n)
 {
 	struct mref *refs = calloc(n, sizeof(*refs));
@@ -87,7 +88,6 @@ static struct mref *make_refs(size_t n)
 	for (size_t i = 0; i < n; i++) {
 		if (percpu_ref_init(&refs[i].ref, mref_release, PERCPU_REF_ALLOW_REINIT))
 			bench_die("managed: percpu_ref_init failed");
-		percpu_ref_get(&refs[i].ref);
 		if (percpu_ref_switch_to_managed(&refs[i].ref))
 			bench_die("managed: switch_to_managed failed");
 	}
@@ -216,10 +216,8 @@ static void latency_loop(struct bench_thread *t)
 
 	while (bench_running(t)) {
 		m.released_ns = 0;
-		if (percpu_ref_init(&m.ref, mref_release, PERCPU_REF_ALLOW_REINIT))
+		if (percpu_ref_init(&m.ref, mref_release, PERCPU_REF_REL_MANAGED))
 			bench_die("managed-latency: init failed");
-		percpu_ref_get(&m.ref);
-		percpu_ref_switch_to_managed(&m.ref);
 		/* A random phase against the scan period. */
 		usleep((useconds_t)(rand() % (opt_interval_ms * 1000 + 1)));
 		put_ns = now_ns();

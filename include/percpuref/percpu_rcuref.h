@@ -20,9 +20,12 @@
  * No thread registration.  Get/put/tryget need no read-side section.
  *
  * Managed mode as for percpu_ref (percpu_ref.h, managed.h): after
- * percpu_rcuref_switch_to_managed() nobody kills the ref; the reclaimer
- * finds it unreferenced, calls @unpublish, and @release follows after a
- * grace period.  percpu_ref_managed_flush() waits for both.
+ * percpu_rcuref_switch_to_managed() (or PERCPU_REF_REL_MANAGED at init) the
+ * manager holds a reference of its own and nobody kills the ref; the creator
+ * drops its initial reference with percpu_rcuref_put() like any user.  The
+ * reclaimer finds it held by the manager alone, calls @unpublish, and
+ * @release follows after a grace period.  percpu_ref_managed_flush() waits
+ * for both.
  */
 #ifndef PERCPUREF_PERCPU_RCUREF_H
 #define PERCPUREF_PERCPU_RCUREF_H

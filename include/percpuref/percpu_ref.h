@@ -82,6 +82,7 @@ enum {
 	PERCPU_REF_INIT_ATOMIC = 1 << 0,	/* start (and stay) atomic */
 	PERCPU_REF_INIT_DEAD = 1 << 1,		/* start dead, count 0 */
 	PERCPU_REF_ALLOW_REINIT = 1 << 2,	/* may switch back after kill */
+	PERCPU_REF_REL_MANAGED = 1 << 3,	/* init + switch_to_managed */
 };
 
 /* Mode bits in the low bits of percpu_count_ptr. */
@@ -113,7 +114,7 @@ struct percpu_ref_data {
 	percpu_ref_func_t *confirm_switch; /* non-NULL: switch in progress */
 	bool force_atomic;		  /* switch_to_atomic / INIT_ATOMIC */
 	bool allow_reinit;
-	bool managed;			  /* initial ref owned by the reclaimer */
+	bool managed;			  /* the reclaimer holds a reference */
 	struct percpu_ref *ref;
 };
 
@@ -152,30 +153,37 @@ PERCPUREF_API int percpu_ref_barrier(void);
 /*
  * Managed mode (docs/managed.md; control and statistics in managed.h).
  *
- * percpu_ref_switch_to_managed - hand the initial reference to the manager.
- * The ref goes (and stays) per-CPU; the library's reclaimer thread checks
- * it periodically and calls @release, exactly once, on its own thread, once
- * the manager's is the only reference left.  The caller must hold the
- * initial reference (a live ref, never killed) and the ref must be allowed
- * to switch back to per-CPU mode (PERCPU_REF_ALLOW_REINIT, INIT_ATOMIC or
- * INIT_DEAD).  Returns 0; -EALREADY if already managed, -EINVAL otherwise
- * (both warned, nothing changed).
+ * percpu_ref_switch_to_managed - put @ref under the manager: the library's
+ * reclaimer takes a reference of its own, switches the ref to (and keeps it
+ * in) per-CPU mode, checks it periodically and calls @release, exactly
+ * once, on its own thread, once the manager's is the only reference left.
+ * Every reference the caller held before, the initial one included, stays
+ * the caller's, to drop with percpu_ref_put(); nobody kills a managed ref.
+ * The ref must be live (never killed, count above zero) and allowed to
+ * switch back to per-CPU mode (PERCPU_REF_ALLOW_REINIT, INIT_ATOMIC,
+ * INIT_DEAD or REL_MANAGED).  Returns 0; -EALREADY if already managed,
+ * -EINVAL otherwise (both warned, nothing changed).
+ *
+ * PERCPU_REF_REL_MANAGED at init does the same switch: a fresh ref counts 2,
+ * the creator's initial reference and the manager's.  With INIT_DEAD it
+ * starts dead and goes under management at its first reinit.
  *
  * On a managed ref, kill, switch_to_atomic(_sync) and switch_to_percpu warn
- * and do nothing: the reclaimer owns the mode and the initial reference.
- * get/put/tryget work in every mode.  Once released the ref is dead and
- * atomic with count 0 (tryget fails); reinit puts it back under management
- * with a new initial reference that is the manager's.  exit of a managed
- * ref, released or not, is allowed: the ref is never checked again (the
- * reclaimer frees the list node later); @release does not run.  A user put
- * that would drop the manager's reference is misuse: warned, count pinned.
+ * and do nothing: the reclaimer owns the mode.  get/put/tryget work in every
+ * mode.  Once released the ref is dead and atomic with count 0 (tryget
+ * fails); reinit or resurrect gives the caller a new initial reference and
+ * the manager its own again (count 2), back under management.  exit of a
+ * managed ref, released or not, is allowed: the ref is never checked again
+ * (the reclaimer frees the list node later); @release does not run.  A put
+ * that drops the manager's reference (more puts than gets) is misuse:
+ * warned once, count pinned, never released.
  */
 PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref);
 /*
- * percpu_ref_switch_to_unmanaged - the manager hands the initial reference
- * back to the caller, who may kill the ref as usual.  The ref stays per-CPU.
- * Waits for a check of the ref in flight.  0, or -EINVAL (warned) when the
- * ref is not managed or was already released.
+ * percpu_ref_switch_to_unmanaged - the manager drops its reference; the ref
+ * is an ordinary per-CPU ref again, which the caller may kill as usual.  The
+ * caller must hold a reference.  Waits for a check of the ref in flight.  0,
+ * or -EINVAL (warned) when the ref is not managed or was already released.
  */
 PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
 /*
@@ -200,6 +208,13 @@ struct percpuref_counter_stats {
 	size_t bytes_mapped;	/* address space reserved for counters */
 };
 PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *stats);
+
+/*
+ * percpuref_fast_path - which per-CPU fast path this process uses, as one
+ * word for reports: "rseq-glibc" (rseq area registered by glibc) or
+ * "fallback" (sched_getcpu + atomic add inside an RCU read-side section).
+ */
+PERCPUREF_API const char *percpuref_fast_path(void);
 
 /* Out-of-line halves of the fast paths: fallback (no rseq) and misuse. */
 PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr);

@@ -3,13 +3,14 @@
  * (interval 0), its strategy and per-scan limit flipped at random.
  *
  * Long-lived objects: workers tryget / tryget_live / get / put a table of
- * static managed refs; a controller restarts every released one with
- * reinit, and now and then takes one off management, kills it itself and
+ * static managed refs (held by the manager alone between uses); a
+ * controller restarts every released one with reinit, and now and then
+ * takes a reference, takes the ref off management, kills it itself and
  * puts it back.  Checked: every life ends in exactly one release, no tryget
  * succeeds on a released ref.
  *
- * Short-lived objects: a producer creates heap objects, keeps one user
- * reference, switches them to managed and hands them (with that reference)
+ * Short-lived objects: a producer creates heap objects, switches them to
+ * managed and hands them (with the creator's reference)
  * to the workers, who use them and drop the reference; the reclaimer frees
  * them in @release (poisoned first, so ASan catches any late access), and
  * one release in eight creates a new managed object itself.  Checked: every
@@ -79,10 +80,14 @@ static void heap_release(struct percpu_ref *ref)
 
 	if (h->magic != MAGIC)
 		__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
-	/* Now and then a release makes a new managed object, unreferenced:
-	 * the next pass releases it. */
-	if (__atomic_fetch_add(&spawns, 1, __ATOMIC_RELAXED) % 8 == 0)
-		percpu_ref_switch_to_managed(&heap_obj_new()->ref);
+	/* Now and then a release makes a new managed object and drops its
+	 * creator's reference: the next pass releases it. */
+	if (__atomic_fetch_add(&spawns, 1, __ATOMIC_RELAXED) % 8 == 0) {
+		struct heap_obj *spawned = heap_obj_new();
+
+		percpu_ref_switch_to_managed(&spawned->ref);
+		percpu_ref_put(&spawned->ref);
+	}
 	percpu_ref_exit(&h->ref);
 	memset(h, 0xa5, sizeof(*h));
 	free(h);
@@ -177,7 +182,7 @@ static void *producer(void *arg)
 	(void)arg;
 	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
 		h = heap_obj_new();
-		percpu_ref_get(&h->ref);	/* the reference we hand over */
+		/* The creator's reference is the one we hand over. */
 		percpu_ref_switch_to_managed(&h->ref);
 		while (!ring_give(h)) {
 			if (__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
@@ -215,8 +220,12 @@ static long controller(double seconds)
 		if (rnd(&seed) % 64 == 0)
 			flip_config(&seed);
 		if (rnd(&seed) % 8 == 0 && !__atomic_load_n(&o->released, __ATOMIC_SEQ_CST) &&
-		    percpu_ref_switch_to_unmanaged(&o->ref) == 0) {
-			/* Ours again: end this life ourselves. */
+		    percpu_ref_tryget(&o->ref)) {
+			/* Our reference keeps it from the reclaimer; the
+			 * manager drops its own, and we end this life
+			 * ourselves, our reference as the initial one. */
+			if (percpu_ref_switch_to_unmanaged(&o->ref))
+				__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
 			percpu_ref_kill(&o->ref);
 			while (!__atomic_load_n(&o->released, __ATOMIC_SEQ_CST))
 				sched_yield();
@@ -224,6 +233,7 @@ static long controller(double seconds)
 			o->lives++;
 			percpu_ref_reinit(&o->ref);
 			percpu_ref_switch_to_managed(&o->ref);
+			percpu_ref_put(&o->ref);	/* the new initial one */
 			ops++;
 		}
 		for (i = 0; i < NR_STATIC; i++) {
@@ -231,10 +241,11 @@ static long controller(double seconds)
 			if (!__atomic_load_n(&o->released, __ATOMIC_SEQ_CST))
 				continue;
 			/* Released by the reclaimer: start the next life,
-			 * managed again. */
+			 * managed again; drop the new initial reference. */
 			__atomic_store_n(&o->released, 0, __ATOMIC_SEQ_CST);
 			o->lives++;
 			percpu_ref_reinit(&o->ref);
+			percpu_ref_put(&o->ref);
 			ops++;
 		}
 		sched_yield();
@@ -258,6 +269,7 @@ int main(void)
 			return 1;
 		objs[i].lives = 1;
 		percpu_ref_switch_to_managed(&objs[i].ref);
+		percpu_ref_put(&objs[i].ref);
 	}
 	for (i = 0; i < NR_WORKERS; i++)
 		pthread_create(&threads[i], NULL, worker, (void *)(uintptr_t)(i + 1));

@@ -1,8 +1,10 @@
 /*
  * Stress of percpu_rcuref: readers look objects up in an RCU-protected
  * table and tryget them, while the reclaimer scans back to back and a
- * writer keeps refilling the table with new objects, half managed, half
- * killed by the writer after a while.  @unpublish clears the slot, @release
+ * writer keeps refilling the table with new objects: a third killed by the
+ * writer after a while, a third managed from init (REL_MANAGED), a third
+ * switched to managed once published; the writer puts its own reference of
+ * every managed one.  @unpublish clears the slot, @release
  * poisons and frees the object (ASan catches a reader that touches it
  * late).
  *
@@ -119,19 +121,26 @@ static void writer(double seconds)
 		}
 		if (!__atomic_load_n(&table[i], __ATOMIC_RELAXED) && !killable[i]) {
 			struct obj *o = calloc(1, sizeof(*o));
+			/* Killed by us, managed from init, or managed once
+			 * published. */
+			unsigned int life = rnd(&seed) % 3;
 
 			if (!o || percpu_rcuref_init(&o->ref, obj_unpublish, obj_release,
-						     PERCPU_REF_ALLOW_REINIT))
+						     life == 1 ? PERCPU_REF_REL_MANAGED
+							       : PERCPU_REF_ALLOW_REINIT))
 				abort();
 			o->magic = MAGIC;
 			o->slot = i;
 			__atomic_fetch_add(&created, 1, __ATOMIC_RELAXED);
 			/* Release: readers see an initialised object. */
 			__atomic_store_n(&table[i], o, __ATOMIC_RELEASE);
-			if (rnd(&seed) % 2)
-				percpu_rcuref_switch_to_managed(&o->ref);
-			else
+			if (life == 0) {
 				killable[i] = o;
+			} else {
+				if (life == 2)
+					percpu_rcuref_switch_to_managed(&o->ref);
+				percpu_rcuref_put(&o->ref);	/* the creator's */
+			}
 		}
 		if (rnd(&seed) % 8 == 0)
 			sched_yield();

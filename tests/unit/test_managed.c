@@ -72,7 +72,7 @@ static void test_rules(void)
 	unsigned long warned;
 
 	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_INIT_ATOMIC);
-	percpu_ref_get(&o.ref);	/* ours: the initial one becomes the manager's */
+	/* The initial reference stays ours; the manager takes its own. */
 	is(percpu_ref_switch_to_managed(&o.ref), 0, "switch_to_managed: 0");
 	ok(!is_atomic(&o.ref) && o.ref.data->managed, "managed ref is per-CPU and marked");
 	warned = percpuref_warning_count();
@@ -101,7 +101,10 @@ static void test_rules(void)
 	percpu_ref_reinit(&o.ref);
 	ok(o.ref.data->managed && !percpu_ref_is_dying(&o.ref), "reinit: managed again, live");
 	percpu_ref_managed_flush();
-	is(releases_of(&o), 2, "reinit: the manager's reference released again");
+	is(releases_of(&o), 1, "reinit: the caller holds a new initial reference");
+	percpu_ref_put(&o.ref);
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 2, "released again once the caller put it");
 	percpu_ref_exit(&o.ref);
 
 	percpu_ref_init(&plain.ref, obj_release, 0);
@@ -138,7 +141,6 @@ static void test_unmanaged_and_exit(void)
 	percpu_ref_exit(&o.ref);	/* node maybe still listed: reclaimer frees */
 
 	percpu_ref_init(&listed.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
-	percpu_ref_get(&listed.ref);
 	percpu_ref_switch_to_managed(&listed.ref);
 	percpu_ref_exit(&listed.ref);	/* a live managed ref: never checked again */
 	percpu_ref_managed_flush();
@@ -156,8 +158,8 @@ static void check_strategy(enum percpu_ref_scan_strategy strategy, const char *n
 	memset(objs, 0, sizeof(objs));
 	set_config(3600000, 0, strategy);	/* only flushes scan */
 	for (i = 0; i < N; i++) {
+		/* The creator's reference is the user's here. */
 		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
-		percpu_ref_get(&objs[i].ref);	/* the user's */
 		percpu_ref_switch_to_managed(&objs[i].ref);
 	}
 	percpu_ref_managed_flush();
@@ -206,6 +208,7 @@ static void test_scan_limit(void)
 	for (i = 0; i < N; i++) {
 		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
 		percpu_ref_switch_to_managed(&objs[i].ref);
+		percpu_ref_put(&objs[i].ref);
 	}
 	percpu_ref_managed_flush();
 	percpu_ref_managed_get_stats(&s1);
@@ -233,7 +236,6 @@ static void test_latency_bound(void)
 	set_config(INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FAITHFUL);
 	for (i = 0; i < TRIALS; i++) {
 		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
-		percpu_ref_get(&objs[i].ref);
 		percpu_ref_switch_to_managed(&objs[i].ref);
 	}
 	for (i = 0; i < TRIALS; i++) {
@@ -277,6 +279,7 @@ static void node_release(struct percpu_ref *ref)
 		c->depth = n->depth - 1;
 		percpu_ref_init(&c->ref, node_release, PERCPU_REF_ALLOW_REINIT);
 		percpu_ref_switch_to_managed(&c->ref);
+		percpu_ref_put(&c->ref);
 	}
 	if (n->depth == 0)
 		flush_from_callback = percpu_ref_managed_flush();
@@ -293,12 +296,12 @@ static void test_callbacks(void)
 	/* a's release drops the user reference on b and creates a chain of
 	 * three new managed refs, one per generation. */
 	percpu_ref_init(&b->ref, node_release, PERCPU_REF_ALLOW_REINIT);
-	percpu_ref_get(&b->ref);
-	percpu_ref_switch_to_managed(&b->ref);
+	percpu_ref_switch_to_managed(&b->ref);	/* b's creator reference: a drops it */
 	percpu_ref_init(&a->ref, node_release, PERCPU_REF_ALLOW_REINIT);
 	a->to_put = &b->ref;
 	a->depth = 3;
 	percpu_ref_switch_to_managed(&a->ref);
+	percpu_ref_put(&a->ref);
 	for (i = 0; i < 6 && __atomic_load_n(&nodes_freed, __ATOMIC_RELAXED) < 5; i++)
 		percpu_ref_managed_flush();
 	is(nodes_freed, 5, "callbacks freed objects, dropped references, made new managed refs");
@@ -312,6 +315,7 @@ static void test_misuse(void)
 
 	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
 	percpu_ref_switch_to_managed(&o.ref);
+	percpu_ref_put(&o.ref);		/* ours */
 	percpu_ref_put(&o.ref);		/* the manager's: not ours to drop */
 	percpu_ref_managed_flush();
 	ok(percpuref_warning_count() > warned, "put of the manager's reference: warned");
@@ -325,8 +329,8 @@ static void test_shutdown(void)
 
 	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
 	percpu_ref_switch_to_managed(&o.ref);
+	percpu_ref_put(&o.ref);
 	percpu_ref_init(&held.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
-	percpu_ref_get(&held.ref);
 	percpu_ref_switch_to_managed(&held.ref);
 	percpuref_shutdown();
 	is(releases_of(&o), 1, "shutdown released the releasable ref");
@@ -346,10 +350,8 @@ static void test_fork(void)
 	pid_t pid;
 
 	percpu_ref_init(&kept.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
-	percpu_ref_get(&kept.ref);
 	percpu_ref_switch_to_managed(&kept.ref);
 	percpu_ref_init(&dropped.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
-	percpu_ref_get(&dropped.ref);
 	percpu_ref_switch_to_managed(&dropped.ref);
 	set_config(20, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FAITHFUL);
 

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -96,7 +97,6 @@ static void test_managed(void)
 	struct object o = { 0 };
 
 	percpu_rcuref_init(&o.ref, obj_unpublish, obj_release, PERCPU_REF_ALLOW_REINIT);
-	percpu_rcuref_get(&o.ref);
 	is(percpu_rcuref_switch_to_managed(&o.ref), 0, "switch_to_managed: 0");
 	percpu_ref_managed_flush();
 	is(released(&o), 0, "managed, referenced: kept");
@@ -109,6 +109,19 @@ static void test_managed(void)
 	percpu_rcuref_init(&o.ref, obj_unpublish, obj_release, PERCPU_REF_ALLOW_REINIT);
 	percpu_rcuref_switch_to_managed(&o.ref);
 	is(percpu_rcuref_switch_to_unmanaged(&o.ref), 0, "switch_to_unmanaged: 0");
+	percpu_rcuref_exit(&o.ref);
+
+	/* PERCPU_REF_REL_MANAGED at init: managed with the creator's
+	 * reference and the manager's. */
+	memset(&o, 0, sizeof(o));
+	is(percpu_rcuref_init(&o.ref, obj_unpublish, obj_release, PERCPU_REF_REL_MANAGED), 0,
+	   "init with REL_MANAGED: 0");
+	percpu_ref_managed_flush();
+	is(released(&o), 0, "REL_MANAGED: the creator's reference keeps it");
+	percpu_rcuref_put(&o.ref);
+	percpu_ref_managed_flush();
+	ok(__atomic_load_n(&o.unpublished, __ATOMIC_ACQUIRE) && released(&o) == 1,
+	   "REL_MANAGED: unpublished and released after the creator's put");
 	percpu_rcuref_exit(&o.ref);
 }
 
