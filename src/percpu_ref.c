@@ -399,8 +399,8 @@ static bool lock_unmanaged(struct percpu_ref *ref, const char *caller)
 	if (!is_managed(ref))
 		return true;
 	pthread_mutex_unlock(&percpuref_switch_lock);
-	percpuref_warn(caller, "ref %p is managed (the reclaimer owns its mode and initial "
-		       "reference); ignored", (void *)ref);
+	percpuref_warn(caller, "ref %p is managed (the reclaimer owns its mode); ignored",
+		       (void *)ref);
 	return false;
 }
 

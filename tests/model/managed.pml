@@ -2,7 +2,8 @@
  * managed.pml - Model B: the reclaimer's check of a managed ref.
  *
  * What is checked (SPIN, safety): a managed ref (the manager, i.e. the
- * reclaimer, owns the initial reference; the ref is per-CPU between checks);
+ * reclaimer, holds a reference of its own; the ref is per-CPU between
+ * checks; the creator's reference is one more user reference);
  * two users that each tryget and, on success, put, OPS times; the manager
  * that checks the ref SCANS times while the users run and once more after
  * they are done.  A check is percpuref_managed_begin() (set ATOMIC, take the

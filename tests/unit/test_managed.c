@@ -124,6 +124,132 @@ static void test_rules(void)
 	percpu_ref_exit(&plain.ref);
 }
 
+/* References held: the atomic count plus, while per-CPU, the per-CPU
+ * counters less the bias.  Only while no scan runs (flushes only). */
+static unsigned long held(struct percpu_ref *ref)
+{
+	uintptr_t word = ref->percpu_count_ptr;
+	unsigned long sum = ref->data->count;
+	unsigned int cpu;
+
+	if (word & __PERCPU_REF_ATOMIC)
+		return sum;
+	for (cpu = 0; cpu < percpuref_nr_units(); cpu++)
+		sum += *percpuref_counter_on(word & ~(uintptr_t)__PERCPU_REF_ATOMIC_DEAD, cpu);
+	return sum - PERCPU_COUNT_BIAS;
+}
+
+/* Every row of the transition table in docs/managed.md. */
+static void test_transitions(void)
+{
+	struct object o = { 0 };
+	unsigned long warned;
+
+	set_config(3600000, 0, PERCPU_REF_SCAN_BATCHED);	/* only flushes scan */
+
+	/* init REL_MANAGED: M, the creator's reference and the manager's. */
+	is(percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED), 0, "REL_MANAGED: 0");
+	ok(o.ref.data->managed && o.ref.data->allow_reinit && !is_atomic(&o.ref),
+	   "REL_MANAGED: managed, per-CPU, reinit allowed");
+	is(held(&o.ref), 2, "REL_MANAGED: counts 2 (creator + manager)");
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 0, "M: the creator's reference keeps it");
+	/* M -> unmanaged: P(RI), the manager's reference dropped. */
+	is(percpu_ref_switch_to_unmanaged(&o.ref), 0, "M -> unmanaged: 0");
+	ok(!o.ref.data->managed && !is_atomic(&o.ref), "unmanaged: P(RI)");
+	is(held(&o.ref), 1, "unmanaged: the caller's reference only");
+	/* P(RI) -> A -> M: the manager's reference again, per-CPU forced. */
+	percpu_ref_switch_to_atomic_sync(&o.ref);
+	ok(is_atomic(&o.ref), "P(RI) -> A");
+	is(percpu_ref_switch_to_managed(&o.ref), 0, "A -> M: 0");
+	ok(!is_atomic(&o.ref) && held(&o.ref) == 2, "A -> M: per-CPU, count 2");
+	/* M -> released (manager's only left): D(RI/M). */
+	percpu_ref_put(&o.ref);
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 1, "M -> D(RI/M): released once the creator put it");
+	ok(is_atomic(&o.ref) && percpu_ref_is_dying(&o.ref) && percpu_ref_is_zero(&o.ref),
+	   "D(RI/M): atomic, dead, zero");
+	warned = percpuref_warning_count();
+	percpu_ref_kill(&o.ref);
+	is(percpu_ref_switch_to_managed(&o.ref), -EINVAL, "D(RI/M) -> managed: -EINVAL");
+	is(percpu_ref_switch_to_unmanaged(&o.ref), -EINVAL, "D(RI/M) -> unmanaged: -EINVAL");
+	is(percpuref_warning_count() - warned, 3, "D(RI/M): kill, managed, unmanaged warned");
+	/* D(RI/M) -> resurrect: M with count 2. */
+	percpu_ref_resurrect(&o.ref);
+	ok(o.ref.data->managed && !is_atomic(&o.ref) && held(&o.ref) == 2,
+	   "D(RI/M) -> resurrect: M, count 2");
+	percpu_ref_put(&o.ref);
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 2, "released again after the resurrected reference's put");
+	percpu_ref_exit(&o.ref);
+
+	/* init REL_MANAGED | INIT_ATOMIC: per-CPU and managed all the same. */
+	memset(&o, 0, sizeof(o));
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED | PERCPU_REF_INIT_ATOMIC);
+	ok(o.ref.data->managed && !is_atomic(&o.ref) && held(&o.ref) == 2,
+	   "REL_MANAGED | INIT_ATOMIC: M, per-CPU, count 2");
+	percpu_ref_put(&o.ref);
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 1, "and released after the creator's put");
+	percpu_ref_exit(&o.ref);
+
+	/* init REL_MANAGED | INIT_DEAD: D(RI/M); reinit -> M. */
+	memset(&o, 0, sizeof(o));
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED | PERCPU_REF_INIT_DEAD);
+	ok(o.ref.data->managed && percpu_ref_is_dying(&o.ref) && percpu_ref_is_zero(&o.ref),
+	   "REL_MANAGED | INIT_DEAD: D(RI/M)");
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 0, "D(RI/M) from init: nothing to release");
+	percpu_ref_reinit(&o.ref);
+	ok(o.ref.data->managed && !is_atomic(&o.ref) && held(&o.ref) == 2,
+	   "D(RI/M) -> reinit: M, count 2");
+	percpu_ref_put(&o.ref);
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 1, "released after the reinit reference's put");
+	percpu_ref_exit(&o.ref);
+
+	/* P(RI) -> kill -> D(RI) -> managed refused; reinit -> P(RI) -> M. */
+	memset(&o, 0, sizeof(o));
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_get(&o.ref);
+	percpu_ref_kill(&o.ref);
+	warned = percpuref_warning_count();
+	is(percpu_ref_switch_to_managed(&o.ref), -EINVAL, "D(RI) -> managed: -EINVAL (warned)");
+	is(percpuref_warning_count() - warned, 1, "warned");
+	percpu_ref_put(&o.ref);
+	percpu_ref_barrier();
+	is(releases_of(&o), 1, "D(RI): released by the last put as usual");
+	percpu_ref_reinit(&o.ref);
+	is(percpu_ref_switch_to_managed(&o.ref), 0, "D(RI) -> reinit -> P(RI) -> M");
+	percpu_ref_put(&o.ref);
+	percpu_ref_managed_flush();
+	is(releases_of(&o), 2, "released by the reclaimer this time");
+	percpu_ref_exit(&o.ref);
+
+	/* P (no reinit): managed refused; flags unknown to init refused. */
+	memset(&o, 0, sizeof(o));
+	percpu_ref_init(&o.ref, obj_release, 0);
+	is(percpu_ref_switch_to_managed(&o.ref), -EINVAL, "P -> managed: -EINVAL");
+	percpu_ref_kill(&o.ref);
+	percpu_ref_barrier();
+	percpu_ref_exit(&o.ref);
+	is(percpu_ref_init(&o.ref, obj_release, 1u << 9), -EINVAL, "unknown init flag: -EINVAL");
+
+	/* A managed ref whose count is zero (atomic, never made live by a
+	 * reinit): nothing to hand over. */
+	memset(&o, 0, sizeof(o));
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_ref_switch_to_atomic_sync(&o.ref);
+	__atomic_store_n(&o.ref.data->count, 0, __ATOMIC_RELAXED);	/* as if put */
+	warned = percpuref_warning_count();
+	is(percpu_ref_switch_to_managed(&o.ref), -EINVAL, "A with count 0 -> managed: -EINVAL");
+	ok(!o.ref.data->managed && percpuref_warning_count() - warned == 1,
+	   "warned, nothing changed");
+	percpu_ref_exit(&o.ref);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_BATCHED);
+}
+
 static void test_unmanaged_and_exit(void)
 {
 	struct object o = { 0 }, listed = { 0 };
@@ -392,26 +518,32 @@ static void test_fork(void)
 }
 #endif
 
-/* Re-executes this test with environment settings; see main(). */
-static int run_env_child(const char *interval, const char *max, const char *strategy)
+/* Re-executes this test with @arg and environment @envp; see main().  The
+ * exit status, or -1.  posix_spawn, not fork: no atfork handlers, no
+ * reclaimer started in a child that is about to exec (ThreadSanitizer
+ * forbids it); our own path as we were started (under valgrind,
+ * /proc/self/exe is valgrind). */
+static int spawn_self(const char *arg, char **envp)
 {
-	char e1[64], e2[64], e3[64];
-	char *argv[] = { "test_managed", "--print-config", NULL };
-	char *envp[] = { e1, e2, e3, NULL };
+	char *argv[] = { "test_managed", (char *)arg, NULL };
 	int status;
 	pid_t pid;
 
-	snprintf(e1, sizeof(e1), "PERCPUREF_SCAN_INTERVAL_MS=%s", interval);
-	snprintf(e2, sizeof(e2), "PERCPUREF_SCAN_MAX=%s", max);
-	snprintf(e3, sizeof(e3), "PERCPUREF_SCAN_STRATEGY=%s", strategy);
-	/* posix_spawn, not fork: no atfork handlers, no reclaimer started in
-	 * a child that is about to exec (ThreadSanitizer forbids it). */
-	/* Our own path as we were started (under valgrind, /proc/self/exe
-	 * is valgrind). */
 	if (posix_spawn(&pid, program_invocation_name, NULL, NULL, argv, envp) ||
 	    waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
 		return -1;
 	return WEXITSTATUS(status);
+}
+
+static int run_env_child(const char *interval, const char *max, const char *strategy)
+{
+	char e1[64], e2[64], e3[64];
+	char *envp[] = { e1, e2, e3, NULL };
+
+	snprintf(e1, sizeof(e1), "PERCPUREF_SCAN_INTERVAL_MS=%s", interval);
+	snprintf(e2, sizeof(e2), "PERCPUREF_SCAN_MAX=%s", max);
+	snprintf(e3, sizeof(e3), "PERCPUREF_SCAN_STRATEGY=%s", strategy);
+	return spawn_self("--print-config", envp);
 }
 
 static int print_config(void)
@@ -424,9 +556,42 @@ static int print_config(void)
 	       (c.strategy != PERCPU_REF_SCAN_FAITHFUL) << 2 | (int)percpuref_warning_count() << 3;
 }
 
+/*
+ * Child of test_env(), with PERCPUREF_MANAGED_WARN_S=1: a program written
+ * for the old contract (the creator never puts its initial reference) gets
+ * one warning, once the ref has been managed for over a second.
+ */
+static int held_warning(void)
+{
+	struct object o = { 0 };
+	unsigned long before;
+	int code = 0;
+
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&o.ref);
+	before = percpuref_warning_count();
+	percpu_ref_managed_flush();
+	code |= percpuref_warning_count() != before;		/* not yet */
+	usleep(1100 * 1000);
+	percpu_ref_managed_flush();
+	percpu_ref_managed_flush();
+	code |= (percpuref_warning_count() != before + 1) << 1;	/* once */
+	code |= (releases_of(&o) != 0) << 2;
+	percpu_ref_put(&o.ref);
+	percpu_ref_managed_flush();
+	code |= (releases_of(&o) != 1) << 3;
+	percpu_ref_exit(&o.ref);
+	return code;
+}
+
 static void test_env(void)
 {
 	struct percpu_ref_managed_config c = { 1, 1, (enum percpu_ref_scan_strategy)7 };
+	char warn_env[] = "PERCPUREF_MANAGED_WARN_S=1";
+	char *held_envp[] = { warn_env, NULL };
+
+	is(spawn_self("--held-warning", held_envp), 0,
+	   "PERCPUREF_MANAGED_WARN_S: a ref its creator never put is reported, once");
 
 	is(run_env_child("7", "9", "faithful"), 0, "environment sets interval, max, strategy");
 	is(run_env_child("x", "-1", "fastest"), 7 | 3 << 3,
@@ -440,7 +605,10 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "--print-config"))
 		return print_config();
+	if (argc > 1 && !strcmp(argv[1], "--held-warning"))
+		return held_warning();
 	test_rules();
+	test_transitions();
 	test_unmanaged_and_exit();
 	check_strategy(PERCPU_REF_SCAN_FAITHFUL, "faithful");
 	check_strategy(PERCPU_REF_SCAN_BATCHED, "batched");
