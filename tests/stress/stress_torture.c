@@ -312,16 +312,22 @@ int main(void)
 			pthread_join(busters[i], NULL);
 		free(busters);
 		percpu_ref_managed_flush();
-		for (i = 0; i < nrefs; i++)
+		for (i = 0; i < nrefs; i++) {
 			percpu_ref_exit(&refs[i].ref);
-		if (wrong || premature || not_zero || warnings) {
-			printf("torture: busted-%s detected: %ld refs not released exactly once, "
-			       "%ld premature releases, %ld not atomic and zero, %ld library "
-			       "warnings\n", busted, wrong, premature, not_zero, warnings);
-			return 1;
+			pthread_mutex_destroy(&refs[i].switch_mutex);
 		}
-		printf("torture: busted-%s NOT detected\n", busted);
-		return 0;
+		free(refs);
+		free(users);
+		if (!(wrong || premature || not_zero || warnings)) {
+			printf("torture: busted-%s NOT detected\n", busted);
+			return 0;
+		}
+		printf("torture: busted-%s detected: %ld refs not released exactly once, "
+		       "%ld premature releases, %ld not atomic and zero, %ld library "
+		       "warnings\n", busted, wrong, premature, not_zero, warnings);
+		/* Before any exit-time report (a sanitizer's) can cut it off. */
+		fflush(stdout);
+		return 1;
 	}
 	is(released, nrefs, "every ref released exactly once after the creator's and the users' puts");
 	is(premature, 0, "no release while a user still ran");
