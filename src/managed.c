@@ -346,7 +346,10 @@ static unsigned long check_chunk(unsigned long limit, struct percpuref_mnode **r
 			node->next = *released;
 			*released = node;
 		} else {
-			if (held_warn_ns && !node->held_warned && now - node->listed_ns > held_warn_ns)
+			/* A pinned count (misuse, warned already) is no
+			 * number of holders. */
+			if (held_warn_ns && !node->held_warned && others < PERCPU_REF_UNDERFLOW_ZONE &&
+			    now - node->listed_ns > held_warn_ns)
 				warn_held(node, others, now);
 			prev = node;
 		}

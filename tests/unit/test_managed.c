@@ -161,6 +161,9 @@ static void test_transitions(void)
 	/* P(RI) -> A -> M: the manager's reference again, per-CPU forced. */
 	percpu_ref_switch_to_atomic_sync(&o.ref);
 	ok(is_atomic(&o.ref), "P(RI) -> A");
+	warned = percpuref_warning_count();
+	is(percpu_ref_switch_to_unmanaged(&o.ref), -EINVAL, "A -> unmanaged: -EINVAL");
+	is(percpuref_warning_count() - warned, 1, "warned");
 	is(percpu_ref_switch_to_managed(&o.ref), 0, "A -> M: 0");
 	ok(!is_atomic(&o.ref) && held(&o.ref) == 2, "A -> M: per-CPU, count 2");
 	/* M -> released (manager's only left): D(RI/M). */
