@@ -50,29 +50,6 @@ extern const struct bench_workload *const __stop_percpuref_bench_workloads[]
 static const struct bench_workload **workloads;
 static unsigned int nworkloads;
 
-void bench_die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fflush(stdout);
-	fprintf(stderr, "percpuref-bench: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
-
-void *bench_zalloc(size_t size)
-{
-	size_t rounded = (size + 127) & ~(size_t)127;
-	void *p = aligned_alloc(128, rounded ? rounded : 128);
-
-	if (!p)
-		bench_die("out of memory (%zu bytes)", size);
-	return memset(p, 0, rounded ? rounded : 128);
-}
-
 static unsigned int group_size(const struct bench_workload *w)
 {
 	return w->group_size ? (unsigned int)*w->group_size : 1;
