@@ -20,6 +20,7 @@ struct topology {
 	unsigned int ncpus;
 	int *order;		/* CPU of thread i is order[i % ncpus] */
 	int *domain;		/* domain[i]: 0-based domain of order[i] */
+	int *core;		/* core[i]: the lowest CPU of order[i]'s core */
 	unsigned int ndomains;
 	bool smt;		/* some core has more than one usable CPU */
 	/* What a domain is: "L3" (cache/index*), "package" or "none". */
@@ -32,6 +33,14 @@ void topology_read(struct topology *topo);
 void topology_free(struct topology *topo);
 /* Domains that the first @nthreads threads touch. */
 unsigned int topology_domains_used(const struct topology *topo, unsigned int nthreads);
+/* Physical cores that the first @nthreads threads touch. */
+unsigned int topology_cores_used(const struct topology *topo, unsigned int nthreads);
+/*
+ * The reports' name for the first @nthreads threads' CPUs, "xCyT": x
+ * physical cores, y threads ("8C16T": 8 cores with both SMT threads).
+ */
+void topology_format_config(const struct topology *topo, unsigned int nthreads, char *buf,
+			    size_t len);
 /* "0-3,8" for CPUs order[0 .. n-1] (n <= ncpus), sorted; into buf. */
 void topology_format_cpus(const struct topology *topo, unsigned int n, char *buf, size_t len);
 
@@ -71,7 +80,8 @@ struct result {
 	struct sample *samples;	/* one per repetition */
 	double ops_per_sec;	/* the reported statistic */
 	double ns_per_op;	/* threads * 1e9 / ops_per_sec */
-	double efficiency;	/* fraction; negative: does not apply */
+	/* (ops/s per thread) / (the baseline row's); negative: does not apply */
+	double efficiency;
 	/* Each metric's mean over the samples where it is finite. */
 	struct bench_metrics metrics;
 };
@@ -86,6 +96,9 @@ struct report {
 	struct result *results;	/* [row * nvariants + column] */
 	unsigned int repeat;
 	const char *stat;	/* "median" or "best" */
+	unsigned int baseline;	/* efficiency's baseline row, in threads (default 1) */
+	unsigned int baseline_row;	/* its index in threads[] */
+	const char *fast_path;	/* percpuref_fast_path(): "rseq-glibc", "fallback" ... */
 	double duration;
 	char started[32];	/* ISO 8601 UTC */
 };

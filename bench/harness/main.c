@@ -4,9 +4,9 @@
  *
  *   percpuref-bench <workload> [--threads LIST] [--variants LIST]
  *                   [--duration S] [--repeat N] [--stat median|best]
- *                   [--oversubscribe] [--json FILE|-] [--list]
- *                   [workload options]
- *   percpuref-bench --help | --list | --topology
+ *                   [--baseline N] [--oversubscribe] [--json FILE|-]
+ *                   [--list] [workload options]
+ *   percpuref-bench --help | --list | --topology | --version
  *
  * Workloads register themselves (PERCPUREF_BENCH_WORKLOAD() in bench.h) by
  * putting a pointer in the linker section percpuref_bench_workloads; this
@@ -17,8 +17,9 @@
  * so slow drifts of the machine (other load, thermal) spread over all
  * points instead of landing on one variant.  The reported figure of a point
  * is the median (default) or the best of its repetitions' throughputs.
- * Scaling efficiency needs the one-thread throughput of each variant, so a
- * one-thread row is added when --threads leaves it out.
+ * Scaling efficiency needs the baseline row's throughput of each variant
+ * (one thread, or --baseline N: the reports' first full L3 domain), so
+ * that row is added when --threads leaves it out.
  *
  * Rows: --threads, else the workload's own default list (counted in its
  * groups, so signal1's "1,2,4" means 1, 2 and 4 containers whatever
@@ -39,6 +40,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <percpuref/percpu_ref.h>
 
 #include "harness.h"
 
@@ -100,6 +103,7 @@ enum {
 	OPT_REPEAT,
 	OPT_STAT,
 	OPT_OVERSUBSCRIBE,
+	OPT_BASELINE,
 	OPT_JSON,
 	OPT_LIST,
 	OPT_HELP,
@@ -113,6 +117,7 @@ static const struct option common_options[] = {
 	{ "repeat", required_argument, NULL, OPT_REPEAT },
 	{ "stat", required_argument, NULL, OPT_STAT },
 	{ "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
+	{ "baseline", required_argument, NULL, OPT_BASELINE },
 	{ "json", required_argument, NULL, OPT_JSON },
 	{ "list", no_argument, NULL, OPT_LIST },
 	{ "help", no_argument, NULL, OPT_HELP },
@@ -164,7 +169,7 @@ static void usage(FILE *out, const struct bench_workload *w)
 {
 	fprintf(out,
 		"usage: percpuref-bench <workload> [options] [workload options]\n"
-		"       percpuref-bench --help | --list | --topology\n"
+		"       percpuref-bench --help | --list | --topology | --version\n"
 		"options:\n"
 		"  --threads LIST      thread counts: numbers, ranges a-b and \"max\", comma-separated\n"
 		"                      (default: the workload's, or 1,2,4,...,max); one thread per\n"
@@ -175,9 +180,13 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"  --stat median|best  which repetition to report (default median)\n"
 		"  --oversubscribe     allow more threads than usable CPUs (rows flagged '!'); implied\n"
 		"                      for workloads that oversubscribe by design\n"
+		"  --baseline N        efficiency relative to the N-thread row, as the reports'\n"
+		"                      8C16T = 100%%: (throughput(T) / T) / (throughput(N) / N)\n"
+		"                      (default 1)\n"
 		"  --json FILE         also write JSON Lines to FILE; \"-\": JSON on stdout, table on stderr\n"
 		"  --list              list workloads, or the workload's variants and options\n"
-		"  --topology          (no workload) print the usable CPUs in placement order\n");
+		"  --topology          (no workload) print the usable CPUs in placement order\n"
+		"  --version           print the version and the fast path this process uses\n");
 	if (w) {
 		fputc('\n', out);
 		list_workload(out, w);
@@ -359,6 +368,7 @@ struct cli {
 	const char *threads;
 	const char *variants;
 	const char *json;
+	unsigned int baseline;	/* 0: not given (one thread) */
 	bool oversubscribe;
 	bool list;
 };
@@ -420,6 +430,14 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 		case OPT_OVERSUBSCRIBE:
 			cli->oversubscribe = true;
 			break;
+		case OPT_BASELINE:
+			cli->baseline = strtoul(optarg, &end, 10);
+			if (end == optarg || *end || cli->baseline < 1 || cli->baseline > 1u << 16)
+				usage_error(w, "--baseline: want a thread count 1..65536, got \"%s\"",
+					    optarg);
+			if (w->no_efficiency)
+				usage_error(w, "--baseline: workload %s has no efficiency", w->name);
+			break;
 		case OPT_JSON:
 			cli->json = optarg;
 			break;
@@ -472,18 +490,27 @@ static void plan_report(struct report *r, const struct cli *cli)
 	} else {
 		r->nthreads = default_threads(r->topo->ncpus, &threads);
 	}
+	r->baseline = cli->baseline ? cli->baseline : 1;
+	/* Efficiency divides by the baseline row: add it where it is missing. */
+	if (!w->no_efficiency) {
+		unsigned int at = 0;
+
+		while (at < r->nthreads && threads[at] < r->baseline)
+			at++;
+		if (at == r->nthreads || threads[at] != r->baseline) {
+			threads = realloc(threads, (r->nthreads + 1) * sizeof(*threads));
+			if (!threads)
+				bench_die("out of memory");
+			memmove(threads + at + 1, threads + at,
+				(r->nthreads++ - at) * sizeof(*threads));
+			threads[at] = r->baseline;
+		}
+		r->baseline_row = at;
+	}
 	if (!cli->oversubscribe && !w->oversubscribe &&
 	    threads[r->nthreads - 1] > r->topo->ncpus)
 		usage_error(w, "--threads %u: only %u CPUs usable; --oversubscribe allows more",
 			    threads[r->nthreads - 1], r->topo->ncpus);
-	/* Efficiency divides by the one-thread row, which is then row 0. */
-	if (!w->no_efficiency && threads[0] != 1) {
-		threads = realloc(threads, (r->nthreads + 1) * sizeof(*threads));
-		if (!threads)
-			bench_die("out of memory");
-		memmove(threads + 1, threads, r->nthreads++ * sizeof(*threads));
-		threads[0] = 1;
-	}
 	r->threads = threads;
 
 	if (cli->variants) {
@@ -513,11 +540,28 @@ static void plan_report(struct report *r, const struct cli *cli)
 	}
 }
 
-/* Every repetition of every point; a progress line when stderr is a tty. */
+static double monotonic_seconds(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/*
+ * Every repetition of every point.  A run planned longer than
+ * PROGRESS_AFTER_S seconds, with stderr on a terminal, shows a progress
+ * line there: point k of N, the elapsed time and an estimate of what is
+ * left (the mean time per point so far, times the points left).
+ */
+#define PROGRESS_AFTER_S 3.0
+
 static void run_schedule(struct report *r)
 {
-	unsigned int points = r->nthreads * r->nvariants, done = 0;
-	bool progress = isatty(STDERR_FILENO);
+	unsigned int points = r->nthreads * r->nvariants, total = r->repeat * points, done = 0;
+	/* Each point: its window, its warm-up, and about as much again. */
+	bool progress = isatty(STDERR_FILENO) && total * r->duration * 1.2 > PROGRESS_AFTER_S;
+	double start = monotonic_seconds();
 	time_t now = time(NULL);
 	struct tm tm;
 
@@ -526,16 +570,24 @@ static void run_schedule(struct report *r)
 		for (unsigned int i = 0; i < points; i++) {
 			struct result *res = &r->results[i];
 
-			if (progress)
-				fprintf(stderr, "\r[%u/%u] %s, %u thread%s   ", ++done,
-					r->repeat * points, res->variant->name, res->threads,
-					res->threads == 1 ? "" : "s");
+			if (progress) {
+				double elapsed = monotonic_seconds() - start;
+
+				fprintf(stderr, "\r%s: point %u of %u (%s, %u thread%s), %.0f s elapsed",
+					r->workload->name, done + 1, total, res->variant->name,
+					res->threads, res->threads == 1 ? "" : "s", elapsed);
+				if (done)
+					fprintf(stderr, ", ~%.0f s left",
+						elapsed / done * (total - done));
+				fprintf(stderr, "\033[K");
+			}
 			res->samples[k] = measure(r->workload, res->variant, res->threads, r->topo,
 						  r->duration);
+			done++;
 		}
 	}
 	if (progress)
-		fprintf(stderr, "\r%*s\r", 60, "");
+		fprintf(stderr, "\r\033[K");
 }
 
 /* Each metric of @res's samples: its mean over the samples where it is finite. */
@@ -570,15 +622,21 @@ static void compute_results(struct report *r)
 
 	for (unsigned int i = 0; i < r->nthreads * r->nvariants; i++) {
 		struct result *res = &r->results[i];
-		/* Row 0 is the one-thread row whenever efficiency applies. */
-		const struct result *one = &r->results[i % r->nvariants];
 
 		res->groups = (res->threads + group_size(r->workload) - 1) / group_size(r->workload);
 		res->ops_per_sec = aggregate(res, r->repeat, best);
 		res->ns_per_op = res->ops_per_sec > 0 ? res->threads * 1e9 / res->ops_per_sec : NAN;
-		res->efficiency = r->workload->no_efficiency ? -1 :
-				  res->ops_per_sec / (res->threads * one->ops_per_sec);
 		mean_metrics(res, r->repeat);
+	}
+	/* A second pass: the baseline's throughput must be known first. */
+	for (unsigned int i = 0; i < r->nthreads * r->nvariants; i++) {
+		struct result *res = &r->results[i];
+		const struct result *base = &r->results[r->baseline_row * r->nvariants +
+							 i % r->nvariants];
+
+		res->efficiency = r->workload->no_efficiency ? -1 :
+				  (res->ops_per_sec / res->threads) /
+				  (base->ops_per_sec / base->threads);
 	}
 }
 
@@ -598,7 +656,8 @@ static void free_report(struct report *r)
 int main(int argc, char **argv)
 {
 	struct topology topo;
-	struct report r = { .repeat = 1, .stat = "median", .duration = 0.5, .topo = &topo };
+	struct report r = { .repeat = 1, .stat = "median", .duration = 0.5, .topo = &topo,
+			    .baseline = 1, .fast_path = percpuref_fast_path() };
 	struct cli cli = { 0 };
 	FILE *table_out = stdout, *json_out = NULL;
 
@@ -607,6 +666,10 @@ int main(int argc, char **argv)
 		usage_error(NULL, "no workload given");
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
 		usage(stdout, NULL);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--version")) {
+		printf("percpuref-bench %s (fast path: %s)\n", PERCPUREF_BENCH_VERSION, r.fast_path);
 		return 0;
 	}
 	if (!strcmp(argv[1], "--list")) {

@@ -5,7 +5,12 @@
  * ns per operation per thread (threads x elapsed / operations: how long one
  * thread waits for one operation, the figure that grows under contention),
  * aggregate millions of operations per second, and scaling efficiency,
- * throughput(N) / (N x throughput(1)), as a percentage.  A workload whose
+ * throughput(N) / (N x throughput(1)), as a percentage (or, with
+ * --baseline B, relative to the B-thread row: (throughput(N) / N) /
+ * (throughput(B) / B), the reports' normalisation).  Each row names its
+ * CPUs as the reports do, xCyT (x physical cores, y threads), with the
+ * L3 domains they span.  The header says which fast path the library's
+ * per-CPU operations take in this process (rseq or the fallback).  A workload whose
  * threads come in groups (signal1's containers) gets its group count as the
  * rows' first column, and the throughput of one group in place of ns per
  * operation: its report compares groups, and one thread's time is not one
@@ -151,8 +156,8 @@ void report_table(FILE *out, const struct report *r)
 	const struct topology *topo = r->topo;
 	const char *op = r->workload->op, *group = r->workload->group;
 	bool efficiency = !r->workload->no_efficiency, oversubscribed = false;
-	char first_head[32], fig_head[40], rate_head[32], cpus[4096];
-	int first_w = 0, fig_w, rate_w, cpus_w = 4, block_w;
+	char first_head[32], fig_head[40], rate_head[32], cpus[4096], config[32];
+	int first_w = 0, fig_w, rate_w, cpus_w = 4, config_w = 6, block_w;
 
 	/*
 	 * Per variant: ns/<op> and the total, or, for a workload with
@@ -175,19 +180,26 @@ void report_table(FILE *out, const struct report *r)
 				     cpus, sizeof(cpus));
 		if ((int)strlen(cpus) > cpus_w)
 			cpus_w = strlen(cpus);
+		topology_format_config(topo, r->threads[i], config, sizeof(config));
+		if ((int)strlen(config) > config_w)
+			config_w = strlen(config);
 	}
 
 	fprintf(out, "%s: %s\n", r->workload->name, r->workload->help);
 	print_machine(out, topo);
+	fprintf(out, "fast path: %s\n", r->fast_path);
 	fprintf(out, "each point: %g s after a %g s warm-up, %s of %u run%s", r->duration,
 		r->duration / 5, r->stat, r->repeat, r->repeat == 1 ? "" : "s");
-	if (efficiency)
+	if (efficiency && r->baseline == 1)
 		fprintf(out, "; eff = throughput(N) / (N x throughput(1))");
+	else if (efficiency)
+		fprintf(out, "; eff = (throughput(N) / N) / (throughput(%u) / %u): the %u-thread "
+			"row is 100%%", r->baseline, r->baseline, r->baseline);
 	if (group)
 		fprintf(out, "\nper %s: %ss/s of one %s = total / %ss", group, op, group, group);
 	fprintf(out, "\n\n");
 
-	fprintf(out, "%*s |", (first_w ? first_w + 2 : 0) + 8 + cpus_w + 4, "");
+	fprintf(out, "%*s |", (first_w ? first_w + 2 : 0) + 8 + config_w + 1 + cpus_w + 4, "");
 	for (unsigned int v = 0; v < r->nvariants; v++) {
 		fputc(' ', out);
 		center(out, r->variants[v]->name, block_w);
@@ -196,7 +208,7 @@ void report_table(FILE *out, const struct report *r)
 	fputc('\n', out);
 	if (group)
 		fprintf(out, "%*s  ", first_w, first_head);
-	fprintf(out, "%7s %-*s %3s |", "threads", cpus_w, "cpus", "L3");
+	fprintf(out, "%7s %-*s %-*s %3s |", "threads", config_w, "config", cpus_w, "cpus", "L3");
 	for (unsigned int v = 0; v < r->nvariants; v++) {
 		fprintf(out, " %*s %*s", fig_w, fig_head, rate_w, rate_head);
 		if (efficiency)
@@ -211,13 +223,15 @@ void report_table(FILE *out, const struct report *r)
 
 		oversubscribed |= over;
 		topology_format_cpus(topo, over ? topo->ncpus : n, cpus, sizeof(cpus));
+		topology_format_config(topo, n, config, sizeof(config));
 		/* The flag follows the row's first figure. */
 		if (group)
 			fprintf(out, "%*u%c %7u", first_w, r->results[i * r->nvariants].groups,
 				over ? '!' : ' ', n);
 		else
 			fprintf(out, "%6u%c", n, over ? '!' : ' ');
-		fprintf(out, " %-*s %3u |", cpus_w, cpus, topology_domains_used(topo, n));
+		fprintf(out, " %-*s %-*s %3u |", config_w, config, cpus_w, cpus,
+			topology_domains_used(topo, n));
 		for (unsigned int v = 0; v < r->nvariants; v++) {
 			const struct result *res = &r->results[i * r->nvariants + v];
 
@@ -330,9 +344,12 @@ static void json_machine(FILE *out, const struct topology *topo)
 void report_json(FILE *out, const struct report *r)
 {
 	const struct topology *topo = r->topo;
+	char config[32];
 
 	for (unsigned int i = 0; i < r->nthreads; i++) {
 		unsigned int n = r->threads[i], placed = n < topo->ncpus ? n : topo->ncpus;
+
+		topology_format_config(topo, n, config, sizeof(config));
 
 		for (unsigned int v = 0; v < r->nvariants; v++) {
 			const struct result *res = &r->results[i * r->nvariants + v];
@@ -341,7 +358,7 @@ void report_json(FILE *out, const struct report *r)
 			json_string(out, r->workload->name);
 			fprintf(out, ",\"variant\":");
 			json_string(out, res->variant->name);
-			fprintf(out, ",\"threads\":%u,\"op\":", n);
+			fprintf(out, ",\"threads\":%u,\"config\":\"%s\",\"op\":", n, config);
 			json_string(out, r->workload->op);
 			fprintf(out, ",\"ops_per_sec\":");
 			json_number(out, res->ops_per_sec);
@@ -354,10 +371,12 @@ void report_json(FILE *out, const struct report *r)
 				json_number(out, res->ops_per_sec / res->groups);
 			}
 			fprintf(out, ",\"efficiency\":");
-			if (res->efficiency < 0)
-				fprintf(out, "null");
-			else
+			if (res->efficiency < 0) {
+				fprintf(out, "null,\"baseline_threads\":null");
+			} else {
 				json_number(out, res->efficiency);
+				fprintf(out, ",\"baseline_threads\":%u", r->baseline);
+			}
 			fprintf(out, ",\"oversubscribed\":%s,\"cpus\":[",
 				n > topo->ncpus ? "true" : "false");
 			for (unsigned int c = 0; c < placed; c++)
@@ -384,6 +403,8 @@ void report_json(FILE *out, const struct report *r)
 			json_params(out, r->workload);
 			fprintf(out, ",\"machine\":");
 			json_machine(out, topo);
+			fprintf(out, ",\"fast_path\":");
+			json_string(out, r->fast_path);
 			fprintf(out, ",\"started\":\"%s\"}\n", r->started);
 		}
 	}

@@ -204,10 +204,12 @@ void topology_read(struct topology *topo)
 	topo->ncpus = n;
 	topo->order = calloc(n, sizeof(*topo->order));
 	topo->domain = calloc(n, sizeof(*topo->domain));
-	if (!topo->order || !topo->domain)
+	topo->core = calloc(n, sizeof(*topo->core));
+	if (!topo->order || !topo->domain || !topo->core)
 		bench_die("out of memory");
 	for (unsigned int i = 0; i < n; i++) {
 		topo->order[i] = info[i].cpu;
+		topo->core[i] = info[i].core_key;
 		topo->smt |= info[i].rank > 0;
 		if (i > 0 && info[i].domain_key != info[i - 1].domain_key)
 			topo->ndomains++;
@@ -222,6 +224,7 @@ void topology_free(struct topology *topo)
 {
 	free(topo->order);
 	free(topo->domain);
+	free(topo->core);
 }
 
 unsigned int topology_domains_used(const struct topology *topo, unsigned int nthreads)
@@ -230,6 +233,27 @@ unsigned int topology_domains_used(const struct topology *topo, unsigned int nth
 
 	/* Domains are contiguous in the order and numbered from 0. */
 	return n ? topo->domain[n - 1] + 1 : 0;
+}
+
+unsigned int topology_cores_used(const struct topology *topo, unsigned int nthreads)
+{
+	unsigned int n = nthreads < topo->ncpus ? nthreads : topo->ncpus, cores = 0;
+
+	/* A core counts once: at its first CPU in the order. */
+	for (unsigned int i = 0; i < n; i++) {
+		unsigned int j = 0;
+
+		while (j < i && topo->core[j] != topo->core[i])
+			j++;
+		cores += j == i;
+	}
+	return cores;
+}
+
+void topology_format_config(const struct topology *topo, unsigned int nthreads, char *buf,
+			    size_t len)
+{
+	snprintf(buf, len, "%uC%uT", topology_cores_used(topo, nthreads), nthreads);
 }
 
 static int cmp_int(const void *a, const void *b)

@@ -50,6 +50,9 @@ expect 2 micro --duration -1
 expect 2 micro --duration 1s
 expect 2 micro --repeat 0
 expect 2 micro --stat mean
+expect 2 micro --baseline 0
+expect 2 micro --baseline x
+expect 2 micro --baseline
 expect 2 micro extra-argument
 expect 2 signal1 --workers 0
 expect 2 signal1 --workers -3
@@ -59,6 +62,7 @@ expect 2 signal1 --batch -1
 expect 2 signal1 --batch 0
 expect 2 signal1 --batch 99999999999999999999
 expect 0 --help
+expect 0 --version
 expect 0 --list
 expect 0 micro --help
 expect 0 signal1 --list
@@ -81,7 +85,8 @@ import json, sys
 rows, group, cpus = int(sys.argv[2]), sys.argv[3] == "yes", int(sys.argv[4])
 need = {"workload": str, "variant": str, "threads": int, "ops_per_sec": (int, float),
         "ns_per_op": (int, float), "efficiency": (int, float, type(None)),
-        "oversubscribed": bool}
+        "oversubscribed": bool, "config": str, "fast_path": str,
+        "baseline_threads": (int, type(None))}
 if group:
     need.update({"group": str, "groups": int, "ops_per_sec_per_group": (int, float)})
 lines = open(sys.argv[1]).read().splitlines()
@@ -91,6 +96,7 @@ for n, line in enumerate(lines, 1):
     for key, kind in need.items():
         assert isinstance(obj.get(key), kind), f"line {n}: {key} = {obj.get(key)!r}"
     assert obj["oversubscribed"] == (obj["threads"] > cpus), f"line {n}: oversubscribed"
+    assert obj["config"].endswith("C%dT" % obj["threads"]), "line %d: config" % n
     if group:
         size = obj["params"]["workers"]
         assert obj["groups"] == -(-obj["threads"] // size), f"line {n}: groups"
@@ -111,7 +117,7 @@ for n, line in enumerate(lines, 1):
 # micro: rows 1 (added for efficiency) and 2, two variants.
 json micro 4 no --threads 2 --oversubscribe --variants private,kref
 # signal1: 3 threads of 2 workers make 2 containers, the last one short.
-json signal1 4 yes --threads 1,3 --workers 2
+json signal1 8 yes --threads 1,3 --workers 2
 json signal1 2 yes --threads "$over" --variants global
 
 # labels --churn: every row carries the churn metrics, with their units,
@@ -153,6 +159,42 @@ assert obj["metrics"] == {} and obj["metric_units"] == {}
 else
 	echo "FAIL: micro --json -: metrics not empty, or a metrics table"
 	fails=$((fails + 1))
+fi
+
+# --version names the version and the fast path; so do the table and the JSON.
+if "$bench" --version | grep -q '^percpuref-bench [0-9][0-9.]* (fast path: [a-z-]*)$'; then
+	echo "ok: --version"
+else
+	echo "FAIL: --version: $("$bench" --version)"
+	fails=$((fails + 1))
+fi
+
+# --baseline 2, a row --threads leaves out (so it is added): the two-thread
+# row is 100%, the others relative to its per-thread throughput; the table
+# says so and names rows xCyT.
+if [ "$cpus" -ge 2 ] &&
+   "$bench" micro --threads 1 --baseline 2 --variants private,kref $short --json - \
+	>"$tmp/json" 2>"$tmp/table"; then
+	if "$python" -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert sorted(r["threads"] for r in rows) == [1, 1, 2, 2], "rows: 1 and the baseline, added"
+by = {(r["variant"], r["threads"]): r for r in rows}
+for v in ("private", "kref"):
+    base, one = by[(v, 2)], by[(v, 1)]
+    assert base["baseline_threads"] == 2 and abs(base["efficiency"] - 1) < 1e-9, base
+    want = one["ops_per_sec"] / (base["ops_per_sec"] / 2)
+    assert abs(one["efficiency"] - want) <= 1e-4 * want, (one["efficiency"], want)
+    assert base["config"] == "2C2T" or base["config"] == "1C2T", base["config"]
+' "$tmp/json" && grep -q '^fast path: ' "$tmp/table" &&
+	   grep -q 'the 2-thread row is 100%' "$tmp/table" &&
+	   grep -q '^threads config ' "$tmp/table"; then
+		echo "ok: --baseline 2"
+	else
+		echo "FAIL: --baseline 2: efficiency or table header"
+		sed 's/^/  /' "$tmp/json" "$tmp/table" | head -20
+		fails=$((fails + 1))
+	fi
 fi
 
 # The flagged table row and its footnote.
