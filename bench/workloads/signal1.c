@@ -23,7 +23,8 @@
  *
  * The queue work is private to the worker, so the only cache lines that
  * workers of different containers can share are those the charge and the
- * uncharge write.  Variants (both through the hcount API):
+ * uncharge write.  Variants (the first two through the hcount API, the
+ * other two through signal1_model.h):
  *
  *   global    a no-cache tree (HCOUNT_NO_CACHE): every charge and uncharge
  *             walks container -> parent -> root with an atomic on each
@@ -35,7 +36,15 @@
  *             round trip on the container's own line; the parent and the
  *             root are touched only when a cache refills or overflows,
  *             which a one-deep signal queue never makes happen after the
- *             first refill.  The "after" row.
+ *             first refill.  Today's library policy.
+ *   cached-report  the report's own cache policy (signal1_model.h): the
+ *             containers' namespaces directly under the root, an atomic
+ *             cache per container refilled with 16 units and returning 16
+ *             as soon as it holds more than 16, and --override-rlimit for
+ *             the path that skips the parents' max.  The report's "after".
+ *   percpu-counter  the series' next revision: a percpu_counter per level,
+ *             per-CPU deltas folded past a batch, an approximate limit
+ *             check that turns exact near the limit.
  *
  * Reading the table.  The harness groups the threads into containers
  * (.group, .group_size = &opt_workers), so the table has the report's shape:
@@ -57,21 +66,34 @@
  *     hcount_tree_check() holds, and once the containers and the parent are
  *     destroyed (returning their caches) the root's count is zero.
  */
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 
+#include <unistd.h>
+
 #include <percpuref/hcount.h>
 
 #include "bench.h"
+#include "signal1_model.h"
 
 /* The one resource type of the tree: UCOUNT_RLIMIT_SIGPENDING. */
 #define SIGPENDING 0U
 
 static long opt_workers = 1;
 static long opt_batch = HCOUNT_BATCH_DEFAULT;
+static long opt_limit;
+static bool opt_override_rlimit;
+
+enum signal1_kind {
+	SIGNAL1_GLOBAL,
+	SIGNAL1_CACHED,
+	SIGNAL1_REPORT,
+	SIGNAL1_PCPU_COUNTER,
+};
 
 struct signal1_state {
 	struct hcount_tree *tree;	/* root: init_ucounts */
@@ -79,6 +101,7 @@ struct signal1_state {
 	struct hcount_ns **containers;	/* one child namespace per container */
 	unsigned int nr_containers;
 	long rlimit;			/* RLIMIT_SIGPENDING, the charge's max */
+	struct sig1_tree *model;	/* cached-report, percpu-counter */
 };
 
 /* The part of kernel_siginfo_t that a SI_TKILL signal carries. */
@@ -93,12 +116,16 @@ struct siginfo_model {
 struct sigqueue {
 	struct sigqueue *next;
 	struct hcount_ns *ucounts;	/* where the pending unit was charged */
+	struct sig1_level *level;	/* the same, in signal1_model.h's tree */
 	struct siginfo_model info;
 };
 
 /* One worker: a thread of a container; everything here is private to it. */
 struct worker {
 	struct hcount_ns *ns;		/* its container's namespace */
+	struct sig1_tree *model;	/* cached-report, percpu-counter ... */
+	struct sig1_level *level;	/* ... and its container's level there */
+	int cpu;			/* percpu-counter: whose delta */
 	long rlimit;
 	struct sigqueue *pending;	/* head of the pending list */
 	struct sigqueue **tail;		/* where the next entry is linked */
@@ -117,7 +144,8 @@ struct worker {
 static void signal1_setup(struct bench_run *run)
 {
 	struct signal1_state *s = bench_zalloc(sizeof(*s));
-	unsigned int batch = run->variant->arg ? (unsigned int)opt_batch : HCOUNT_NO_CACHE;
+	unsigned int batch = run->variant->arg == SIGNAL1_CACHED ? (unsigned int)opt_batch
+								 : HCOUNT_NO_CACHE;
 	struct rlimit rl;
 	long limits[1];
 
@@ -125,15 +153,27 @@ static void signal1_setup(struct bench_run *run)
 		signal1_die(run, "getrlimit(RLIMIT_SIGPENDING): %m");
 	s->rlimit = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)HCOUNT_UNLIMITED
 			    ? HCOUNT_UNLIMITED : (long)rl.rlim_cur;
+	if (opt_limit)
+		s->rlimit = opt_limit;
 	if (s->rlimit < (long)run->nthreads)
 		signal1_die(run, "RLIMIT_SIGPENDING %ld leaves no room for every worker",
 			    s->rlimit);
+	s->nr_containers = (run->nthreads + opt_workers - 1) / opt_workers;
+	if (run->variant->arg >= SIGNAL1_REPORT) {
+		long ncpus = sysconf(_SC_NPROCESSORS_CONF);
+
+		/* The report's tree: containers directly under the root. */
+		s->model = sig1_tree_create(s->nr_containers, s->rlimit,
+					    ncpus > 0 ? (unsigned int)ncpus : 1);
+		s->model->override_rlimit = opt_override_rlimit;
+		run->state = s;
+		return;
+	}
 	/* As for user namespaces: each one's maximum is its creator's rlimit. */
 	limits[0] = s->rlimit;
 	if (hcount_tree_create(&s->tree, 1, batch, limits) ||
 	    hcount_ns_create(&s->parent, hcount_tree_root(s->tree), limits))
 		signal1_die(run, "cannot create the namespace tree");
-	s->nr_containers = (run->nthreads + opt_workers - 1) / opt_workers;
 	s->containers = bench_zalloc(s->nr_containers * sizeof(*s->containers));
 	for (unsigned int i = 0; i < s->nr_containers; i++)
 		if (hcount_ns_create(&s->containers[i], s->parent, limits))
@@ -146,7 +186,16 @@ static void signal1_thread_init(struct bench_thread *t)
 	struct signal1_state *s = t->run->state;
 	struct worker *w = bench_zalloc(sizeof(*w));
 
-	w->ns = s->containers[t->index / opt_workers];
+	if (s->model) {
+		w->model = s->model;
+		w->level = s->model->containers[t->index / opt_workers];
+		if (t->cpu >= (int)s->model->ncpus)
+			signal1_die(t->run, "CPU %d past the %u per-CPU deltas", t->cpu,
+				    s->model->ncpus);
+	} else {
+		w->ns = s->containers[t->index / opt_workers];
+	}
+	w->cpu = t->cpu;
 	w->rlimit = s->rlimit;
 	w->tail = &w->pending;
 	w->free = &w->entry;
@@ -154,16 +203,52 @@ static void signal1_thread_init(struct bench_thread *t)
 	t->local = w;
 }
 
+/* The pending unit: charged at the worker's container, true if allowed. */
+static inline __attribute__((always_inline)) bool
+signal_charge(struct worker *w, enum signal1_kind kind)
+{
+	switch (kind) {
+	case SIGNAL1_GLOBAL:
+	case SIGNAL1_CACHED:
+		return !hcount_charge_max(w->ns, SIGPENDING, 1, w->rlimit);
+	case SIGNAL1_REPORT:
+		return sig1_report_charge(w->model, w->level, w->rlimit);
+	case SIGNAL1_PCPU_COUNTER:
+		return sig1_pcpu_charge(w->model, w->level, w->cpu, w->rlimit);
+	}
+	return false;
+}
+
+/* The unit of @q, given back; false if the uncharge failed. */
+static inline __attribute__((always_inline)) bool
+signal_uncharge(struct worker *w, const struct sigqueue *q, enum signal1_kind kind)
+{
+	switch (kind) {
+	case SIGNAL1_GLOBAL:
+	case SIGNAL1_CACHED:
+		return !hcount_uncharge(q->ucounts, SIGPENDING, 1);
+	case SIGNAL1_REPORT:
+		sig1_report_uncharge(q->level);
+		return true;
+	case SIGNAL1_PCPU_COUNTER:
+		sig1_pcpu_uncharge(w->model, q->level, w->cpu);
+		return true;
+	}
+	return false;
+}
+
 /* raise(SIGUSR1): charge the pending unit, then queue the entry. */
-static inline void signal_send(struct bench_thread *t, struct worker *w)
+static inline __attribute__((always_inline)) void
+signal_send(struct bench_thread *t, struct worker *w, enum signal1_kind kind)
 {
 	struct sigqueue *q;
 
-	if (percpuref_unlikely(hcount_charge_max(w->ns, SIGPENDING, 1, w->rlimit)))
+	if (percpuref_unlikely(!signal_charge(w, kind)))
 		signal1_die(t->run, "thread %u: SIGPENDING charge refused", t->index);
 	q = w->free;
 	w->free = q->next;
 	q->ucounts = w->ns;
+	q->level = w->level;
 	q->info = (struct siginfo_model){
 		.signo = SIGUSR1,
 		.code = SI_TKILL,
@@ -177,7 +262,8 @@ static inline void signal_send(struct bench_thread *t, struct worker *w)
 }
 
 /* Delivery: dequeue, copy out for the handler, uncharge, free the entry. */
-static inline void signal_deliver(struct bench_thread *t, struct worker *w)
+static inline __attribute__((always_inline)) void
+signal_deliver(struct bench_thread *t, struct worker *w, enum signal1_kind kind)
 {
 	struct sigqueue *q = w->pending;
 	struct siginfo_model info;
@@ -186,7 +272,7 @@ static inline void signal_deliver(struct bench_thread *t, struct worker *w)
 	if (!w->pending)
 		w->tail = &w->pending;
 	info = q->info;
-	if (percpuref_unlikely(hcount_uncharge(q->ucounts, SIGPENDING, 1)))
+	if (percpuref_unlikely(!signal_uncharge(w, q, kind)))
 		signal1_die(t->run, "thread %u: SIGPENDING uncharge failed", t->index);
 	q->next = w->free;
 	w->free = q;
@@ -194,18 +280,34 @@ static inline void signal_deliver(struct bench_thread *t, struct worker *w)
 	w->value_sum += info.value;
 }
 
-/* Both variants: the tree's mode decides what a charge costs. */
-static void signal1_loop(struct bench_thread *t)
+/* One loop per model, @kind a constant; hcount's mode is the tree's. */
+static inline __attribute__((always_inline)) void
+signal1_loop(struct bench_thread *t, enum signal1_kind kind)
 {
 	struct worker *w = t->local;
 
 	while (bench_running(t)) {
 		for (int i = 0; i < BENCH_BATCH; i++) {
-			signal_send(t, w);
-			signal_deliver(t, w);
+			signal_send(t, w, kind);
+			signal_deliver(t, w, kind);
 		}
 		bench_count(t, BENCH_BATCH);
 	}
+}
+
+static void signal1_hcount_loop(struct bench_thread *t)
+{
+	signal1_loop(t, SIGNAL1_CACHED);
+}
+
+static void signal1_report_loop(struct bench_thread *t)
+{
+	signal1_loop(t, SIGNAL1_REPORT);
+}
+
+static void signal1_pcpu_counter_loop(struct bench_thread *t)
+{
+	signal1_loop(t, SIGNAL1_PCPU_COUNTER);
 }
 
 static void signal1_thread_fini(struct bench_thread *t)
@@ -229,8 +331,22 @@ static void signal1_thread_fini(struct bench_thread *t)
 static void signal1_teardown(struct bench_run *run)
 {
 	struct signal1_state *s = run->state;
-	struct hcount_ns *root = hcount_tree_root(s->tree);
+	struct hcount_ns *root;
 
+	if (s->model) {
+		for (unsigned int i = 0; i < s->nr_containers; i++)
+			if (sig1_pcpu_sum(s->model, s->model->containers[i]))
+				signal1_die(run, "container %u still holds %ld units", i,
+					    sig1_pcpu_sum(s->model, s->model->containers[i]));
+		/* The report's drains: a refill the limit refused (percpu-counter: none). */
+		bench_report_metric(run, "drains", run->variant->arg == SIGNAL1_REPORT
+					    ? (double)s->model->drains : NAN, NULL);
+		if (!sig1_tree_destroy(s->model))
+			signal1_die(run, "units left in the tree after the caches were drained");
+		free(s);
+		return;
+	}
+	root = hcount_tree_root(s->tree);
 	for (unsigned int i = 0; i < s->nr_containers; i++)
 		if (hcount_ns_own(s->containers[i], SIGPENDING))
 			signal1_die(run, "container %u still holds %ld units", i,
@@ -261,6 +377,8 @@ static const char *signal1_validate(void)
 		snprintf(why, sizeof(why), "--batch: want 1..%u", HCOUNT_BATCH_MAX);
 		return why;
 	}
+	if (opt_limit < 0)
+		return "--limit: want 0 (the process's RLIMIT_SIGPENDING) or more";
 	return NULL;
 }
 
@@ -268,13 +386,22 @@ static const struct bench_option signal1_options[] = {
 	{ "workers", BENCH_OPT_LONG, &opt_workers,
 	  "threads per container; containers = threads / workers, rounded up" },
 	{ "batch", BENCH_OPT_LONG, &opt_batch, "units per cache refill (cached variant)" },
+	{ "limit", BENCH_OPT_LONG, &opt_limit,
+	  "every namespace's max and the task's rlimit (0: RLIMIT_SIGPENDING)" },
+	{ "override-rlimit", BENCH_OPT_BOOL, &opt_override_rlimit,
+	  "cached-report, percpu-counter: skip the parents' max (override_rlimit)" },
 	{ NULL },
 };
 
 static const struct bench_variant signal1_variants[] = {
 	{ "global", "no cache: every charge walks to the root with atomics (before)",
-	  signal1_loop, 0 },
-	{ "cached", "per-namespace batched cache of charged units (after)", signal1_loop, 1 },
+	  signal1_hcount_loop, SIGNAL1_GLOBAL },
+	{ "cached", "hcount's batched cache of charged units (today's policy)",
+	  signal1_hcount_loop, SIGNAL1_CACHED },
+	{ "cached-report", "the report's cache: batch 16, containers under the root (after)",
+	  signal1_report_loop, SIGNAL1_REPORT },
+	{ "percpu-counter", "a percpu_counter per level, exact read near the limit (v2)",
+	  signal1_pcpu_counter_loop, SIGNAL1_PCPU_COUNTER },
 	{ NULL },
 };
 
