@@ -37,6 +37,18 @@
  *                override_creds() takes no reference; the superblock holds
  *                the cred for the mount's lifetime).  The usage field is
  *                still there, in the kernel's place, untouched.
+ *   fast-perm    the report's first mitigation (OVL_FASTPERM): once an
+ *                inode passed the check under the mounter's cred, a flag
+ *                on the inode says so and later checks of it skip the
+ *                override and the check altogether; inodes the mounter may
+ *                not access still take shared-line's path every time.  The
+ *                report warns that this may weaken the check (a later
+ *                change of the inode's mode or owner goes unseen), and so
+ *                does this model: the flag is never cleared.
+ *   local-copy   the report's second mitigation: each check copies the
+ *                mounter's cred into a local on the stack and overrides
+ *                with the copy, so the shared cred is only read (usage
+ *                untouched) at the price of copying it.
  *
  * Invariants, checked after the run (failures exit through bench_die, which
  * the smoke test relies on):
@@ -74,6 +86,8 @@ enum creds_kind {
 	CREDS_PADDED,
 	CREDS_PERCPU,
 	CREDS_BORROW,
+	CREDS_FAST_PERM,
+	CREDS_LOCAL_COPY,
 };
 
 #define CAP_DAC_OVERRIDE 1
@@ -128,6 +142,7 @@ struct inode {
 	unsigned int i_uid, i_gid;
 	unsigned int i_mode;
 	int mask;			/* the access this check asks for */
+	bool fastperm;			/* fast-perm: passed under the mounter's cred */
 };
 
 /* A thread: its current cred, its own cred and the inodes it checks. */
@@ -217,16 +232,28 @@ static inline void put_usage(long *usage)
  * its own variant's code.
  */
 static inline __attribute__((always_inline)) bool
-ovl_permission(const struct creds_sb *sb, struct task *task, const struct inode *inode,
+ovl_permission(const struct creds_sb *sb, struct task *task, struct inode *inode,
 	       enum creds_kind kind)
 {
 	const struct cred_ids *old = task->cred;
 	bool allowed;
 
+	struct cred local;
+
+	/* Once passed, never checked again: the report's OVL_FASTPERM. */
+	if (kind == CREDS_FAST_PERM && inode->fastperm)
+		return true;
 	switch (kind) {
 	case CREDS_SHARED_LINE:
+	case CREDS_FAST_PERM:
 		get_usage(&sb->cred->usage);
 		task->cred = &sb->cred->ids;
+		break;
+	case CREDS_LOCAL_COPY:
+		/* Plain reads: nobody writes the shared cred during the run. */
+		local = *sb->cred;
+		local.usage = 1;
+		task->cred = &local.ids;
 		break;
 	case CREDS_PADDED:
 		get_usage(&sb->padded->usage);
@@ -247,6 +274,12 @@ ovl_permission(const struct creds_sb *sb, struct task *task, const struct inode 
 	switch (kind) {
 	case CREDS_SHARED_LINE:
 		put_usage(&sb->cred->usage);
+		break;
+	case CREDS_FAST_PERM:
+		put_usage(&sb->cred->usage);
+		inode->fastperm = allowed;
+		break;
+	case CREDS_LOCAL_COPY:
 		break;
 	case CREDS_PADDED:
 		put_usage(&sb->padded->usage);
@@ -296,6 +329,16 @@ static void borrow_loop(struct bench_thread *t)
 	creds_loop(t, CREDS_BORROW);
 }
 
+static void fast_perm_loop(struct bench_thread *t)
+{
+	creds_loop(t, CREDS_FAST_PERM);
+}
+
+static void local_copy_loop(struct bench_thread *t)
+{
+	creds_loop(t, CREDS_LOCAL_COPY);
+}
+
 static void creds_setup(struct bench_run *run)
 {
 	struct creds_sb *sb = bench_zalloc(sizeof(*sb));
@@ -309,6 +352,8 @@ static void creds_setup(struct bench_run *run)
 	switch (run->variant->arg) {
 	case CREDS_SHARED_LINE:
 	case CREDS_BORROW:
+	case CREDS_FAST_PERM:
+	case CREDS_LOCAL_COPY:
 		cred = bench_zalloc(sizeof(*cred));
 		cred->usage = 1;
 		cred->ids = mounter_ids;
@@ -375,6 +420,8 @@ static void creds_teardown(struct bench_run *run)
 	switch (run->variant->arg) {
 	case CREDS_SHARED_LINE:
 	case CREDS_BORROW:
+	case CREDS_FAST_PERM:
+	case CREDS_LOCAL_COPY:
 		/* The threads are joined: no reader is left to wait for. */
 		check_usage(run, &sb->cred->usage);
 		free(sb->cred);
@@ -409,6 +456,10 @@ static const struct bench_variant creds_variants[] = {
 	{ "percpu", "usage is a percpu_ref in per-CPU mode", percpu_loop, CREDS_PERCPU },
 	{ "borrow", "no count: the cred read under RCU (Linux 6.14)", borrow_loop,
 	  CREDS_BORROW },
+	{ "fast-perm", "an inode that passed once skips override and check (report)",
+	  fast_perm_loop, CREDS_FAST_PERM },
+	{ "local-copy", "override with a stack copy of the cred: usage untouched (report)",
+	  local_copy_loop, CREDS_LOCAL_COPY },
 	{ NULL },
 };
 
