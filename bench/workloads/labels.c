@@ -64,6 +64,7 @@
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,7 +86,8 @@ static long opt_namespaces = 2;
 static long opt_profiles = 8;
 static long opt_stacks = 4;
 static long opt_scan_ms = 100;
-static bool opt_unconfined;
+static const char *opt_profile = "unconfined";
+static bool opt_unconfined;	/* opt_profile is "unconfined": set by validate() */
 
 #define LABELS_NPATHS 8
 #define LABELS_BUF_WORDS 512
@@ -109,6 +111,15 @@ enum labels_mode {
 	LABELS_OFF,	/* no label work */
 	LABELS_REF,	/* a reference around every access */
 	LABELS_CONDREF,	/* a reference only for a stale label */
+	LABELS_SECID_FIX,	/* condref for the secid lookup, a reference for file open */
+	LABELS_HAZARD,	/* a hazard pointer for a fresh label, a reference for a stale one */
+};
+
+/* What labels_begin() took, for labels_end() to drop. */
+enum labels_hold {
+	LABELS_HOLD_NONE,
+	LABELS_HOLD_REF,
+	LABELS_HOLD_HAZARD,
 };
 
 /* How a variant counts: its ops and, for the model's teardown, a drain. */
@@ -359,11 +370,144 @@ static const struct labels_refops labels_prcu_managed_ops = {
 	.read_unlock = percpu_rcuref_read_unlock,
 };
 
+/*
+ * percpu-atomic: the series' first step, labels on a percpu_ref that stays
+ * in atomic mode.  Nothing is per-CPU and nothing is managed: get and put
+ * are one locked add on the ref's shared count, as kref's, and the
+ * policy's put of a replaced label releases it at zero, as kref does.
+ */
+static void labels_pcpu_atomic_init(struct labels_label *l)
+{
+	if (percpu_ref_init(&l->count.pcpu, labels_pcpu_release, PERCPU_REF_INIT_ATOMIC))
+		bench_die("labels: percpu_ref_init failed");
+}
+
+static const struct labels_refops labels_pcpu_atomic_ops = {
+	.init = labels_pcpu_atomic_init,
+	.live = labels_nop,
+	.get = labels_pcpu_get,
+	.tryget = labels_pcpu_tryget,
+	.put = labels_pcpu_put,
+	.exit = labels_pcpu_exit,
+	.read_lock = urcu_bp_read_lock,
+	.read_unlock = urcu_bp_read_unlock,
+};
+
+/*
+ * percpu-rcuref-unmanaged: the series' step before management, labels on
+ * a percpu_rcuref in per-CPU mode whose owner kills it.  The policy's
+ * reference is the initial one, so dropping it when the label is replaced
+ * (or the model is destroyed) is percpu_rcuref_kill(): the ref switches to
+ * atomic mode and is released once the tasks' references are gone.  The
+ * cost the managed variants avoid is that someone must know when a label
+ * dies; here the policy does, which is true of replaced profile labels but
+ * not of every label the kernel creates (hence the manager).
+ */
+static void labels_prcu_unmanaged_init(struct labels_label *l)
+{
+	if (percpu_rcuref_init(&l->count.prcu, labels_prcu_unpublish, labels_prcu_release, 0))
+		bench_die("labels: percpu_rcuref_init failed");
+}
+
+static void labels_prcu_kill(struct labels_label *l)
+{
+	percpu_rcuref_kill(&l->count.prcu);
+}
+
+static const struct labels_refops labels_prcu_unmanaged_ops = {
+	.init = labels_prcu_unmanaged_init,
+	.live = labels_nop,
+	.get = labels_prcu_get,
+	.tryget = labels_prcu_tryget,
+	.put = labels_prcu_put,
+	.drop = labels_prcu_kill,
+	.exit = labels_prcu_exit,
+	.read_lock = percpu_rcuref_read_lock,
+	.read_unlock = percpu_rcuref_read_unlock,
+};
+
+/* The kills' switches and the deferred releases they queue: wait for all. */
+static void labels_prcu_unmanaged_drain(struct labels_model *m)
+{
+	if (percpu_rcuref_barrier())
+		bench_die("labels: percpu_rcuref_barrier failed");
+}
+
+/*
+ * hazptr: hazard pointers, the report's future work.  Long-lived
+ * references (the policy's, each credential's, and the tryget that follows
+ * a stale label to its newest) stay kref counts; an access to the fresh
+ * label (secid, file open) takes no reference but publishes the label in
+ * the thread's own hazard slot instead: a store to a line no other thread
+ * writes, then a full fence.  A label whose count reaches zero is not
+ * handed to the reaper while any slot still holds it.
+ *
+ * Ordering: the reader's store to its slot and its fence, against the
+ * releaser's fence and scan (labels_hazard_release()): with both fences
+ * seq_cst, either the scan sees the slot, or the reader's check after its
+ * fence sees the label gone.  That check is the credential's reference
+ * here: the label a task checks against is pinned by the task's own
+ * credential (condref's argument), so it cannot fail and costs nothing; the
+ * store and the fence are what a hazard-pointer access costs.
+ */
+struct labels_hazard_slot {
+	struct labels_label *label;	/* written by its thread only */
+} __attribute__((aligned(128)));
+
+static struct labels_hazard_slot *labels_hazard_slots;	/* one per thread, setup() */
+static unsigned int labels_hazard_nslots;
+static __thread struct labels_hazard_slot *labels_hazard_mine;
+
+static inline __attribute__((always_inline)) void labels_hazard_protect(struct labels_label *l)
+{
+	__atomic_store_n(&labels_hazard_mine->label, l, __ATOMIC_RELAXED);
+	/* Pairs with the fence in labels_hazard_release(). */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+static inline __attribute__((always_inline)) void labels_hazard_clear(void)
+{
+	/* Release: the accesses under the hazard happen before a scan sees it clear. */
+	__atomic_store_n(&labels_hazard_mine->label, NULL, __ATOMIC_RELEASE);
+}
+
+/* The count reached zero: wait until no hazard slot holds the label. */
+static void labels_hazard_release(struct kref *kref)
+{
+	struct labels_label *l = labels_of(kref, count.kref);
+
+	/* Pairs with the fence in labels_hazard_protect(). */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	for (unsigned int i = 0; i < labels_hazard_nslots; i++)
+		/* Acquire: pairs with labels_hazard_clear(). */
+		while (__atomic_load_n(&labels_hazard_slots[i].label, __ATOMIC_ACQUIRE) == l)
+			sched_yield();
+	labels_label_release(l);
+}
+
+static void labels_hazard_kref_put(struct labels_label *l)
+{
+	kref_put(&l->count.kref, labels_hazard_release);
+}
+
+static const struct labels_refops labels_hazard_ops = {
+	.init = labels_kref_init,
+	.live = labels_nop,
+	.get = labels_kref_get,
+	.tryget = labels_kref_tryget,
+	.put = labels_hazard_kref_put,
+	.read_lock = urcu_bp_read_lock,
+	.read_unlock = urcu_bp_read_unlock,
+};
+
 enum labels_kind_id {
 	LABELS_KIND_KREF,
 	LABELS_KIND_RCUREF,
 	LABELS_KIND_PCPU_MANAGED,
 	LABELS_KIND_PRCU_MANAGED,
+	LABELS_KIND_PCPU_ATOMIC,
+	LABELS_KIND_PRCU_UNMANAGED,
+	LABELS_KIND_HAZARD,
 };
 
 static const struct labels_kind labels_kinds[] = {
@@ -371,6 +515,10 @@ static const struct labels_kind labels_kinds[] = {
 	[LABELS_KIND_RCUREF] = { &labels_rcuref_ops, NULL, false },
 	[LABELS_KIND_PCPU_MANAGED] = { &labels_pcpu_managed_ops, labels_pcpu_drain, true },
 	[LABELS_KIND_PRCU_MANAGED] = { &labels_prcu_managed_ops, labels_pcpu_drain, true },
+	[LABELS_KIND_PCPU_ATOMIC] = { &labels_pcpu_atomic_ops, NULL, false },
+	[LABELS_KIND_PRCU_UNMANAGED] = { &labels_prcu_unmanaged_ops,
+					 labels_prcu_unmanaged_drain, false },
+	[LABELS_KIND_HAZARD] = { &labels_hazard_ops, NULL, false },
 };
 
 /*
@@ -393,19 +541,26 @@ labels_get_newest(struct labels_label *l, const struct labels_refops *ops)
 }
 
 /*
- * The label to check against, and whether the check holds a reference on
- * it that labels_end() must drop.  kref and the others: a reference on
- * every access.  condref: none unless the credential's label is stale.
+ * The label to check against, and what the check holds on it that
+ * labels_end() must drop.  kref and the others: a reference on every
+ * access.  condref: none unless the credential's label is stale (@mode is
+ * LABELS_CONDREF for the accesses that take none: both under condref, the
+ * secid lookup under secid-fix).  hazptr: a hazard pointer unless stale.
  */
 static inline __attribute__((always_inline)) struct labels_label *
 labels_begin(struct labels_label *cred, const struct labels_refops *ops, enum labels_mode mode,
-	     bool *needput)
+	     enum labels_hold *hold)
 {
-	*needput = true;
+	*hold = LABELS_HOLD_REF;
 	if (percpuref_unlikely(labels_label_is_stale(cred)))
 		return labels_get_newest(cred, ops);
 	if (mode == LABELS_CONDREF) {
-		*needput = false;
+		*hold = LABELS_HOLD_NONE;
+		return cred;
+	}
+	if (mode == LABELS_HAZARD) {
+		*hold = LABELS_HOLD_HAZARD;
+		labels_hazard_protect(cred);
 		return cred;
 	}
 	ops->get(cred);
@@ -413,10 +568,12 @@ labels_begin(struct labels_label *cred, const struct labels_refops *ops, enum la
 }
 
 static inline __attribute__((always_inline)) void
-labels_end(struct labels_label *l, const struct labels_refops *ops, bool needput)
+labels_end(struct labels_label *l, const struct labels_refops *ops, enum labels_hold hold)
 {
-	if (needput)
+	if (hold == LABELS_HOLD_REF)
 		ops->put(l);
+	else if (hold == LABELS_HOLD_HAZARD)
+		labels_hazard_clear();
 }
 
 static void __attribute__((noinline, cold))
@@ -457,7 +614,8 @@ labels_request(struct labels_task *task, const struct labels_refops *ops, enum l
 {
 	struct labels_label *cred = task->cred, *l;
 	uint64_t need[LABELS_STACK_MAX];
-	bool needput, allowed;
+	enum labels_hold hold;
+	bool allowed;
 	uint32_t secid;
 
 	if (mode != LABELS_OFF) {
@@ -469,13 +627,13 @@ labels_request(struct labels_task *task, const struct labels_refops *ops, enum l
 			task->refreshes++;
 		}
 
-		/* 2: secid. */
-		l = labels_begin(cred, ops, mode, &needput);
+		/* 2: secid; the secid fix takes no reference here. */
+		l = labels_begin(cred, ops, mode == LABELS_SECID_FIX ? LABELS_CONDREF : mode, &hold);
 		secid = __atomic_load_n(&l->secid, __ATOMIC_RELAXED);
 		if (percpuref_unlikely(secid == LABELS_SECID_POISON))
 			labels_report_poison(task, l);
 		task->secids += secid;
-		labels_end(l, ops, needput);
+		labels_end(l, ops, hold);
 
 		/*
 		 * 3: file open.  Acquire: pairs with the loader's release of
@@ -484,12 +642,12 @@ labels_request(struct labels_task *task, const struct labels_refops *ops, enum l
 		 */
 		for (unsigned int i = 0; i < cred->size; i++)
 			need[i] = __atomic_load_n(&cred->proxy->vec[i]->completed, __ATOMIC_ACQUIRE);
-		l = labels_begin(cred, ops, mode, &needput);
+		l = labels_begin(cred, ops, mode == LABELS_SECID_FIX ? LABELS_REF : mode, &hold);
 		allowed = labels_label_allows(l, labels_paths[task->path], LABELS_MAY_READ);
 		for (unsigned int i = 0; i < l->size; i++)
 			if (percpuref_unlikely(l->rules[i] && l->rules[i]->version < need[i]))
 				labels_report_violation(task, l, i, need[i]);
-		labels_end(l, ops, needput);
+		labels_end(l, ops, hold);
 		task->mismatches += allowed != task->expect[task->path];
 		task->path = (task->path + 1) % LABELS_NPATHS;
 	}
@@ -536,6 +694,26 @@ static void labels_pcpu_managed_loop(struct bench_thread *t)
 static void labels_prcu_managed_loop(struct bench_thread *t)
 {
 	labels_loop(t, &labels_prcu_managed_ops, LABELS_REF);
+}
+
+static void labels_secid_fix_loop(struct bench_thread *t)
+{
+	labels_loop(t, &labels_kref_ops, LABELS_SECID_FIX);
+}
+
+static void labels_pcpu_atomic_loop(struct bench_thread *t)
+{
+	labels_loop(t, &labels_pcpu_atomic_ops, LABELS_REF);
+}
+
+static void labels_prcu_unmanaged_loop(struct bench_thread *t)
+{
+	labels_loop(t, &labels_prcu_unmanaged_ops, LABELS_REF);
+}
+
+static void labels_hazard_loop(struct bench_thread *t)
+{
+	labels_loop(t, &labels_hazard_ops, LABELS_HAZARD);
 }
 
 /* Resident set size in KiB. */
@@ -647,6 +825,9 @@ static const char *labels_validate(void)
 		return "--profiles: want 2..1024";
 	if (opt_stacks < 0 || opt_stacks >= opt_profiles)
 		return "--stacks: want 0 .. profiles - 1";
+	if (strcmp(opt_profile, "unconfined") && strcmp(opt_profile, "nginx"))
+		return "--profile: want unconfined or nginx";
+	opt_unconfined = !strcmp(opt_profile, "unconfined");
 	return NULL;
 }
 
@@ -669,11 +850,14 @@ static void labels_setup(struct bench_run *run)
 		if (percpu_ref_managed_set_config(&mc))
 			bench_die("labels: percpu_ref_managed_set_config failed");
 	}
+	if (s->kind == &labels_kinds[LABELS_KIND_HAZARD]) {
+		labels_hazard_nslots = run->nthreads;
+		labels_hazard_slots = bench_zalloc(run->nthreads * sizeof(*labels_hazard_slots));
+	}
 	s->model = labels_model_create(&cfg, s->kind->ops);
-	s->task_lineage = labels_lineage_find(&s->model->ns[0],
-					      opt_unconfined ? "unconfined" : "nginx");
+	s->task_lineage = labels_lineage_find(&s->model->ns[0], opt_profile);
 	if (!s->task_lineage)
-		bench_die("labels: no nginx profile in the root namespace");
+		bench_die("labels: no %s profile in the root namespace", opt_profile);
 	pthread_mutex_init(&s->loader_lock, NULL);
 	pthread_condattr_init(&attr);
 	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -699,6 +883,8 @@ static void labels_thread_init(struct bench_thread *t)
 	struct labels_task *task = bench_zalloc(sizeof(*task));
 
 	task->s = s;
+	if (labels_hazard_slots)
+		labels_hazard_mine = &labels_hazard_slots[t->index];
 	task->rng = 0x9e3779b97f4a7c15ull * (t->index + 1);
 	task->expect = opt_unconfined ? labels_unconfined_reads : labels_nginx_reads;
 	if (t->run->variant->loop != labels_off_loop) {
@@ -780,6 +966,10 @@ static void labels_teardown(struct bench_run *run)
 		};
 	}
 	labels_model_destroy(m, s->kind->drain, &final);
+	/* Every label is freed: no release scans the slots any more. */
+	free(labels_hazard_slots);
+	labels_hazard_slots = NULL;
+	labels_hazard_nslots = 0;
 	if (opt_churn > 0)
 		labels_report_churn(run, s, seconds, &during, &final);
 	if (s->violations || s->poisoned_reads || s->wrong_decisions)
@@ -796,6 +986,8 @@ static const struct bench_variant labels_variants[] = {
 	{ "off", "no label work (apparmor=off)", labels_off_loop, LABELS_KIND_KREF },
 	{ "kref", "kref get/put on every access (apparmor=on)", labels_kref_loop,
 	  LABELS_KIND_KREF },
+	{ "secid-fix", "no reference for the secid lookup, kref for file open (2516fde1fa00)",
+	  labels_secid_fix_loop, LABELS_KIND_KREF },
 	{ "condref", "a reference only for a stale label (upstream file_open fix)",
 	  labels_condref_loop, LABELS_KIND_KREF },
 	{ "percpu-managed", "percpu_ref released by the reclaimer (the seed's fix)",
@@ -804,6 +996,12 @@ static const struct bench_variant labels_variants[] = {
 	  labels_prcu_managed_loop, LABELS_KIND_PRCU_MANAGED },
 	{ "rcuref", "rcuref_get/rcuref_put (Linux 6.4 rcuref_t)", labels_rcuref_loop,
 	  LABELS_KIND_RCUREF },
+	{ "percpu-atomic", "percpu_ref kept in atomic mode (the series' first step)",
+	  labels_pcpu_atomic_loop, LABELS_KIND_PCPU_ATOMIC },
+	{ "percpu-rcuref-unmanaged", "per-CPU percpu_rcuref the policy kills on replacement",
+	  labels_prcu_unmanaged_loop, LABELS_KIND_PRCU_UNMANAGED },
+	{ "hazptr", "a hazard pointer per access instead of a reference (future work)",
+	  labels_hazard_loop, LABELS_KIND_HAZARD },
 	{ NULL },
 };
 
@@ -820,8 +1018,8 @@ static const struct bench_option labels_options[] = {
 	  .help = "stacked labels per namespace (fewer than profiles)" },
 	{ .name = "scan-ms", .type = BENCH_OPT_LONG, .value = &opt_scan_ms,
 	  .help = "percpu-managed: reclaimer scan interval in ms (0: back to back)" },
-	{ .name = "unconfined", .type = BENCH_OPT_BOOL, .value = &opt_unconfined,
-	  .help = "workers run unconfined (no table walk) instead of under nginx" },
+	{ .name = "profile", .type = BENCH_OPT_STRING, .value = &opt_profile,
+	  .help = "the workers' label: unconfined (the report's nginx; no table walk) or nginx" },
 	{ NULL },
 };
 

@@ -61,6 +61,15 @@ uint64_t labels_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + ts.tv_nsec;
 }
 
+/* The policy lets go of @l: its owner's kill, or a put (labels_refops.drop). */
+static void labels_drop_policy_ref(struct labels_model *m, struct labels_label *l)
+{
+	if (m->ops->drop)
+		m->ops->drop(l);
+	else
+		m->ops->put(l);
+}
+
 /* The source of @profile's rules: nginx's own, or a daemon's usual set. */
 static unsigned int labels_profile_source(const struct labels_lineage *profile,
 					  struct labels_rule *rules)
@@ -427,7 +436,7 @@ void labels_replace_profile(struct labels_model *m, struct labels_lineage *profi
 	pthread_mutex_unlock(&ns->lock);
 	/* The policy's references on the replaced labels. */
 	for (unsigned int i = 0; i < nold; i++)
-		m->ops->put(old[i]);
+		labels_drop_policy_ref(m, old[i]);
 }
 
 void labels_label_unpublish(struct labels_label *l)
@@ -522,11 +531,11 @@ void labels_model_destroy(struct labels_model *m, void (*drain)(struct labels_mo
 	for (unsigned int k = 0; k < m->nns; k++) {
 		struct labels_ns *ns = &m->ns[k];
 
-		m->ops->put(ns->unconfined->label);
+		labels_drop_policy_ref(m, ns->unconfined->label);
 		for (unsigned int i = 0; i < ns->nprofiles; i++)
-			m->ops->put(ns->profiles[i]->label);
+			labels_drop_policy_ref(m, ns->profiles[i]->label);
 		for (unsigned int i = 0; i < ns->nstacks; i++)
-			m->ops->put(ns->stacks[i]->label);
+			labels_drop_policy_ref(m, ns->stacks[i]->label);
 	}
 	if (drain)
 		drain(m);

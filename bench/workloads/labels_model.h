@@ -150,6 +150,12 @@ struct labels_refops {
 	bool (*tryget)(struct labels_label *l);
 	/* The put that drops the last reference calls labels_label_release(). */
 	void (*put)(struct labels_label *l);
+	/*
+	 * Drops the policy's reference on a label it replaced, or at
+	 * destroy; NULL: put.  A count whose initial reference belongs to
+	 * an owner that kills it (percpu-rcuref-unmanaged) kills here.
+	 */
+	void (*drop)(struct labels_label *l);
 	/* After the grace period, before the memory is freed; may be NULL. */
 	void (*exit)(struct labels_label *l);
 	/* The RCU read side that the count's deferred release waits for. */
