@@ -2,6 +2,7 @@
 """Plot percpuref-bench JSON: scaling efficiency against threads.
 
     bench/plot.py results.json [more.json ...] [-o out.png] [--throughput]
+                  [--reference bench/reference/labels.json ...]
 
 Reads the JSON Lines that `percpuref-bench --json` writes (a JSON array of
 the same objects, or "-" for stdin, works too), from any workload, and draws
@@ -10,6 +11,14 @@ percent against the thread count, one line per variant, on an axis zoomed
 to the data with a reference line at 100%.  --throughput adds a
 second panel with the aggregate throughput.  Workloads whose rows carry no
 efficiency get the throughput panel only.
+
+--reference FILE (repeatable) overlays a report's published curve on the
+efficiency panel of the workload it names (bench/reference/*.json): dashed,
+in the colour of the variant that models each published column, with a
+note under the plot naming both machines, because they differ: compare
+the shapes, not the values.  Published columns of a group workload
+(signal1's per-container throughput) are drawn relative to their first
+row, as our efficiency is.
 
 Output names: with one workload, -o names the file (default
 <workload>.png); with several, the workload is appended to the stem
@@ -78,6 +87,39 @@ def read_records(path):
     return records
 
 
+def read_reference(path):
+    """A bench/reference/*.json file: the published rows of one workload."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            ref = json.load(f)
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror}")
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{e.lineno}: not valid JSON: {e.msg}")
+    if not isinstance(ref, dict) or ref.get("schema") != "percpuref-reference/1":
+        raise InputError(f"{path}: not a percpuref-reference/1 file")
+    return ref
+
+
+def reference_curves(ref):
+    """[(label, variant, xs, ys in percent)] of a reference's curves: its
+    efficiency columns against threads, or its per-group columns relative
+    to their first row against groups.  A figures-only reference has none."""
+    rows = ref.get("rows") or []
+    curves = []
+    for col in ref.get("columns", []):
+        pts = [(r.get("threads", r.get("groups")), r["values"].get(col["key"])) for r in rows]
+        pts = [(x, y) for x, y in pts if x is not None and y is not None]
+        if not pts:
+            continue
+        if ref.get("metric") == "efficiency":
+            ys = [100 * y for _, y in pts]
+        else:
+            ys = [100 * y / pts[0][1] for _, y in pts]
+        curves.append((col["label"], col.get("variant"), [x for x, _ in pts], ys))
+    return curves
+
+
 def run_id(rec):
     machine = rec.get("machine") or {}
     return (rec.get("started", ""), machine.get("hostname", ""))
@@ -140,16 +182,18 @@ def efficiency_limits(records):
     return max(0.0, lo - pad), hi + pad
 
 
-def plot_workload(plt, workload, series, path, throughput):
+def plot_workload(plt, workload, series, path, throughput, refs=()):
     runs = {run for (_, run) in series}
     records = [rec for points in series.values() for rec in points.values()]
-    threads = sorted({rec["threads"] for rec in records})
+    curves = [(ref, c) for ref in refs for c in reference_curves(ref)]
+    threads = sorted({rec["threads"] for rec in records} | {x for _, c in curves for x in c[2]})
     has_eff = any(rec.get("efficiency") is not None for rec in records)
     panels = (["efficiency"] if has_eff else []) + (["throughput"] if throughput or not has_eff else [])
     op = records[0].get("op", "op")
 
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 4.5 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 5 * len(panels)), squeeze=False)
     for ax, panel in zip(axes[:, 0], panels):
+        colours = {}
         for (variant, run), points in series.items():
             xs = sorted(points)
             label = variant if len(runs) == 1 else f"{variant} ({run[0]} {run[1]})".strip()
@@ -158,7 +202,13 @@ def plot_workload(plt, workload, series, path, throughput):
                 ys = [None if y is None else 100 * y for y in ys]
             else:
                 ys = [points[t]["ops_per_sec"] / 1e6 for t in xs]
-            ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=label)
+            line, = ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o",
+                            label=label)
+            colours.setdefault(variant, line.get_color())
+        if panel == "efficiency":
+            for ref, (label, variant, xs, ys) in curves:
+                ax.plot(xs, ys, linestyle="--", marker="x", color=colours.get(variant, "grey"),
+                        label=f"report: {label}")
         setup_threads_axis(ax, threads)
         cpus = (records[0].get("machine") or {}).get("cpus")
         if cpus and max(threads) > cpus:
@@ -166,7 +216,13 @@ def plot_workload(plt, workload, series, path, throughput):
         if panel == "efficiency":
             ax.axhline(100, color="black", linewidth=0.8)
             ax.set_ylabel("scaling efficiency, %\nthroughput(N) / (N x throughput(1))")
-            ax.set_ylim(*efficiency_limits(records))
+            lo, hi = efficiency_limits(records)
+            ref_ys = [y for _, c in curves for y in c[3]]
+            if ref_ys:
+                lo, hi = min(lo, min(ref_ys) - 2), max(hi, max(ref_ys) + 2)
+            ax.set_ylim(max(0.0, lo), hi)
+            if any(rec.get("baseline_threads", 1) != 1 for rec in records):
+                ax.set_ylabel("scaling efficiency, %\nper-thread throughput / baseline row's")
         else:
             ax.set_ylabel(f"M{op}s/s (all threads)")
             rates = [rec["ops_per_sec"] for rec in records if rec["ops_per_sec"] > 0]
@@ -176,9 +232,21 @@ def plot_workload(plt, workload, series, path, throughput):
                 ax.set_yscale("log")
             else:
                 ax.set_ylim(bottom=0)
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="x-small", ncol=2 if len(series) + len(curves) > 6 else 1)
     axes[0, 0].set_title(f"{workload}\n{subtitle(records)}", fontsize="medium")
-    fig.tight_layout()
+    if curves:
+        seen = []
+        for ref, _ in curves:
+            if ref not in seen:
+                seen.append(ref)
+        note = " ".join(f"Dashed: published by the report, on {ref.get('machine', '?')}; "
+                        f"{ref.get('normalisation', 'relative to its first row')}." for ref in seen)
+        note += (" Solid: measured here. The machines differ (cores, caches, kernel vs userspace "
+                 "model): compare the curves' shapes, not their values.")
+        fig.text(0.01, 0.005, note, fontsize="x-small", wrap=True, va="bottom")
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
+    else:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -194,10 +262,14 @@ def main(argv):
                              "OUT-<workload>.png)")
     parser.add_argument("--throughput", action="store_true",
                         help="add a throughput panel below the efficiency panel")
+    parser.add_argument("--reference", action="append", default=[], metavar="REF.json",
+                        help="overlay a report's published curves (bench/reference/*.json) "
+                             "on the workload it names; repeatable")
     args = parser.parse_args(argv)
 
     try:
         records = [rec for path in args.files for rec in read_records(path)]
+        references = [read_reference(path) for path in args.reference]
     except InputError as e:
         print(f"plot.py: {e}", file=sys.stderr)
         return 2
@@ -210,7 +282,8 @@ def main(argv):
     for workload, series in workloads.items():
         path = output_path(args.output, workload, len(workloads) > 1)
         try:
-            plot_workload(plt, workload, series, path, args.throughput)
+            plot_workload(plt, workload, series, path, args.throughput,
+                          [ref for ref in references if ref.get("workload") == workload])
         except OSError as e:
             print(f"plot.py: {path}: {e.strerror}", file=sys.stderr)
             return 1

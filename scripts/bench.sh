@@ -1,18 +1,57 @@
 #!/usr/bin/env bash
-# The main job: installs dependencies, builds, runs the AppArmor-label
-# scaling benchmark (every refcount strategy side by side), prints its table,
-# writes results/labels.json and plots it to results/labels.png.
-# Extra arguments go to the benchmark (see: build/bench/bench/percpuref-bench --help).
+# The main job: installs dependencies, builds, runs the three cases (labels,
+# creds, signal1) with every variant, prints their tables and the "seed vs
+# measured" tables (the reports' published numbers beside ours), and writes
+# results/report.md with one PNG per case (published curves dashed).
+#
+#   scripts/bench.sh [--quick | --full]
+#
+# Default: medians of 3 interleaved runs per point, about 2 minutes on 2
+# CPUs.  --quick: one run per point (under a minute), for a first look.
+# --full: best of 5 runs of 1 s (about 10 minutes on 2 CPUs, more with
+# more CPUs): what the machine can do when nothing else runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+repeat=3 stat=median scale=1
+case "${1:-}" in
+"") ;;
+--quick) repeat=1 ;;
+--full) repeat=5 stat=best scale=2 ;;
+*) echo "usage: scripts/bench.sh [--quick | --full]" >&2; exit 2 ;;
+esac
 scripts/deps.sh
 
 dir=build/bench
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$dir" -j "$(nproc)" --target percpuref-bench
+bench=$dir/bench/percpuref-bench
 mkdir -p results
-# Each point is the median of 3 interleaved runs: single half-second samples
-# on a shared 2-vCPU guest swing by several points.
-"$dir/bench/percpuref-bench" labels --repeat 3 --json results/labels.json "$@"
-/usr/bin/python3 bench/plot.py results/labels.json -o results/labels.png
-echo "plot written to results/labels.png"
+
+# The reports' 100% is their first full L3 domain (8C16T); with a single
+# domain no row crosses one, so one thread is the baseline then.
+placement=$("$bench" --topology | sed -n 's/^placement: //p')
+if [[ $placement == *"|"* ]]; then
+	first=${placement%%|*}
+	baseline=$(wc -w <<<"$first")
+else
+	baseline=1
+fi
+
+run() {
+	local workload=$1 duration=$2
+	shift 2
+	"$bench" "$workload" --repeat "$repeat" --stat "$stat" \
+		--duration "$(awk -v d="$duration" -v s="$scale" 'BEGIN { print d * s }')" \
+		--json "results/$workload.json" "$@"
+	echo
+}
+run labels 0.5 --baseline "$baseline"
+run creds 0.3
+run signal1 0.25
+
+for workload in labels creds signal1; do
+	/usr/bin/python3 bench/plot.py "results/$workload.json" -o "results/$workload.png" \
+		--reference "bench/reference/$workload.json"
+done
+/usr/bin/python3 bench/report.py --results results
