@@ -37,6 +37,7 @@ import os
 import sys
 from collections import OrderedDict
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "*", "X", "<", ">", "h")
 REQUIRED = {"workload": str, "variant": str, "threads": int, "ops_per_sec": (int, float)}
 
 
@@ -194,7 +195,7 @@ def plot_workload(plt, workload, series, path, throughput, refs=()):
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 5 * len(panels)), squeeze=False)
     for ax, panel in zip(axes[:, 0], panels):
         colours = {}
-        for (variant, run), points in series.items():
+        for k, ((variant, run), points) in enumerate(series.items()):
             xs = sorted(points)
             label = variant if len(runs) == 1 else f"{variant} ({run[0]} {run[1]})".strip()
             if panel == "efficiency":
@@ -202,7 +203,10 @@ def plot_workload(plt, workload, series, path, throughput, refs=()):
                 ys = [None if y is None else 100 * y for y in ys]
             else:
                 ys = [points[t]["ops_per_sec"] / 1e6 for t in xs]
-            line, = ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o",
+            # Markers differ and shrink line by line, so lines that coincide
+            # still show each other's marker.
+            line, = ax.plot(xs, [float("nan") if y is None else y for y in ys],
+                            marker=MARKERS[k % len(MARKERS)], markersize=max(3, 8 - k // 2),
                             label=label)
             colours.setdefault(variant, line.get_color())
         if panel == "efficiency":
@@ -213,6 +217,11 @@ def plot_workload(plt, workload, series, path, throughput, refs=()):
         cpus = (records[0].get("machine") or {}).get("cpus")
         if cpus and max(threads) > cpus:
             ax.axvline(cpus, color="grey", linestyle=":", label="usable CPUs")
+            if any(rec.get("oversubscribed") for rec in records):
+                ax.axvspan(cpus, max(threads), color="grey", alpha=0.08)
+                ax.text(0.99, 0.9, "shaded: more threads than CPUs; they time-share,\n"
+                        "so per-thread (per-group) figures fall as CPUs / threads",
+                        transform=ax.transAxes, ha="right", va="top", fontsize="x-small")
         if panel == "efficiency":
             ax.axhline(100, color="black", linewidth=0.8)
             ax.set_ylabel("scaling efficiency, %\nthroughput(N) / (N x throughput(1))")
@@ -234,7 +243,12 @@ def plot_workload(plt, workload, series, path, throughput, refs=()):
                 ax.set_ylim(bottom=0)
         ax.legend(fontsize="x-small", ncol=2 if len(series) + len(curves) > 6 else 1)
     axes[0, 0].set_title(f"{workload}\n{subtitle(records)}", fontsize="medium")
-    if curves:
+    if refs and not curves:
+        fig.text(0.01, 0.005, "The report publishes single figures, not curves: "
+                 "results/report.md (bench/report.py) sets them beside ours.",
+                 fontsize="x-small", va="bottom")
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+    elif curves:
         seen = []
         for ref, _ in curves:
             if ref not in seen:

@@ -163,11 +163,14 @@ def signal1_section(recs, ref):
         if not rec:
             return "-"
         one = ours.get((v, groups.get(1, workers)))
-        rel = (rec["ops_per_sec_per_group"] / one["ops_per_sec_per_group"]
-               if one and one["ops_per_sec_per_group"] else None)
+        # Per CPU in use: oversubscribed containers share the CPUs, so
+        # compare what each CPU gets done with one container alone.
+        per_cpu = rec["ops_per_sec"] / min(g * workers, cpus or g * workers)
+        rel = per_cpu / one["ops_per_sec"] if one and one["ops_per_sec"] else None
         return (f"{rate(rec['ops_per_sec_per_group'])} ({pct(rel)})"
                 + ("!" if rec["oversubscribed"] else ""))
 
+    cpus = (recs[0].get("machine") or {}).get("cpus", 0)
     rows = []
     for g in sorted(set(groups) | set(published)):
         row = [g]
@@ -178,15 +181,16 @@ def signal1_section(recs, ref):
             row += [f"{v} ({pct(rel)})" if v is not None else "-", here(col["variant"], g)]
         row += [here(v, g) for v in extra]
         rows.append(row)
-    cpus = (recs[0].get("machine") or {}).get("cpus", 0)
     return "\n".join([
         table(header, rows), "",
-        "Signals/s of one container, and in parentheses relative to one container alone.",
+        "Signals/s of one container; in parentheses, relative to one container alone "
+        "(here: per CPU in use, see `!`).",
         f"Report: {ref['machine']}. Here: {workers} worker(s) per container in a userspace "
         "model of the charge (no syscalls), so absolute rates differ by orders of magnitude.",
         f"`!`: more threads than the {cpus} usable CPUs; those workers time-share, so each "
-        "container gets CPUs / containers of a CPU in every variant: compare the totals "
-        "(signal1 table above) rather than the per-container figure in those rows."])
+        "container gets CPUs / containers of a CPU in every variant. The percentage of such "
+        "a row is the throughput per CPU in use (total / CPUs) relative to one container "
+        "alone, the report's figure when every container has a CPU of its own."])
 
 
 def creds_section(recs, ref):
