@@ -1,6 +1,6 @@
 /*
  * creds.c - overlayfs permission checks under the mounter's credential
- * (DESIGN.md 1b): every check wraps itself in override_creds() and
+ * (docs/design.md, the overlayfs case): every check wraps itself in override_creds() and
  * revert_creds() on one credential shared by the whole superblock.
  *
  * The model.  One struct cred, the mounter's, hangs off the superblock

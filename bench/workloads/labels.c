@@ -1,5 +1,5 @@
 /*
- * labels.c - the AppArmor label case (DESIGN.md 1a): nginx workers whose
+ * labels.c - the AppArmor label case (docs/design.md): nginx workers whose
  * every request takes and drops a reference on one shared label, with each
  * refcount strategy behind the same request loop, optional policy churn,
  * and a check of the security property.
@@ -30,7 +30,18 @@
  *                   and unreferenced;
  *   percpu-rcuref   the same with a percpu_rcuref, whose release the
  *                   library defers past an RCU grace period (the
- *                   proposal's RCU variant).
+ *                   proposal's RCU variant);
+ *   secid-fix       no reference for the secid lookup, kref for file open
+ *                   (the report's third column, upstream 2516fde1fa00);
+ *   percpu-atomic   a percpu_ref kept in atomic mode (the series' first
+ *                   step: one locked add, as kref);
+ *   percpu-rcuref-unmanaged  a per-CPU percpu_rcuref whose owner, the
+ *                   policy, kills it when it replaces the label;
+ *   hazptr          a hazard pointer around each access to the fresh
+ *                   label (the report's future work).
+ * The workers run under the root namespace's unconfined label, as the
+ * report's nginx did; --profile nginx runs them confined instead (a DFA
+ * walk per file open, and a label the churn loader replaces).
  * Stale labels resolve to the newest one under RCU with tryget in every
  * variant (aa_get_label_rcu()).
  *
