@@ -61,6 +61,8 @@ expect 2 signal1 --workers ""
 expect 2 signal1 --batch -1
 expect 2 signal1 --batch 0
 expect 2 signal1 --batch 99999999999999999999
+expect 2 signal1 --limit -1
+expect 2 labels --profile root
 expect 0 --help
 expect 0 --version
 expect 0 --list
@@ -68,6 +70,9 @@ expect 0 micro --help
 expect 0 signal1 --list
 # signal1 oversubscribes by design: no --oversubscribe needed.
 expect 0 signal1 --threads "$over" --variants cached $short
+# The report's override_rlimit path, with a limit the refills run into.
+expect 0 signal1 --threads 1-4 --workers 2 --limit 20 --override-rlimit \
+	--variants cached-report,percpu-counter $short
 
 # json WORKLOAD ROWS GROUPED ARGS...: --json - gives ROWS objects, each
 # valid and complete; with GROUPED=yes they also carry their groups (of
