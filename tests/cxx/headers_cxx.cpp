@@ -13,6 +13,7 @@
 #include <percpuref/managed.h>
 #include <percpuref/percpu_rcuref.h>
 #include <percpuref/percpu_ref.h>
+#include <percpuref/percpuref.hpp>
 #include <percpuref/rcuref.h>
 #include <percpuref/this_cpu.h>
 

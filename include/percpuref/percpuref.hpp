@@ -1,0 +1,366 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * percpuref.hpp - C++17 RAII over the C API, header-only.
+ *
+ * What each piece owns:
+ *
+ *   ref_ptr<T>         one counted reference to a T that embeds a percpu_ref
+ *                      or percpu_rcuref.  Copy = get (per-CPU, no shared
+ *                      line), destruction = put, move = steal (no count
+ *                      traffic).  Copyable, since references are: this is
+ *                      the shared_ptr of the library.
+ *   owner<T>           the initial reference of an object with an owner;
+ *                      move-only, since there is one initial reference.
+ *                      kill() (or destruction) drops it: the object is freed
+ *                      when the last ref_ptr goes.  Made by make_owner<T>().
+ *   make_managed<T>()  an object nobody owns: the manager (the library's
+ *                      reclaimer) takes a reference of its own and frees the
+ *                      object once nothing else references it.  Returns a
+ *                      ref_ptr holding the creator's reference.
+ *   rcu_read_guard     a percpu_rcuref read-side section for a scope: inside
+ *                      it, ref_ptr<T>::try_acquire() may be called on an
+ *                      object found in an RCU-protected structure.
+ *
+ * Objects: derive T from refcounted<T> (a percpu_ref; the owner kills it)
+ * or rcu_refcounted<T> (a percpu_rcuref: freed after an RCU grace period,
+ * so lookups may race with the release; T may define `void unpublish()
+ * noexcept`, called when the count reaches zero, to remove itself from
+ * where readers find it).  make_owner / make_managed allocate T with new;
+ * the release callback calls percpu_ref_exit / percpu_rcuref_exit and
+ * deletes it, on the thread the C API names (last put, callback thread or
+ * reclaimer).  A C struct that embeds a counter can use ref_ptr too (not
+ * owner / make_*, which allocate): specialise ref_traits<T> with
+ * `static percpu_ref *counter(T &)` (or percpu_rcuref *).
+ *
+ * Errors: init and switch failures throw std::system_error with the
+ * library's errno value (std::bad_alloc for ENOMEM).  Memory ordering is
+ * the C API's: a put releases, the put (or reclaimer) that frees acquires.
+ */
+#ifndef PERCPUREF_PERCPUREF_HPP
+#define PERCPUREF_PERCPUREF_HPP
+
+#include <cerrno>
+#include <cstddef>
+#include <new>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include <percpuref/percpu_rcuref.h>
+#include <percpuref/percpu_ref.h>
+
+namespace percpuref {
+
+/* The C calls for each kind of counter, by overload. */
+namespace detail {
+inline void get(percpu_ref *r) noexcept { percpu_ref_get(r); }
+inline void get(percpu_rcuref *r) noexcept { percpu_rcuref_get(r); }
+inline bool tryget(percpu_ref *r) noexcept { return percpu_ref_tryget(r); }
+inline bool tryget(percpu_rcuref *r) noexcept { return percpu_rcuref_tryget(r); }
+inline bool tryget_live(percpu_ref *r) noexcept { return percpu_ref_tryget_live(r); }
+inline bool tryget_live(percpu_rcuref *r) noexcept { return percpu_ref_tryget_live(&r->ref); }
+inline void put(percpu_ref *r) noexcept { percpu_ref_put(r); }
+inline void put(percpu_rcuref *r) noexcept { percpu_rcuref_put(r); }
+inline void kill(percpu_ref *r) noexcept { percpu_ref_kill(r); }
+inline void kill(percpu_rcuref *r) noexcept { percpu_rcuref_kill(r); }
+inline int switch_to_managed(percpu_ref *r) noexcept { return percpu_ref_switch_to_managed(r); }
+inline int switch_to_managed(percpu_rcuref *r) noexcept
+{
+	return percpu_rcuref_switch_to_managed(r);
+}
+
+[[noreturn]] inline void throw_errno(int err, const char *what)
+{
+	if (err == -ENOMEM)
+		throw std::bad_alloc();
+	throw std::system_error(-err, std::generic_category(), what);
+}
+
+/* T::unpublish(), when T defines it. */
+template <class T, class = void> struct has_unpublish : std::false_type {};
+template <class T>
+struct has_unpublish<T, std::void_t<decltype(std::declval<T &>().unpublish())>>
+	: std::true_type {};
+} /* namespace detail */
+
+template <class T> class refcounted;
+template <class T> class rcu_refcounted;
+
+namespace detail {
+/* The base that holds T's counter, and the way into its private init(). */
+template <class T>
+using base_t = std::conditional_t<std::is_same_v<typename T::counter_type, percpu_ref>,
+				  refcounted<T>, rcu_refcounted<T>>;
+struct access {
+	template <class T> static int init(T *obj, unsigned int flags) noexcept
+	{
+		return static_cast<base_t<T> *>(obj)->init(flags);
+	}
+};
+} /* namespace detail */
+
+/*
+ * refcounted<T> - base of a T counted by a percpu_ref.  Standard layout
+ * with the counter as its only member, so the release callback gets from
+ * the counter back to the base (and the base to T) without offsetof.
+ */
+template <class T> class refcounted {
+public:
+	using counter_type = percpu_ref;
+
+	refcounted(const refcounted &) = delete;
+	refcounted &operator=(const refcounted &) = delete;
+
+	percpu_ref *percpuref_counter() noexcept { return &counter_; }
+
+protected:
+	refcounted() noexcept : counter_() {}
+	~refcounted() = default;
+
+private:
+	friend struct detail::access;
+
+	/* Called by the C library, once, when the count reaches zero. */
+	static void release(percpu_ref *counter) noexcept
+	{
+		static_assert(std::is_standard_layout_v<refcounted>,
+			      "the counter must be reachable from the base");
+		T *self = static_cast<T *>(reinterpret_cast<refcounted *>(counter));
+
+		percpu_ref_exit(counter);
+		delete self;
+	}
+
+	int init(unsigned int flags) noexcept { return percpu_ref_init(&counter_, release, flags); }
+
+	percpu_ref counter_;
+};
+
+/*
+ * rcu_refcounted<T> - base of a T counted by a percpu_rcuref: freed after
+ * an RCU grace period, so readers may try_acquire() it under an
+ * rcu_read_guard even while it is being released.
+ */
+template <class T> class rcu_refcounted {
+public:
+	using counter_type = percpu_rcuref;
+
+	rcu_refcounted(const rcu_refcounted &) = delete;
+	rcu_refcounted &operator=(const rcu_refcounted &) = delete;
+
+	percpu_rcuref *percpuref_counter() noexcept { return &counter_; }
+
+protected:
+	rcu_refcounted() noexcept : counter_() {}
+	~rcu_refcounted() = default;
+
+private:
+	friend struct detail::access;
+
+	static T *self(percpu_rcuref *counter) noexcept
+	{
+		static_assert(std::is_standard_layout_v<rcu_refcounted>,
+			      "the counter must be reachable from the base");
+		return static_cast<T *>(reinterpret_cast<rcu_refcounted *>(counter));
+	}
+
+	/* At zero, on the thread that reached it: T::unpublish(). */
+	static void unpublish(percpu_rcuref *counter) noexcept { self(counter)->unpublish(); }
+
+	/* After the grace period, on the reclaimer thread. */
+	static void release(percpu_rcuref *counter) noexcept
+	{
+		T *obj = self(counter);
+
+		percpu_rcuref_exit(counter);
+		delete obj;
+	}
+
+	int init(unsigned int flags) noexcept
+	{
+		percpu_rcuref_func_t *hook = nullptr;
+
+		if constexpr (detail::has_unpublish<T>::value)
+			hook = unpublish;
+		return percpu_rcuref_init(&counter_, hook, release, flags);
+	}
+
+	percpu_rcuref counter_;
+};
+
+/*
+ * ref_traits<T> - how ref_ptr reaches T's counter.  The default serves the
+ * two bases above; specialise it for a C struct that embeds a counter.
+ */
+template <class T> struct ref_traits {
+	static auto counter(T &obj) noexcept { return obj.percpuref_counter(); }
+};
+
+/* rcu_read_guard - percpu_rcuref_read_lock() for the guard's scope. */
+class rcu_read_guard {
+public:
+	rcu_read_guard() noexcept { percpu_rcuref_read_lock(); }
+	~rcu_read_guard() { percpu_rcuref_read_unlock(); }
+	rcu_read_guard(const rcu_read_guard &) = delete;
+	rcu_read_guard &operator=(const rcu_read_guard &) = delete;
+};
+
+/*
+ * ref_ptr<T> - one counted reference, or empty.  The object stays alive
+ * while a ref_ptr to it exists.  Any thread; a ref_ptr is no more shared
+ * than a T* (copying one object from two threads is the caller's race).
+ */
+template <class T> class ref_ptr {
+public:
+	constexpr ref_ptr() noexcept = default;
+	constexpr ref_ptr(std::nullptr_t) noexcept {}
+
+	/* Takes over a reference the caller already holds (no get). */
+	static ref_ptr adopt(T *obj) noexcept { return ref_ptr(obj); }
+
+	/* A new reference; the caller holds one or knows @obj is alive. */
+	static ref_ptr acquire(T *obj) noexcept
+	{
+		if (obj)
+			detail::get(counter(obj));
+		return ref_ptr(obj);
+	}
+
+	/* A new reference unless the count reached zero (empty then): for an
+	 * object found under an rcu_read_guard (rcu_refcounted). */
+	static ref_ptr try_acquire(T *obj) noexcept
+	{
+		return ref_ptr(obj && detail::tryget(counter(obj)) ? obj : nullptr);
+	}
+
+	/* A new reference unless the object was killed (empty then). */
+	static ref_ptr try_acquire_live(T *obj) noexcept
+	{
+		return ref_ptr(obj && detail::tryget_live(counter(obj)) ? obj : nullptr);
+	}
+
+	ref_ptr(const ref_ptr &other) noexcept : obj_(other.obj_)
+	{
+		if (obj_)
+			detail::get(counter(obj_));
+	}
+	ref_ptr(ref_ptr &&other) noexcept : obj_(std::exchange(other.obj_, nullptr)) {}
+	ref_ptr &operator=(ref_ptr other) noexcept
+	{
+		swap(other);
+		return *this;
+	}
+	~ref_ptr() { reset(); }
+
+	/* Drops the reference (put); empty afterwards. */
+	void reset() noexcept
+	{
+		if (T *obj = std::exchange(obj_, nullptr))
+			detail::put(counter(obj));
+	}
+	/* Gives the reference up without a put: the caller now holds it. */
+	[[nodiscard]] T *release() noexcept { return std::exchange(obj_, nullptr); }
+	void swap(ref_ptr &other) noexcept { std::swap(obj_, other.obj_); }
+
+	T *get() const noexcept { return obj_; }
+	T &operator*() const noexcept { return *obj_; }
+	T *operator->() const noexcept { return obj_; }
+	explicit operator bool() const noexcept { return obj_ != nullptr; }
+	friend bool operator==(const ref_ptr &a, const ref_ptr &b) noexcept { return a.obj_ == b.obj_; }
+	friend bool operator!=(const ref_ptr &a, const ref_ptr &b) noexcept { return a.obj_ != b.obj_; }
+
+private:
+	explicit ref_ptr(T *obj) noexcept : obj_(obj) {}
+	static auto counter(T *obj) noexcept { return ref_traits<T>::counter(*obj); }
+
+	T *obj_ = nullptr;
+};
+
+/*
+ * owner<T> - the initial reference of an owned object.  kill() drops it
+ * (percpu_ref_kill / percpu_rcuref_kill): new try_acquire_live() calls
+ * fail once the kill is confirmed, and the object is freed when the last
+ * ref_ptr goes.  The destructor kills an owner not killed yet.
+ */
+template <class T> class owner {
+public:
+	owner() noexcept = default;
+	owner(owner &&other) noexcept : obj_(std::exchange(other.obj_, nullptr)) {}
+	owner &operator=(owner &&other) noexcept
+	{
+		if (this != &other) {
+			kill();
+			obj_ = std::exchange(other.obj_, nullptr);
+		}
+		return *this;
+	}
+	owner(const owner &) = delete;
+	owner &operator=(const owner &) = delete;
+	~owner() { kill(); }
+
+	/* Drops the initial reference; the owner is empty afterwards. */
+	void kill() noexcept
+	{
+		if (T *obj = std::exchange(obj_, nullptr))
+			detail::kill(ref_traits<T>::counter(*obj));
+	}
+
+	/* A counted reference for a user (empty when the owner is). */
+	ref_ptr<T> share() const noexcept { return ref_ptr<T>::acquire(obj_); }
+
+	T *get() const noexcept { return obj_; }
+	T &operator*() const noexcept { return *obj_; }
+	T *operator->() const noexcept { return obj_; }
+	explicit operator bool() const noexcept { return obj_ != nullptr; }
+
+private:
+	template <class U, class... Args> friend owner<U> make_owner(Args &&...args);
+	explicit owner(T *obj) noexcept : obj_(obj) {}
+
+	T *obj_ = nullptr;
+};
+
+/*
+ * make_owner<T>(args...) - new T(args...) with a per-CPU count whose
+ * initial reference the returned owner holds.
+ */
+template <class T, class... Args> owner<T> make_owner(Args &&...args)
+{
+	T *obj = new T(std::forward<Args>(args)...);
+	int err = detail::access::init(obj, 0);
+
+	if (err) {
+		delete obj;
+		detail::throw_errno(err, "percpu_ref_init");
+	}
+	return owner<T>(obj);
+}
+
+/*
+ * make_managed<T>(args...) - new T(args...) that nobody owns: the manager
+ * takes its own reference and the reclaimer frees the object once that is
+ * the only one left (docs/managed.md).  The returned ref_ptr holds the
+ * creator's reference.  Never kill it: there is no owner to.
+ */
+template <class T, class... Args> ref_ptr<T> make_managed(Args &&...args)
+{
+	T *obj = new T(std::forward<Args>(args)...);
+	/* Atomic until managed: a failure before it is an exact atomic put. */
+	int err = detail::access::init(obj, PERCPU_REF_INIT_ATOMIC);
+
+	if (err) {
+		delete obj;
+		detail::throw_errno(err, "percpu_ref_init");
+	}
+	err = detail::switch_to_managed(obj->percpuref_counter());
+	if (err) {
+		/* Not managed: ours is the only reference; the kill frees it. */
+		detail::kill(obj->percpuref_counter());
+		detail::throw_errno(err, "percpu_ref_switch_to_managed");
+	}
+	return ref_ptr<T>::adopt(obj);
+}
+
+} /* namespace percpuref */
+
+#endif

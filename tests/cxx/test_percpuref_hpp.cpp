@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Unit tests of <percpuref/percpuref.hpp>: ref_ptr counts exactly (copy =
+ * get, move = no traffic, destruction = put), owner kills once, an
+ * rcu_refcounted object is unpublished at zero and freed after, a managed
+ * object is freed by the reclaimer only once no ref_ptr is left, and
+ * ref_traits serves a C struct.  Exact counts are read from the atomic
+ * count once a kill has switched the ref to atomic mode.
+ */
+#include <utility>
+
+#include <percpuref/managed.h>
+#include <percpuref/percpuref.hpp>
+
+#include "tap.h"
+
+using percpuref::ref_ptr;
+
+static int destroyed;
+
+struct conn : percpuref::refcounted<conn> {
+	explicit conn(int id_) : id(id_) {}
+	~conn() { destroyed++; }
+	int id;
+};
+
+/* References held, once the ref is atomic (after a kill's switch). */
+template <class T> static long atomic_count(T &obj)
+{
+	return (long)__atomic_load_n(&percpuref::ref_traits<T>::counter(obj)->data->count,
+				     __ATOMIC_RELAXED);
+}
+
+static void test_owner_and_ref_ptr()
+{
+	destroyed = 0;
+	auto own = percpuref::make_owner<conn>(7);
+	ok(own && own->id == 7, "make_owner constructs T with its arguments");
+
+	ref_ptr<conn> a = own.share();
+	ref_ptr<conn> b = a;			/* get */
+	ref_ptr<conn> c = std::move(b);		/* no count traffic */
+	ok(!b && c == a, "move leaves the source empty");
+	conn *raw = own.get();
+	own.kill();
+	ok(!own, "kill empties the owner");
+	percpu_ref_barrier();
+	is(atomic_count(*raw), 2, "after the kill: a and c hold the only references");
+	ok(!ref_ptr<conn>::try_acquire_live(raw), "try_acquire_live fails once the kill is confirmed");
+
+	ref_ptr<conn> d;
+	d = c;					/* get */
+	is(atomic_count(*raw), 3, "copy assignment takes a reference");
+	conn *held = d.release();
+	is(atomic_count(*raw), 3, "release() gives the reference up without a put");
+	ref_ptr<conn> e = ref_ptr<conn>::adopt(held);
+	is(atomic_count(*raw), 3, "adopt() takes it over without a get");
+	e.reset();
+	c = nullptr;
+	is(atomic_count(*raw), 1, "reset and assigning nullptr put");
+	is(destroyed, 0, "alive while a ref_ptr is left");
+	a.reset();
+	is(destroyed, 1, "the last put deletes the object, once");
+}
+
+static void test_owner_destructor_kills()
+{
+	destroyed = 0;
+	{
+		auto own = percpuref::make_owner<conn>(1);
+		auto moved = std::move(own);
+		ok(!own && moved, "an owner moves");
+	}
+	percpu_ref_barrier();
+	is(destroyed, 1, "an owner going out of scope kills: the object is freed");
+}
+
+static bool unpublish_saw_zero;
+static int unpublished;
+
+struct node : percpuref::rcu_refcounted<node> {
+	~node() { destroyed++; }
+	void unpublish() noexcept
+	{
+		unpublished++;
+		/* The count is zero now: a reader's tryget must fail. */
+		unpublish_saw_zero = !ref_ptr<node>::try_acquire(this);
+	}
+};
+
+static void test_rcu_refcounted()
+{
+	destroyed = unpublished = 0;
+	auto own = percpuref::make_owner<node>();
+	node *published = own.get();
+	{
+		percpuref::rcu_read_guard guard;
+		ref_ptr<node> r = ref_ptr<node>::try_acquire(published);
+		ok(r.get() == published, "try_acquire under the read guard takes a reference");
+	}
+	own.kill();
+	percpu_rcuref_barrier();
+	is(unpublished, 1, "unpublish() runs once, at zero");
+	ok(unpublish_saw_zero, "try_acquire fails from zero on");
+	is(destroyed, 1, "released after the grace period");
+}
+
+static void test_managed()
+{
+	destroyed = unpublished = 0;
+	ref_ptr<node> first = percpuref::make_managed<node>();
+	ref_ptr<node> second = first;
+	first.reset();
+	percpu_ref_managed_flush();
+	is(destroyed, 0, "a managed object a ref_ptr holds survives a flush");
+	second.reset();
+	percpu_ref_managed_flush();
+	is(unpublished, 1, "the reclaimer unpublishes it once nobody holds it");
+	is(destroyed, 1, "and frees it");
+
+	ref_ptr<conn> plain = percpuref::make_managed<conn>(3);
+	ok(plain->id == 3, "make_managed works for a percpu_ref object too");
+	plain.reset();
+	percpu_ref_managed_flush();
+	is(destroyed, 2, "freed by the reclaimer");
+}
+
+/* A C struct that embeds a counter, reached through ref_traits. */
+struct c_object {
+	int payload;
+	struct percpu_ref ref;
+};
+
+namespace percpuref {
+template <> struct ref_traits<c_object> {
+	static percpu_ref *counter(c_object &o) noexcept { return &o.ref; }
+};
+} /* namespace percpuref */
+
+static int c_released;
+
+static void c_release(struct percpu_ref *)
+{
+	c_released++;
+}
+
+static void test_traits()
+{
+	c_object obj{ 5, {} };
+
+	ok(percpu_ref_init(&obj.ref, c_release, 0) == 0, "C struct initialised");
+	{
+		ref_ptr<c_object> r = ref_ptr<c_object>::acquire(&obj);
+		ref_ptr<c_object> s = r;
+		percpu_ref_kill(&obj.ref);
+		percpu_ref_barrier();
+		is(atomic_count(obj), 2, "ref_ptr counts a C struct through ref_traits");
+	}
+	is(c_released, 1, "the last ref_ptr releases it");
+	percpu_ref_exit(&obj.ref);
+}
+
+int main()
+{
+	test_owner_and_ref_ptr();
+	test_owner_destructor_kills();
+	test_rcu_refcounted();
+	test_managed();
+	test_traits();
+	return done_testing();
+}
