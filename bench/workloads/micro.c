@@ -23,6 +23,9 @@
  *                  the flagged path, an atomic on the shared count.
  *   shared_ptr     copy and destroy a std::shared_ptr<long> (two locked
  *                  RMWs on the control block; micro_shared_ptr.cpp).
+ *   ref_ptr        copy and destroy a percpuref::ref_ptr (percpuref.hpp):
+ *                  the percpu variant through the C++ RAII handle
+ *                  (micro_cxx.cpp).
  *
  * Each measurement starts from one reference (the owner's) and every pair
  * returns it, so teardown checks that the count is exactly one again and
@@ -37,6 +40,7 @@
 #include <percpuref/rcuref.h>
 
 #include "bench.h"
+#include "micro_cxx.h"
 #include "micro_shared_ptr.h"
 
 enum micro_kind {
@@ -46,6 +50,7 @@ enum micro_kind {
 	MICRO_PERCPU,
 	MICRO_PERCPU_ATOMIC,
 	MICRO_SHARED_PTR,
+	MICRO_REF_PTR,
 };
 
 /* Only the member of the running variant is used. */
@@ -54,6 +59,7 @@ struct micro_state {
 	rcuref_t rcuref;
 	struct percpu_ref percpu;
 	void *shared_ptr;
+	void *ref_ptr;
 	bool percpu_released;
 };
 
@@ -91,6 +97,9 @@ static void micro_setup(struct bench_run *run)
 		break;
 	case MICRO_SHARED_PTR:
 		s->shared_ptr = micro_shared_ptr_new();
+		break;
+	case MICRO_REF_PTR:
+		s->ref_ptr = micro_ref_ptr_new();
 		break;
 	}
 }
@@ -131,6 +140,10 @@ static void micro_teardown(struct bench_run *run)
 			bench_die("micro %s: use_count %ld after the run, want 1", name,
 				  micro_shared_ptr_use_count(s->shared_ptr));
 		micro_shared_ptr_delete(s->shared_ptr);
+		break;
+	case MICRO_REF_PTR:
+		if (micro_ref_ptr_delete(s->ref_ptr))
+			bench_die("micro %s: not released exactly when the last ref_ptr went", name);
 		break;
 	}
 	free(s);
@@ -203,6 +216,16 @@ static void shared_ptr_loop(struct bench_thread *t)
 	}
 }
 
+static void ref_ptr_loop(struct bench_thread *t)
+{
+	struct micro_state *s = t->run->state;
+
+	while (bench_running(t)) {
+		micro_ref_ptr_pairs(s->ref_ptr, BENCH_BATCH);
+		bench_count(t, BENCH_BATCH);
+	}
+}
+
 static const struct bench_variant micro_variants[] = {
 	{ "private", "per-thread non-atomic counter: the floor", private_loop, MICRO_PRIVATE },
 	{ "kref", "kref_get/kref_put: saturating atomic count", kref_loop, MICRO_KREF },
@@ -211,6 +234,7 @@ static const struct bench_variant micro_variants[] = {
 	{ "percpu-atomic", "percpu_ref_get/put after switch_to_atomic_sync", percpu_loop,
 	  MICRO_PERCPU_ATOMIC },
 	{ "shared_ptr", "std::shared_ptr copy/destroy", shared_ptr_loop, MICRO_SHARED_PTR },
+	{ "ref_ptr", "percpuref::ref_ptr copy/destroy (C++)", ref_ptr_loop, MICRO_REF_PTR },
 	{ NULL },
 };
 
