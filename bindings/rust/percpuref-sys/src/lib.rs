@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: MIT
+//! Raw declarations of the percpuref C library (`include/percpuref/`),
+//! built from its sources by this crate's build script.  Everything here
+//! is `unsafe` and follows the C contract (docs/percpu_ref.md,
+//! docs/managed.md); the `percpuref` crate is the safe layer.
+//!
+//! The header-only fast paths (`percpu_ref_get`, `_put`, `_tryget`, ...)
+//! are `static inline` in C; they are reached through `percpuref_sys_*`
+//! wrappers compiled from `src/shim.c`.
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_int, c_uint, c_void};
+
+/// `struct percpu_ref`: the per-CPU counter pointer (with the mode flags in
+/// its low bits) and the shared data.  Must not move once initialised.
+#[repr(C)]
+pub struct percpu_ref {
+    pub percpu_count_ptr: usize,
+    pub data: *mut c_void,
+}
+
+/// `percpu_ref_func_t *`: release and confirm callbacks.
+pub type percpu_ref_func_t = unsafe extern "C" fn(*mut percpu_ref);
+
+/// Start (and stay) atomic; also allows a later switch to managed mode.
+pub const PERCPU_REF_INIT_ATOMIC: c_uint = 1 << 0;
+/// Start dead, count 0.
+pub const PERCPU_REF_INIT_DEAD: c_uint = 1 << 1;
+/// May switch back to per-CPU mode after a kill.
+pub const PERCPU_REF_ALLOW_REINIT: c_uint = 1 << 2;
+
+extern "C" {
+    pub fn percpu_ref_init(r: *mut percpu_ref, release: Option<percpu_ref_func_t>, flags: c_uint) -> c_int;
+    pub fn percpu_ref_exit(r: *mut percpu_ref);
+    pub fn percpu_ref_kill_and_confirm(r: *mut percpu_ref, confirm: Option<percpu_ref_func_t>);
+    pub fn percpu_ref_switch_to_managed(r: *mut percpu_ref) -> c_int;
+    pub fn percpu_ref_switch_to_unmanaged(r: *mut percpu_ref) -> c_int;
+    pub fn percpu_ref_is_zero(r: *mut percpu_ref) -> bool;
+    pub fn percpu_ref_barrier() -> c_int;
+    pub fn percpu_ref_managed_flush() -> c_int;
+    pub fn percpuref_shutdown();
+
+    pub fn percpuref_sys_get(r: *mut percpu_ref);
+    pub fn percpuref_sys_tryget(r: *mut percpu_ref) -> bool;
+    pub fn percpuref_sys_tryget_live(r: *mut percpu_ref) -> bool;
+    pub fn percpuref_sys_put(r: *mut percpu_ref);
+    pub fn percpuref_sys_kill(r: *mut percpu_ref);
+    pub fn percpuref_sys_is_dying(r: *mut percpu_ref) -> bool;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn release(_: *mut percpu_ref) {
+        RELEASED.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn init_get_put_kill_release() {
+        let mut r = percpu_ref { percpu_count_ptr: 0, data: std::ptr::null_mut() };
+        unsafe {
+            assert_eq!(percpu_ref_init(&mut r, Some(release), 0), 0);
+            percpuref_sys_get(&mut r);
+            percpuref_sys_put(&mut r);
+            assert!(!percpuref_sys_is_dying(&mut r));
+            percpuref_sys_kill(&mut r);
+            assert!(percpuref_sys_is_dying(&mut r));
+            assert_eq!(percpu_ref_barrier(), 0);
+            assert_eq!(RELEASED.load(Ordering::SeqCst), 1);
+            assert!(percpu_ref_is_zero(&mut r));
+            percpu_ref_exit(&mut r);
+        }
+    }
+}

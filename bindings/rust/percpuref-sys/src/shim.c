@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shim.c - out-of-line copies of the header-only fast paths, for Rust,
+ * which cannot call a static inline C function.  Each is the inline
+ * function and nothing else: one call more per get or put, still no
+ * shared cache line written in per-CPU mode.
+ */
+#include <percpuref/compiler.h>
+#include <percpuref/percpu_rcuref.h>
+#include <percpuref/percpu_ref.h>
+
+PERCPUREF_API void percpuref_sys_get(struct percpu_ref *ref)
+{
+	percpu_ref_get(ref);
+}
+
+PERCPUREF_API bool percpuref_sys_tryget(struct percpu_ref *ref)
+{
+	return percpu_ref_tryget(ref);
+}
+
+PERCPUREF_API bool percpuref_sys_tryget_live(struct percpu_ref *ref)
+{
+	return percpu_ref_tryget_live(ref);
+}
+
+PERCPUREF_API void percpuref_sys_put(struct percpu_ref *ref)
+{
+	percpu_ref_put(ref);
+}
+
+PERCPUREF_API void percpuref_sys_kill(struct percpu_ref *ref)
+{
+	percpu_ref_kill(ref);
+}
+
+PERCPUREF_API bool percpuref_sys_is_dying(struct percpu_ref *ref)
+{
+	return percpu_ref_is_dying(ref);
+}

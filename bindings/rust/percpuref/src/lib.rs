@@ -1,0 +1,405 @@
+// SPDX-License-Identifier: MIT
+//! A shared pointer whose reference count is per-CPU.
+//!
+//! [`std::sync::Arc`] counts with one atomic integer: every clone and every
+//! drop, from every thread, writes the same cache line, so a hot `Arc`
+//! shared by many threads stops scaling (the kernel's `kref` problem).
+//! [`PcArc`] counts with percpuref's `percpu_ref`: a clone or a drop adds
+//! to *this CPU's* counter, one non-atomic instruction in a restartable
+//! sequence, and no shared line is written.  The price: the total cannot
+//! be seen while the count is per-CPU, so something must decide when the
+//! value may go.  Two ways, both here:
+//!
+//! * **An owner** ([`Owner`]): the value has one owner who holds the
+//!   initial reference and drops it with [`Owner::kill`] (or by dropping
+//!   the owner).  The count then switches to one atomic counter and the
+//!   value is dropped when the last [`PcArc`] goes.  Use it for objects
+//!   with a clear end of life: a connection, a request, a loaded module.
+//! * **Managed** ([`PcArc::new_managed`]): nobody owns the value.  The
+//!   library's reclaimer thread holds a reference of its own, checks the
+//!   value every few seconds, and drops it once its reference is the only
+//!   one left.  Use it for cache entries, labels, anything shared with no
+//!   natural owner.
+//!
+//! ```
+//! use percpuref::{Owner, PcArc};
+//!
+//! let owner = Owner::new(String::from("config v1")).unwrap();
+//! let handle: PcArc<String> = owner.share();      // per-CPU get
+//! let worker = std::thread::spawn(move || {
+//!     let copy = handle.clone();                  // per-CPU get
+//!     copy.len()                                  // dropped: per-CPU put
+//! });
+//! owner.kill();                                   // the value goes with the last PcArc
+//! assert_eq!(worker.join().unwrap(), 9);
+//! ```
+//!
+//! Where the value is dropped: on the thread whose drop of a [`PcArc`]
+//! releases the last reference, or on one of the library's threads (the
+//! callback thread finishing a kill, the reclaimer for managed values).
+//! Hence `T: Send + Sync + 'static` everywhere.
+//!
+//! The C library needs no thread registration, so any Rust thread may use
+//! these types; see `docs/percpu_ref.md` and `docs/managed.md` in the
+//! repository for the underlying contract.
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::panic::{self, AssertUnwindSafe};
+use std::ptr::{self, NonNull};
+
+use percpuref_sys as sys;
+
+/// An error from the C library: a negative errno value, made positive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Error(i32);
+
+impl Error {
+    /// The errno value (`ENOMEM`, `EINVAL`, ...).
+    pub fn errno(self) -> i32 {
+        self.0
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "percpuref: {}", std::io::Error::from_raw_os_error(self.0))
+    }
+}
+
+impl std::error::Error for Error {}
+
+fn check(ret: i32) -> Result<(), Error> {
+    if ret < 0 {
+        Err(Error(-ret))
+    } else {
+        Ok(())
+    }
+}
+
+/// The allocation: the counter first, so the release callback gets from the
+/// `percpu_ref` it is called with back to the whole (`repr(C)`).
+#[repr(C)]
+struct Inner<T> {
+    counter: sys::percpu_ref,
+    value: T,
+}
+
+/// Called by the C library exactly once, when the count reaches zero: on
+/// the last putter's thread or one of the library's threads.
+unsafe extern "C" fn release<T>(counter: *mut sys::percpu_ref) {
+    let inner = counter as *mut Inner<T>;
+
+    sys::percpu_ref_exit(counter);
+    // A panic must not unwind into C.
+    if panic::catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(inner)))).is_err() {
+        std::process::abort();
+    }
+}
+
+/// Boxes @value with an initialised counter holding one reference.
+fn allocate<T>(value: T, flags: u32) -> Result<NonNull<Inner<T>>, Error> {
+    let inner = Box::into_raw(Box::new(Inner {
+        counter: sys::percpu_ref { percpu_count_ptr: 0, data: ptr::null_mut() },
+        value,
+    }));
+    // SAFETY: inner is a fresh, unique allocation that never moves again.
+    let ret = unsafe { sys::percpu_ref_init(&mut (*inner).counter, Some(release::<T>), flags) };
+    if let Err(e) = check(ret) {
+        // SAFETY: init failed and allocated nothing; we still own the box.
+        drop(unsafe { Box::from_raw(inner) });
+        return Err(e);
+    }
+    // SAFETY: Box::into_raw never returns null.
+    Ok(unsafe { NonNull::new_unchecked(inner) })
+}
+
+/// One counted reference to a shared `T`: the per-CPU `Arc`.
+///
+/// `clone` takes a reference and `drop` drops it, each one add on this
+/// CPU's counter while the count is per-CPU.  The value lives while any
+/// `PcArc` (or the [`Owner`], or for a managed value, the manager) holds a
+/// reference.
+///
+/// ```
+/// use percpuref::PcArc;
+///
+/// let cache_entry = PcArc::new_managed(vec![1, 2, 3]).unwrap();
+/// let again = cache_entry.clone();
+/// assert!(PcArc::ptr_eq(&cache_entry, &again));
+/// assert_eq!(again.iter().sum::<i32>(), 6);
+/// drop(cache_entry);
+/// drop(again);
+/// percpuref::flush_managed().unwrap(); // the reclaimer drops the vector now
+/// ```
+///
+/// The value must be shareable across threads, as for `Arc`:
+///
+/// ```compile_fail
+/// let not_sync = percpuref::PcArc::new_managed(std::rc::Rc::new(1));
+/// ```
+pub struct PcArc<T: Send + Sync + 'static> {
+    inner: NonNull<Inner<T>>,
+    _owns: PhantomData<Inner<T>>,
+}
+
+// SAFETY: a PcArc sent to another thread gives that thread `&T` (needs
+// `T: Sync`) and may be the last reference, dropping `T` there (needs
+// `T: Send`); the bounds on the type demand both.  The count itself is
+// thread-safe: percpu_ref get/put may be called from any thread without
+// registration (per-CPU adds are restartable sequences, atomic mode uses
+// atomic RMWs).
+unsafe impl<T: Send + Sync + 'static> Send for PcArc<T> {}
+// SAFETY: `&PcArc` allows `clone` (a get from any thread: see above) and
+// `&T`, which `T: Sync` covers; a clone can then move and drop `T` as
+// above (`T: Send`).
+unsafe impl<T: Send + Sync + 'static> Sync for PcArc<T> {}
+
+impl<T: Send + Sync + 'static> PcArc<T> {
+    /// A managed value: nobody owns it; the library's reclaimer holds a
+    /// reference of its own and drops the value, on its own thread, once
+    /// no `PcArc` is left (at its next scan, every 5 s by default, or at
+    /// [`flush_managed`]).  The returned `PcArc` is the creator's
+    /// reference.
+    pub fn new_managed(value: T) -> Result<PcArc<T>, Error> {
+        // Atomic until managed: the failure path below is an exact put.
+        let inner = allocate(value, sys::PERCPU_REF_INIT_ATOMIC)?;
+        let counter = counter_of(inner);
+        // SAFETY: a live ref holding our initial reference.
+        if let Err(e) = check(unsafe { sys::percpu_ref_switch_to_managed(counter) }) {
+            // SAFETY: not managed, so ours is the only reference, the
+            // initial one: the kill drops it and the release frees `inner`,
+            // which nothing uses afterwards.
+            unsafe { sys::percpuref_sys_kill(counter) };
+            return Err(e);
+        }
+        Ok(PcArc { inner, _owns: PhantomData })
+    }
+
+    /// True when both point to the same value.
+    pub fn ptr_eq(a: &PcArc<T>, b: &PcArc<T>) -> bool {
+        a.inner == b.inner
+    }
+
+    /// True once the owner killed the value (it goes with the last
+    /// `PcArc`).  Never true for a managed value still referenced.
+    pub fn is_dying(this: &PcArc<T>) -> bool {
+        // SAFETY: we hold a reference, so the counter is initialised.
+        unsafe { sys::percpuref_sys_is_dying(counter_of(this.inner)) }
+    }
+}
+
+fn counter_of<T>(inner: NonNull<Inner<T>>) -> *mut sys::percpu_ref {
+    // SAFETY: only the address of the field is taken.
+    unsafe { ptr::addr_of_mut!((*inner.as_ptr()).counter) }
+}
+
+impl<T: Send + Sync + 'static> Clone for PcArc<T> {
+    fn clone(&self) -> Self {
+        // SAFETY: we hold a reference, so the value is alive: a get is allowed.
+        unsafe { sys::percpuref_sys_get(counter_of(self.inner)) };
+        PcArc { inner: self.inner, _owns: PhantomData }
+    }
+}
+
+impl<T: Send + Sync + 'static> Drop for PcArc<T> {
+    fn drop(&mut self) {
+        // SAFETY: drops the reference this PcArc holds; `self.inner` is not
+        // used afterwards.  A put releases (C: acquire-release), so every
+        // access made through this PcArc happens before the value's drop.
+        unsafe { sys::percpuref_sys_put(counter_of(self.inner)) };
+    }
+}
+
+impl<T: Send + Sync + 'static> Deref for PcArc<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // SAFETY: the reference we hold keeps the value alive.
+        unsafe { &(*self.inner.as_ptr()).value }
+    }
+}
+
+impl<T: Send + Sync + fmt::Debug + 'static> fmt::Debug for PcArc<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+/// The owner of a shared value: holds the initial reference.
+///
+/// [`Owner::share`] hands out [`PcArc`]s; [`Owner::kill`] (or dropping the
+/// owner) drops the initial reference, and the value is dropped when the
+/// last `PcArc` goes.  One owner per value, so it is not `Clone`.
+///
+/// ```
+/// use percpuref::Owner;
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::sync::Arc;
+///
+/// struct Connection { closed: Arc<AtomicBool> }
+/// impl Drop for Connection {
+///     fn drop(&mut self) { self.closed.store(true, Ordering::SeqCst); }
+/// }
+///
+/// let closed = Arc::new(AtomicBool::new(false));
+/// let owner = Owner::new(Connection { closed: closed.clone() }).unwrap();
+/// let request = owner.share();
+/// owner.kill();
+/// assert!(!closed.load(Ordering::SeqCst));  // a request still holds it
+/// drop(request);
+/// percpuref::wait_for_releases().unwrap();
+/// assert!(closed.load(Ordering::SeqCst));
+/// ```
+pub struct Owner<T: Send + Sync + 'static> {
+    inner: NonNull<Inner<T>>,
+    _owns: PhantomData<Inner<T>>,
+}
+
+// SAFETY: as for PcArc: the owner gives `&T` and `share()` (needs
+// `T: Sync`); its kill may drop `T` on another thread (needs `T: Send`).
+unsafe impl<T: Send + Sync + 'static> Send for Owner<T> {}
+// SAFETY: `&Owner` allows `share()` (a get) and `&T`; see PcArc.
+unsafe impl<T: Send + Sync + 'static> Sync for Owner<T> {}
+
+impl<T: Send + Sync + 'static> Owner<T> {
+    /// Allocates the value with a per-CPU count holding the owner's
+    /// initial reference.  Fails (ENOMEM) when the per-CPU counter cannot
+    /// be allocated.
+    pub fn new(value: T) -> Result<Owner<T>, Error> {
+        Ok(Owner { inner: allocate(value, 0)?, _owns: PhantomData })
+    }
+
+    /// A new counted reference.
+    pub fn share(&self) -> PcArc<T> {
+        // SAFETY: the owner's reference keeps the value alive.
+        unsafe { sys::percpuref_sys_get(counter_of(self.inner)) };
+        PcArc { inner: self.inner, _owns: PhantomData }
+    }
+
+    /// Drops the initial reference: the count switches to atomic mode
+    /// (after a grace period, on the library's callback thread) and the
+    /// value is dropped when the last `PcArc` goes.  The same as dropping
+    /// the owner.
+    pub fn kill(self) {
+        drop(self);
+    }
+}
+
+impl<T: Send + Sync + 'static> Drop for Owner<T> {
+    fn drop(&mut self) {
+        // SAFETY: the owner holds the initial reference and kills once.
+        unsafe { sys::percpuref_sys_kill(counter_of(self.inner)) };
+    }
+}
+
+impl<T: Send + Sync + 'static> Deref for Owner<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // SAFETY: the owner's reference keeps the value alive.
+        unsafe { &(*self.inner.as_ptr()).value }
+    }
+}
+
+/// Waits until every kill started before the call has switched and every
+/// value those kills released has been dropped.  For tests and shutdown;
+/// not from a value's `Drop` (it would wait for itself: `Err(EDEADLK)`).
+pub fn wait_for_releases() -> Result<(), Error> {
+    // SAFETY: no precondition beyond the call site, which the C checks.
+    check(unsafe { sys::percpu_ref_barrier() })
+}
+
+/// Makes the reclaimer drop, now, every managed value no `PcArc` holds;
+/// returns once they are dropped.  Not from a value's `Drop`.
+pub fn flush_managed() -> Result<(), Error> {
+    // SAFETY: as above.
+    check(unsafe { sys::percpu_ref_managed_flush() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// Counts its drops.
+    struct Tracked(Arc<AtomicUsize>);
+
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn tracked() -> (Tracked, Arc<AtomicUsize>) {
+        let drops = Arc::new(AtomicUsize::new(0));
+        (Tracked(drops.clone()), drops)
+    }
+
+    fn assert_send_sync<X: Send + Sync>() {}
+
+    #[test]
+    fn handles_are_send_and_sync() {
+        assert_send_sync::<PcArc<Vec<u8>>>();
+        assert_send_sync::<Owner<String>>();
+    }
+
+    #[test]
+    fn owner_value_outlives_the_kill_until_the_last_pcarc() {
+        let (value, drops) = tracked();
+        let owner = Owner::new(value).unwrap();
+        let a = owner.share();
+        let b = a.clone();
+        owner.kill();
+        wait_for_releases().unwrap();
+        assert!(PcArc::is_dying(&a));
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        drop(a);
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        drop(b);
+        wait_for_releases().unwrap();
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn threads_share_and_drop_exactly_once() {
+        let (value, drops) = tracked();
+        let owner = Owner::new(value).unwrap();
+        let shared = owner.share();
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..100_000 {
+                        let copy = shared.clone();
+                        assert_eq!(copy.0.load(Ordering::SeqCst), 0);
+                    }
+                });
+            }
+        });
+        owner.kill();
+        drop(shared);
+        wait_for_releases().unwrap();
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn managed_value_goes_once_no_pcarc_is_left() {
+        let (value, drops) = tracked();
+        let first = PcArc::new_managed(value).unwrap();
+        let second = first.clone();
+        drop(first);
+        flush_managed().unwrap();
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "a PcArc still holds it");
+        drop(second);
+        flush_managed().unwrap();
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn error_reports_errno() {
+        let e = Error(12);
+        assert_eq!(e.errno(), 12);
+        assert!(e.to_string().starts_with("percpuref: "));
+    }
+}
