@@ -8,8 +8,17 @@
 //! the same cache line, which bounces between the cores.  `PcArc` adds to
 //! this CPU's counter: nothing is shared, so efficiency stays near 100%.
 //!
-//! Usage: scaling [THREADS] [SECONDS]   (default: all CPUs, 0.5 s a point;
-//! each point is the median of 3 runs, variants interleaved)
+//! Time is the wall clock, as in percpuref-bench: pairs of all threads over
+//! the seconds between start and stop.  With --cpu-time it is each thread's
+//! own CPU time instead (CLOCK_THREAD_CPUTIME_ID; throughput is the sum of
+//! each thread's pairs per CPU-second): on a machine shared with other
+//! work, the wall clock counts the time other processes take the CPUs away
+//! as a loss of scaling, CPU time does not.  But CPU time also misses
+//! contention while the threads do not run at the same time, so it flatters
+//! Arc on a busy machine; report both there.
+//!
+//! Usage: scaling [--cpu-time] [THREADS] [SECONDS]   (default: all CPUs,
+//! 0.5 s a point; each point is the median of 3 runs, variants interleaved)
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -20,8 +29,26 @@ use percpuref::{Owner, PcArc};
 const BATCH: u64 = 1000;
 const REPEAT: usize = 3;
 
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+
 extern "C" {
     fn sched_setaffinity(pid: i32, size: usize, mask: *const u64) -> i32;
+    fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+}
+
+/// This thread's CPU time in seconds.
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid struct timespec (64-bit Linux layout).
+    let ret = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(ret, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 /// Pins the calling thread to @cpu (best effort: a refused pin only makes
@@ -36,17 +63,19 @@ fn pin(cpu: usize) {
 }
 
 /// Runs @threads threads doing clone+drop on @shared for @seconds; returns
-/// pairs per second in total.
-fn measure<P: Clone + Send + Sync>(shared: &P, threads: usize, seconds: f64) -> f64 {
+/// pairs per second in total: per wall-clock second, or with @cpu_time the
+/// sum of each thread's pairs per CPU-second.
+fn measure<P: Clone + Send + Sync>(shared: &P, threads: usize, seconds: f64, cpu_time: bool) -> f64 {
     let stop = AtomicBool::new(false);
     let start = Barrier::new(threads + 1);
-    let (pairs, elapsed) = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|cpu| {
                 let (stop, start) = (&stop, &start);
                 s.spawn(move || {
                     pin(cpu);
                     start.wait();
+                    let t0 = thread_cpu_seconds();
                     let mut pairs = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         for _ in 0..BATCH {
@@ -55,18 +84,22 @@ fn measure<P: Clone + Send + Sync>(shared: &P, threads: usize, seconds: f64) -> 
                         }
                         pairs += BATCH;
                     }
-                    pairs
+                    (pairs, thread_cpu_seconds() - t0)
                 })
             })
             .collect();
         start.wait();
-        let t0 = Instant::now();
+        let wall = Instant::now();
         std::thread::sleep(Duration::from_secs_f64(seconds));
         stop.store(true, Ordering::Relaxed);
-        let pairs: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
-        (pairs, t0.elapsed().as_secs_f64())
-    });
-    pairs as f64 / elapsed
+        let results: Vec<(u64, f64)> = workers.into_iter().map(|w| w.join().expect("worker")).collect();
+        let wall = wall.elapsed().as_secs_f64();
+        if cpu_time {
+            results.iter().map(|&(pairs, cpu)| pairs as f64 / cpu).sum()
+        } else {
+            results.iter().map(|&(pairs, _)| pairs as f64).sum::<f64>() / wall
+        }
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -75,7 +108,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let cpu_time = args.next_if(|a| a == "--cpu-time").is_some();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let max_threads: usize = match args.next() {
         Some(a) => a.parse().ok().filter(|&n| n >= 1).unwrap_or_else(|| usage(&a)),
@@ -91,7 +125,9 @@ fn main() {
     let arc = Arc::new(0u64);
 
     println!("scaling: clone+drop pairs on one shared pointer, one thread per CPU");
-    println!("each point: {} s, median of {} runs; eff = throughput(N) / (N x throughput(1))", seconds, REPEAT);
+    let clock = if cpu_time { "per-thread CPU time" } else { "wall clock" };
+    println!("each point: {} s, median of {} runs; time: {}", seconds, REPEAT, clock);
+    println!("eff = throughput(N) / (N x throughput(1))");
     println!();
     println!("                 |          PcArc           |           Arc            |");
     println!("threads cpus     |  ns/pair  Mpairs/s   eff |  ns/pair  Mpairs/s   eff |");
@@ -99,8 +135,8 @@ fn main() {
     for threads in 1..=max_threads {
         let mut runs = [Vec::new(), Vec::new()];
         for _ in 0..REPEAT {
-            runs[0].push(measure(&pcarc, threads, seconds));
-            runs[1].push(measure(&arc, threads, seconds));
+            runs[0].push(measure(&pcarc, threads, seconds, cpu_time));
+            runs[1].push(measure(&arc, threads, seconds, cpu_time));
         }
         let cpus_used = if threads == 1 { "0".to_string() } else { format!("0-{}", threads - 1) };
         let mut line = format!("{:>6}  {:<9}|", threads, cpus_used);
@@ -120,6 +156,6 @@ fn main() {
 }
 
 fn usage(bad: &str) -> ! {
-    eprintln!("scaling: bad argument '{}'\nusage: scaling [THREADS >= 1] [SECONDS in (0, 60]]", bad);
+    eprintln!("scaling: bad argument '{}'\nusage: scaling [--cpu-time] [THREADS >= 1] [SECONDS in (0, 60]]", bad);
     std::process::exit(2);
 }
