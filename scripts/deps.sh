@@ -3,8 +3,11 @@
 # Debian 12 packages, when any of it is missing.  Needs root (or sudo).
 set -euo pipefail
 
+# cargo, rustc and librust-cc-dev: the Rust bindings (bindings/rust builds
+# offline from Debian's packaged crates); scdoc: the man pages; man-db:
+# the install test renders them with man -l.
 packages=(build-essential cmake ninja-build pkg-config liburcu-dev valgrind spin
-          python3 python3-matplotlib)
+          python3 python3-matplotlib cargo rustc librust-cc-dev scdoc man-db)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

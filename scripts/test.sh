@@ -2,7 +2,9 @@
 # Runs every test: installs dependencies, then builds and runs the suite in
 # three configurations (plain, ASan+UBSan, TSan).  The plain build also runs
 # each test on the fallback fast path (PERCPUREF_NO_RSEQ=1), under valgrind's
-# leak check, and checks the installed library through pkg-config.
+# leak check, and checks the installed library through pkg-config and
+# CMake.  Then cargo test of the Rust bindings (unit tests and doctests),
+# with Debian's cargo (/usr/bin/cargo, whatever else is on PATH).
 # STRESS_SECONDS bounds each stress test (default here 8 s; valgrind runs 1 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,4 +27,9 @@ for variant in plain address thread; do
     status=1
   fi
 done
+
+echo "=== rust bindings"
+if ! (cd bindings/rust && CARGO_TARGET_DIR="$PWD/../../build/cargo" /usr/bin/cargo test --offline); then
+  status=1
+fi
 exit $status

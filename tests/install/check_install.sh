@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # Installs the build tree into a scratch DESTDIR under a prefix, then builds
-# consumer.c against it with pkg-config, statically and dynamically, and runs
-# both.  Usage: check_install.sh BUILD_DIR SOURCE_DIR
+# consumer.c against it as users would: with pkg-config (shared and static)
+# and with CMake's find_package (percpuref::percpuref and
+# percpuref::percpuref_static), from a copy of the installed tree in another
+# place, which proves both relocatable.  Runs every consumer, and renders
+# every installed man page with man -l.
+# Usage: check_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 DESTDIR="$stage" cmake --install "$build" --prefix /opt/percpuref >/dev/null
-root="$stage/opt/percpuref"
+# Moved after installation: nothing may remember /opt/percpuref.
+mv "$stage/opt/percpuref" "$stage/moved"
+root="$stage/moved"
 pcdir=$(dirname "$(find "$root" -name percpuref.pc)")
 libdir=$(cd "$pcdir/.." && pwd)
 test -f "$root/include/percpuref/percpu_ref.h"
+test -f "$root/include/percpuref/percpuref.hpp"
+
 export PKG_CONFIG_PATH="$pcdir"
 cc -o "$stage/consumer" "$src/tests/install/consumer.c" $(pkg-config --cflags --libs percpuref) \
    -Wl,-rpath,"$libdir"
@@ -18,4 +26,35 @@ cc -o "$stage/consumer" "$src/tests/install/consumer.c" $(pkg-config --cflags --
 cc -o "$stage/consumer-static" "$src/tests/install/consumer.c" \
    $(pkg-config --cflags percpuref) "$libdir/libpercpuref.a" $(pkg-config --libs --static percpuref | sed 's/-lpercpuref//')
 "$stage/consumer-static"
-echo "ok - installed headers, shared and static library, pkg-config"
+echo "ok - pkg-config: shared and static consumers"
+
+cmake -S "$src/tests/install/cmake_consumer" -B "$stage/cmake-build" -G Ninja \
+      -DCMAKE_PREFIX_PATH="$root" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$stage/cmake-build" >/dev/null
+"$stage/cmake-build/consumer_shared"
+"$stage/cmake-build/consumer_static"
+if ldd "$stage/cmake-build/consumer_static" | grep -q libpercpuref; then
+  echo "not ok - percpuref::percpuref_static links the shared library" >&2
+  exit 1
+fi
+echo "ok - find_package: percpuref::percpuref and percpuref::percpuref_static"
+
+mandir="$root/share/man/man3"
+pages=0
+for family in percpu_ref percpu_ref_managed percpu_rcuref kref rcuref hcount; do
+  test -f "$mandir/$family.3" || { echo "not ok - no man page $family(3)" >&2; exit 1; }
+done
+for page in "$mandir"/*.3; do
+  # A page renders without warnings and names its family in NAME (the
+  # one-line .so pages render the page they include).
+  warnings=$(cd "$root/share/man" && MANWIDTH=80 man --warnings -P cat -l "$page" 2>&1 >/dev/null)
+  if [ -n "$warnings" ]; then
+    echo "not ok - man -l $page: $warnings" >&2
+    exit 1
+  fi
+  name=$(basename "$page" .3)
+  (cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page") | grep -q -- "$name" ||
+    { echo "not ok - man -l $page does not render $name" >&2; exit 1; }
+  pages=$((pages + 1))
+done
+echo "ok - $pages man pages render with man -l"
