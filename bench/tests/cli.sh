@@ -34,7 +34,9 @@ expect() {
 
 cpus=$("$bench" --topology | sed -n 's/^machine: .*; \([0-9]*\) of .*/\1/p')
 over=$((cpus + 1))
-short="--duration 0.01"
+# Long enough that a point finishes operations on a loaded machine: a
+# measurement window with none has no ns/op to report.
+short="--duration 0.05"
 
 expect 2
 expect 2 no-such-workload
