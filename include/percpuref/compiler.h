@@ -7,6 +7,16 @@
 #ifndef PERCPUREF_COMPILER_H
 #define PERCPUREF_COMPILER_H
 
+/*
+ * 64-bit only.  Counts, biases and saturation zones are unsigned long
+ * arithmetic around 2^63 (PERCPU_COUNT_BIAS = 1UL << 63), and the fast
+ * path's asm reads the 64-bit mode word with movq: with a 32-bit long
+ * (i386, arm32) or 32-bit pointers (x32) it would compile and miscount.
+ */
+#if !defined(__LP64__) || __SIZEOF_LONG__ != 8 || __SIZEOF_POINTER__ != 8
+#error "percpuref needs a 64-bit (LP64) target: 32-bit and x32 builds are not supported"
+#endif
+
 #define PERCPUREF_API __attribute__((visibility("default")))
 #define percpuref_likely(x) __builtin_expect(!!(x), 1)
 #define percpuref_unlikely(x) __builtin_expect(!!(x), 0)
