@@ -17,9 +17,13 @@
  * wrote before queueing is visible to the item's function, and whatever the
  * functions did is visible to percpuref_deferred_barrier() callers.
  *
- * Fork: the thread does not exist in a child; deferred_lock is held across
- * fork (runtime.c), the child marks the thread absent and the next queue or
- * barrier call starts it again, so items queued before fork still run.
+ * Fork: the thread holds batch_lock (rank DEFERRED_BATCH) from taking a
+ * batch until its items have run and are counted, and fork takes it first
+ * (runtime.c), so a fork never falls inside a batch: in the child every
+ * item is either done or still queued (a batch cut in half was lost, with
+ * barrier and exit hanging for it: issue 8, finding 2).  The thread does
+ * not exist in the child; the child starts its own if items are queued.
+ * The price: fork waits for a batch in flight, callbacks included.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,7 +31,8 @@
 
 #include "internal.h"
 
-pthread_mutex_t percpuref_deferred_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t batch_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t work_queued = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
 static struct percpuref_deferred *queue_head, **queue_tail = &queue_head;
@@ -42,16 +47,21 @@ static void *deferred_thread(void *arg)
 	unsigned long n;
 
 	(void)arg;
-	pthread_mutex_lock(&percpuref_deferred_lock);
+	pthread_mutex_lock(&deferred_lock);
 	for (;;) {
 		while (!queue_head && !thread_stopping)
-			pthread_cond_wait(&work_queued, &percpuref_deferred_lock);
+			pthread_cond_wait(&work_queued, &deferred_lock);
 		if (!queue_head)
 			break;
+		/* In rank order: the batch lock, then the queue's.  Only this
+		 * thread takes items, so the queue is still non-empty. */
+		pthread_mutex_unlock(&deferred_lock);
+		percpuref_batch_lock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+		pthread_mutex_lock(&deferred_lock);
 		batch = queue_head;
 		queue_head = NULL;
 		queue_tail = &queue_head;
-		pthread_mutex_unlock(&percpuref_deferred_lock);
+		pthread_mutex_unlock(&deferred_lock);
 
 		percpuref_fence_readers();
 		for (n = 0; batch; batch = next, n++) {
@@ -59,14 +69,15 @@ static void *deferred_thread(void *arg)
 			batch->fn(batch);
 		}
 
-		pthread_mutex_lock(&percpuref_deferred_lock);
+		pthread_mutex_lock(&deferred_lock);
 		batch_fences++;
 		nr_done += n;
 		pthread_cond_broadcast(&work_done);
+		percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
 	}
 	thread_running = false;
 	pthread_cond_broadcast(&work_done);
-	pthread_mutex_unlock(&percpuref_deferred_lock);
+	pthread_mutex_unlock(&deferred_lock);
 	return NULL;
 }
 
@@ -82,7 +93,7 @@ static bool ensure_thread(void)
 
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn)
 {
-	pthread_mutex_lock(&percpuref_deferred_lock);
+	pthread_mutex_lock(&deferred_lock);
 	d->fn = fn;
 	d->next = NULL;
 	*queue_tail = d;
@@ -90,17 +101,7 @@ void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_d
 	nr_queued++;
 	if (ensure_thread())
 		pthread_cond_signal(&work_queued);
-	pthread_mutex_unlock(&percpuref_deferred_lock);
-}
-
-bool percpuref_on_deferred_thread(void)
-{
-	bool on;
-
-	pthread_mutex_lock(&percpuref_deferred_lock);
-	on = thread_running && pthread_equal(pthread_self(), thread);
-	pthread_mutex_unlock(&percpuref_deferred_lock);
-	return on;
+	pthread_mutex_unlock(&deferred_lock);
 }
 
 int percpuref_wait_deferred(void)
@@ -108,18 +109,20 @@ int percpuref_wait_deferred(void)
 	unsigned long target;
 	int ret = 0;
 
-	if (percpuref_on_deferred_thread())
+	/* Waiting for the thread while holding a batch lock (a callback) could
+	 * wait for a fork waiting for us, or for ourselves. */
+	if (percpuref_on_library_thread() || percpuref_holds_batch_lock())
 		return -EDEADLK;
-	pthread_mutex_lock(&percpuref_deferred_lock);
+	pthread_mutex_lock(&deferred_lock);
 	target = nr_queued;
 	while (nr_done < target) {
 		if (!ensure_thread()) {
 			ret = -EAGAIN;
 			break;
 		}
-		pthread_cond_wait(&work_done, &percpuref_deferred_lock);
+		pthread_cond_wait(&work_done, &deferred_lock);
 	}
-	pthread_mutex_unlock(&percpuref_deferred_lock);
+	pthread_mutex_unlock(&deferred_lock);
 	return ret;
 }
 
@@ -129,38 +132,82 @@ void percpuref_deferred_stop(void)
 
 	if (percpuref_wait_deferred())
 		return;
-	pthread_mutex_lock(&percpuref_deferred_lock);
+	pthread_mutex_lock(&deferred_lock);
 	if (!thread_running) {
-		pthread_mutex_unlock(&percpuref_deferred_lock);
+		pthread_mutex_unlock(&deferred_lock);
 		return;
 	}
 	thread_stopping = true;
 	joinee = thread;
 	pthread_cond_signal(&work_queued);
-	pthread_mutex_unlock(&percpuref_deferred_lock);
+	pthread_mutex_unlock(&deferred_lock);
 	pthread_join(joinee, NULL);
 }
 
-void percpuref_deferred_after_fork_child(void)
+static void batch_fork_prepare(void)
+{
+	percpuref_batch_lock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+}
+
+static void batch_fork_release(void)
+{
+	percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+}
+
+static void queue_fork_prepare(void)
+{
+	pthread_mutex_lock(&deferred_lock);
+}
+
+static void queue_fork_parent(void)
+{
+	pthread_mutex_unlock(&deferred_lock);
+}
+
+static void queue_fork_child(void)
 {
 	/*
-	 * Lock held across fork by runtime.c.  The thread is gone, and a
-	 * condition variable it (or any parent thread) waited on keeps those
-	 * phantom waiters in the child, where a signal could be spent on one
-	 * of them: start both from scratch.
+	 * The thread is gone, and a condition variable it (or any parent
+	 * thread) waited on keeps those phantom waiters in the child, where a
+	 * signal could be spent on one of them: start both from scratch.  No
+	 * batch is in flight (batch_lock): what is queued is all that is left.
 	 */
 	pthread_cond_init(&work_queued, NULL);
 	pthread_cond_init(&work_done, NULL);
 	thread_running = false;
 	thread_stopping = false;
+	if (queue_head)
+		ensure_thread();
+	pthread_mutex_unlock(&deferred_lock);
+}
+
+static const struct percpuref_fork_hooks batch_hooks = {
+	.rank = PERCPUREF_RANK_DEFERRED_BATCH,
+	.prepare = batch_fork_prepare,
+	.parent = batch_fork_release,
+	.child = batch_fork_release,
+};
+
+static const struct percpuref_fork_hooks queue_hooks = {
+	.rank = PERCPUREF_RANK_DEFERRED,
+	.prepare = queue_fork_prepare,
+	.parent = queue_fork_parent,
+	.child = queue_fork_child,
+};
+
+static __attribute__((constructor)) void deferred_register(void)
+{
+	percpuref_register_fork_hooks(&batch_hooks);
+	percpuref_register_fork_hooks(&queue_hooks);
+	percpuref_register_exit_hook(PERCPUREF_RANK_DEFERRED_BATCH, percpuref_deferred_stop);
 }
 
 unsigned long percpuref_deferred_fences(void)
 {
 	unsigned long n;
 
-	pthread_mutex_lock(&percpuref_deferred_lock);
+	pthread_mutex_lock(&deferred_lock);
 	n = batch_fences;
-	pthread_mutex_unlock(&percpuref_deferred_lock);
+	pthread_mutex_unlock(&deferred_lock);
 	return n;
 }

@@ -17,10 +17,78 @@
 
 #include <urcu/urcu-bp.h>
 
-/* The library's locks (held across fork() by runtime.c, in this order). */
-extern pthread_mutex_t percpuref_switch_lock;	/* percpu_ref.c: mode switches */
-extern pthread_mutex_t percpuref_alloc_lock;	/* percpu_alloc.c: chunks, slots */
-extern pthread_mutex_t percpuref_deferred_lock;	/* deferred.c: callback queue */
+/*
+ * Lock order of the whole library, outermost first: the one place it is
+ * written down.  A thread holding a lock of one rank takes only locks of
+ * higher ranks.  fork() takes every lock in this order (prepare hooks,
+ * ascending) and releases them in reverse (parent and child hooks,
+ * descending), so the child inherits none held by a thread it lacks.
+ *
+ * The two batch locks come first: a library thread holds one for a whole
+ * unit of work (fence, callbacks, and the user's callbacks they call), so a
+ * fork never cuts one in half.  liburcu-bp's locks (its grace-period and
+ * registry mutexes, urcu_bp_before_fork()) come next, before every lock a
+ * reader may take inside a read-side section: a grace period holds
+ * liburcu's lock while it waits for such a reader, so a fork holding the
+ * reader's lock while it waits for liburcu's would deadlock (issue 8,
+ * finding 5).  Consequences for callers: inside a read-side section no call
+ * that takes a batch lock or waits for a library thread (barrier, flush,
+ * shutdown, exit()); from a callback run on a library thread no wait for
+ * either library thread (barrier, flush: refused with -EDEADLK).
+ */
+enum percpuref_lock_rank {
+	PERCPUREF_RANK_DEFERRED_BATCH,	/* deferred.c: a batch in flight */
+	PERCPUREF_RANK_SCAN,		/* managed.c: a scan or RCU batch */
+	PERCPUREF_RANK_URCU,		/* liburcu-bp (runtime.c) */
+	PERCPUREF_RANK_SWITCH,		/* percpu_ref.c: mode switches */
+	PERCPUREF_RANK_ALLOC,		/* percpu_alloc.c: chunks, slots */
+	PERCPUREF_RANK_DEFERRED,	/* deferred.c: the queue */
+	PERCPUREF_RANK_MANAGED,		/* managed.c: thread, config, stats */
+	PERCPUREF_NR_RANKS
+};
+
+/*
+ * Fork and exit hooks: runtime.c is the lowest layer; each module above
+ * registers its own (from a constructor, before any thread of ours runs).
+ * @prepare takes the module's lock of @rank; @parent releases it; @child
+ * resets what the parent's threads left (they do not exist in the child),
+ * may restart the module's thread, and releases the lock.  NULL: nothing.
+ */
+struct percpuref_fork_hooks {
+	enum percpuref_lock_rank rank;
+	void (*prepare)(void);
+	void (*parent)(void);
+	void (*child)(void);
+};
+void percpuref_register_fork_hooks(const struct percpuref_fork_hooks *hooks);
+/*
+ * @fn runs at process exit (highest @rank first, so the reclaimer stops
+ * before the callback thread it feeds), unless exit() was called where
+ * waiting for the library's threads would hang: on one of them, or inside
+ * a liburcu-bp read-side section (finding 7).
+ */
+void percpuref_register_exit_hook(enum percpuref_lock_rank rank, void (*fn)(void));
+
+/*
+ * The batch locks (ranks DEFERRED_BATCH and SCAN): taken through these so
+ * the thread knows it holds one: a debug build asserts the rank order, a
+ * fork from a callback leaves the caller's own batch lock alone, and a
+ * callback run under one is refused the calls that would wait for a
+ * library thread (percpuref_holds_batch_lock()).
+ */
+void percpuref_batch_lock(enum percpuref_lock_rank rank, pthread_mutex_t *lock);
+void percpuref_batch_unlock(enum percpuref_lock_rank rank, pthread_mutex_t *lock);
+bool percpuref_holds_batch_lock(void);
+
+/* True on a thread started by percpuref_start_thread(). */
+bool percpuref_on_library_thread(void);
+
+/*
+ * percpuref_synchronize_rcu - a liburcu-bp grace period that survives
+ * membarrier being refused after start-up (liburcu-bp itself would abort):
+ * see runtime.c.  Not inside a read-side section.
+ */
+void percpuref_synchronize_rcu(void);
 
 /* Runtime set-up: rseq/membarrier detection, CPU count, fork handlers.
  * Idempotent and thread-safe; every slow path that may be first calls it. */
@@ -59,12 +127,11 @@ struct percpuref_deferred {
 };
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn);
 /* Wait for every item queued before this call: 0, or -EDEADLK when called
- * on the callback thread itself, -EAGAIN if the thread cannot start. */
+ * on a library thread or under a batch lock (a callback), -EAGAIN if the
+ * thread cannot start. */
 int percpuref_wait_deferred(void);
-bool percpuref_on_deferred_thread(void);
 /* Drain the queue and stop the thread (shutdown); it restarts on demand. */
 void percpuref_deferred_stop(void);
-void percpuref_deferred_after_fork_child(void);
 /* Fences the callback thread waited for (one per batch). */
 unsigned long percpuref_deferred_fences(void);
 
@@ -92,6 +159,12 @@ void *percpuref_zalloc(size_t size);
  */
 PERCPUREF_API void percpuref_fault_fail_nth_alloc(long nth);
 bool percpuref_fault_should_fail(void);
+/*
+ * Test hook: the CPU count source answers @n, as a count from sysconf()
+ * does where /sys is hidden (a chroot, a minimal container).  Call before
+ * anything else of the library.
+ */
+PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n);
 
 /* One-line diagnostic on stderr: "percpuref: <fn>: <message>". */
 void percpuref_warn(const char *fn, const char *fmt, ...)

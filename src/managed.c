@@ -30,8 +30,12 @@
  * checks at most max_per_scan refs and the next scan resumes where it
  * stopped (cursor: the last node kept, which stays linked because only the
  * walk unlinks, and never its own position).  scan_lock makes one thread
- * the scanner: the reclaimer thread, or shutdown once that thread is gone;
- * it is held across fork so that no check is ever cut in half.
+ * the scanner: the reclaimer thread, or shutdown once that thread is gone.
+ * It is a batch lock (internal.h): held for a whole scan, the @release
+ * calls of its released refs included, and for a whole RCU batch (grace
+ * period and releases), and fork takes it, so a fork never cuts a check,
+ * a release phase or an RCU batch in half (issue 8, findings 3 and 4: the
+ * child lost those refs and its flush and barrier hung).
  *
  * Strategies.  FAITHFUL checks one ref per fence, exactly as the proposal
  * (its synchronous switch per ref); BATCHED starts the switch of every ref
@@ -41,16 +45,17 @@
  * (everything else between them was unlinked), so the second half walks
  * the same nodes again.
  *
- * Threads and locks.  Order: scan_lock, switch lock, alloc lock, deferred
- * lock, managed_lock (innermost: nothing else is taken under it).  Callbacks
- * (@release, RCU-deferred releases) run on the reclaimer thread with no lock
- * held, so they may call any non-blocking API, free their object, and create
- * or reinit managed refs.  A flush or shutdown from such a callback would wait
- * for itself: refused with -EDEADLK / a warning.  The thread starts on first
- * use, sleeps while the list is empty, is stopped by percpuref_shutdown()
- * (also a destructor, so process exit joins it) and starts again on
- * demand.  After fork the child starts its own reclaimer if the parent had
- * one, so managed refs keep being released in the child.
+ * Threads and locks (the order is internal.h's): scan_lock, then the
+ * switch lock, then managed_lock (innermost: nothing else is taken under
+ * it).  Callbacks (@release, RCU-deferred releases) run on the reclaimer
+ * thread (or shutdown's) with scan_lock held and no other lock, so they may
+ * call any non-blocking API, free their object, and create, reinit or exit
+ * managed refs.  A flush, barrier or shutdown from such a callback would
+ * wait for itself: refused with -EDEADLK / a warning.  The thread starts on
+ * first use, sleeps while the list is empty, is stopped by
+ * percpuref_shutdown() (also an exit hook, so process exit joins it) and
+ * starts again on demand.  After fork the child starts its own reclaimer
+ * if the parent had one, so managed refs keep being released in the child.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -64,8 +69,8 @@
 #include "percpuref/managed.h"
 
 
-pthread_mutex_t percpuref_scan_lock = PTHREAD_MUTEX_INITIALIZER;
-pthread_mutex_t percpuref_managed_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t scan_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t managed_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Top of the managed list; see above for who writes it. */
 static struct percpuref_mnode *list_head;
@@ -109,7 +114,9 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static bool parse_ulong(const char *name, unsigned long *value)
+/* A setting from the environment: @name's value if it is a number no
+ * larger than @max; otherwise warned and false. */
+static bool parse_ulong(const char *name, unsigned long max, unsigned long *value)
 {
 	const char *env = getenv(name);
 	unsigned long v;
@@ -121,6 +128,10 @@ static bool parse_ulong(const char *name, unsigned long *value)
 	v = strtoul(env, &end, 10);
 	if (errno || *end || *env == '-') {
 		percpuref_warn("percpuref_managed", "%s=\"%s\" is not a number; ignored", name, env);
+		return false;
+	}
+	if (v > max) {
+		percpuref_warn("percpuref_managed", "%s=%lu is above %lu; ignored", name, v, max);
 		return false;
 	}
 	*value = v;
@@ -146,9 +157,11 @@ static void config_init_once(void)
 
 	init_conds();
 
-	parse_ulong("PERCPUREF_SCAN_INTERVAL_MS", &config.interval_ms);
-	parse_ulong("PERCPUREF_SCAN_MAX", &config.max_per_scan);
-	if (parse_ulong("PERCPUREF_MANAGED_WARN_S", &held_warn_s))
+	parse_ulong("PERCPUREF_SCAN_INTERVAL_MS", PERCPU_REF_MANAGED_INTERVAL_MAX_MS,
+		    &config.interval_ms);
+	parse_ulong("PERCPUREF_SCAN_MAX", ULONG_MAX, &config.max_per_scan);
+	/* Bounded so that the seconds in nanoseconds never wrap. */
+	if (parse_ulong("PERCPUREF_MANAGED_WARN_S", UINT64_MAX / 1000000000u, &held_warn_s))
 		held_warn_ns = (uint64_t)held_warn_s * 1000000000u;
 	if (strategy && !strcmp(strategy, "faithful"))
 		config.strategy = PERCPU_REF_SCAN_FAITHFUL;
@@ -192,33 +205,23 @@ static bool ensure_thread(void)
 		return false;
 	thread_running = true;
 	/* The first scan one interval from now, as every later one. */
-	next_scan_ns = now_ns() + config.interval_ms * 1000000u;
+	next_scan_ns = now_ns() + config.interval_ms * UINT64_C(1000000);
 	return true;
 }
 
 void percpuref_managed_kick(void)
 {
 	managed_init();
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	if (ensure_thread())
 		pthread_cond_signal(&wake);
-	pthread_mutex_unlock(&percpuref_managed_lock);
-}
-
-bool percpuref_on_reclaimer_thread(void)
-{
-	bool on;
-
-	pthread_mutex_lock(&percpuref_managed_lock);
-	on = thread_running && pthread_equal(pthread_self(), thread);
-	pthread_mutex_unlock(&percpuref_managed_lock);
-	return on;
+	pthread_mutex_unlock(&managed_lock);
 }
 
 void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_fn fn)
 {
 	managed_init();
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	d->fn = fn;
 	d->next = NULL;
 	*rcu_tail = d;
@@ -227,7 +230,7 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 	/* A failure to start leaves the item queued for the next kick. */
 	if (ensure_thread())
 		pthread_cond_signal(&wake);
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 }
 
 int percpuref_wait_rcu(void)
@@ -235,36 +238,41 @@ int percpuref_wait_rcu(void)
 	uint64_t target;
 	int ret = 0;
 
-	if (percpuref_on_reclaimer_thread()) {
+	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
 		percpuref_warn("percpu_rcuref_barrier", "called from a callback; would wait "
 			       "for itself");
 		return -EDEADLK;
 	}
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	target = rcu_queued;
 	while (rcu_done < target) {
 		if (!ensure_thread()) {
 			ret = -EAGAIN;
 			break;
 		}
-		pthread_cond_wait(&progress, &percpuref_managed_lock);
+		pthread_cond_wait(&progress, &managed_lock);
 	}
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 	return ret;
 }
 
 /* managed_lock held on entry and on return, dropped meanwhile.  One grace
- * period for the whole queue, then the items in order. */
+ * period for the whole queue, then the items in order, all under scan_lock
+ * (taken first: rank order) so that a fork waits for the batch. */
 static void run_rcu_batch(void)
 {
-	struct percpuref_deferred *batch = rcu_head, *next;
+	struct percpuref_deferred *batch, *next;
 	uint64_t n = 0;
 
+	pthread_mutex_unlock(&managed_lock);
+	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
+	pthread_mutex_lock(&managed_lock);
+	batch = rcu_head;
 	rcu_head = NULL;
 	rcu_tail = &rcu_head;
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 
-	urcu_bp_synchronize_rcu();
+	percpuref_synchronize_rcu();
 	/* For TSAN: pairs with the release in percpu_rcuref_read_unlock(). */
 	percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
 	for (; batch; batch = next, n++) {
@@ -272,10 +280,11 @@ static void run_rcu_batch(void)
 		batch->fn(batch);
 	}
 
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	stats.rcu_grace_periods++;
 	rcu_done += n;
 	pthread_cond_broadcast(&progress);
+	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
 }
 
 /*
@@ -372,27 +381,27 @@ static void scan_once(bool unlimited)
 	bool end = false;
 	uint64_t start, elapsed;
 
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	max = unlimited ? 0 : config.max_per_scan;
 	strategy = config.strategy;
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 
-	pthread_mutex_lock(&percpuref_scan_lock);
+	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
 	start = now_ns();
 	if (!cursor) {
 		if (!__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
 			/* An empty pass: nothing to check, a flush is satisfied. */
-			pthread_mutex_unlock(&percpuref_scan_lock);
-			pthread_mutex_lock(&percpuref_managed_lock);
+			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+			pthread_mutex_lock(&managed_lock);
 			passes_started++;
 			passes_done++;
 			pthread_cond_broadcast(&progress);
-			pthread_mutex_unlock(&percpuref_managed_lock);
+			pthread_mutex_unlock(&managed_lock);
 			return;
 		}
 		pass_marker = percpuref_zalloc(sizeof(*pass_marker));
 		if (!pass_marker) {
-			pthread_mutex_unlock(&percpuref_scan_lock);
+			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
 			percpuref_warn("percpuref_reclaimer", "no memory for a marker; scan skipped");
 			return;
 		}
@@ -405,10 +414,10 @@ static void scan_once(bool unlimited)
 						    true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			;
 		cursor = pass_marker;
-		pthread_mutex_lock(&percpuref_managed_lock);
+		pthread_mutex_lock(&managed_lock);
 		passes_started++;
 		pass_open = true;
-		pthread_mutex_unlock(&percpuref_managed_lock);
+		pthread_mutex_unlock(&managed_lock);
 	}
 	while (!end && (!max || checked < max)) {
 		limit = strategy == PERCPU_REF_SCAN_FAITHFUL ? 1 : max ? max - checked : ULONG_MAX;
@@ -428,14 +437,14 @@ static void scan_once(bool unlimited)
 		cursor = pass_marker = NULL;
 	}
 	elapsed = now_ns() - start;
-	pthread_mutex_unlock(&percpuref_scan_lock);
 
+	/* Still under scan_lock: a fork must not strand a released node. */
 	for (; released; released = next, nreleased++) {
 		next = released->next;
 		percpuref_managed_release(released);
 	}
 
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	if (checked) {
 		stats.scans++;
 		stats.refs_scanned += checked;
@@ -452,7 +461,8 @@ static void scan_once(bool unlimited)
 		pass_open = false;
 		pthread_cond_broadcast(&progress);
 	}
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
+	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
 }
 
 static void *reclaimer_main(void *arg)
@@ -461,7 +471,7 @@ static void *reclaimer_main(void *arg)
 	uint64_t now;
 
 	(void)arg;
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	for (;;) {
 		if (rcu_head) {
 			run_rcu_batch();
@@ -473,56 +483,66 @@ static void *reclaimer_main(void *arg)
 		if (passes_done >= flush_target) {
 			if (!pass_open && !__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
 				/* Idle: a push or a flush kicks us. */
-				pthread_cond_wait(&wake, &percpuref_managed_lock);
+				pthread_cond_wait(&wake, &managed_lock);
 				continue;
 			}
 			if (now < next_scan_ns) {
 				until.tv_sec = (time_t)(next_scan_ns / 1000000000u);
 				until.tv_nsec = (long)(next_scan_ns % 1000000000u);
-				pthread_cond_timedwait(&wake, &percpuref_managed_lock, &until);
+				pthread_cond_timedwait(&wake, &managed_lock, &until);
 				continue;
 			}
 		}
-		next_scan_ns = now + config.interval_ms * 1000000u;
-		pthread_mutex_unlock(&percpuref_managed_lock);
+		next_scan_ns = now + config.interval_ms * UINT64_C(1000000);
+		pthread_mutex_unlock(&managed_lock);
 		scan_once(false);
-		pthread_mutex_lock(&percpuref_managed_lock);
+		pthread_mutex_lock(&managed_lock);
 	}
 	thread_running = false;
 	pthread_cond_broadcast(&progress);
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 	return NULL;
 }
 
 PERCPUREF_API void percpu_ref_managed_get_config(struct percpu_ref_managed_config *out)
 {
 	managed_init();
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	*out = config;
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 }
 
 PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_config *in)
 {
+	if (!in) {
+		percpuref_warn(__func__, "NULL config; ignored");
+		return -EINVAL;
+	}
+	/* Bounded so that interval * 10^6 ns never wraps (finding 12). */
+	if (in->interval_ms > PERCPU_REF_MANAGED_INTERVAL_MAX_MS) {
+		percpuref_warn(__func__, "interval %lu ms is above %lu; ignored", in->interval_ms,
+			       PERCPU_REF_MANAGED_INTERVAL_MAX_MS);
+		return -EINVAL;
+	}
 	if (in->strategy != PERCPU_REF_SCAN_FAITHFUL && in->strategy != PERCPU_REF_SCAN_BATCHED) {
 		percpuref_warn(__func__, "unknown strategy %d; ignored", (int)in->strategy);
 		return -EINVAL;
 	}
 	managed_init();
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	config = *in;
 	/* The next scan is due one new interval from now. */
-	next_scan_ns = now_ns() + config.interval_ms * 1000000u;
+	next_scan_ns = now_ns() + config.interval_ms * UINT64_C(1000000);
 	pthread_cond_signal(&wake);
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 	return 0;
 }
 
 PERCPUREF_API void percpu_ref_managed_get_stats(struct percpu_ref_managed_stats *out)
 {
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	*out = stats;
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 }
 
 PERCPUREF_API int percpu_ref_managed_flush(void)
@@ -530,12 +550,12 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 	uint64_t target;
 	int ret = 0;
 
-	if (percpuref_on_reclaimer_thread()) {
-		percpuref_warn(__func__, "called from a reclaimer callback; would wait for itself");
+	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
+		percpuref_warn(__func__, "called from a callback; would wait for itself");
 		return -EDEADLK;
 	}
 	managed_init();
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	/* A pass that starts after now: the open one (if any) may have
 	 * walked past refs pushed before the call. */
 	target = passes_started + 1;
@@ -547,9 +567,9 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 			break;
 		}
 		pthread_cond_signal(&wake);
-		pthread_cond_wait(&progress, &percpuref_managed_lock);
+		pthread_cond_wait(&progress, &managed_lock);
 	}
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 	/* The releases those passes deferred past a grace period. */
 	return ret ? ret : percpuref_wait_rcu();
 }
@@ -559,15 +579,15 @@ static void stop_thread(void)
 {
 	pthread_t joinee;
 
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	if (!thread_running) {
-		pthread_mutex_unlock(&percpuref_managed_lock);
+		pthread_mutex_unlock(&managed_lock);
 		return;
 	}
 	thread_stopping = true;
 	joinee = thread;
 	pthread_cond_signal(&wake);
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 	pthread_join(joinee, NULL);
 }
 
@@ -581,18 +601,18 @@ static bool drain(void)
 	uint64_t target, done_before;
 	bool worked;
 
-	pthread_mutex_lock(&percpuref_managed_lock);
+	pthread_mutex_lock(&managed_lock);
 	target = passes_started + 1;
 	done_before = stats.released + rcu_done;
 	while (passes_done < target) {
-		pthread_mutex_unlock(&percpuref_managed_lock);
+		pthread_mutex_unlock(&managed_lock);
 		scan_once(true);
-		pthread_mutex_lock(&percpuref_managed_lock);
+		pthread_mutex_lock(&managed_lock);
 	}
 	while (rcu_head)
 		run_rcu_batch();
 	worked = stats.released + rcu_done != done_before;
-	pthread_mutex_unlock(&percpuref_managed_lock);
+	pthread_mutex_unlock(&managed_lock);
 	return worked;
 }
 
@@ -600,8 +620,13 @@ PERCPUREF_API void percpuref_shutdown(void)
 {
 	bool worked;
 
-	if (percpuref_on_reclaimer_thread() || percpuref_on_deferred_thread()) {
+	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
 		percpuref_warn(__func__, "called from a callback; would wait for itself");
+		return;
+	}
+	if (urcu_bp_read_ongoing()) {
+		percpuref_warn(__func__, "called inside an RCU read-side section; would wait "
+			       "for itself");
 		return;
 	}
 	/* Until quiet: a release may kill other refs (callback thread work),
@@ -610,24 +635,35 @@ PERCPUREF_API void percpuref_shutdown(void)
 		stop_thread();
 		worked = drain();
 		percpuref_deferred_stop();
-		pthread_mutex_lock(&percpuref_managed_lock);
+		pthread_mutex_lock(&managed_lock);
 		worked |= thread_running || rcu_head;
-		pthread_mutex_unlock(&percpuref_managed_lock);
+		pthread_mutex_unlock(&managed_lock);
 	} while (worked);
 }
 
-/* Process exit: join the threads and release what is releasable.  Not from
- * exit() called inside one of our callbacks: that thread cannot join itself. */
-static __attribute__((destructor)) void managed_at_exit(void)
+static void scan_fork_prepare(void)
 {
-	if (!percpuref_on_reclaimer_thread() && !percpuref_on_deferred_thread())
-		percpuref_shutdown();
+	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
 }
 
-void percpuref_managed_after_fork_child(void)
+static void scan_fork_release(void)
 {
-	/* managed_lock is held across fork (runtime.c); the parent's
-	 * thread does not exist here.  Flush waiters neither. */
+	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+}
+
+static void managed_fork_prepare(void)
+{
+	pthread_mutex_lock(&managed_lock);
+}
+
+static void managed_fork_parent(void)
+{
+	pthread_mutex_unlock(&managed_lock);
+}
+
+static void managed_fork_child(void)
+{
+	/* The parent's thread does not exist here, nor flush waiters. */
 	bool restart = thread_running;
 
 	/* A condition variable the parent's threads waited on keeps their
@@ -636,6 +672,30 @@ void percpuref_managed_after_fork_child(void)
 	thread_running = false;
 	thread_stopping = false;
 	flush_target = passes_done;
-	if (restart)
+	/* It blocks on scan_lock until the fork hooks release it. */
+	if (restart || rcu_head)
 		ensure_thread();
+	pthread_mutex_unlock(&managed_lock);
+}
+
+static const struct percpuref_fork_hooks scan_hooks = {
+	.rank = PERCPUREF_RANK_SCAN,
+	.prepare = scan_fork_prepare,
+	.parent = scan_fork_release,
+	.child = scan_fork_release,
+};
+
+static const struct percpuref_fork_hooks managed_hooks = {
+	.rank = PERCPUREF_RANK_MANAGED,
+	.prepare = managed_fork_prepare,
+	.parent = managed_fork_parent,
+	.child = managed_fork_child,
+};
+
+/* Process exit joins the threads and releases what is releasable. */
+static __attribute__((constructor)) void managed_register(void)
+{
+	percpuref_register_fork_hooks(&scan_hooks);
+	percpuref_register_fork_hooks(&managed_hooks);
+	percpuref_register_exit_hook(PERCPUREF_RANK_SCAN, percpuref_shutdown);
 }

@@ -27,26 +27,22 @@ struct percpuref_mnode {
 	bool held_warned;
 };
 
-/* Held by whoever scans (the reclaimer thread, or shutdown), for a whole
- * chunk of a scan; outermost of the library's locks (held across fork). */
-extern pthread_mutex_t percpuref_scan_lock;
-/* managed.c's thread, configuration and statistics; innermost lock. */
-extern pthread_mutex_t percpuref_managed_lock;
+/* percpu_ref.c's mode-switch lock (rank SWITCH): the scanner holds it
+ * around the per-ref steps below. */
+extern pthread_mutex_t percpuref_switch_lock;
 
 /* managed.c: put @node on the list; any thread, any lock held. */
 void percpuref_managed_push(struct percpuref_mnode *node);
 /* managed.c: start the reclaimer if needed and wake it; no lock held. */
 void percpuref_managed_kick(void);
-void percpuref_managed_after_fork_child(void);
-bool percpuref_on_reclaimer_thread(void);
 
 /*
  * @fn(@d) runs on the reclaimer thread after a liburcu-bp grace period that
  * started after this call (percpu_rcuref's deferred release).
  */
 void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_fn fn);
-/* Wait for every item queued before the call: 0, or -EDEADLK (warned) on
- * the reclaimer thread, -EAGAIN if it cannot start. */
+/* Wait for every item queued before the call: 0, or -EDEADLK (warned) from
+ * a callback, -EAGAIN if it cannot start. */
 int percpuref_wait_rcu(void);
 /* TSAN only: read-side unlocks release here, grace periods acquire. */
 extern char percpuref_rcu_tsan_sync;

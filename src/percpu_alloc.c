@@ -18,7 +18,7 @@
  * which keeps memory flat under churn (memory is limitation 1 of the managed
  * refcount proposal; docs/percpu_ref.md).
  *
- * Concurrency: one mutex (percpuref_alloc_lock) guards the chunk table, the
+ * Concurrency: one mutex (alloc_lock) guards the chunk table, the
  * free list and the tail.  Counters are zeroed under it before the address is
  * returned; the caller publishes the address with its own ordering.
  */
@@ -32,7 +32,7 @@
 
 #define SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / sizeof(unsigned long))
 
-pthread_mutex_t percpuref_alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static uintptr_t *chunks;		/* base of each chunk (CPU 0's unit) */
 static size_t nr_chunks, chunks_capacity;
 static uintptr_t free_head;		/* a free slot's CPU 0 address, or 0 */
@@ -76,7 +76,7 @@ uintptr_t percpuref_counter_alloc(void)
 	unsigned int cpu, nr_units = percpuref_nr_units();
 	uintptr_t cpu0;
 
-	pthread_mutex_lock(&percpuref_alloc_lock);
+	pthread_mutex_lock(&alloc_lock);
 	if (free_head) {
 		cpu0 = free_head;
 		free_head = *(uintptr_t *)cpu0;
@@ -84,32 +84,54 @@ uintptr_t percpuref_counter_alloc(void)
 	} else if (tail_used < SLOTS_PER_CHUNK || add_chunk() == 0) {
 		cpu0 = chunks[nr_chunks - 1] + tail_used++ * sizeof(unsigned long);
 	} else {
-		pthread_mutex_unlock(&percpuref_alloc_lock);
+		pthread_mutex_unlock(&alloc_lock);
 		return 0;
 	}
 	for (cpu = 0; cpu < nr_units; cpu++)
 		*percpuref_counter_on(cpu0, cpu) = 0;
 	slots_in_use++;
-	pthread_mutex_unlock(&percpuref_alloc_lock);
+	pthread_mutex_unlock(&alloc_lock);
 	return cpu0;
 }
 
 void percpuref_counter_free(uintptr_t cpu0)
 {
-	pthread_mutex_lock(&percpuref_alloc_lock);
+	pthread_mutex_lock(&alloc_lock);
 	*(uintptr_t *)cpu0 = free_head;
 	free_head = cpu0;
 	slots_on_free_list++;
 	slots_in_use--;
-	pthread_mutex_unlock(&percpuref_alloc_lock);
+	pthread_mutex_unlock(&alloc_lock);
 }
 
 PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *stats)
 {
-	pthread_mutex_lock(&percpuref_alloc_lock);
+	pthread_mutex_lock(&alloc_lock);
 	stats->chunks = nr_chunks;
 	stats->in_use = slots_in_use;
 	stats->free = slots_on_free_list + (SLOTS_PER_CHUNK - tail_used);
 	stats->bytes_mapped = nr_chunks * chunk_bytes();
-	pthread_mutex_unlock(&percpuref_alloc_lock);
+	pthread_mutex_unlock(&alloc_lock);
+}
+
+static void alloc_fork_lock(void)
+{
+	pthread_mutex_lock(&alloc_lock);
+}
+
+static void alloc_fork_unlock(void)
+{
+	pthread_mutex_unlock(&alloc_lock);
+}
+
+static const struct percpuref_fork_hooks alloc_hooks = {
+	.rank = PERCPUREF_RANK_ALLOC,
+	.prepare = alloc_fork_lock,
+	.parent = alloc_fork_unlock,
+	.child = alloc_fork_unlock,
+};
+
+static __attribute__((constructor)) void alloc_register(void)
+{
+	percpuref_register_fork_hooks(&alloc_hooks);
 }

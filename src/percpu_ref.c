@@ -64,7 +64,11 @@
  * it.  The in-flight mark (confirm_switch) makes exit, switch_to_unmanaged
  * and switch_to_managed wait for a check to end, and @release is called
  * only after every mark of the batch is cleared, so a release callback may
- * exit or unmanage any other ref of the same batch.
+ * exit or unmanage any other ref of the same batch (the release of a ref
+ * exited so is skipped: its object may be gone).  A put that dropped the
+ * manager's reference is found by the check (count 1 after the fold):
+ * warned once, the ref stays atomic with a saturated count, and the next
+ * pass unlinks it for good (pinned).
  *
  * Misuse never corrupts the count: a count pushed below zero or a get on a
  * released ref pins the count at PERCPU_REF_SATURATED (the object leaks,
@@ -83,6 +87,35 @@
 
 pthread_mutex_t percpuref_switch_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t switch_done = PTHREAD_COND_INITIALIZER;
+
+static void switch_fork_lock(void)
+{
+	pthread_mutex_lock(&percpuref_switch_lock);
+}
+
+static void switch_fork_unlock(void)
+{
+	pthread_mutex_unlock(&percpuref_switch_lock);
+}
+
+static void switch_fork_child(void)
+{
+	/* Waiters on it were the parent's threads: none here. */
+	pthread_cond_init(&switch_done, NULL);
+	pthread_mutex_unlock(&percpuref_switch_lock);
+}
+
+static const struct percpuref_fork_hooks switch_hooks = {
+	.rank = PERCPUREF_RANK_SWITCH,
+	.prepare = switch_fork_lock,
+	.parent = switch_fork_unlock,
+	.child = switch_fork_child,
+};
+
+static __attribute__((constructor)) void switch_register(void)
+{
+	percpuref_register_fork_hooks(&switch_hooks);
+}
 /* The ref whose switch this thread is finishing (callbacks run inside). */
 static __thread struct percpu_ref *finishing_switch_of;
 
@@ -99,6 +132,8 @@ struct percpu_ref_impl {
 	struct percpuref_mnode mnode;
 	enum mnode_state mstate;
 	bool exited;			/* exit ran while the reclaimer owned it */
+	bool pinned;			/* manager's reference put by a user: leaked */
+	bool async_switch;		/* the switch in flight is the callback thread's */
 };
 
 static struct percpu_ref_impl *impl_of(struct percpu_ref_data *data)
@@ -181,12 +216,18 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	return 0;
 }
 
-/* Waits until no switch to atomic is in flight on @data.  Lock held.
- * False when this thread is inside that switch's own confirm callback. */
+/*
+ * Waits until no switch to atomic is in flight on @ref.  Lock held.  False
+ * when that would wait for itself: inside the switch's own confirm callback,
+ * or in a callback run under a batch lock for an asynchronous switch that
+ * the callback thread has yet to finish (the thread running the callback,
+ * or a fork waiting for it, holds up the callback thread).
+ */
 static bool wait_switch_done(struct percpu_ref *ref)
 {
 	while (ref->data->confirm_switch) {
-		if (finishing_switch_of == ref)
+		if (finishing_switch_of == ref ||
+		    (impl_of(ref->data)->async_switch && percpuref_holds_batch_lock()))
 			return false;
 		pthread_cond_wait(&switch_done, &percpuref_switch_lock);
 	}
@@ -207,8 +248,8 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 		return;
 	}
 	if (!wait_switch_done(ref)) {
-		percpuref_warn(__func__, "ref %p exited from its own confirm callback; leaked",
-			       (void *)ref);
+		percpuref_warn(__func__, "ref %p exited from a callback while its switch is in "
+			       "flight; ignored", (void *)ref);
 		pthread_mutex_unlock(&percpuref_switch_lock);
 		return;
 	}
@@ -311,6 +352,7 @@ static bool start_atomic_switch(struct percpu_ref *ref, percpu_ref_func_t *confi
 		return false;
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_ATOMIC);
 	ref->data->confirm_switch = confirm ? confirm : noop_confirm;
+	impl_of(ref->data)->async_switch = async;
 	/* Held until the switch is confirmed; atomic since the flag is set. */
 	__atomic_fetch_add(&ref->data->count, 1, __ATOMIC_RELAXED);
 	if (async)
@@ -352,8 +394,17 @@ static percpu_ref_func_t *switch_mode_locked(struct percpu_ref *ref, percpu_ref_
 					     const char *caller)
 {
 	if (!wait_switch_done(ref)) {
-		percpuref_warn(caller, "ref %p switched from its own confirm callback; ignored",
-			       (void *)ref);
+		/*
+		 * Inside the ref's own confirm callback: the ref is atomic and
+		 * folded already (the switch holds its reference until the
+		 * callback returns), so a kill or a switch to atomic is done
+		 * now, as the kernel does (finding 10); going per-CPU cannot be.
+		 */
+		if (finishing_switch_of == ref &&
+		    (ref->data->force_atomic || (mode_word(ref) & __PERCPU_REF_DEAD)))
+			return confirm ? confirm : noop_confirm;
+		percpuref_warn(caller, "ref %p switched from a callback while its switch is in "
+			       "flight; ignored", (void *)ref);
 		return NULL;
 	}
 	if (ref->data->force_atomic || (mode_word(ref) & __PERCPU_REF_DEAD)) {
@@ -442,8 +493,8 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 	if (wait_switch_done(ref))
 		started = start_atomic_switch(ref, NULL, false);
 	else
-		percpuref_warn(__func__, "ref %p switched from its own confirm callback; ignored",
-			       (void *)ref);
+		percpuref_warn(__func__, "ref %p switched from a callback while its switch is "
+			       "in flight; ignored", (void *)ref);
 	pthread_mutex_unlock(&percpuref_switch_lock);
 	if (started) {
 		percpuref_fence_readers();
@@ -470,6 +521,14 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	if (mode_word(ref) & __PERCPU_REF_DEAD) {
 		pthread_mutex_unlock(&percpuref_switch_lock);
 		percpuref_warn(__func__, "called more than once on ref %p; ignored", (void *)ref);
+		return;
+	}
+	/* Refused means nothing done: no DEAD, no put (but see finding 10
+	 * in switch_mode_locked(): from its own confirm callback it works). */
+	if (!wait_switch_done(ref) && finishing_switch_of != ref) {
+		pthread_mutex_unlock(&percpuref_switch_lock);
+		percpuref_warn(__func__, "ref %p killed from a callback while its switch is in "
+			       "flight; ignored", (void *)ref);
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
@@ -575,7 +634,7 @@ PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
 		return -EINVAL;
 	pthread_mutex_lock(&percpuref_switch_lock);
 	if (!wait_switch_done(ref))
-		why = "called from the ref's own confirm callback";
+		why = "called from a callback while the ref's switch is in flight";
 	else if (is_managed(ref) && !(mode_word(ref) & __PERCPU_REF_DEAD))
 		why = "already managed", ret = -EALREADY;
 	else if (mode_word(ref) & __PERCPU_REF_DEAD)
@@ -643,6 +702,11 @@ enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *n
 
 	if (impl->exited)
 		return MANAGED_FREE;
+	/* Pinned and leaked: checking it again would only warn again. */
+	if (impl->pinned) {
+		impl->mstate = MNODE_OFF;
+		return MANAGED_UNLINK;
+	}
 	/*
 	 * A managed ref is per-CPU and has no switch in flight here: the
 	 * switch to managed waited for any, and every call that could start
@@ -661,13 +725,27 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 	struct percpu_ref_impl *impl = impl_of_node(node);
 	struct percpu_ref *ref = impl->data.ref;
 	unsigned long last = 2;	/* the manager's and the switch's */
+	unsigned long count;
 	bool released;
 
 	fold_percpu_counts(ref);
-	*others = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED) - last;
-	/* Only the switch's reference left: a user put the manager's. */
-	if (__atomic_load_n(&ref->data->count, __ATOMIC_RELAXED) == 1)
-		pin_dropped_manager_ref(ref);
+	/*
+	 * Only the switch's reference left: a user put the manager's.  Warn
+	 * once, leave the ref atomic and pinned, and stop checking it (the
+	 * next pass unlinks it): a ref pinned below zero by a put or by the
+	 * fold likewise.
+	 */
+	count = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
+	if (count == 1 || count >= PERCPU_REF_UNDERFLOW_ZONE) {
+		if (count == 1)
+			pin_dropped_manager_ref(ref);
+		impl->pinned = true;
+		*others = 0;
+		ref->data->confirm_switch = NULL;
+		pthread_cond_broadcast(&switch_done);
+		return false;
+	}
+	*others = count - last;
 	/*
 	 * Drop both references only if no other is left.  Acquire on success:
 	 * pairs with the acq_rel decrement of every user put made in atomic
@@ -705,9 +783,18 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	struct percpu_ref_impl *impl = impl_of_node(node);
 	bool push = false;
 
-	/* The impl is ours until mstate leaves RELEASING: an exit meanwhile
-	 * only marks it (percpu_ref_exit()). */
-	if (impl->data.release)
+	bool exited;
+
+	/*
+	 * The impl is ours until mstate leaves RELEASING: an exit meanwhile
+	 * only marks it (percpu_ref_exit()).  An exit before the call (the
+	 * release callback of another ref of the batch) means the object may
+	 * be gone: its @release never runs then (finding 6).
+	 */
+	pthread_mutex_lock(&percpuref_switch_lock);
+	exited = impl->exited;
+	pthread_mutex_unlock(&percpuref_switch_lock);
+	if (!exited && impl->data.release)
 		impl->data.release(impl->data.ref);
 	pthread_mutex_lock(&percpuref_switch_lock);
 	if (impl->exited) {

@@ -26,13 +26,31 @@
  *    other's store, so either the switcher waits a grace period or the
  *    reader sees the new mode.
  *
+ * A fence that membarrier refuses (a seccomp filter installed after
+ * start-up) degrades instead of aborting: the fencing thread moves itself
+ * onto every CPU in turn (sched_setaffinity).  Running there means whatever
+ * ran there was switched out: an rseq critical section it was in is aborted
+ * and restarts, and the context switch is a full barrier on that CPU, so
+ * every commit made before is visible: what membarrier(..._RSEQ) promises.
+ * liburcu-bp, which aborts when its own membarrier fails, is told to use
+ * plain fences instead (percpuref_synchronize_rcu()).  Threads on a CPU id
+ * beyond the units allocated (an untrustworthy CPU count) never commit on
+ * the rseq path: the sequence checks cpu_id against percpuref_nr_cpu_units
+ * and sends them to the fallback, which shares unit 0.
+ *
  * liburcu-bp is the flavour because it needs nothing from calling threads:
  * readers register themselves on first use.  Work that must wait for a fence
- * runs on the library's own callback thread (deferred.c).  Fork: liburcu's own atfork
- * hooks run from ours, and the locks this library owns are taken around fork
- * so the child never inherits one held by a thread that does not exist there.
+ * runs on the library's own callback thread (deferred.c).
+ *
+ * Layering.  This is the lowest layer: it calls nothing above it.  Modules
+ * above register fork hooks, one per lock rank (internal.h writes the lock
+ * order down), and exit hooks.  Fork takes every rank in order (liburcu-bp's
+ * own locks at their rank) and releases them in reverse, so the child never
+ * inherits a lock held by a thread that does not exist there; batch locks a
+ * forking thread holds itself (fork from a callback) are left to it.
  */
 #define _GNU_SOURCE
+#include <assert.h>
 #include <errno.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
@@ -45,18 +63,31 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "managed.h"
 #include "percpuref/this_cpu.h"
 
 PERCPUREF_API bool percpuref_rseq_usable;
+PERCPUREF_API unsigned int percpuref_nr_cpu_units;
+
+/* liburcu-bp's: set when its readers may rely on its membarrier (ABI). */
+extern int urcu_bp_has_sys_membarrier;
 
 static pthread_once_t runtime_once = PTHREAD_ONCE_INIT;
-static unsigned int nr_units;
+/* Set once membarrier was refused; fences migrate from then on. */
+static bool membarrier_refused;
+static const struct percpuref_fork_hooks *fork_hooks[PERCPUREF_NR_RANKS];
+static void (*exit_hooks[PERCPUREF_NR_RANKS])(void);
+/* Batch locks (by rank bit) this thread holds; see percpuref_batch_lock(). */
+static __thread unsigned int batch_ranks_held;
+/* Ranks the forking thread left alone in fork_prepare(). */
+static unsigned int fork_skipped_ranks;
+static __thread bool library_thread;
 /* Set (never cleared) once any thread has used the fallback read side. */
 static bool fallback_readers_seen;
 static __thread bool fallback_announced;
 static unsigned long warnings;
 static long fault_countdown;
+/* Test hook: the CPU count source's answer (0: ask the kernel). */
+static unsigned int fault_cpu_units;
 
 static int sys_membarrier(int cmd, unsigned int flags)
 {
@@ -115,58 +146,107 @@ static bool membarrier_rseq_register(void)
 	return sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0) == 0;
 }
 
-/* The library's locks, in the order they nest; held across fork(). */
-static pthread_mutex_t *const fork_locks[] = {
-	&percpuref_scan_lock,
-	&percpuref_switch_lock,
-	&percpuref_alloc_lock,
-	&percpuref_deferred_lock,
-	&percpuref_managed_lock,
-};
-#define NR_FORK_LOCKS (sizeof(fork_locks) / sizeof(fork_locks[0]))
+void percpuref_register_fork_hooks(const struct percpuref_fork_hooks *hooks)
+{
+	/* One module per rank, so the order between any two is written. */
+	assert(hooks->rank < PERCPUREF_NR_RANKS && !fork_hooks[hooks->rank]);
+	fork_hooks[hooks->rank] = hooks;
+}
+
+void percpuref_register_exit_hook(enum percpuref_lock_rank rank, void (*fn)(void))
+{
+	assert(rank < PERCPUREF_NR_RANKS && !exit_hooks[rank]);
+	exit_hooks[rank] = fn;
+}
+
+void percpuref_batch_lock(enum percpuref_lock_rank rank, pthread_mutex_t *lock)
+{
+	/* Debug builds check the written order: no lower rank after. */
+	assert(!(batch_ranks_held >> rank));
+	pthread_mutex_lock(lock);
+	batch_ranks_held |= 1u << rank;
+}
+
+void percpuref_batch_unlock(enum percpuref_lock_rank rank, pthread_mutex_t *lock)
+{
+	batch_ranks_held &= ~(1u << rank);
+	pthread_mutex_unlock(lock);
+}
+
+bool percpuref_holds_batch_lock(void)
+{
+	return batch_ranks_held != 0;
+}
 
 static void fork_prepare(void)
 {
-	unsigned int i;
+	unsigned int rank;
 
-	for (i = 0; i < NR_FORK_LOCKS; i++)
-		pthread_mutex_lock(fork_locks[i]);
-	urcu_bp_before_fork();
+	/* A callback that forks holds its batch lock: leave it to it. */
+	fork_skipped_ranks = batch_ranks_held;
+	for (rank = 0; rank < PERCPUREF_NR_RANKS; rank++)
+		if (fork_hooks[rank] && fork_hooks[rank]->prepare &&
+		    !(fork_skipped_ranks & (1u << rank)))
+			fork_hooks[rank]->prepare();
 }
 
 static void fork_parent(void)
 {
-	unsigned int i;
+	unsigned int rank;
 
-	urcu_bp_after_fork_parent();
-	for (i = NR_FORK_LOCKS; i-- > 0;)
-		pthread_mutex_unlock(fork_locks[i]);
+	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
+		if (fork_hooks[rank] && fork_hooks[rank]->parent &&
+		    !(fork_skipped_ranks & (1u << rank)))
+			fork_hooks[rank]->parent();
 }
 
 static void fork_child(void)
 {
-	unsigned int i;
+	unsigned int rank;
 
-	urcu_bp_after_fork_child();
-	percpuref_deferred_after_fork_child();
 	/* Re-register for the child's mm; harmless if it was inherited. */
-	if (percpuref_rseq_usable && !membarrier_rseq_register())
+	if (percpuref_rseq_usable && !membarrier_refused && !membarrier_rseq_register())
 		percpuref_rseq_usable = false;
-	/* Last: it may start the child's reclaimer, which blocks on the
-	 * locks until they are released below. */
-	percpuref_managed_after_fork_child();
-	for (i = NR_FORK_LOCKS; i-- > 0;)
-		pthread_mutex_unlock(fork_locks[i]);
+	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
+		if (fork_hooks[rank] && fork_hooks[rank]->child &&
+		    !(fork_skipped_ranks & (1u << rank)))
+			fork_hooks[rank]->child();
+}
+
+static const struct percpuref_fork_hooks urcu_fork_hooks = {
+	.rank = PERCPUREF_RANK_URCU,
+	.prepare = urcu_bp_before_fork,
+	.parent = urcu_bp_after_fork_parent,
+	.child = urcu_bp_after_fork_child,
+};
+
+static __attribute__((constructor)) void runtime_register(void)
+{
+	percpuref_register_fork_hooks(&urcu_fork_hooks);
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+/* Process exit: the modules' exit hooks, unless waiting for our threads
+ * would hang (see percpuref_register_exit_hook()). */
+static __attribute__((destructor)) void runtime_at_exit(void)
+{
+	unsigned int rank;
+
+	if (library_thread || urcu_bp_read_ongoing())
+		return;
+	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
+		if (exit_hooks[rank])
+			exit_hooks[rank]();
 }
 
 static void runtime_init_once(void)
 {
 	const char *no_rseq = getenv("PERCPUREF_NO_RSEQ");
 
-	nr_units = read_possible_cpus();
+	/* Before the fast path can be used: it checks cpu_id against it. */
+	percpuref_nr_cpu_units = fault_cpu_units ? fault_cpu_units : read_possible_cpus();
 	percpuref_rseq_usable = !(no_rseq && *no_rseq && strcmp(no_rseq, "0")) &&
 				rseq_registered_here() && membarrier_rseq_register();
-	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
 void percpuref_runtime_init(void)
@@ -177,23 +257,80 @@ void percpuref_runtime_init(void)
 unsigned int percpuref_nr_units(void)
 {
 	percpuref_runtime_init();
-	return nr_units;
+	return percpuref_nr_cpu_units;
+}
+
+/*
+ * The refused-membarrier fence: run on every CPU in turn (see the top).
+ * False when a move was refused too (a CPU outside our cpuset, EINVAL, runs
+ * none of our threads and needs no visit).
+ */
+static bool fence_by_migration(void)
+{
+	cpu_set_t saved, one;
+	unsigned int cpu;
+	bool all = true;
+
+	if (sched_getaffinity(0, sizeof(saved), &saved))
+		return false;
+	for (cpu = 0; cpu < percpuref_nr_cpu_units && cpu < CPU_SETSIZE; cpu++) {
+		CPU_ZERO(&one);
+		CPU_SET(cpu, &one);
+		if (sched_setaffinity(0, sizeof(one), &one) && errno != EINVAL)
+			all = false;
+	}
+	sched_setaffinity(0, sizeof(saved), &saved);
+	return all;
+}
+
+/* Called once a membarrier failed: warn once, then fence without it. */
+static void fence_without_membarrier(int err)
+{
+	/* Relaxed: a flag; fences read it to skip the doomed syscall. */
+	if (!__atomic_exchange_n(&membarrier_refused, true, __ATOMIC_RELAXED))
+		percpuref_warn("percpuref_fence_readers", "membarrier refused (%s); fencing by "
+			       "running on every CPU from now on", strerror(err));
+	if (!fence_by_migration()) {
+		/* Nothing left that aborts an rseq section elsewhere: send new
+		 * calls to the fallback and give sections in flight (a few
+		 * instructions) time to end.  Warned: exactness is at stake. */
+		percpuref_warn("percpuref_fence_readers", "cannot run on every CPU either (%s); "
+			       "per-CPU fast path disabled", strerror(errno));
+		__atomic_store_n(&percpuref_rseq_usable, false, __ATOMIC_SEQ_CST);
+		usleep(10000);
+	}
+}
+
+void percpuref_synchronize_rcu(void)
+{
+	/* Relaxed: liburcu-bp reads it the same way. */
+	if (__atomic_load_n(&urcu_bp_has_sys_membarrier, __ATOMIC_RELAXED) &&
+	    sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) != 0) {
+		/* liburcu-bp would abort on its own membarrier.  Its readers
+		 * then take a full barrier; the migration fence orders those
+		 * that read the old setting, as the membarrier would have. */
+		int err = errno;
+
+		__atomic_store_n(&urcu_bp_has_sys_membarrier, 0, __ATOMIC_SEQ_CST);
+		fence_without_membarrier(err);
+	}
+	urcu_bp_synchronize_rcu();
 }
 
 void percpuref_fence_readers(void)
 {
-	if (percpuref_rseq_usable &&
-	    sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, 0) != 0) {
-		/* Registered at init, so only a kernel bug gets here. */
-		percpuref_warn(__func__, "membarrier failed: %s", strerror(errno));
-		abort();
+	if (percpuref_rseq_usable) {
+		if (__atomic_load_n(&membarrier_refused, __ATOMIC_RELAXED))
+			fence_without_membarrier(EPERM);
+		else if (sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, 0) != 0)
+			fence_without_membarrier(errno);
 	}
 	/* Sequentially consistent, as the mode-word store before it and the
 	 * flag store and mode-word load of the fallback reader: in the single
 	 * total order one of the two stores comes first, so either we see the
 	 * flag or the reader sees the new mode (store-buffer / Dekker). */
 	if (__atomic_load_n(&fallback_readers_seen, __ATOMIC_SEQ_CST))
-		urcu_bp_synchronize_rcu();
+		percpuref_synchronize_rcu();
 }
 
 void percpuref_fallback_read_lock(void)
@@ -217,14 +354,25 @@ unsigned long *percpuref_fallback_this_cpu(uintptr_t cpu0)
 
 	/* Any unit is correct on the fallback path (the add is atomic); a
 	 * CPU id we cannot place just shares unit 0. */
-	if (cpu < 0 || (unsigned int)cpu >= nr_units)
+	if (cpu < 0 || (unsigned int)cpu >= percpuref_nr_cpu_units)
 		cpu = 0;
 	return percpuref_counter_on(cpu0, (unsigned int)cpu);
 }
 
+static void *library_thread_main(void *fn)
+{
+	library_thread = true;
+	return ((void *(*)(void *))fn)(NULL);
+}
+
+bool percpuref_on_library_thread(void)
+{
+	return library_thread;
+}
+
 bool percpuref_start_thread(pthread_t *thread, void *(*fn)(void *), const char *name)
 {
-	int err = pthread_create(thread, NULL, fn, NULL);
+	int err = pthread_create(thread, NULL, library_thread_main, (void *)fn);
 
 	if (err) {
 		percpuref_warn(name, "cannot start thread: %s", strerror(err));
@@ -245,6 +393,12 @@ PERCPUREF_API void percpuref_fault_fail_nth_alloc(long nth)
 {
 	/* Relaxed: tests arm it from the thread that then allocates. */
 	__atomic_store_n(&fault_countdown, nth, __ATOMIC_RELAXED);
+}
+
+PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n)
+{
+	/* Before the runtime initialises: read once, by runtime_init_once(). */
+	fault_cpu_units = n;
 }
 
 bool percpuref_fault_should_fail(void)

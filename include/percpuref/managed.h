@@ -12,9 +12,10 @@
  *    check them all, switch the survivors back: one fence per scan.
  * A ref stays in atomic mode for about one fence in both.
  *
- * Environment (read once, at the first use of managed mode; a bad value is
- * warned and ignored): PERCPUREF_SCAN_INTERVAL_MS, PERCPUREF_SCAN_MAX (0: no
- * limit), PERCPUREF_SCAN_STRATEGY=faithful|batched.
+ * Environment (read once, at the first use of managed mode; a value that is
+ * not a number or out of range is warned and ignored):
+ * PERCPUREF_SCAN_INTERVAL_MS (at most PERCPU_REF_MANAGED_INTERVAL_MAX_MS),
+ * PERCPUREF_SCAN_MAX (0: no limit), PERCPUREF_SCAN_STRATEGY=faithful|batched.
  */
 #ifndef PERCPUREF_MANAGED_H
 #define PERCPUREF_MANAGED_H
@@ -40,10 +41,13 @@ struct percpu_ref_managed_config {
  * per ref, a hundredth of the fences). */
 #define PERCPU_REF_MANAGED_INTERVAL_MS 5000UL
 #define PERCPU_REF_MANAGED_MAX_PER_SCAN 100UL
+/* Longest interval accepted (one day); a longer one is -EINVAL. */
+#define PERCPU_REF_MANAGED_INTERVAL_MAX_MS 86400000UL
 
 PERCPUREF_API void percpu_ref_managed_get_config(struct percpu_ref_managed_config *config);
-/* Takes effect at once (a sleeping reclaimer wakes up).  0, or -EINVAL for
- * an unknown strategy (nothing changed). */
+/* Takes effect at once (a sleeping reclaimer wakes up).  0, or -EINVAL
+ * (warned, nothing changed) for NULL, an unknown strategy or an interval
+ * above PERCPU_REF_MANAGED_INTERVAL_MAX_MS. */
 PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_config *config);
 
 /*

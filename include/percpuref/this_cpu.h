@@ -57,6 +57,12 @@ enum percpuref_this_cpu_result {
  * published after it was set.
  */
 extern PERCPUREF_API bool percpuref_rseq_usable;
+/*
+ * Per-CPU units allocated per counter, set before percpuref_rseq_usable.
+ * The rseq sequence commits only for cpu_id below it, so a CPU count that
+ * was wrong (sysfs hidden) can never send an add past the allocation.
+ */
+extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
 
 /*
  * percpuref_this_cpu_add - add @delta to this CPU's copy of the counter whose
@@ -95,6 +101,8 @@ percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 			"movq %%rax, %[rseq_cs]\n\t"
 			"1:\n\t"
 			"movl %[cpu_id], %%eax\n\t"
+			"cmpl %[units], %%eax\n\t"
+			"jae %l[no_unit]\n\t"
 			"movq %[word], %%rcx\n\t"
 			"testq %[flags], %%rcx\n\t"
 			"jnz %l[flagged]\n\t"
@@ -110,15 +118,18 @@ percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 			:
 			: [rseq_cs] "m"(rs->rseq_cs), [cpu_id] "m"(rs->cpu_id),
 			  [word] "m"(*mode_word), [delta] "r"(delta),
+			  [units] "m"(percpuref_nr_cpu_units),
 			  [flags] "i"(PERCPUREF_MODE_FLAGS),
 			  [shift] "i"(PERCPUREF_UNIT_SHIFT)
 			: "memory", "cc", "rax", "rcx"
-			: flagged, restart);
+			: flagged, restart, no_unit);
 		return PERCPUREF_THIS_CPU_DONE;
 restart:
 		continue;
 flagged:
 		return PERCPUREF_THIS_CPU_FLAGGED;
+no_unit:
+		return PERCPUREF_THIS_CPU_NO_RSEQ;
 	}
 #else
 	(void)mode_word;

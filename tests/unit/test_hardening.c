@@ -1,0 +1,604 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Regression tests of issue 8: the library where real servers live.  One
+ * test per finding: the fast path on an untrustworthy CPU count (1); fork in
+ * the middle of the callback thread's batch (2), of the reclaimer's RCU batch
+ * (3) and of a scan's release phase (4); fork against a liburcu-bp grace
+ * period (5); a release callback exiting another ref of its batch (6); exit()
+ * inside a read-side section (7); membarrier refused by seccomp after start-up
+ * (8); kill from the ref's own confirm callback (10); a put that dropped the
+ * manager's reference (11); bad reclaimer settings (12).  Finding 9 (32-bit
+ * builds refused) is tests/compile/check_lp64.sh.
+ *
+ * Scenarios that can hang or die run in a child process with a deadline:
+ * re-executed with a mode argument (posix_spawn: works under every
+ * sanitizer) or, where the finding is about fork itself, forked.
+ * ThreadSanitizer cannot run threads in the child of a threaded process, so
+ * under TSAN the forked scenarios are skipped, and the output says so.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "percpuref/managed.h"
+#include "percpuref/percpu_rcuref.h"
+#include "percpuref/percpu_ref.h"
+#include "tap.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#else
+#define UNDER_TSAN 0
+#endif
+
+/* A child that has not finished by then is hung (the findings' symptom). */
+#define CHILD_DEADLINE_S 20
+
+struct object {
+	struct percpu_ref ref;
+	int releases;		/* atomic: callbacks run on library threads */
+	int confirms;
+};
+
+static void obj_release(struct percpu_ref *ref)
+{
+	struct object *o = caa_container_of(ref, struct object, ref);
+
+	/* Release: the test thread reads what the callback did after it. */
+	__atomic_fetch_add(&o->releases, 1, __ATOMIC_RELEASE);
+}
+
+static int releases_of(struct object *o)
+{
+	/* Acquire: pairs with obj_release(). */
+	return __atomic_load_n(&o->releases, __ATOMIC_ACQUIRE);
+}
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/*
+ * A managed ref nobody but the manager references once the caller drops
+ * the initial reference, which it keeps (the manager takes its own).
+ */
+static void make_managed(struct percpu_ref *ref, percpu_ref_func_t *release)
+{
+	percpu_ref_init(ref, release, PERCPU_REF_INIT_ATOMIC);
+	percpu_ref_switch_to_managed(ref);
+}
+
+static void set_interval(unsigned long interval_ms)
+{
+	struct percpu_ref_managed_config c = { interval_ms, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+					       PERCPU_REF_SCAN_BATCHED };
+
+	percpu_ref_managed_set_config(&c);
+}
+
+/* Exit status of a child: its code, or 128 + the signal that ended it. */
+static int wait_child(pid_t pid)
+{
+	int status;
+
+	if (pid <= 0 || waitpid(pid, &status, 0) != pid)
+		return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Re-executes this test in @mode; its exit status (see wait_child()). */
+static int run_mode(const char *mode)
+{
+	char *argv[] = { program_invocation_name, (char *)mode, NULL };
+	pid_t pid;
+
+	if (posix_spawn(&pid, program_invocation_name, NULL, NULL, argv, environ))
+		return -1;
+	return wait_child(pid);
+}
+
+/* In a forked child: a deadline, so a hang ends as SIGALRM. */
+static void child_deadline(void)
+{
+	alarm(CHILD_DEADLINE_S);
+}
+
+/* ---- Finding 1: the fast path never writes past the per-CPU units. ---- */
+
+static int mode_one_unit(void)
+{
+	struct object a = { 0 }, b = { 0 };
+	cpu_set_t one;
+	int i;
+
+	/* The CPU count source says 1, as sysconf may when sysfs is hidden. */
+	percpuref_fault_cpu_units(1);
+	CPU_ZERO(&one);
+	CPU_SET(1, &one);
+	if (sched_setaffinity(0, sizeof(one), &one))
+		return 77;	/* no CPU 1 to run on */
+	percpu_ref_init(&a.ref, obj_release, 0);
+	percpu_ref_init(&b.ref, obj_release, 0);
+	for (i = 0; i < 1000; i++)
+		percpu_ref_get(&a.ref);
+	percpu_ref_get(&b.ref);
+	for (i = 0; i < 1000; i++)
+		percpu_ref_put(&a.ref);
+	percpu_ref_kill(&a.ref);
+	percpu_ref_kill(&b.ref);
+	percpu_ref_barrier();
+	if (releases_of(&a) != 1 || releases_of(&b) != 0)
+		return 1;
+	percpu_ref_put(&b.ref);
+	if (releases_of(&b) != 1)
+		return 2;
+	percpu_ref_exit(&a.ref);
+	percpu_ref_exit(&b.ref);
+	return 0;
+}
+
+static void test_one_unit(void)
+{
+	int ret = run_mode("--one-unit");
+
+	if (ret == 77) {
+		printf("# skipped: no CPU 1 to run on (finding 1)\n");
+		return;
+	}
+	is(ret, 0, "1: one per-CPU unit, thread on CPU 1: counts exact, no stray write");
+}
+
+/* ---- Findings 2-4: fork while a library thread is in a batch. ---- */
+
+static int in_callback;		/* atomic: a slow callback has started */
+
+/* The first callback to run announces itself, then takes its time, so
+ * that the test thread forks while the batch is in flight. */
+static void slow_first_callback(void)
+{
+	if (__atomic_exchange_n(&in_callback, 1, __ATOMIC_ACQ_REL) == 0)
+		sleep_ms(200);
+}
+
+static void wait_in_callback(void)
+{
+	while (!__atomic_load_n(&in_callback, __ATOMIC_ACQUIRE))
+		sleep_ms(1);
+}
+
+static void slow_confirm(struct percpu_ref *ref)
+{
+	(void)ref;
+	slow_first_callback();
+}
+
+static void test_fork_deferred_batch(void)
+{
+	struct object a = { 0 }, b = { 0 };
+	pid_t pid;
+
+	__atomic_store_n(&in_callback, 0, __ATOMIC_RELAXED);
+	percpu_ref_init(&a.ref, obj_release, 0);
+	percpu_ref_init(&b.ref, obj_release, 0);
+	percpu_ref_kill_and_confirm(&a.ref, slow_confirm);
+	percpu_ref_kill(&b.ref);
+	wait_in_callback();
+	pid = fork();
+	if (pid == 0) {
+		child_deadline();
+		if (percpu_ref_barrier())
+			_exit(3);
+		if (releases_of(&a) != 1 || releases_of(&b) != 1)
+			_exit(1);
+		percpu_ref_exit(&a.ref);
+		percpu_ref_exit(&b.ref);
+		exit(0);	/* the destructors run: must not hang */
+	}
+	is(wait_child(pid), 0, "2: fork during the callback thread's batch: child's barrier, "
+	   "releases and exit complete");
+	percpu_ref_barrier();
+	percpu_ref_exit(&a.ref);
+	percpu_ref_exit(&b.ref);
+}
+
+struct robj {
+	struct percpu_rcuref ref;
+	int releases;
+};
+
+static void robj_release(struct percpu_rcuref *ref)
+{
+	struct robj *o = caa_container_of(ref, struct robj, ref);
+
+	slow_first_callback();
+	__atomic_fetch_add(&o->releases, 1, __ATOMIC_RELEASE);
+}
+
+static void test_fork_rcu_batch(void)
+{
+	struct robj a = { 0 }, b = { 0 };
+	pid_t pid;
+
+	__atomic_store_n(&in_callback, 0, __ATOMIC_RELAXED);
+	percpu_rcuref_init(&a.ref, NULL, robj_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_rcuref_init(&b.ref, NULL, robj_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_rcuref_kill(&a.ref);
+	percpu_rcuref_kill(&b.ref);
+	wait_in_callback();
+	pid = fork();
+	if (pid == 0) {
+		child_deadline();
+		if (percpu_rcuref_barrier() || percpu_ref_managed_flush())
+			_exit(3);
+		if (__atomic_load_n(&a.releases, __ATOMIC_ACQUIRE) +
+			    __atomic_load_n(&b.releases, __ATOMIC_ACQUIRE) != 2)
+			_exit(1);
+		exit(0);
+	}
+	is(wait_child(pid), 0, "3: fork during the reclaimer's RCU batch: child's barrier, "
+	   "flush and exit complete, both released");
+	percpu_rcuref_barrier();
+	percpu_rcuref_exit(&a.ref);
+	percpu_rcuref_exit(&b.ref);
+}
+
+static void slow_release(struct percpu_ref *ref)
+{
+	slow_first_callback();
+	obj_release(ref);
+}
+
+static void test_fork_release_phase(void)
+{
+	struct object a = { 0 }, b = { 0 };
+	pid_t pid;
+
+	__atomic_store_n(&in_callback, 0, __ATOMIC_RELAXED);
+	make_managed(&a.ref, slow_release);
+	make_managed(&b.ref, slow_release);
+	percpu_ref_put(&a.ref);
+	percpu_ref_put(&b.ref);
+	set_interval(1);
+	wait_in_callback();
+	pid = fork();
+	if (pid == 0) {
+		child_deadline();
+		if (percpu_ref_managed_flush())
+			_exit(3);
+		if (releases_of(&a) + releases_of(&b) != 2)
+			_exit(1);
+		exit(0);
+	}
+	is(wait_child(pid), 0, "4: fork during a scan's release phase: the child releases "
+	   "both refs");
+	percpu_ref_managed_flush();
+	set_interval(PERCPU_REF_MANAGED_INTERVAL_MS);
+	is(releases_of(&a) + releases_of(&b), 2, "4: parent released both");
+	percpu_ref_exit(&a.ref);
+	percpu_ref_exit(&b.ref);
+}
+
+/* ---- Finding 5: fork against a grace period waiting for a reader. ---- */
+
+static int phase;	/* atomic: how far the three threads of mode_gp_fork got */
+
+static void wait_phase(int at_least)
+{
+	while (__atomic_load_n(&phase, __ATOMIC_ACQUIRE) < at_least)
+		sleep_ms(1);
+}
+
+static void *gp_thread(void *arg)
+{
+	(void)arg;
+	wait_phase(1);
+	__atomic_store_n(&phase, 2, __ATOMIC_RELEASE);
+	urcu_bp_synchronize_rcu();	/* waits for the reader */
+	return NULL;
+}
+
+static void *fork_thread(void *arg)
+{
+	pid_t pid;
+
+	(void)arg;
+	wait_phase(2);
+	sleep_ms(50);			/* the grace period holds its lock */
+	__atomic_store_n(&phase, 3, __ATOMIC_RELEASE);
+	pid = fork();
+	if (pid == 0)
+		_exit(0);
+	return (void *)(intptr_t)wait_child(pid);
+}
+
+static int mode_gp_fork(void)
+{
+	struct percpu_ref ref;
+	pthread_t gp, forker;
+	void *forked;
+
+	percpu_ref_init(&ref, NULL, 0);	/* the library is initialised */
+	percpu_ref_exit(&ref);
+	pthread_create(&gp, NULL, gp_thread, NULL);
+	pthread_create(&forker, NULL, fork_thread, NULL);
+	percpu_rcuref_read_lock();
+	__atomic_store_n(&phase, 1, __ATOMIC_RELEASE);
+	wait_phase(3);
+	sleep_ms(50);			/* the fork's prepare handler runs */
+	/* A reader taking a library lock inside its read-side section. */
+	if (percpu_ref_init(&ref, NULL, 0))
+		return 1;
+	percpu_ref_exit(&ref);
+	percpu_rcuref_read_unlock();
+	pthread_join(gp, NULL);
+	pthread_join(forker, &forked);
+	return (int)(intptr_t)forked;
+}
+
+/* ---- Finding 6: a release callback exits another ref of its batch. ---- */
+
+static struct object pair[2];
+static bool pair_exited[2];	/* reclaimer thread only */
+
+static void exit_other_release(struct percpu_ref *ref)
+{
+	int self = ref == &pair[1].ref, other = !self;
+
+	obj_release(ref);
+	if (!pair_exited[other]) {
+		pair_exited[other] = true;
+		percpu_ref_exit(&pair[other].ref);
+		/* The object is gone: its release must never run now. */
+		memset(&pair[other].ref, 0xa5, sizeof(pair[other].ref));
+	}
+}
+
+static void test_release_exits_other(void)
+{
+	int i;
+
+	for (i = 0; i < 2; i++)
+		make_managed(&pair[i].ref, exit_other_release);
+	for (i = 0; i < 2; i++)
+		percpu_ref_put(&pair[i].ref);
+	percpu_ref_managed_flush();
+	is(releases_of(&pair[0]) + releases_of(&pair[1]), 1,
+	   "6: a ref exited by a release callback of its batch is not released");
+	for (i = 0; i < 2; i++)
+		if (!pair_exited[i])
+			percpu_ref_exit(&pair[i].ref);
+}
+
+/* ---- Finding 7: exit() inside a percpu_rcuref read-side section. ---- */
+
+static void noop_rcu_release(struct percpu_rcuref *ref)
+{
+	percpu_rcuref_exit(ref);
+}
+
+static int mode_exit_in_reader(void)
+{
+	static struct percpu_rcuref r;
+
+	percpu_rcuref_init(&r, NULL, noop_rcu_release, 0);
+	percpu_rcuref_read_lock();
+	/* Its release waits for a grace period, which waits for us. */
+	percpu_rcuref_kill(&r);
+	sleep_ms(50);
+	exit(0);
+}
+
+/* ---- Finding 8: membarrier refused after start-up. ---- */
+
+static int refuse_membarrier(void)
+{
+	struct sock_filter filter[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	struct sock_fprog prog = { sizeof(filter) / sizeof(filter[0]), filter };
+
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+		return -1;
+	/* Every thread of the process, the library's included. */
+	return (int)syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC,
+			    &prog);
+}
+
+static void rcu_count_release(struct percpu_rcuref *ref)
+{
+	struct robj *o = caa_container_of(ref, struct robj, ref);
+
+	__atomic_fetch_add(&o->releases, 1, __ATOMIC_RELEASE);
+}
+
+static int mode_seccomp(void)
+{
+	struct object a = { 0 }, b = { 0 }, m = { 0 };
+	struct robj r = { 0 };
+	int i;
+
+	/* Start-up: the library and both its threads are running. */
+	percpu_ref_init(&a.ref, obj_release, 0);
+	percpu_ref_init(&b.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	make_managed(&m.ref, obj_release);
+	percpu_rcuref_init(&r.ref, NULL, rcu_count_release, 0);
+	percpu_ref_switch_to_atomic_sync(&b.ref);
+	percpu_ref_switch_to_percpu(&b.ref);
+	if (refuse_membarrier())
+		return 77;
+	if (syscall(__NR_membarrier, 0, 0) != -1 || errno != EPERM)
+		return 4;
+	for (i = 0; i < 100; i++) {
+		percpu_ref_get(&a.ref);
+		percpu_ref_put(&a.ref);
+	}
+	percpu_ref_kill(&a.ref);
+	if (percpu_ref_barrier() || releases_of(&a) != 1)
+		return 1;
+	percpu_ref_switch_to_atomic_sync(&b.ref);
+	percpu_ref_kill(&b.ref);
+	if (releases_of(&b) != 1)
+		return 2;
+	percpu_ref_put(&m.ref);
+	percpu_rcuref_kill(&r.ref);
+	if (percpu_ref_managed_flush() || percpu_rcuref_barrier() || releases_of(&m) != 1 ||
+	    __atomic_load_n(&r.releases, __ATOMIC_ACQUIRE) != 1)
+		return 3;
+	percpu_ref_exit(&a.ref);
+	percpu_ref_exit(&b.ref);
+	percpu_ref_exit(&m.ref);
+	percpu_rcuref_exit(&r.ref);
+	return 0;
+}
+
+/* ---- Finding 10: kill from the ref's own confirm callback. ---- */
+
+static struct object self_killed;
+
+static void confirm_kill_count(struct percpu_ref *ref)
+{
+	struct object *o = caa_container_of(ref, struct object, ref);
+
+	__atomic_fetch_add(&o->confirms, 1, __ATOMIC_RELEASE);
+}
+
+static void kill_from_confirm(struct percpu_ref *ref)
+{
+	percpu_ref_kill_and_confirm(ref, confirm_kill_count);
+}
+
+static void test_kill_from_confirm(void)
+{
+	unsigned long warned = percpuref_warning_count();
+
+	percpu_ref_init(&self_killed.ref, obj_release, 0);
+	percpu_ref_switch_to_atomic(&self_killed.ref, kill_from_confirm);
+	percpu_ref_barrier();
+	is(__atomic_load_n(&self_killed.confirms, __ATOMIC_ACQUIRE), 1,
+	   "10: kill from the ref's own confirm callback calls confirm_kill");
+	is(releases_of(&self_killed), 1, "10: and releases the ref once");
+	is(percpuref_warning_count() - warned, 0, "10: without a warning");
+	percpu_ref_exit(&self_killed.ref);
+}
+
+/* ---- Finding 11: a put dropped the manager's reference. ---- */
+
+static void test_dropped_manager_ref(void)
+{
+	struct percpu_ref_managed_stats before, after;
+	struct object o = { 0 };
+	unsigned long warned;
+	int i;
+
+	make_managed(&o.ref, obj_release);
+	percpu_ref_put(&o.ref);
+	warned = percpuref_warning_count();
+	percpu_ref_put(&o.ref);		/* misuse: the manager's reference */
+	percpu_ref_managed_flush();
+	percpu_ref_managed_get_stats(&before);
+	for (i = 0; i < 3; i++)
+		percpu_ref_managed_flush();
+	percpu_ref_managed_get_stats(&after);
+	is(percpuref_warning_count() - warned, 1, "11: warned once");
+	is(after.refs_scanned - before.refs_scanned, 0, "11: the pinned ref is no longer scanned");
+	is(releases_of(&o), 0, "11: and never released");
+	percpu_ref_exit(&o.ref);
+}
+
+/* ---- Finding 12: every reclaimer setting is validated. ---- */
+
+static int mode_print_interval(void)
+{
+	struct percpu_ref_managed_config c;
+
+	percpu_ref_managed_get_config(&c);
+	return c.interval_ms == PERCPU_REF_MANAGED_INTERVAL_MS && percpuref_warning_count() == 1
+		       ? 0 : 1;
+}
+
+static void test_settings(void)
+{
+	struct percpu_ref_managed_config c, now;
+
+	percpu_ref_managed_get_config(&c);
+	c.interval_ms = PERCPU_REF_MANAGED_INTERVAL_MAX_MS + 1;
+	is(percpu_ref_managed_set_config(&c), -EINVAL, "12: interval above the maximum: -EINVAL");
+	c.interval_ms = ~0UL / 1000;
+	is(percpu_ref_managed_set_config(&c), -EINVAL, "12: interval that would wrap: -EINVAL");
+	percpu_ref_managed_get_config(&now);
+	is(now.interval_ms, PERCPU_REF_MANAGED_INTERVAL_MS, "12: nothing changed");
+	is(percpu_ref_managed_set_config(NULL), -EINVAL, "12: NULL config: -EINVAL");
+	setenv("PERCPUREF_SCAN_INTERVAL_MS", "18446744073709551", 1);
+	is(run_mode("--print-interval"), 0, "12: huge interval from the environment: warned, "
+	   "default kept");
+	unsetenv("PERCPUREF_SCAN_INTERVAL_MS");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1) {
+		alarm(CHILD_DEADLINE_S);
+		if (!strcmp(argv[1], "--one-unit"))
+			return mode_one_unit();
+		if (!strcmp(argv[1], "--gp-fork"))
+			return mode_gp_fork();
+		if (!strcmp(argv[1], "--exit-in-reader"))
+			return mode_exit_in_reader();
+		if (!strcmp(argv[1], "--seccomp"))
+			return mode_seccomp();
+		if (!strcmp(argv[1], "--print-interval"))
+			return mode_print_interval();
+		return 2;
+	}
+	test_one_unit();
+	if (UNDER_TSAN) {
+		printf("# skipped findings 2-5 (fork of a threaded process) under "
+		       "ThreadSanitizer\n");
+	} else {
+		test_fork_deferred_batch();
+		test_fork_rcu_batch();
+		test_fork_release_phase();
+		is(run_mode("--gp-fork"), 0, "5: fork while a grace period waits for a reader "
+		   "that takes a library lock: no deadlock");
+	}
+	test_release_exits_other();
+	is(run_mode("--exit-in-reader"), 0, "7: exit() inside a read-side section completes");
+	{
+		int ret = run_mode("--seccomp");
+
+		if (ret == 77)
+			printf("# skipped finding 8: cannot install a seccomp filter here\n");
+		else
+			is(ret, 0, "8: membarrier refused after start-up: switches, kills, "
+			   "releases still exact, no abort");
+	}
+	test_kill_from_confirm();
+	test_dropped_manager_ref();
+	test_settings();
+	return done_testing();
+}
