@@ -32,9 +32,12 @@
  * (kill_and_confirm, switch_to_atomic) run on the callback thread, or on the
  * caller's thread when the ref was already atomic.  Callbacks may free the
  * object, call percpu_ref_exit() on the ref they were called for (@release
- * only) and use any non-blocking call on other refs; they must not wait for
- * a grace period (percpu_ref_switch_to_atomic_sync(), percpu_ref_barrier(),
- * percpu_ref_managed_flush(), synchronize_rcu()).
+ * only), kill their own ref from its confirm callback, and use any call on
+ * other refs that does not wait for a library thread: on a library thread
+ * percpu_ref_barrier() and percpu_ref_managed_flush() are refused
+ * (-EDEADLK), and so is a mode call on a ref whose asynchronous switch the
+ * callback thread has yet to finish (warned, ignored).  The full table is in
+ * docs/percpu_ref.md ("What a callback may call").
  *
  * Misuse is reported with one line on stderr naming the function and the ref
  * ("percpuref: percpu_ref_kill_and_confirm: called twice on ref 0x..."), and
