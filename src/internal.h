@@ -144,6 +144,25 @@ static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int c
 }
 /* percpuref_get_counter_stats(): public, in <percpuref/percpu_ref.h>. */
 
+/* Sum of the per-CPU words of the counter at @cpu0 (relaxed reads: the
+ * caller orders them, with a reader fence or by reading twice). */
+static inline unsigned long percpuref_counter_sum(uintptr_t cpu0, unsigned int nr_units)
+{
+	unsigned long sum = 0;
+	unsigned int cpu;
+
+	for (cpu = 0; cpu < nr_units; cpu++)
+		sum += __atomic_load_n(percpuref_counter_on(cpu0, cpu), __ATOMIC_RELAXED);
+	return sum;
+}
+
+/* The per-CPU net count a sum of monotonic words stands for (percpu_ref.h,
+ * PERCPU_REF_PUT_DELTA): its low 32 bits, sign-extended. */
+static inline unsigned long percpuref_counter_net(unsigned long sum)
+{
+	return (unsigned long)(long)(int32_t)(uint32_t)sum;
+}
+
 /* Starts one of the library's threads, named @name (at most 15 chars);
  * false, after a warning naming it, when pthread_create() fails. */
 bool percpuref_start_thread(pthread_t *thread, void *(*fn)(void *), const char *name);

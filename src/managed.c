@@ -86,7 +86,7 @@ static pthread_cond_t progress = PTHREAD_COND_INITIALIZER; /* flush waiters */
 static struct percpu_ref_managed_config config = {
 	.interval_ms = PERCPU_REF_MANAGED_INTERVAL_MS,
 	.max_per_scan = PERCPU_REF_MANAGED_MAX_PER_SCAN,
-	.strategy = PERCPU_REF_SCAN_BATCHED,
+	.strategy = PERCPU_REF_SCAN_FILTERED,
 };
 static struct percpu_ref_managed_stats stats;
 static bool thread_running, thread_stopping, pass_open;
@@ -167,9 +167,11 @@ static void config_init_once(void)
 		config.strategy = PERCPU_REF_SCAN_FAITHFUL;
 	else if (strategy && !strcmp(strategy, "batched"))
 		config.strategy = PERCPU_REF_SCAN_BATCHED;
+	else if (strategy && !strcmp(strategy, "filtered"))
+		config.strategy = PERCPU_REF_SCAN_FILTERED;
 	else if (strategy && *strategy)
 		percpuref_warn("percpuref_managed", "PERCPUREF_SCAN_STRATEGY=\"%s\" is neither "
-			       "faithful nor batched; ignored", strategy);
+			       "faithful, batched nor filtered; ignored", strategy);
 }
 
 static void managed_init(void)
@@ -291,10 +293,15 @@ static void run_rcu_batch(void)
  * PERCPUREF_MANAGED_WARN_S: a managed ref still held long after it went
  * under management is most often one whose creator never dropped its own
  * reference (the contract before the manager took a reference of its own).
- * Once per ref and listing; switch lock held.
+ * Once per ref and listing; switch lock held.  @others: the references
+ * seen besides the manager's; a pinned count (misuse, warned already) or
+ * an unknown number (ULONG_MAX) is no number of holders.
  */
 static void warn_held(struct percpuref_mnode *node, unsigned long others, uint64_t now)
 {
+	if (!held_warn_ns || node->held_warned || others >= PERCPU_REF_UNDERFLOW_ZONE ||
+	    now - node->listed_ns <= held_warn_ns)
+		return;
 	node->held_warned = true;
 	percpuref_warn("percpuref_reclaimer", "ref %p managed for %lu s, still held by %lu "
 		       "reference(s) besides the manager's; did its creator drop its own "
@@ -303,18 +310,22 @@ static void warn_held(struct percpuref_mnode *node, unsigned long others, uint64
 }
 
 /*
- * One chunk of a scan: check up to @limit refs below the cursor with one
- * fence.  scan_lock held.  Released nodes are chained on *@released (through
- * their next pointers: they are off the list).  Returns the refs checked;
- * *@end is set when the walk reached the bottom of the list.
+ * One chunk of a scan: look at up to @limit refs below the cursor; switch
+ * those that need the exact check (all of them, or with @filter those that
+ * look idle) and finish them after one fence.  scan_lock held.  Released
+ * nodes are chained on *@released (through their next pointers: they are
+ * off the list).  Returns the refs looked at; *@switched and *@skipped
+ * split them; *@end is set when the walk reached the bottom of the list.
  */
-static unsigned long check_chunk(unsigned long limit, struct percpuref_mnode **released,
-				 bool *end)
+static unsigned long check_chunk(unsigned long limit, bool filter,
+				 struct percpuref_mnode **released, unsigned long *switched,
+				 unsigned long *skipped, bool *end)
 {
 	struct percpuref_mnode *prev = cursor, *node;
 	unsigned long k = 0, i, others;
-	uint64_t now;
+	uint64_t now = held_warn_ns ? now_ns() : 0;
 
+	*switched = *skipped = 0;
 	pthread_mutex_lock(&percpuref_switch_lock);
 	while (k < limit && (node = prev->next)) {
 		if (node->marker) {	/* an earlier pass's */
@@ -322,8 +333,17 @@ static unsigned long check_chunk(unsigned long limit, struct percpuref_mnode **r
 			free(node);
 			continue;
 		}
-		switch (percpuref_managed_begin(node)) {
+		switch (percpuref_managed_begin(node, filter, &others)) {
 		case MANAGED_CHECK:
+			node->checking = true;
+			++*switched;
+			k++;
+			prev = node;
+			break;
+		case MANAGED_SKIP:
+			warn_held(node, others, now);
+			node->checking = false;
+			++*skipped;
 			k++;
 			prev = node;
 			break;
@@ -338,28 +358,27 @@ static unsigned long check_chunk(unsigned long limit, struct percpuref_mnode **r
 	}
 	*end = !prev->next;
 	pthread_mutex_unlock(&percpuref_switch_lock);
-	if (!k)
-		return 0;
+	if (!*switched) {
+		cursor = prev;
+		return k;
+	}
 
 	percpuref_fence_readers();
 
-	/* The k checked nodes follow the cursor, contiguous: nothing else
+	/* The k nodes looked at follow the cursor, contiguous: nothing else
 	 * unlinks below the marker, nothing is linked there. */
 	prev = cursor;
-	now = held_warn_ns ? now_ns() : 0;
 	pthread_mutex_lock(&percpuref_switch_lock);
 	for (i = 0; i < k; i++) {
 		node = prev->next;
-		if (percpuref_managed_finish(node, &others)) {
+		if (!node->checking) {
+			prev = node;
+		} else if (percpuref_managed_finish(node, &others)) {
 			prev->next = node->next;
 			node->next = *released;
 			*released = node;
 		} else {
-			/* A pinned count (misuse, warned already) is no
-			 * number of holders. */
-			if (held_warn_ns && !node->held_warned && others < PERCPU_REF_UNDERFLOW_ZONE &&
-			    now - node->listed_ns > held_warn_ns)
-				warn_held(node, others, now);
+			warn_held(node, others, now);
 			prev = node;
 		}
 	}
@@ -377,6 +396,7 @@ static void scan_once(bool unlimited)
 {
 	struct percpuref_mnode *released = NULL, *next;
 	unsigned long checked = 0, fences = 0, nreleased = 0, limit, max;
+	unsigned long switched, skipped, nswitched = 0, nskipped = 0;
 	enum percpu_ref_scan_strategy strategy;
 	bool end = false;
 	uint64_t start, elapsed;
@@ -421,9 +441,11 @@ static void scan_once(bool unlimited)
 	}
 	while (!end && (!max || checked < max)) {
 		limit = strategy == PERCPU_REF_SCAN_FAITHFUL ? 1 : max ? max - checked : ULONG_MAX;
-		limit = check_chunk(limit, &released, &end);
-		checked += limit;
-		fences += limit != 0;
+		checked += check_chunk(limit, strategy == PERCPU_REF_SCAN_FILTERED, &released,
+				       &switched, &skipped, &end);
+		nswitched += switched;
+		nskipped += skipped;
+		fences += switched != 0;
 	}
 	if (end) {
 		/* Pop our marker if nothing was pushed above it (relaxed: the
@@ -448,6 +470,8 @@ static void scan_once(bool unlimited)
 	if (checked) {
 		stats.scans++;
 		stats.refs_scanned += checked;
+		stats.refs_switched += nswitched;
+		stats.refs_skipped += nskipped;
 		stats.released += nreleased;
 		stats.fences += fences;
 		stats.scan_ns_total += elapsed;
@@ -524,7 +548,8 @@ PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_
 			       PERCPU_REF_MANAGED_INTERVAL_MAX_MS);
 		return -EINVAL;
 	}
-	if (in->strategy != PERCPU_REF_SCAN_FAITHFUL && in->strategy != PERCPU_REF_SCAN_BATCHED) {
+	if (in->strategy != PERCPU_REF_SCAN_FAITHFUL && in->strategy != PERCPU_REF_SCAN_BATCHED &&
+	    in->strategy != PERCPU_REF_SCAN_FILTERED) {
 		percpuref_warn(__func__, "unknown strategy %d; ignored", (int)in->strategy);
 		return -EINVAL;
 	}

@@ -25,6 +25,7 @@ struct percpuref_mnode {
 	 * pushed, and whether the "still held" warning was given. */
 	uint64_t listed_ns;
 	bool held_warned;
+	bool checking;		/* scanner's: begin answered MANAGED_CHECK */
 };
 
 /* percpu_ref.c's mode-switch lock (rank SWITCH): the scanner holds it
@@ -53,15 +54,22 @@ extern char percpuref_rcu_tsan_sync;
  *
  * percpuref_managed_begin() looks at a listed node: MANAGED_CHECK means it
  * started a switch to atomic mode (the node stays linked, marked in flight
- * until percpuref_managed_finish()); the other verdicts ask the caller to
+ * until percpuref_managed_finish()); with @filter it first reads the ref's
+ * per-CPU words twice and answers MANAGED_SKIP, switching nothing, when
+ * they changed in between or say that someone besides the manager holds a
+ * reference (the node stays linked; *@others is the number of references
+ * besides the manager's, or ULONG_MAX when the ref changed between the
+ * reads); the other verdicts ask the caller to
  * unlink the node, and for MANAGED_FREE then to percpuref_managed_free() it.
  */
 enum percpuref_managed_verdict {
 	MANAGED_CHECK,		/* switch started: fence, then finish */
+	MANAGED_SKIP,		/* in use: stays per-CPU, nothing to finish */
 	MANAGED_UNLINK,		/* no longer managed: unlink, keep */
 	MANAGED_FREE,		/* exited while listed: unlink, free */
 };
-enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *node);
+enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *node, bool filter,
+						      unsigned long *others);
 /* After the fence: true when the manager's was the last reference (the
  * node must be unlinked, then percpuref_managed_release() called without
  * the lock); false when the ref went back to per-CPU mode, with

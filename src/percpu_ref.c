@@ -4,10 +4,14 @@
  *
  * The object.  A percpu_ref is a mode word (percpu_count_ptr: the address of
  * CPU 0's counter with the ATOMIC and DEAD flags in its low bits) plus a
- * separately allocated percpu_ref_data holding the atomic count.  The total
- * number of references is  data->count + sum of the per-CPU counters  taken
- * modulo 2^64: any one per-CPU counter may be "negative" (a get on one CPU,
- * the put on another), only the sum means something.
+ * separately allocated percpu_ref_data holding the atomic count.  The
+ * per-CPU words only ever grow: a get adds nr, a put adds nr * (2^32 - 1),
+ * nr in the high half and minus nr in the low half (percpu_ref.h), so the
+ * reclaimer can see a ref in use without switching it.  The total number
+ * of references is  data->count + net  where net is the low 32 bits of the
+ * sum of the per-CPU words, sign-extended: any one word's low half may be
+ * "negative" (a get on one CPU, the put on another), only the sum means
+ * something.
  *
  * Life cycle: per-CPU -> atomic -> dead (and back, with ALLOW_REINIT).
  *  - Per-CPU mode: the fast paths add to this CPU's counter and never look
@@ -78,6 +82,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -277,19 +282,15 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
  */
 static void fold_percpu_counts(struct percpu_ref *ref)
 {
-	uintptr_t cpu0 = counter_of(ref);
-	unsigned int cpu, nr_units = percpuref_nr_units();
-	unsigned long sum = 0, count;
+	unsigned long net, count;
 
 	/* For TSAN: pairs with the release in percpu_ref_put_many(). */
 	percpuref_tsan_acquire(&ref->data);
-	for (cpu = 0; cpu < nr_units; cpu++)
-		/* Relaxed: the fence made every update visible already. */
-		sum += __atomic_load_n(percpuref_counter_on(cpu0, cpu), __ATOMIC_RELAXED);
+	/* Relaxed reads: the fence made every update visible already. */
+	net = percpuref_counter_net(percpuref_counter_sum(counter_of(ref), percpuref_nr_units()));
 	/* Relaxed: no release can race (extra reference held); the putter
 	 * that reaches zero later orders after this through the RMW chain. */
-	count = __atomic_add_fetch(&ref->data->count, sum - PERCPU_COUNT_BIAS,
-				   __ATOMIC_RELAXED);
+	count = __atomic_add_fetch(&ref->data->count, net - PERCPU_COUNT_BIAS, __ATOMIC_RELAXED);
 	if (count == 0 || count >= PERCPU_REF_UNDERFLOW_ZONE) {
 		percpuref_warn("percpu_ref_switch_to_atomic",
 			       "ref %p count %ld <= 0 after folding per-CPU counts; leaked",
@@ -695,10 +696,41 @@ static struct percpu_ref_impl *impl_of_node(struct percpuref_mnode *node)
 	return caa_container_of(node, struct percpu_ref_impl, mnode);
 }
 
-enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *node)
+/*
+ * The filter: the references held on @ref, from two collects of its
+ * per-CPU words (monotonic, percpu_ref.h) and of the atomic count; or
+ * ULONG_MAX when they differ (the ref is in use).  Equal collects mean
+ * nothing changed in between, so the second is one consistent snapshot
+ * (every word held its value from the end of the first collect to the start
+ * of the second; tests/model/filter.pml).  Reads only: the ref stays
+ * per-CPU.  A wrong "manager only" costs a check (the exact one follows);
+ * a truly idle ref reads equal twice, so it is never kept out.
+ */
+static unsigned long snapshot_held(struct percpu_ref *ref)
+{
+	uintptr_t cpu0 = counter_of(ref);
+	unsigned int nr_units = percpuref_nr_units();
+	unsigned long count1, count2, sum1, sum2;
+
+	/* Relaxed loads, ordered by the acquire fences: the second collect
+	 * is read after the first (the double-collect argument). */
+	count1 = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
+	sum1 = percpuref_counter_sum(cpu0, nr_units);
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	sum2 = percpuref_counter_sum(cpu0, nr_units);
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	count2 = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
+	if (sum1 != sum2 || count1 != count2)
+		return ULONG_MAX;
+	return count2 - PERCPU_COUNT_BIAS + percpuref_counter_net(sum2);
+}
+
+enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *node, bool filter,
+						      unsigned long *others)
 {
 	struct percpu_ref_impl *impl = impl_of_node(node);
 	struct percpu_ref *ref = impl->data.ref;
+	unsigned long held;
 
 	if (impl->exited)
 		return MANAGED_FREE;
@@ -715,6 +747,13 @@ enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *n
 	if (!is_managed(ref)) {
 		impl->mstate = MNODE_OFF;
 		return MANAGED_UNLINK;
+	}
+	if (filter) {
+		held = snapshot_held(ref);
+		if (held != 1) {
+			*others = held == ULONG_MAX ? ULONG_MAX : held - 1;
+			return MANAGED_SKIP;
+		}
 	}
 	start_atomic_switch(ref, noop_confirm, false);
 	return MANAGED_CHECK;
@@ -887,8 +926,35 @@ PERCPUREF_API bool __percpu_ref_tryget_slow(struct percpu_ref *ref, unsigned lon
 
 PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long nr)
 {
-	if (!fallback_percpu_add(ref, -nr) && __percpu_ref_atomic_sub_and_test(ref, nr))
+	if (!fallback_percpu_add(ref, nr * PERCPU_REF_PUT_DELTA) &&
+	    __percpu_ref_atomic_sub_and_test(ref, nr))
 		__percpu_ref_release(ref);
+}
+
+/* get/tryget/put of more than PERCPU_REF_PERCPU_MAX_NR: in slices, each
+ * within what a per-CPU word's low half holds (percpu_ref.h). */
+PERCPUREF_API void __percpu_ref_get_sliced(struct percpu_ref *ref, unsigned long nr)
+{
+	for (; nr > PERCPU_REF_PERCPU_MAX_NR; nr -= PERCPU_REF_PERCPU_MAX_NR)
+		percpu_ref_get_many(ref, PERCPU_REF_PERCPU_MAX_NR);
+	percpu_ref_get_many(ref, nr);
+}
+
+PERCPUREF_API bool __percpu_ref_tryget_sliced(struct percpu_ref *ref, unsigned long nr)
+{
+	/* One reference first: it keeps the count above zero for the rest. */
+	if (!percpu_ref_tryget(ref))
+		return false;
+	__percpu_ref_get_sliced(ref, nr - 1);
+	return true;
+}
+
+PERCPUREF_API void __percpu_ref_put_sliced(struct percpu_ref *ref, unsigned long nr)
+{
+	/* The slice that may release comes last. */
+	for (; nr > PERCPU_REF_PERCPU_MAX_NR; nr -= PERCPU_REF_PERCPU_MAX_NR)
+		percpu_ref_put_many(ref, PERCPU_REF_PERCPU_MAX_NR);
+	percpu_ref_put_many(ref, nr);
 }
 
 PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)

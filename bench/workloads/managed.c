@@ -71,7 +71,7 @@ static void configure(unsigned long interval_ms, unsigned long max,
 static void configure_default(void)
 {
 	configure(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
-		  PERCPU_REF_SCAN_BATCHED);
+		  PERCPU_REF_SCAN_FILTERED);
 }
 
 /* An idle reclaimer: one scan an hour. */
@@ -120,15 +120,15 @@ struct scan_state {
 	struct percpu_ref_managed_stats before;
 };
 
-#define SCAN_ARG(strategy, n) ((long)(n) << 1 | (strategy))
+#define SCAN_ARG(strategy, n) ((long)(n) << 2 | (strategy))
 
 static void scan_setup(struct bench_run *run)
 {
 	struct scan_state *s = bench_zalloc(sizeof(*s));
 
 	run->state = s;
-	s->n = (size_t)(run->variant->arg >> 1);
-	configure(IDLE_INTERVAL_MS, 0, (enum percpu_ref_scan_strategy)(run->variant->arg & 1));
+	s->n = (size_t)(run->variant->arg >> 2);
+	configure(IDLE_INTERVAL_MS, 0, (enum percpu_ref_scan_strategy)(run->variant->arg & 3));
 	s->refs = make_refs(s->n);
 	if (percpu_ref_managed_flush())	/* the first pass, outside the figures */
 		bench_die("managed-scan: flush failed");
@@ -178,6 +178,12 @@ static const struct bench_variant scan_variants[] = {
 	  SCAN_ARG(PERCPU_REF_SCAN_BATCHED, 10000) },
 	{ "batched-100k", "100000 refs, one fence per scan", scan_loop,
 	  SCAN_ARG(PERCPU_REF_SCAN_BATCHED, 100000) },
+	{ "filtered-1k", "1000 refs, read twice, none switched (all held)", scan_loop,
+	  SCAN_ARG(PERCPU_REF_SCAN_FILTERED, 1000) },
+	{ "filtered-10k", "10000 refs, read twice, none switched (all held)", scan_loop,
+	  SCAN_ARG(PERCPU_REF_SCAN_FILTERED, 10000) },
+	{ "filtered-100k", "100000 refs, read twice, none switched (all held)", scan_loop,
+	  SCAN_ARG(PERCPU_REF_SCAN_FILTERED, 100000) },
 	{ NULL },
 };
 
@@ -255,6 +261,8 @@ static const char *latency_validate(void)
 static const struct bench_variant latency_variants[] = {
 	{ "faithful", "one fence per ref", latency_loop, PERCPU_REF_SCAN_FAITHFUL },
 	{ "batched", "one fence per scan", latency_loop, PERCPU_REF_SCAN_BATCHED },
+	{ "filtered", "check before switch, then one fence per scan", latency_loop,
+	  PERCPU_REF_SCAN_FILTERED },
 	{ NULL },
 };
 
@@ -332,6 +340,8 @@ static void hot_teardown(struct bench_run *run)
 	bench_report_metric(run, "refs", s->n, NULL);
 	bench_report_metric(run, "scan_rate", (after.scans - s->before.scans) / secs, "/s");
 	bench_report_metric(run, "fence_rate", (after.fences - s->before.fences) / secs, "/s");
+	bench_report_metric(run, "switch_rate",
+			    (after.refs_switched - s->before.refs_switched) / secs, "/s");
 	configure_default();
 	free_refs(s->refs, s->n, "managed-hot");
 	free(s);
@@ -348,6 +358,8 @@ static const struct bench_variant hot_variants[] = {
 	  PERCPU_REF_SCAN_FAITHFUL },
 	{ "scan-batched", "reclaimer scanning back to back, one fence per scan", hot_loop,
 	  PERCPU_REF_SCAN_BATCHED },
+	{ "scan-filtered", "reclaimer scanning back to back, check before switch (default)",
+	  hot_loop, PERCPU_REF_SCAN_FILTERED },
 	{ NULL },
 };
 

@@ -1,21 +1,26 @@
 /*
  * managed.h - control and statistics of the reclaimer, the background
- * thread that owns the initial reference of every managed percpu_ref
+ * thread that holds a reference of its own on every managed percpu_ref
  * (percpu_ref_switch_to_managed(), percpu_ref.h) and releases the ones
  * nobody else references (docs/managed.md).
  *
  * The reclaimer starts on first use, scans every @interval_ms at most
- * @max_per_scan refs, and checks each with one of two strategies:
+ * @max_per_scan refs, and checks each with one of three strategies:
  *  - FAITHFUL, as the kernel proposal: per ref, switch to atomic mode, wait
  *    for one reader fence, check, switch back: one fence per ref;
  *  - BATCHED: switch the scan's refs to atomic mode together, one fence,
- *    check them all, switch the survivors back: one fence per scan.
- * A ref stays in atomic mode for about one fence in both.
+ *    check them all, switch the survivors back: one fence per scan;
+ *  - FILTERED (the default): first read each ref's per-CPU counters twice
+ *    without switching it; a ref that changed in between, or that someone
+ *    besides the manager holds, is in use and stays per-CPU (no atomic
+ *    window for it); only the others go through BATCHED's exact check.
+ * A ref that is switched stays in atomic mode for about one fence.
  *
  * Environment (read once, at the first use of managed mode; a value that is
  * not a number or out of range is warned and ignored):
  * PERCPUREF_SCAN_INTERVAL_MS (at most PERCPU_REF_MANAGED_INTERVAL_MAX_MS),
- * PERCPUREF_SCAN_MAX (0: no limit), PERCPUREF_SCAN_STRATEGY=faithful|batched.
+ * PERCPUREF_SCAN_MAX (0: no limit),
+ * PERCPUREF_SCAN_STRATEGY=faithful|batched|filtered.
  */
 #ifndef PERCPUREF_MANAGED_H
 #define PERCPUREF_MANAGED_H
@@ -29,6 +34,7 @@ PERCPUREF_BEGIN_DECLS
 enum percpu_ref_scan_strategy {
 	PERCPU_REF_SCAN_FAITHFUL,	/* one fence per ref (the proposal) */
 	PERCPU_REF_SCAN_BATCHED,	/* one fence per scan */
+	PERCPU_REF_SCAN_FILTERED,	/* check before switch, then batched */
 };
 
 struct percpu_ref_managed_config {
@@ -37,8 +43,8 @@ struct percpu_ref_managed_config {
 	enum percpu_ref_scan_strategy strategy;
 };
 
-/* Defaults: the proposal's 5 s and 100 refs; batched (same atomic window
- * per ref, a hundredth of the fences). */
+/* Defaults: the proposal's 5 s and 100 refs; filtered (no atomic window
+ * for refs in use, one fence per scan for the others). */
 #define PERCPU_REF_MANAGED_INTERVAL_MS 5000UL
 #define PERCPU_REF_MANAGED_MAX_PER_SCAN 100UL
 /* Longest interval accepted (one day); a longer one is -EINVAL. */
@@ -64,7 +70,9 @@ PERCPUREF_API int percpu_ref_managed_flush(void);
 struct percpu_ref_managed_stats {
 	uint64_t scans;		/* scans that checked at least one node */
 	uint64_t passes;	/* complete walks over the list */
-	uint64_t refs_scanned;	/* refs checked (switched to atomic) */
+	uint64_t refs_scanned;	/* refs checked (filtered or switched) */
+	uint64_t refs_switched;	/* switched to atomic for the exact check */
+	uint64_t refs_skipped;	/* left per-CPU by the filter: in use */
 	uint64_t released;	/* refs released by the reclaimer */
 	uint64_t fences;	/* reader fences ("grace periods") waited */
 	uint64_t rcu_grace_periods; /* liburcu grace periods (percpu_rcuref) */

@@ -104,6 +104,21 @@ enum {
  * zero and is pinned at PERCPU_REF_SATURATED.
  */
 #define PERCPU_COUNT_BIAS (1UL << 63)
+
+/*
+ * Per-CPU words count monotonically, so that the reclaimer can tell a ref
+ * in use from an idle one without switching it (docs/managed.md, "check
+ * before switch"): a get adds nr, a put adds nr * PERCPU_REF_PUT_DELTA, that
+ * is nr in the high half and minus nr in the low half.  Every get and put
+ * moves a word forward (two equal reads of a word mean nothing happened to
+ * it in between), and the low 32 bits of the sum over the CPUs, sign
+ * extended, are the per-CPU net count.  Hence the one limit: references
+ * that move through the per-CPU words in one per-CPU period stay within
+ * 2^31 either way (more live references than that is not a real program);
+ * a get_many/put_many of more than PERCPU_REF_PERCPU_MAX_NR goes in slices.
+ */
+#define PERCPU_REF_PUT_DELTA 0xffffffffUL
+#define PERCPU_REF_PERCPU_MAX_NR (1UL << 24)
 #define PERCPU_REF_UNDERFLOW_ZONE (3UL << 62)
 #define PERCPU_REF_SATURATED (7UL << 61)
 
@@ -227,6 +242,9 @@ PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long n
 PERCPUREF_API void __percpu_ref_count_misuse(struct percpu_ref *ref, unsigned long old,
 					     unsigned long nr, bool get);
 PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref);
+PERCPUREF_API void __percpu_ref_get_sliced(struct percpu_ref *ref, unsigned long nr);
+PERCPUREF_API bool __percpu_ref_tryget_sliced(struct percpu_ref *ref, unsigned long nr);
+PERCPUREF_API void __percpu_ref_put_sliced(struct percpu_ref *ref, unsigned long nr);
 
 /*
  * percpu_ref_kill - drop the initial reference and let the count reach zero.
@@ -290,8 +308,13 @@ static inline bool __percpu_ref_atomic_add_not_zero(struct percpu_ref *ref, unsi
  */
 static inline void percpu_ref_get_many(struct percpu_ref *ref, unsigned long nr)
 {
-	enum percpuref_this_cpu_result r = percpuref_this_cpu_add(&ref->percpu_count_ptr, nr);
+	enum percpuref_this_cpu_result r;
 
+	if (percpuref_unlikely(nr > PERCPU_REF_PERCPU_MAX_NR)) {
+		__percpu_ref_get_sliced(ref, nr);
+		return;
+	}
+	r = percpuref_this_cpu_add(&ref->percpu_count_ptr, nr);
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return;
 	if (r == PERCPUREF_THIS_CPU_FLAGGED)
@@ -313,8 +336,11 @@ static inline void percpu_ref_get(struct percpu_ref *ref)
  */
 static inline bool percpu_ref_tryget_many(struct percpu_ref *ref, unsigned long nr)
 {
-	enum percpuref_this_cpu_result r = percpuref_this_cpu_add(&ref->percpu_count_ptr, nr);
+	enum percpuref_this_cpu_result r;
 
+	if (percpuref_unlikely(nr > PERCPU_REF_PERCPU_MAX_NR))
+		return __percpu_ref_tryget_sliced(ref, nr);
+	r = percpuref_this_cpu_add(&ref->percpu_count_ptr, nr);
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return true;
 	if (r == PERCPUREF_THIS_CPU_FLAGGED)
@@ -356,11 +382,15 @@ static inline void percpu_ref_put_many(struct percpu_ref *ref, unsigned long nr)
 {
 	enum percpuref_this_cpu_result r;
 
+	if (percpuref_unlikely(nr > PERCPU_REF_PERCPU_MAX_NR)) {
+		__percpu_ref_put_sliced(ref, nr);
+		return;
+	}
 	/* Pairs with the fold's acquire.  On &ref->data, never accessed
 	 * atomically: a release store to the mode word would reset TSAN's
 	 * clock for that address. */
 	percpuref_tsan_release(&ref->data);
-	r = percpuref_this_cpu_add(&ref->percpu_count_ptr, -nr);
+	r = percpuref_this_cpu_add(&ref->percpu_count_ptr, nr * PERCPU_REF_PUT_DELTA);
 
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return;

@@ -42,13 +42,11 @@ static bool is_atomic(struct percpu_ref *ref)
 static unsigned long total(struct percpu_ref *ref)
 {
 	unsigned long sum = ref->data->count;
-	unsigned int cpu;
 
-	if (!is_atomic(ref)) {
-		sum -= PERCPU_COUNT_BIAS;
-		for (cpu = 0; cpu < percpuref_nr_units(); cpu++)
-			sum += *percpuref_counter_on(ref->percpu_count_ptr & ~3UL, cpu);
-	}
+	if (!is_atomic(ref))
+		sum += percpuref_counter_net(percpuref_counter_sum(ref->percpu_count_ptr & ~3UL,
+								   percpuref_nr_units())) -
+		       PERCPU_COUNT_BIAS;
 	return sum;
 }
 
