@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * filter.pml - Model C: the reclaimer's filter, "check before switch".
+ * filter.pml - Model D: the reclaimer's filter, "check before switch".
  *
  * Before switching a managed ref to atomic mode for the exact check
  * (managed.pml), the reclaimer reads the ref's per-CPU counters twice
