@@ -144,15 +144,16 @@ static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int c
 }
 /* percpuref_get_counter_stats(): public, in <percpuref/percpu_ref.h>. */
 
-/* Sum of the per-CPU words of the counter at @cpu0 (relaxed reads: the
- * caller orders them, with a reader fence or by reading twice). */
+/* Sum of the per-CPU words of the counter at @cpu0.  Acquire loads: no
+ * later read (the reclaimer filter's second collect) moves before them; the
+ * writers' adds are ordered by a reader fence or by reading twice. */
 static inline unsigned long percpuref_counter_sum(uintptr_t cpu0, unsigned int nr_units)
 {
 	unsigned long sum = 0;
 	unsigned int cpu;
 
 	for (cpu = 0; cpu < nr_units; cpu++)
-		sum += __atomic_load_n(percpuref_counter_on(cpu0, cpu), __ATOMIC_RELAXED);
+		sum += __atomic_load_n(percpuref_counter_on(cpu0, cpu), __ATOMIC_ACQUIRE);
 	return sum;
 }
 

@@ -286,7 +286,7 @@ static void fold_percpu_counts(struct percpu_ref *ref)
 
 	/* For TSAN: pairs with the release in percpu_ref_put_many(). */
 	percpuref_tsan_acquire(&ref->data);
-	/* Relaxed reads: the fence made every update visible already. */
+	/* The fence made every update visible already. */
 	net = percpuref_counter_net(percpuref_counter_sum(counter_of(ref), percpuref_nr_units()));
 	/* Relaxed: no release can race (extra reference held); the putter
 	 * that reaches zero later orders after this through the RMW chain. */
@@ -697,32 +697,29 @@ static struct percpu_ref_impl *impl_of_node(struct percpuref_mnode *node)
 }
 
 /*
- * The filter: the references held on @ref, from two collects of its
- * per-CPU words (monotonic, percpu_ref.h) and of the atomic count; or
- * ULONG_MAX when they differ (the ref is in use).  Equal collects mean
+ * The filter: the references held on @ref, into *@held, from two collects
+ * of its per-CPU words (monotonic, percpu_ref.h) and of the atomic count;
+ * false when the collects differ (the ref is in use).  Equal collects mean
  * nothing changed in between, so the second is one consistent snapshot
- * (every word held its value from the end of the first collect to the start
- * of the second; tests/model/filter.pml).  Reads only: the ref stays
- * per-CPU.  A wrong "manager only" costs a check (the exact one follows);
- * a truly idle ref reads equal twice, so it is never kept out.
+ * (every word held its value from the end of the first collect to the
+ * start of the second; tests/model/filter.pml).  Reads only: the ref stays
+ * per-CPU.  A wrong "manager only" costs a check (the exact one follows); a
+ * truly idle ref reads equal twice, so it is never kept out.
  */
-static unsigned long snapshot_held(struct percpu_ref *ref)
+static bool snapshot_held(struct percpu_ref *ref, unsigned long *held)
 {
 	uintptr_t cpu0 = counter_of(ref);
 	unsigned int nr_units = percpuref_nr_units();
 	unsigned long count1, count2, sum1, sum2;
 
-	/* Relaxed loads, ordered by the acquire fences: the second collect
-	 * is read after the first (the double-collect argument). */
-	count1 = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
+	/* Acquire loads throughout: the second collect is read after the
+	 * first (the double-collect argument). */
+	count1 = __atomic_load_n(&ref->data->count, __ATOMIC_ACQUIRE);
 	sum1 = percpuref_counter_sum(cpu0, nr_units);
-	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	sum2 = percpuref_counter_sum(cpu0, nr_units);
-	__atomic_thread_fence(__ATOMIC_ACQUIRE);
-	count2 = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
-	if (sum1 != sum2 || count1 != count2)
-		return ULONG_MAX;
-	return count2 - PERCPU_COUNT_BIAS + percpuref_counter_net(sum2);
+	count2 = __atomic_load_n(&ref->data->count, __ATOMIC_ACQUIRE);
+	*held = count2 - PERCPU_COUNT_BIAS + percpuref_counter_net(sum2);
+	return sum1 == sum2 && count1 == count2;
 }
 
 enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *node, bool filter,
@@ -748,10 +745,16 @@ enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *n
 		impl->mstate = MNODE_OFF;
 		return MANAGED_UNLINK;
 	}
+	/* Skipped: in use, or held besides the manager.  A count at or
+	 * below the manager's alone (a put too many) goes on to the exact
+	 * check, which reports and pins it. */
 	if (filter) {
-		held = snapshot_held(ref);
-		if (held != 1) {
-			*others = held == ULONG_MAX ? ULONG_MAX : held - 1;
+		if (!snapshot_held(ref, &held)) {
+			*others = ULONG_MAX;
+			return MANAGED_SKIP;
+		}
+		if (held > 1 && held < PERCPU_REF_UNDERFLOW_ZONE) {
+			*others = held - 1;
 			return MANAGED_SKIP;
 		}
 	}
