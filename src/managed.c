@@ -39,14 +39,16 @@
  *
  * Strategies.  FAITHFUL checks one ref per fence, exactly as the proposal
  * (its synchronous switch per ref); BATCHED starts the switch of every ref
- * of the scan under one hold of the switch lock, fences once, then finishes
- * them all under one hold.  The batch needs no array: after the first
+ * of the scan, each under its own switch lock, fences once, then finishes
+ * them all; FILTERED first reads each ref twice and starts the switch only
+ * of those that look idle (percpu_ref.c).  The walk's next pointers below
+ * the marker are the scanner's own (scan_lock), not the refs'.  The batch needs no array: after the first
  * half, the refs being checked are exactly the nodes that follow the cursor
  * (everything else between them was unlinked), so the second half walks
  * the same nodes again.
  *
- * Threads and locks (the order is internal.h's): scan_lock, then the
- * switch lock, then managed_lock (innermost: nothing else is taken under
+ * Threads and locks (the order is internal.h's): scan_lock, then one ref's
+ * switch lock at a time, then managed_lock (innermost: nothing else is taken under
  * it).  Callbacks (@release, RCU-deferred releases) run on the reclaimer
  * thread (or shutdown's) with scan_lock held and no other lock, so they may
  * call any non-blocking API, free their object, and create, reinit or exit
@@ -293,7 +295,7 @@ static void run_rcu_batch(void)
  * PERCPUREF_MANAGED_WARN_S: a managed ref still held long after it went
  * under management is most often one whose creator never dropped its own
  * reference (the contract before the manager took a reference of its own).
- * Once per ref and listing; switch lock held.  @others: the references
+ * Once per ref and listing; the ref's switch lock held.  @others: the references
  * seen besides the manager's; a pinned count (misuse, warned already) or
  * an unknown number (ULONG_MAX) is no number of holders.
  */
@@ -324,15 +326,16 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 	struct percpuref_mnode *prev = cursor, *node;
 	unsigned long k = 0, i, others;
 	uint64_t now = held_warn_ns ? now_ns() : 0;
+	pthread_mutex_t *lock;
 
 	*switched = *skipped = 0;
-	pthread_mutex_lock(&percpuref_switch_lock);
 	while (k < limit && (node = prev->next)) {
 		if (node->marker) {	/* an earlier pass's */
 			prev->next = node->next;
 			free(node);
 			continue;
 		}
+		lock = percpuref_managed_lock_node(node);
 		switch (percpuref_managed_begin(node, filter, &others)) {
 		case MANAGED_CHECK:
 			node->checking = true;
@@ -355,9 +358,9 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			percpuref_managed_free(node);
 			break;
 		}
+		pthread_mutex_unlock(lock);	/* a stripe: valid after the free */
 	}
 	*end = !prev->next;
-	pthread_mutex_unlock(&percpuref_switch_lock);
 	if (!*switched) {
 		cursor = prev;
 		return k;
@@ -368,12 +371,14 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 	/* The k nodes looked at follow the cursor, contiguous: nothing else
 	 * unlinks below the marker, nothing is linked there. */
 	prev = cursor;
-	pthread_mutex_lock(&percpuref_switch_lock);
 	for (i = 0; i < k; i++) {
 		node = prev->next;
 		if (!node->checking) {
 			prev = node;
-		} else if (percpuref_managed_finish(node, &others)) {
+			continue;
+		}
+		lock = percpuref_managed_lock_node(node);
+		if (percpuref_managed_finish(node, &others)) {
 			prev->next = node->next;
 			node->next = *released;
 			*released = node;
@@ -381,9 +386,9 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			warn_held(node, others, now);
 			prev = node;
 		}
+		pthread_mutex_unlock(lock);
 	}
 	*end = !prev->next;
-	pthread_mutex_unlock(&percpuref_switch_lock);
 	cursor = prev;
 	return k;
 }

@@ -28,9 +28,10 @@ struct percpuref_mnode {
 	bool checking;		/* scanner's: begin answered MANAGED_CHECK */
 };
 
-/* percpu_ref.c's mode-switch lock (rank SWITCH): the scanner holds it
- * around the per-ref steps below. */
-extern pthread_mutex_t percpuref_switch_lock;
+/* percpu_ref.c: lock the switch lock (rank SWITCH) of the ref @node
+ * belongs to, for the per-ref steps below; returns it, to unlock.  The
+ * lock is a stripe, valid after the node is freed. */
+pthread_mutex_t *percpuref_managed_lock_node(struct percpuref_mnode *node);
 
 /* managed.c: put @node on the list; any thread, any lock held. */
 void percpuref_managed_push(struct percpuref_mnode *node);
@@ -50,7 +51,7 @@ extern char percpuref_rcu_tsan_sync;
 
 /*
  * Per-ref steps of a check (percpu_ref.c), each called by the scanner with
- * percpuref_switch_lock held.
+ * the ref's switch lock held (percpuref_managed_lock_node()).
  *
  * percpuref_managed_begin() looks at a listed node: MANAGED_CHECK means it
  * started a switch to atomic mode (the node stays linked, marked in flight

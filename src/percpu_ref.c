@@ -32,11 +32,12 @@
  *    (an rseq load on x86 is ordered by TSO; the fallback loads with acquire)
  *    so any reader that sees the flag clear also sees the zeroed counters.
  *
- * Concurrency.  One global mutex (percpuref_switch_lock) serialises every
- * mode change, as the kernel's percpu_ref_switch_lock does (the proposal's
- * limitation 4).  A switch to atomic in flight is marked by a non-NULL
- * data->confirm_switch; the next mode change on that ref waits on
- * switch_done until it is cleared.  Callbacks (confirm, release) are never
+ * Concurrency.  A ref's mode changes serialise on its switch lock, one of
+ * SWITCH_STRIPES mutexes its address hashes to (the kernel and the proposal
+ * have one global lock: limitation 4); independent refs switch in
+ * parallel.  A switch to atomic in flight is marked by a non-NULL
+ * data->confirm_switch; the next mode change on that ref waits on its
+ * stripe's condition variable until it is cleared.  Callbacks (confirm, release) are never
  * called with the lock held, so they may call into the API on other refs.
  * The asynchronous switch (switch_to_atomic, kill) finishes on the library's
  * callback thread after one fence for the whole batch (deferred.c); percpu_ref_switch_to_atomic_sync() waits for the fence
@@ -90,24 +91,60 @@
 #include "managed.h"
 #include "percpuref/percpu_ref.h"
 
-pthread_mutex_t percpuref_switch_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t switch_done = PTHREAD_COND_INITIALIZER;
+/*
+ * Per-ref switch locks, striped: a ref's mode changes serialise on the
+ * stripe its address hashes to, so independent refs switch in parallel (the
+ * proposal's limitation 4 was one global lock).  A stripe is a mutex and the
+ * condition variable its in-flight switches are waited on with; refs that
+ * share a stripe share both, and every waiter re-checks its own ref.  The
+ * stripe depends on the ref's address only, so it stays the same from init
+ * to exit and after.  No path holds two stripes at once; fork takes them
+ * all, in index order.
+ */
+#define SWITCH_STRIPES 256
+
+static struct switch_stripe {
+	pthread_mutex_t lock;
+	pthread_cond_t done;	/* a switch to atomic of one of its refs ended */
+} __attribute__((aligned(128))) switch_stripes[SWITCH_STRIPES];
+
+static struct switch_stripe *stripe_of(const struct percpu_ref *ref)
+{
+	/* Fibonacci hashing of the address: neighbouring refs spread. */
+	uint64_t h = (uint64_t)(uintptr_t)ref * UINT64_C(0x9E3779B97F4A7C15);
+
+	return &switch_stripes[h >> (64 - 8)];
+}
+
+static pthread_mutex_t *switch_lock_of(const struct percpu_ref *ref)
+{
+	return &stripe_of(ref)->lock;
+}
 
 static void switch_fork_lock(void)
 {
-	pthread_mutex_lock(&percpuref_switch_lock);
+	unsigned int i;
+
+	for (i = 0; i < SWITCH_STRIPES; i++)
+		pthread_mutex_lock(&switch_stripes[i].lock);
 }
 
 static void switch_fork_unlock(void)
 {
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	unsigned int i;
+
+	for (i = SWITCH_STRIPES; i-- > 0;)
+		pthread_mutex_unlock(&switch_stripes[i].lock);
 }
 
 static void switch_fork_child(void)
 {
-	/* Waiters on it were the parent's threads: none here. */
-	pthread_cond_init(&switch_done, NULL);
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	unsigned int i;
+
+	/* Waiters on them were the parent's threads: none here. */
+	for (i = 0; i < SWITCH_STRIPES; i++)
+		pthread_cond_init(&switch_stripes[i].done, NULL);
+	switch_fork_unlock();
 }
 
 static const struct percpuref_fork_hooks switch_hooks = {
@@ -119,6 +156,12 @@ static const struct percpuref_fork_hooks switch_hooks = {
 
 static __attribute__((constructor)) void switch_register(void)
 {
+	unsigned int i;
+
+	for (i = 0; i < SWITCH_STRIPES; i++) {
+		pthread_mutex_init(&switch_stripes[i].lock, NULL);
+		pthread_cond_init(&switch_stripes[i].done, NULL);
+	}
 	percpuref_register_fork_hooks(&switch_hooks);
 }
 /* The ref whose switch this thread is finishing (callbacks run inside). */
@@ -234,7 +277,7 @@ static bool wait_switch_done(struct percpu_ref *ref)
 		if (finishing_switch_of == ref ||
 		    (impl_of(ref->data)->async_switch && percpuref_holds_batch_lock()))
 			return false;
-		pthread_cond_wait(&switch_done, &percpuref_switch_lock);
+		pthread_cond_wait(&stripe_of(ref)->done, switch_lock_of(ref));
 	}
 	return true;
 }
@@ -246,16 +289,16 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 
 	if (!ref)
 		return;
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(switch_lock_of(ref));
 	data = ref->data;
 	if (!data) {	/* never initialised successfully, or exited */
-		pthread_mutex_unlock(&percpuref_switch_lock);
+		pthread_mutex_unlock(switch_lock_of(ref));
 		return;
 	}
 	if (!wait_switch_done(ref)) {
 		percpuref_warn(__func__, "ref %p exited from a callback while its switch is in "
 			       "flight; ignored", (void *)ref);
-		pthread_mutex_unlock(&percpuref_switch_lock);
+		pthread_mutex_unlock(switch_lock_of(ref));
 		return;
 	}
 	cpu0 = counter_of(ref);
@@ -270,7 +313,7 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 	impl_of(data)->exited = true;
 	if (impl_of(data)->mstate != MNODE_OFF)
 		data = NULL;
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	if (data)
 		free(impl_of(data));
 }
@@ -307,15 +350,15 @@ static void finish_atomic_switch(struct percpu_ref *ref)
 	percpu_ref_func_t *confirm, *release = data->release;
 	bool released;
 
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(switch_lock_of(ref));
 	fold_percpu_counts(ref);
 	confirm = data->confirm_switch;
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 
 	finishing_switch_of = ref;
 	confirm(ref);
 
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(switch_lock_of(ref));
 	/* A dead ref that may never go back needs no per-CPU counter. */
 	if ((mode_word(ref) & __PERCPU_REF_DEAD) && !data->allow_reinit) {
 		percpuref_counter_free(counter_of(ref));
@@ -323,8 +366,8 @@ static void finish_atomic_switch(struct percpu_ref *ref)
 	}
 	released = __percpu_ref_atomic_sub_and_test(ref, 1);
 	data->confirm_switch = NULL;
-	pthread_cond_broadcast(&switch_done);
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_cond_broadcast(&stripe_of(ref)->done);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	finishing_switch_of = NULL;
 
 	/* The data may be gone once the lock is dropped (a waiting exit):
@@ -447,10 +490,10 @@ static bool lock_unmanaged(struct percpu_ref *ref, const char *caller)
 {
 	if (!ref_usable(ref, caller))
 		return false;
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(switch_lock_of(ref));
 	if (!is_managed(ref))
 		return true;
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_warn(caller, "ref %p is managed (the reclaimer owns its mode); ignored",
 		       (void *)ref);
 	return false;
@@ -479,7 +522,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 		return;
 	ref->data->force_atomic = true;
 	confirm_now = switch_mode_locked(ref, confirm_switch, __func__);
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	if (confirm_now)
 		confirm_now(ref);
 }
@@ -496,7 +539,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 	else
 		percpuref_warn(__func__, "ref %p switched from a callback while its switch is "
 			       "in flight; ignored", (void *)ref);
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	if (started) {
 		percpuref_fence_readers();
 		finish_atomic_switch(ref);
@@ -509,7 +552,7 @@ PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
 		return;
 	ref->data->force_atomic = false;
 	switch_mode_locked(ref, NULL, __func__);
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 }
 
 PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
@@ -520,21 +563,21 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	if (!lock_unmanaged(ref, __func__))
 		return;
 	if (mode_word(ref) & __PERCPU_REF_DEAD) {
-		pthread_mutex_unlock(&percpuref_switch_lock);
+		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "called more than once on ref %p; ignored", (void *)ref);
 		return;
 	}
 	/* Refused means nothing done: no DEAD, no put (but see finding 10
 	 * in switch_mode_locked(): from its own confirm callback it works). */
 	if (!wait_switch_done(ref) && finishing_switch_of != ref) {
-		pthread_mutex_unlock(&percpuref_switch_lock);
+		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "ref %p killed from a callback while its switch is in "
 			       "flight; ignored", (void *)ref);
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
 	confirm_now = switch_mode_locked(ref, confirm_kill, __func__);
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	if (confirm_now)
 		confirm_now(ref);
 	percpu_ref_put(ref);	/* the initial reference */
@@ -546,14 +589,14 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 
 	if (!ref_usable(ref, __func__))
 		return;
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(switch_lock_of(ref));
 	if (!(mode_word(ref) & __PERCPU_REF_DEAD)) {
-		pthread_mutex_unlock(&percpuref_switch_lock);
+		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "ref %p is not dead; ignored", (void *)ref);
 		return;
 	}
 	if (!ref->data->allow_reinit) {
-		pthread_mutex_unlock(&percpuref_switch_lock);
+		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "ref %p was created without PERCPU_REF_ALLOW_REINIT; "
 			       "ignored", (void *)ref);
 		return;
@@ -565,7 +608,7 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 	__atomic_fetch_add(&ref->data->count, is_managed(ref) ? 2 : 1, __ATOMIC_RELAXED);
 	switch_mode_locked(ref, NULL, __func__);
 	push = is_managed(ref) && list_node(ref);
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	if (push)
 		percpuref_managed_kick();
 }
@@ -612,7 +655,7 @@ static void init_managed(struct percpu_ref *ref)
 {
 	bool push = false;
 
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(switch_lock_of(ref));
 	if (mode_word(ref) & __PERCPU_REF_DEAD) {
 		/* Managed from its first reinit on, per-CPU then. */
 		ref->data->force_atomic = false;
@@ -620,7 +663,7 @@ static void init_managed(struct percpu_ref *ref)
 	} else {
 		manage_locked(ref, &push);	/* count 1: cannot fail */
 	}
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	if (push)
 		percpuref_managed_kick();
 }
@@ -633,7 +676,7 @@ PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
 
 	if (!ref_usable(ref, __func__))
 		return -EINVAL;
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(switch_lock_of(ref));
 	if (!wait_switch_done(ref))
 		why = "called from a callback while the ref's switch is in flight";
 	else if (is_managed(ref) && !(mode_word(ref) & __PERCPU_REF_DEAD))
@@ -646,7 +689,7 @@ PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
 		why = "count is zero: no reference to hand over";
 	else
 		ret = 0;
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	if (why)
 		percpuref_warn(__func__, "ref %p: %s; ignored", (void *)ref, why);
 	if (push)
@@ -660,7 +703,7 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref)
 
 	if (!ref_usable(ref, __func__))
 		return -EINVAL;
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(switch_lock_of(ref));
 	/* A check in flight ends with the ref per-CPU or released. */
 	wait_switch_done(ref);
 	if (!is_managed(ref))
@@ -669,7 +712,7 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref)
 		why = "ref was released by the reclaimer";
 	else
 		set_managed(ref, false);	/* the reclaimer unlinks the node */
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	if (why) {
 		percpuref_warn(__func__, "ref %p: %s; ignored", (void *)ref, why);
 		return -EINVAL;
@@ -784,7 +827,7 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 		impl->pinned = true;
 		*others = 0;
 		ref->data->confirm_switch = NULL;
-		pthread_cond_broadcast(&switch_done);
+		pthread_cond_broadcast(&stripe_of(ref)->done);
 		return false;
 	}
 	*others = count - last;
@@ -806,8 +849,16 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 		switch_to_percpu_locked(ref, "percpuref_reclaimer");
 	}
 	ref->data->confirm_switch = NULL;
-	pthread_cond_broadcast(&switch_done);
+	pthread_cond_broadcast(&stripe_of(ref)->done);
 	return released;
+}
+
+pthread_mutex_t *percpuref_managed_lock_node(struct percpuref_mnode *node)
+{
+	pthread_mutex_t *lock = switch_lock_of(impl_of_node(node)->data.ref);
+
+	pthread_mutex_lock(lock);
+	return lock;
 }
 
 struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node)
@@ -823,9 +874,9 @@ void percpuref_managed_free(struct percpuref_mnode *node)
 void percpuref_managed_release(struct percpuref_mnode *node)
 {
 	struct percpu_ref_impl *impl = impl_of_node(node);
-	bool push = false;
-
-	bool exited;
+	/* The ref's address only, never dereferenced: it may be exited. */
+	pthread_mutex_t *lock = switch_lock_of(impl->data.ref);
+	bool push = false, exited;
 
 	/*
 	 * The impl is ours until mstate leaves RELEASING: an exit meanwhile
@@ -833,14 +884,14 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	 * release callback of another ref of the batch) means the object may
 	 * be gone: its @release never runs then (finding 6).
 	 */
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(lock);
 	exited = impl->exited;
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(lock);
 	if (!exited && impl->data.release)
 		impl->data.release(impl->data.ref);
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(lock);
 	if (impl->exited) {
-		pthread_mutex_unlock(&percpuref_switch_lock);
+		pthread_mutex_unlock(lock);
 		free(impl);
 		return;
 	}
@@ -848,7 +899,7 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	/* Reinit from the release callback (or racing it): back on the list. */
 	if (is_managed(impl->data.ref) && !(mode_word(impl->data.ref) & __PERCPU_REF_DEAD))
 		push = list_node(impl->data.ref);
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(lock);
 	if (push)
 		percpuref_managed_kick();
 }
@@ -860,12 +911,12 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref)
 	if (!(mode_word(ref) & __PERCPU_REF_ATOMIC_DEAD))
 		return false;
 	/* The lock keeps data from being freed under us. */
-	pthread_mutex_lock(&percpuref_switch_lock);
+	pthread_mutex_lock(switch_lock_of(ref));
 	if (ref->data)
 		count = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
 	else
 		count = mode_word(ref) >> __PERCPU_REF_FLAG_BITS;
-	pthread_mutex_unlock(&percpuref_switch_lock);
+	pthread_mutex_unlock(switch_lock_of(ref));
 	return count == 0;
 }
 
