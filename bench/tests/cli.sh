@@ -91,7 +91,7 @@ json() {
 import json, sys
 rows, group, cpus = int(sys.argv[2]), sys.argv[3] == "yes", int(sys.argv[4])
 need = {"workload": str, "variant": str, "threads": int, "ops_per_sec": (int, float),
-        "ns_per_op": (int, float), "efficiency": (int, float, type(None)),
+        "ns_per_op": (int, float, type(None)), "efficiency": (int, float, type(None)),
         "oversubscribed": bool, "config": str, "fast_path": str,
         "baseline_threads": (int, type(None))}
 if group:
@@ -102,6 +102,9 @@ for n, line in enumerate(lines, 1):
     obj = json.loads(line)
     for key, kind in need.items():
         assert isinstance(obj.get(key), kind), f"line {n}: {key} = {obj.get(key)!r}"
+    # A point whose threads finished nothing (a starved run on a loaded
+    # machine) has no time per operation, and only such a point.
+    assert (obj["ns_per_op"] is None) == (obj["ops_per_sec"] == 0), f"line {n}: ns_per_op"
     assert obj["oversubscribed"] == (obj["threads"] > cpus), f"line {n}: oversubscribed"
     assert obj["config"].endswith("C%dT" % obj["threads"]), "line %d: config" % n
     if group:

@@ -429,37 +429,71 @@ static void test_scan_limit(void)
 		   PERCPU_REF_SCAN_BATCHED);
 }
 
-/* An unreferenced managed ref is released within two scan intervals. */
-static void test_latency_bound(void)
+/*
+ * An unreferenced managed ref is released within two scan intervals: by the
+ * first or second pass that starts after its last put (a pass under way at
+ * the put may have checked it already).  Counted in passes, not in wall
+ * time, so a loaded machine that delays the reclaimer cannot fail it; the
+ * wall-clock latency is printed as a figure.
+ */
+struct latency_obj {
+	struct percpu_ref ref;
+	uint64_t passes_at_release;	/* atomic */
+	uint64_t released_ns;
+	int releases;			/* atomic */
+};
+
+static void latency_release(struct percpu_ref *ref)
+{
+	struct latency_obj *o = caa_container_of(ref, struct latency_obj, ref);
+	struct percpu_ref_managed_stats s;
+
+	/* The pass that releases it is under way: not counted yet. */
+	percpu_ref_managed_get_stats(&s);
+	__atomic_store_n(&o->passes_at_release, s.passes, __ATOMIC_RELAXED);
+	o->released_ns = now_ns();
+	__atomic_fetch_add(&o->releases, 1, __ATOMIC_RELEASE);
+}
+
+static void check_latency_bound(enum percpu_ref_scan_strategy strategy, const char *name)
 {
 	enum { INTERVAL_MS = 100, TRIALS = 4 };
-	struct object objs[TRIALS];
-	uint64_t put_ns, worst = 0;
+	struct latency_obj objs[TRIALS];
+	struct percpu_ref_managed_stats s;
+	uint64_t put_ns, worst_ns = 0, worst_passes = 0, passes_at_put;
 	int i;
 
 	memset(objs, 0, sizeof(objs));
-	set_config(INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FAITHFUL);
+	set_config(INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN, strategy);
 	for (i = 0; i < TRIALS; i++) {
-		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+		percpu_ref_init(&objs[i].ref, latency_release, PERCPU_REF_ALLOW_REINIT);
 		percpu_ref_switch_to_managed(&objs[i].ref);
 	}
 	for (i = 0; i < TRIALS; i++) {
 		/* Put at different phases of the scan period. */
 		usleep(1000 * (INTERVAL_MS / 3 + 7 * i));
+		percpu_ref_managed_get_stats(&s);
+		passes_at_put = s.passes;
 		put_ns = now_ns();
 		percpu_ref_put(&objs[i].ref);
-		while (!releases_of(&objs[i]) && now_ns() - put_ns < 10ull * INTERVAL_MS * 1000000)
+		while (!__atomic_load_n(&objs[i].releases, __ATOMIC_ACQUIRE) &&
+		       now_ns() - put_ns < 100ull * INTERVAL_MS * 1000000)
 			usleep(1000);
-		if (releases_of(&objs[i]) && objs[i].released_ns - put_ns > worst)
-			worst = objs[i].released_ns - put_ns;
-		is(releases_of(&objs[i]), 1, "latency trial %d: released", i);
+		is(__atomic_load_n(&objs[i].releases, __ATOMIC_ACQUIRE), 1,
+		   "%s: latency trial %d: released", name, i);
+		if (objs[i].released_ns - put_ns > worst_ns)
+			worst_ns = objs[i].released_ns - put_ns;
+		if (objs[i].passes_at_release - passes_at_put > worst_passes)
+			worst_passes = objs[i].passes_at_release - passes_at_put;
 	}
-	printf("# worst release latency %.1f ms at a %d ms interval\n", worst / 1e6, INTERVAL_MS);
-	ok(worst < 2ull * INTERVAL_MS * 1000000, "released within two scan intervals");
+	printf("# %s: worst release latency %.1f ms at a %d ms interval\n", name, worst_ns / 1e6,
+	       INTERVAL_MS);
+	ok(worst_passes <= 1, "%s: released by the first or second pass after the put (%lu "
+	   "passes ended in between)", name, (unsigned long)worst_passes);
 	for (i = 0; i < TRIALS; i++)
 		percpu_ref_exit(&objs[i].ref);
 	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
-		   PERCPU_REF_SCAN_BATCHED);
+		   PERCPU_REF_SCAN_FILTERED);
 }
 
 /* Release callbacks that free the object, use the API, make new refs. */
@@ -694,7 +728,8 @@ int main(int argc, char **argv)
 	check_strategy(PERCPU_REF_SCAN_FILTERED, "filtered");
 	test_filter_busy();
 	test_scan_limit();
-	test_latency_bound();
+	check_latency_bound(PERCPU_REF_SCAN_FAITHFUL, "faithful");
+	check_latency_bound(PERCPU_REF_SCAN_FILTERED, "filtered");
 	test_callbacks();
 	test_misuse();
 	test_shutdown();
