@@ -1,6 +1,6 @@
 /*
  * internal.h - what the library's source files share and the public headers
- * do not show: the reader fence, the fallback read side, the per-CPU
+ * do not show: the reader fence, rseq areas, the per-CPU
  * allocator, warnings and the fault-injection hook the tests use.
  */
 #ifndef PERCPUREF_INTERNAL_H
@@ -44,6 +44,7 @@ enum percpuref_lock_rank {
 	PERCPUREF_RANK_ALLOC,		/* percpu_alloc.c: chunks, slots */
 	PERCPUREF_RANK_DEFERRED,	/* deferred.c: the queue */
 	PERCPUREF_RANK_MANAGED,		/* managed.c: thread, config, stats */
+	PERCPUREF_RANK_READERS,		/* fallback.c: the fallback readers */
 	PERCPUREF_NR_RANKS
 };
 
@@ -101,18 +102,43 @@ unsigned int percpuref_nr_units(void);
  * percpuref_fence_readers - wait until no per-CPU update that read a mode
  * word before this call can still commit.  The caller has already stored the
  * new mode flags.  rseq readers: membarrier(..._RSEQ) aborts every
- * uncommitted sequence.  Fallback readers (sched_getcpu + atomic inside an
- * RCU read-side section): an RCU grace period, taken only once some thread
- * has used the fallback (see percpuref_fallback_read_lock()).  Sleeps; must
- * not be called inside an RCU read-side section.
+ * uncommitted sequence.  Fallback readers (fallback.c): a grace period,
+ * taken only once some thread registered as one.  Sleeps.
  */
 void percpuref_fence_readers(void);
+/*
+ * The fence of a membarrier refused after start-up (runtime.c): warns once,
+ * then runs the calling thread on every CPU in turn, a full barrier on each
+ * that also aborts the rseq sections there; where that is refused too,
+ * disables the rseq fast path and waits for sections in flight.
+ */
+void percpuref_fence_without_membarrier(int err);
 
-/* Fallback read side.  Nestable; any thread, no registration. */
-void percpuref_fallback_read_lock(void);
-void percpuref_fallback_read_unlock(void);
-/* This CPU's copy of the per-CPU counter at @cpu0 (fallback path). */
-unsigned long *percpuref_fallback_this_cpu(uintptr_t cpu0);
+/*
+ * rseq areas (rseq_register.c).  percpuref_rseq_choose(): the offset of the
+ * rseq area the fast path can use, glibc's or the library's own (then
+ * registered for the calling thread), or 0; once, at set-up.
+ * percpuref_rseq_abandon() undoes an own registration the process will not
+ * use.  percpuref_rseq_register_self(): registers the calling thread's own
+ * area if the process uses own areas and this thread never had one; true
+ * when it is registered now.  percpuref_rseq_own(): own areas in use.
+ */
+ptrdiff_t percpuref_rseq_choose(void);
+void percpuref_rseq_abandon(void);
+bool percpuref_rseq_register_self(void);
+bool percpuref_rseq_own(void);
+/*
+ * percpuref_at_thread_exit - call @fn(@arg) when the calling thread exits
+ * (return, pthread_exit, cancellation), before its TLS goes; thread_exit.c.
+ * At most two per thread.  False when it cannot be arranged.
+ */
+bool percpuref_at_thread_exit(void (*fn)(void *), void *arg);
+/* Fork child: only the forking thread's registration survives. */
+void percpuref_rseq_after_fork_child(void);
+/* For tests (exported like the fault-injection hook below): threads with
+ * an own rseq area registered now, and registered fallback readers. */
+PERCPUREF_API unsigned int percpuref_rseq_own_threads(void);
+PERCPUREF_API unsigned int percpuref_readers_registered(void);
 
 /*
  * Deferred work (deferred.c): @fn(@d) runs on the library's callback thread

@@ -19,8 +19,8 @@
  *    operations racing with a switch can never see it reach zero.
  *  - To atomic: under the switch lock set ATOMIC in the mode word and take an
  *    extra reference (atomic: the flag is already visible to this thread);
- *    then the reader fence (membarrier for rseq readers, an RCU grace period
- *    for fallback readers; runtime.c) guarantees that no per-CPU update which
+ *    then the reader fence (membarrier for rseq readers, a grace period
+ *    for fallback readers; runtime.c, fallback.c) guarantees that no per-CPU update which
  *    read the old mode word can still land.  Only then is it safe to sum the
  *    per-CPU counters and add (sum - BIAS) to data->count in one atomic add:
  *    adding CPUs one by one could let the count touch zero halfway.
@@ -42,7 +42,7 @@
  * The asynchronous switch (switch_to_atomic, kill) finishes on the library's
  * callback thread after one fence for the whole batch (deferred.c); percpu_ref_switch_to_atomic_sync() waits for the fence
  * on the calling thread instead, which costs a membarrier, not a grace period
- * plus a hand-off, when no thread runs on the fallback path.
+ * plus a hand-off, when the process uses rseq.
  *
  * Managed mode (percpu_ref_switch_to_managed; the list and the thread are
  * in managed.c).  The switch takes a reference that belongs to the manager
@@ -87,6 +87,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "fallback.h"
 #include "internal.h"
 #include "managed.h"
 #include "percpuref/percpu_ref.h"
@@ -198,8 +199,8 @@ static uintptr_t mode_word(struct percpu_ref *ref)
 
 static void set_mode_word(struct percpu_ref *ref, uintptr_t word)
 {
-	/* Sequentially consistent: the reader fence's check for fallback
-	 * readers must not be ordered before it (runtime.c).  Clearing ATOMIC
+	/* Sequentially consistent: without membarrier, the fallback readers'
+	 * fence relies on it (fallback.h).  Clearing ATOMIC
 	 * goes through switch_to_percpu_locked()'s release store instead. */
 	__atomic_store_n(&ref->percpu_count_ptr, word, __ATOMIC_SEQ_CST);
 }
@@ -920,12 +921,6 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref)
 	return count == 0;
 }
 
-PERCPUREF_API const char *percpuref_fast_path(void)
-{
-	percpuref_runtime_init();
-	return percpuref_rseq_usable ? "rseq-glibc" : "fallback";
-}
-
 PERCPUREF_API int percpu_ref_barrier(void)
 {
 	int ret = percpuref_wait_deferred();
@@ -936,31 +931,39 @@ PERCPUREF_API int percpu_ref_barrier(void)
 }
 
 /*
- * Fallback halves of the fast paths, for threads without rseq.  The mode
- * word is read inside an RCU read-side section; the per-CPU add is atomic
- * because the thread may migrate between sched_getcpu() and the add.  The
- * atomic-mode work happens after the read-side section ends, so a release
- * callback never runs inside one.
+ * Slow halves of the fast paths, for calls the inline rseq sequence could
+ * not make.  In a process that uses own rseq areas a thread's first call
+ * registers its area and retries the sequence; in a process without rseq
+ * the fallback reader adds to the thread's own unit (fallback.h).  Either
+ * way a thread that still cannot count per-CPU uses the atomic count, which
+ * is exact in per-CPU mode too (the bias keeps it from zero; the fold adds
+ * to it).  Release callbacks run after the read-side section has ended.
  */
-static bool fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
+static __attribute__((noinline)) enum percpuref_this_cpu_result
+own_rseq_percpu_add(struct percpu_ref *ref, unsigned long delta)
 {
-	uintptr_t word;
-	bool done = false;
+	if (!percpuref_rseq_register_self())
+		return PERCPUREF_THIS_CPU_NO_RSEQ;
+	return percpuref_this_cpu_add(&ref->percpu_count_ptr, delta);
+}
 
-	percpuref_fallback_read_lock();
-	/* Acquire pairs with the release store in switch_to_percpu_locked();
-	 * sequentially consistent for the announcement in runtime.c. */
-	word = __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_SEQ_CST);
-	if (!(word & __PERCPU_REF_ATOMIC_DEAD)) {
-		/* Relaxed: the switcher's grace period orders it. */
-		__atomic_fetch_add(percpuref_fallback_this_cpu(word), delta, __ATOMIC_RELAXED);
-		/* For TSAN, as in percpu_ref_put_many(), now covering this
-		 * function's own accesses to the ref and its counter. */
-		percpuref_tsan_release(&ref->data);
-		done = true;
-	}
-	percpuref_fallback_read_unlock();
-	return done;
+/* Inlined, with the rseq half out of line, so that the fallback reader
+ * runs without a call or a saved register. */
+static inline __attribute__((always_inline)) bool
+fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
+{
+	enum percpuref_this_cpu_result r;
+
+	if (percpuref_likely(!__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED)))
+		r = percpuref_reader_add(&ref->percpu_count_ptr, delta);
+	else
+		r = own_rseq_percpu_add(ref, delta);
+	if (r != PERCPUREF_THIS_CPU_DONE)
+		return false;
+	/* For TSAN, as in percpu_ref_put_many(), now covering this
+	 * function's own accesses to the ref and its counter. */
+	percpuref_tsan_release(&ref->data);
+	return true;
 }
 
 PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr)

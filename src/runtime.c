@@ -1,13 +1,16 @@
 /*
  * runtime.c - process-wide machinery under every per-CPU counter: which fast
- * path is usable, the reader fence that makes mode switches exact, the
- * fallback read side, deferred callbacks, fork, warnings, fault injection.
+ * path is usable, the reader fence that makes mode switches exact, fork,
+ * warnings, fault injection.
  *
- * Fast path choice.  percpuref_rseq_usable is set once, before the first
- * per-CPU counter is allocated, when (a) glibc registered an rseq area for the
- * initialising thread, and (b) membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_
- * EXPEDITED_RSEQ) succeeded.  Threads whose own rseq registration failed see
- * cpu_id < 0 and take the fallback per call (this_cpu.h).
+ * Fast path choice.  percpuref_rseq_offset is set once, before the first
+ * per-CPU counter is allocated, when (a) an rseq area is registered for the
+ * initialising thread, glibc's or the library's own (rseq_register.c), and
+ * (b) membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) succeeded.
+ * Threads without a registered area see cpu_id < 0 and take the slow path
+ * per call (this_cpu.h), which registers the library's own area if that is
+ * the one in use, else counts on the atomic count.  A process without rseq
+ * uses the fallback readers of fallback.c instead, with two units per CPU.
  *
  * The reader fence (percpuref_fence_readers) is this library's grace period.
  * A switcher first stores the new mode flags into the ref's mode word, then:
@@ -17,14 +20,10 @@
  *    mode word.  Threads not running were already restarted when preempted.
  *    Every commit that happened before the interrupt is visible to the
  *    switcher when membarrier returns (it implies a full barrier on each CPU).
- *  - fallback readers run inside a liburcu-bp read-side section; a grace
- *    period (urcu_bp_synchronize_rcu) waits for them.  The grace period is
- *    skipped while no thread has ever taken the fallback: a thread announces
- *    itself once (store flag, then read the mode word), the switcher does
- *    (store mode word, then load flag), all four sequentially consistent.
- *    By the store-buffer (Dekker) argument at least one side sees the
- *    other's store, so either the switcher waits a grace period or the
- *    reader sees the new mode.
+ *  - fallback readers (a process without rseq) run a short read-side
+ *    section on a unit they own; percpuref_readers_fence() waits for them
+ *    with membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) and a grace-period
+ *    count (fallback.c), and returns at once while no thread registered.
  *
  * A fence that membarrier refuses (a seccomp filter installed after
  * start-up) degrades instead of aborting: the fencing thread moves itself
@@ -36,11 +35,10 @@
  * plain fences instead (percpuref_synchronize_rcu()).  Threads on a CPU id
  * beyond the units allocated (an untrustworthy CPU count) never commit on
  * the rseq path: the sequence checks cpu_id against percpuref_nr_cpu_units
- * and sends them to the fallback, which shares unit 0.
+ * and sends them to the slow path, which uses the atomic count.
  *
- * liburcu-bp is the flavour because it needs nothing from calling threads:
- * readers register themselves on first use.  Work that must wait for a fence
- * runs on the library's own callback thread (deferred.c).
+ * Work that must wait for a fence runs on the library's own callback thread
+ * (deferred.c).
  *
  * Layering.  This is the lowest layer: it calls nothing above it.  Modules
  * above register fork hooks, one per lock rank (internal.h writes the lock
@@ -62,10 +60,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fallback.h"
 #include "internal.h"
 #include "percpuref/this_cpu.h"
 
-PERCPUREF_API bool percpuref_rseq_usable;
+PERCPUREF_API ptrdiff_t percpuref_rseq_offset;
 PERCPUREF_API unsigned int percpuref_nr_cpu_units;
 
 /* liburcu-bp's: set when its readers may rely on its membarrier (ABI). */
@@ -81,9 +80,6 @@ static __thread unsigned int batch_ranks_held;
 /* Ranks the forking thread left alone in fork_prepare(). */
 static unsigned int fork_skipped_ranks;
 static __thread bool library_thread;
-/* Set (never cleared) once any thread has used the fallback read side. */
-static bool fallback_readers_seen;
-static __thread bool fallback_announced;
 static unsigned long warnings;
 static long fault_countdown;
 /* Test hook: the CPU count source's answer (0: ask the kernel). */
@@ -121,20 +117,6 @@ static unsigned int read_possible_cpus(void)
 		max = n > 0 ? (unsigned int)n : 1;
 	}
 	return max;
-}
-
-static bool rseq_registered_here(void)
-{
-#if PERCPUREF_HAVE_RSEQ
-	struct rseq *rs;
-
-	if (__rseq_size == 0)
-		return false;
-	rs = (struct rseq *)((char *)__builtin_thread_pointer() + __rseq_offset);
-	return (int32_t)__atomic_load_n(&rs->cpu_id, __ATOMIC_RELAXED) >= 0;
-#else
-	return false;
-#endif
 }
 
 static bool membarrier_rseq_register(void)
@@ -205,8 +187,11 @@ static void fork_child(void)
 	unsigned int rank;
 
 	/* Re-register for the child's mm; harmless if it was inherited. */
-	if (percpuref_rseq_usable && !membarrier_refused && !membarrier_rseq_register())
-		percpuref_rseq_usable = false;
+	if (percpuref_rseq_offset && !membarrier_refused && !membarrier_rseq_register())
+		__atomic_store_n(&percpuref_rseq_offset, 0, __ATOMIC_RELAXED);
+	percpuref_rseq_after_fork_child();
+	if (!percpuref_rseq_offset)
+		percpuref_readers_setup(percpuref_nr_cpu_units);
 	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
 		if (fork_hooks[rank] && fork_hooks[rank]->child &&
 		    !(fork_skipped_ranks & (1u << rank)))
@@ -242,11 +227,24 @@ static __attribute__((destructor)) void runtime_at_exit(void)
 static void runtime_init_once(void)
 {
 	const char *no_rseq = getenv("PERCPUREF_NO_RSEQ");
+	ptrdiff_t offset = 0;
 
 	/* Before the fast path can be used: it checks cpu_id against it. */
 	percpuref_nr_cpu_units = fault_cpu_units ? fault_cpu_units : read_possible_cpus();
-	percpuref_rseq_usable = !(no_rseq && *no_rseq && strcmp(no_rseq, "0")) &&
-				rseq_registered_here() && membarrier_rseq_register();
+	if (!(no_rseq && *no_rseq && strcmp(no_rseq, "0")))
+		offset = percpuref_rseq_choose();
+	if (offset && !membarrier_rseq_register()) {
+		percpuref_rseq_abandon();
+		offset = 0;
+	}
+	if (!offset) {
+		/* Fallback readers own a unit each: room for two per CPU
+		 * before threads fall back to the atomic count. */
+		percpuref_nr_cpu_units *= PERCPUREF_READER_UNITS_PER_CPU;
+		percpuref_readers_setup(percpuref_nr_cpu_units);
+	}
+	/* Relaxed: published to other threads with the first counter. */
+	__atomic_store_n(&percpuref_rseq_offset, offset, __ATOMIC_RELAXED);
 }
 
 void percpuref_runtime_init(void)
@@ -283,8 +281,7 @@ static bool fence_by_migration(void)
 	return all;
 }
 
-/* Called once a membarrier failed: warn once, then fence without it. */
-static void fence_without_membarrier(int err)
+void percpuref_fence_without_membarrier(int err)
 {
 	/* Relaxed: a flag; fences read it to skip the doomed syscall. */
 	if (!__atomic_exchange_n(&membarrier_refused, true, __ATOMIC_RELAXED))
@@ -296,7 +293,7 @@ static void fence_without_membarrier(int err)
 		 * instructions) time to end.  Warned: exactness is at stake. */
 		percpuref_warn("percpuref_fence_readers", "cannot run on every CPU either (%s); "
 			       "per-CPU fast path disabled", strerror(errno));
-		__atomic_store_n(&percpuref_rseq_usable, false, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&percpuref_rseq_offset, 0, __ATOMIC_SEQ_CST);
 		usleep(10000);
 	}
 }
@@ -312,51 +309,20 @@ void percpuref_synchronize_rcu(void)
 		int err = errno;
 
 		__atomic_store_n(&urcu_bp_has_sys_membarrier, 0, __ATOMIC_SEQ_CST);
-		fence_without_membarrier(err);
+		percpuref_fence_without_membarrier(err);
 	}
 	urcu_bp_synchronize_rcu();
 }
 
 void percpuref_fence_readers(void)
 {
-	if (percpuref_rseq_usable) {
+	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED)) {
 		if (__atomic_load_n(&membarrier_refused, __ATOMIC_RELAXED))
-			fence_without_membarrier(EPERM);
+			percpuref_fence_without_membarrier(EPERM);
 		else if (sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, 0) != 0)
-			fence_without_membarrier(errno);
+			percpuref_fence_without_membarrier(errno);
 	}
-	/* Sequentially consistent, as the mode-word store before it and the
-	 * flag store and mode-word load of the fallback reader: in the single
-	 * total order one of the two stores comes first, so either we see the
-	 * flag or the reader sees the new mode (store-buffer / Dekker). */
-	if (__atomic_load_n(&fallback_readers_seen, __ATOMIC_SEQ_CST))
-		percpuref_synchronize_rcu();
-}
-
-void percpuref_fallback_read_lock(void)
-{
-	if (percpuref_unlikely(!fallback_announced)) {
-		fallback_announced = true;
-		/* Before the mode-word load that follows; see the fence. */
-		__atomic_store_n(&fallback_readers_seen, true, __ATOMIC_SEQ_CST);
-	}
-	urcu_bp_read_lock();
-}
-
-void percpuref_fallback_read_unlock(void)
-{
-	urcu_bp_read_unlock();
-}
-
-unsigned long *percpuref_fallback_this_cpu(uintptr_t cpu0)
-{
-	int cpu = sched_getcpu();
-
-	/* Any unit is correct on the fallback path (the add is atomic); a
-	 * CPU id we cannot place just shares unit 0. */
-	if (cpu < 0 || (unsigned int)cpu >= percpuref_nr_cpu_units)
-		cpu = 0;
-	return percpuref_counter_on(cpu0, (unsigned int)cpu);
+	percpuref_readers_fence();
 }
 
 static void *library_thread_main(void *fn)

@@ -21,8 +21,9 @@
  * Threads: nothing to do.  No call needs thread registration; any thread may
  * call any function.  Switching waits for "a grace period" of the readers of
  * per-CPU counters: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) for the
- * rseq fast path, plus a liburcu-bp grace period once any thread has used the
- * fallback path (docs/percpu_ref.md).
+ * rseq fast path, or a grace period of the fallback readers in a process
+ * without rseq (docs/percpu_ref.md).  percpuref_fast_path() says which
+ * path this process uses.
  *
  * Callbacks: @release runs on the thread whose put drops the last reference;
  * if that last reference was the one a switch holds while it waits, it runs
@@ -229,8 +230,11 @@ PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *s
 
 /*
  * percpuref_fast_path - which per-CPU fast path this process uses, as one
- * word for reports: "rseq-glibc" (rseq area registered by glibc) or
- * "fallback" (sched_getcpu + atomic add inside an RCU read-side section).
+ * word for reports: "rseq-glibc" (rseq areas registered by glibc),
+ * "rseq-own" (rseq areas this library registers, where the C library
+ * registered none) or "fallback" (per-thread units and the fallback
+ * readers' grace period: no rseq).  Chosen at the first per-CPU counter;
+ * this call chooses it if none exists yet.  Any thread.
  */
 PERCPUREF_API const char *percpuref_fast_path(void);
 

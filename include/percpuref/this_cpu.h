@@ -6,8 +6,8 @@
  * lies (n << PERCPUREF_UNIT_SHIFT) bytes further (src/percpu_alloc.c lays
  * chunks out as one unit per possible CPU, the kernel's percpu layout).
  *
- * The fast path is an x86-64 restartable sequence (rseq): read the CPU number
- * glibc's rseq area holds for this thread, read the counter's mode word, and
+ * The fast path is a restartable sequence (rseq): read the CPU number the
+ * kernel keeps in this thread's rseq area, read the counter's mode word, and
  * commit with one non-atomic add.  The kernel restarts the sequence from the
  * top if the thread is preempted, migrated or signalled before the commit, so
  * the add lands on the CPU the thread was running on and no other thread of
@@ -16,23 +16,39 @@
  * every sequence still in flight, so once membarrier returns no add that read
  * the old mode can commit (see percpuref_fence_readers()).
  *
- * Where rseq is missing (no glibc registration, valgrind, other
- * architectures) percpuref_this_cpu_add() returns PERCPUREF_THIS_CPU_NO_RSEQ
- * and the caller takes its out-of-line fallback, which uses sched_getcpu(), an
- * atomic add and an RCU read-side section instead.
+ * Whose rseq area.  glibc >= 2.35 registers one per thread at
+ * __rseq_offset from the thread pointer; where the C library registered none
+ * (older glibc, musl, GLIBC_TUNABLES=glibc.pthread.rseq=0) the library
+ * registers its own, an initial-exec TLS variable, lazily on each thread's
+ * first call (src/rseq_register.c).  Either way the area lies at the same
+ * offset from every thread's thread pointer, published in
+ * percpuref_rseq_offset.  The ABI (struct rseq, the abort signature) is
+ * carried here, so no <sys/rseq.h> is needed to build.
+ *
+ * Architectures: x86-64 always; aarch64 only when built with
+ * PERCPUREF_ARM64_RSEQ (cmake -DPERCPUREF_ARM64_RSEQ=ON), until the sequence
+ * has run on a real arm64 kernel (docs/percpu_ref.md).  Elsewhere, and where
+ * no area is registered, percpuref_this_cpu_add() returns
+ * PERCPUREF_THIS_CPU_NO_RSEQ and the caller takes its out-of-line fallback
+ * (src/fallback.c).
  */
 #ifndef PERCPUREF_THIS_CPU_H
 #define PERCPUREF_THIS_CPU_H
 
-#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <percpuref/compiler.h>
 
-#if defined(__x86_64__) && defined(__GLIBC__) && \
-	(__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
-#include <sys/rseq.h>
+#if defined(__linux__) && defined(__x86_64__)
 #define PERCPUREF_HAVE_RSEQ 1
+/* ud1 0x53053053(%rip),%edi before each abort handler; glibc's value too. */
+#define PERCPUREF_RSEQ_SIG 0x53053053U
+#elif defined(__linux__) && defined(__aarch64__) && defined(PERCPUREF_ARM64_RSEQ) && \
+	!defined(__AARCH64EB__)
+#define PERCPUREF_HAVE_RSEQ 1
+/* brk #0x45e0 before each abort handler: the kernel's and glibc's value. */
+#define PERCPUREF_RSEQ_SIG 0xd428bc00U
 #else
 #define PERCPUREF_HAVE_RSEQ 0
 #endif
@@ -44,6 +60,20 @@
 
 PERCPUREF_BEGIN_DECLS
 
+/*
+ * The kernel's struct rseq, version 0 (include/uapi/linux/rseq.h): 32 bytes,
+ * 32-byte aligned.  cpu_id is the CPU the thread runs on while registered,
+ * or negative (-1 not registered, -2 registration failed).  rseq_cs points to
+ * the descriptor of the sequence in progress; the kernel clears it.
+ */
+struct percpuref_rseq_area {
+	uint32_t cpu_id_start;
+	uint32_t cpu_id;
+	uint64_t rseq_cs;
+	uint32_t flags;
+	uint32_t reserved[3];
+} __attribute__((aligned(32)));
+
 enum percpuref_this_cpu_result {
 	PERCPUREF_THIS_CPU_DONE,	/* added to this CPU's counter */
 	PERCPUREF_THIS_CPU_FLAGGED,	/* mode word has flags: nothing added */
@@ -51,14 +81,14 @@ enum percpuref_this_cpu_result {
 };
 
 /*
- * Set once by the library before the first per-CPU counter exists: true when
- * glibc registered rseq and membarrier(..._RSEQ) is registered for this
- * process.  Read without ordering: any counter a thread can reach was
- * published after it was set.
+ * Offset of every thread's rseq area from its thread pointer, or 0 when this
+ * process does not use the rseq fast path.  Set by the library before the
+ * first per-CPU counter exists (and cleared in a fork child that cannot use
+ * it), so a thread that can reach a counter reads the final value; relaxed.
  */
-extern PERCPUREF_API bool percpuref_rseq_usable;
+extern PERCPUREF_API ptrdiff_t percpuref_rseq_offset;
 /*
- * Per-CPU units allocated per counter, set before percpuref_rseq_usable.
+ * Per-CPU units allocated per counter, set before percpuref_rseq_offset.
  * The rseq sequence commits only for cpu_id below it, so a CPU count that
  * was wrong (sysfs hidden) can never send an add past the allocation.
  */
@@ -75,21 +105,23 @@ static inline enum percpuref_this_cpu_result
 percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 {
 #if PERCPUREF_HAVE_RSEQ
-	struct rseq *rs;
+	ptrdiff_t offset = __atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED);
+	struct percpuref_rseq_area *rs;
 
-	if (percpuref_unlikely(!percpuref_rseq_usable))
+	if (percpuref_unlikely(offset == 0))
 		return PERCPUREF_THIS_CPU_NO_RSEQ;
-	rs = (struct rseq *)((char *)__builtin_thread_pointer() + __rseq_offset);
-	/* cpu_id is negative for a thread whose registration failed. */
+	rs = (struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() + offset);
+	/* Not (yet) registered: the slow path may register it. */
 	if (percpuref_unlikely((int32_t)rs->cpu_id < 0))
 		return PERCPUREF_THIS_CPU_NO_RSEQ;
 	for (;;) {
 		/*
 		 * Descriptor 3: {version, flags, start 1, length 2-1, abort 4}.
-		 * The abort handler is preceded by the signature glibc
-		 * registered (RSEQ_SIG, 0x53053053 on x86) and leaves the
-		 * sequence through the C label "restart", which re-arms it.
+		 * The abort handler is preceded by the registered signature and
+		 * leaves the sequence through the C label "restart", which
+		 * re-arms it.
 		 */
+#if defined(__x86_64__)
 		__asm__ __volatile__ goto(
 			".pushsection __rseq_cs, \"aw\"\n\t"
 			".balign 32\n\t"
@@ -123,6 +155,49 @@ percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 			  [shift] "i"(PERCPUREF_UNIT_SHIFT)
 			: "memory", "cc", "rax", "rcx"
 			: flagged, restart, no_unit);
+#else
+		/*
+		 * aarch64, after librseq's rseq-arm64.h.  The counter's address
+		 * depends on the mode word just loaded, so the add cannot see
+		 * counters older than the word (the release store that clears
+		 * ATOMIC zeroed them first): address dependency, no barrier.
+		 * The commit is the str.
+		 */
+		__asm__ __volatile__ goto(
+			".pushsection __rseq_cs, \"aw\"\n\t"
+			".balign 32\n\t"
+			"3:\n\t"
+			".long 0x0, 0x0\n\t"
+			".quad 1f, (2f - 1f), 4f\n\t"
+			".popsection\n\t"
+			"adrp x16, 3b\n\t"
+			"add x16, x16, :lo12:3b\n\t"
+			"str x16, [%[rs], #8]\n\t"
+			"1:\n\t"
+			"ldr w17, [%[rs], #4]\n\t"
+			"cmp w17, %w[units]\n\t"
+			"b.hs %l[no_unit]\n\t"
+			"ldr x16, [%[word]]\n\t"
+			"tst x16, %[flags]\n\t"
+			"b.ne %l[flagged]\n\t"
+			"add x16, x16, x17, lsl %[shift]\n\t"
+			"ldr x17, [x16]\n\t"
+			"add x17, x17, %[delta]\n\t"
+			"str x17, [x16]\n\t"
+			"2:\n\t"
+			".pushsection __rseq_failure, \"ax\"\n\t"
+			".inst 0xd428bc00\n\t"
+			"4:\n\t"
+			"b %l[restart]\n\t"
+			".popsection\n\t"
+			:
+			: [rs] "r"(rs), [word] "r"(mode_word), [delta] "r"(delta),
+			  [units] "r"(percpuref_nr_cpu_units),
+			  [flags] "i"(PERCPUREF_MODE_FLAGS),
+			  [shift] "i"(PERCPUREF_UNIT_SHIFT)
+			: "memory", "cc", "x16", "x17"
+			: flagged, restart, no_unit);
+#endif
 		return PERCPUREF_THIS_CPU_DONE;
 restart:
 		continue;

@@ -1,0 +1,266 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fallback.c - the fast path of a process without rseq: each thread owns a
+ * per-CPU unit and adds to it inside a read-side section; the reader fence
+ * is a grace period with an asymmetric barrier (liburcu's memb flavour).
+ *
+ * Why not just sched_getcpu() and an atomic add.  Without rseq nothing stops
+ * a thread from migrating between choosing a CPU's counter and adding to it,
+ * so two threads may add to one counter at once.  Instead each thread claims
+ * a unit of its own on its first call (the one of the CPU it runs on, if
+ * free; such a process has two units per possible CPU, so a thread pool
+ * twice the size of the machine still fits) and only it writes there, with one
+ * non-atomic add that its signal handlers cannot split (fallback.h).  A
+ * thread that finds every unit taken, or calls after its exit hook ran, uses
+ * the ref's atomic count, which is exact in every mode: the total is
+ * count + the per-CPU sum, the fold moves (sum - bias) in one add, and the
+ * bias keeps a per-CPU-mode count far from zero.  Units go back at thread
+ * exit (thread_exit.c) and, in a fork child, all but the forking thread's.  The rseq path is never used in the same process (the choice is
+ * process-wide), so no rseq add can race with a unit's owner.
+ *
+ * The section.  Enter stores the grace-period counter into the thread's
+ * ctr (nesting bits 1), a compiler barrier, then the mode word is loaded;
+ * exit is a release store of ctr - 1.  The fence, after the switcher stored
+ * the new mode word:
+ *   1. advances percpuref_readers_gp (release store);
+ *   2. membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED): a full barrier on every
+ *      thread of the process that is running, and every thread that is not
+ *      has passed one in the scheduler.  So for each reader either its ctr
+ *      store precedes that barrier, and step 3 sees it, or its mode-word load
+ *      follows it and sees the new word (the store-buffer pattern, with one
+ *      side's fence supplied by the kernel);
+ *   3. waits for every reader whose ctr has nesting bits and an older count;
+ *      one with the new count loaded it with acquire after step 1, so it
+ *      saw the new word.  The acquire load of ctr pairs with the exit's
+ *      release store, so every add of a waited-for section is visible.
+ * Counting the periods, rather than waiting for ctr to read zero, means a
+ * thread that enters sections back to back cannot starve the fence.
+ * Where membarrier is unavailable or refused at set-up (kernel < 4.14,
+ * seccomp), readers store ctr with a sequentially consistent exchange and
+ * the fence skips step 2: the same store-buffer argument in C11's single
+ * total order of the sequentially consistent accesses (the mode-word store
+ * and load, the ctr exchange and loads); correct, one locked instruction
+ * dearer per call.  A membarrier refused after it was registered (a seccomp
+ * filter installed later) switches readers to that mode and fences the
+ * sections in flight by running on every CPU (runtime.c), as the rseq
+ * fence does.
+ *
+ * Registration and the fence serialise on readers_lock: a thread that
+ * registers after a fence took the lock sees the new mode word (the lock
+ * orders the switcher's store before it), one that registered before is in
+ * the unit table the fence walks.  The fence holds the lock while it
+ * waits; readers never take it inside a section, so nothing it waits for
+ * waits for it.  Fork hooks hold the lock across fork() (rank READERS,
+ * internal.h) and give the child only the forking thread's unit.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fallback.h"
+
+__thread struct percpuref_reader percpuref_reader_self __attribute__((tls_model("initial-exec")));
+unsigned long percpuref_readers_gp = 1;
+bool percpuref_readers_fence_needed;
+
+static pthread_mutex_t readers_lock = PTHREAD_MUTEX_INITIALIZER;
+/*
+ * Per unit, the registered reader that owns it, or NULL; nr_readers of them
+ * are set.  readers_lock.  Accessed with relaxed atomics all the same:
+ * ThreadSanitizer stops seeing a thread's locks once it has called
+ * pthread_exit(), and the exit hook writes here after that.
+ */
+static struct percpuref_reader **unit_reader;
+static unsigned int nr_unit_readers;
+static unsigned int nr_readers;
+
+static int sys_membarrier(int cmd)
+{
+	return (int)syscall(__NR_membarrier, cmd, 0, 0);
+}
+
+static struct percpuref_reader *reader_of(unsigned int unit)
+{
+	return __atomic_load_n(&unit_reader[unit], __ATOMIC_RELAXED);
+}
+
+static void set_reader_of(unsigned int unit, struct percpuref_reader *r)
+{
+	__atomic_store_n(&unit_reader[unit], r, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&nr_readers, r ? 1 : -1, __ATOMIC_RELAXED);
+}
+
+static void reader_exit(void *unused)
+{
+	struct percpuref_reader *self = &percpuref_reader_self;
+
+	(void)unused;
+	pthread_mutex_lock(&readers_lock);
+	set_reader_of(self->unit, NULL);
+	self->state = PERCPUREF_READER_ATOMIC;
+	pthread_mutex_unlock(&readers_lock);
+}
+
+void percpuref_readers_setup(unsigned int nr_units)
+{
+	const char *refuse = getenv("PERCPUREF_NO_MEMBARRIER");
+	int cmds = sys_membarrier(MEMBARRIER_CMD_QUERY);
+	/* PERCPUREF_NO_MEMBARRIER=1: act as if refused (tests). */
+	bool ok = !(refuse && *refuse && strcmp(refuse, "0")) && cmds >= 0 &&
+		  (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+		  sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+
+	/* Relaxed: set before any counter exists (or in a fork child with one
+	 * thread); a reader that sees it late has no fence to pair with. */
+	__atomic_store_n(&percpuref_readers_fence_needed, !ok, __ATOMIC_RELAXED);
+	/* Not percpuref_zalloc(): tests' injected failures aim elsewhere.
+	 * Without it every thread uses the atomic count. */
+	if (!unit_reader) {
+		unit_reader = calloc(nr_units, sizeof(*unit_reader));
+		nr_unit_readers = unit_reader ? nr_units : 0;
+	}
+}
+
+/* A free unit, the current CPU's if it is free; -1 if none.  readers_lock. */
+static int claim_unit(void)
+{
+	unsigned int n = nr_unit_readers, i;
+	int cpu = sched_getcpu();
+
+	if (cpu >= 0 && (unsigned int)cpu < n && !reader_of((unsigned int)cpu))
+		return cpu;
+	for (i = 0; i < n; i++)
+		if (!reader_of(i))
+			return (int)i;
+	return -1;
+}
+
+bool percpuref_reader_register(void)
+{
+	struct percpuref_reader *self = &percpuref_reader_self;
+	int unit;
+
+	/* A signal handler that interrupts this sees REGISTERING: atomic. */
+	if (self->state != PERCPUREF_READER_NEW)
+		return false;
+	self->state = PERCPUREF_READER_REGISTERING;
+	pthread_mutex_lock(&readers_lock);
+	unit = claim_unit();
+	if (unit < 0 || !percpuref_at_thread_exit(reader_exit, NULL)) {
+		self->state = PERCPUREF_READER_ATOMIC;
+		pthread_mutex_unlock(&readers_lock);
+		return false;
+	}
+	self->unit = (unsigned int)unit;
+	set_reader_of(self->unit, self);
+	self->state = PERCPUREF_READER_UNIT;
+	pthread_mutex_unlock(&readers_lock);
+	return true;
+}
+
+/* True while @r is in a section that began before the period @gp. */
+static bool reader_blocks(struct percpuref_reader *r, unsigned long gp)
+{
+	/* Acquire: pairs with the exit's release store.  Sequentially
+	 * consistent for the fence without membarrier (fallback.h). */
+	unsigned long ctr = __atomic_load_n(&r->ctr, __ATOMIC_SEQ_CST);
+
+	return (ctr & PERCPUREF_READER_NEST_MASK) &&
+	       ((ctr ^ gp) & ~PERCPUREF_READER_NEST_MASK);
+}
+
+/* Sections last a few instructions; a reader we wait for was preempted. */
+static void wait_for_reader(struct percpuref_reader *r, unsigned long gp)
+{
+	struct timespec pause = { 0, 20000 };
+	unsigned int tries = 0;
+
+	while (reader_blocks(r, gp)) {
+		if (++tries < 100)
+			sched_yield();
+		else
+			nanosleep(&pause, NULL);
+	}
+}
+
+void percpuref_readers_fence(void)
+{
+	struct percpuref_reader *r;
+	unsigned long gp;
+	unsigned int i;
+
+	pthread_mutex_lock(&readers_lock);
+	if (__atomic_load_n(&nr_readers, __ATOMIC_RELAXED) == 0) {
+		pthread_mutex_unlock(&readers_lock);
+		return;
+	}
+	gp = percpuref_readers_gp + PERCPUREF_READER_GP_STEP;
+	/* Release: orders the caller's mode-word store before it. */
+	__atomic_store_n(&percpuref_readers_gp, gp, __ATOMIC_RELEASE);
+	/* Without membarrier the sequentially consistent ctr loads below do
+	 * (fallback.h). */
+	if (!__atomic_load_n(&percpuref_readers_fence_needed, __ATOMIC_RELAXED) &&
+	    sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
+		/* Refused after set-up (a seccomp filter installed later):
+		 * readers fence themselves from now on, and the migration
+		 * fence orders those that read the old setting, as the
+		 * membarrier would have. */
+		int err = errno;
+
+		__atomic_store_n(&percpuref_readers_fence_needed, true, __ATOMIC_SEQ_CST);
+		percpuref_fence_without_membarrier(err);
+	}
+	for (i = 0; i < nr_unit_readers; i++) {
+		r = reader_of(i);
+		if (r)
+			wait_for_reader(r, gp);
+	}
+	pthread_mutex_unlock(&readers_lock);
+}
+
+PERCPUREF_API unsigned int percpuref_readers_registered(void)
+{
+	return __atomic_load_n(&nr_readers, __ATOMIC_RELAXED);
+}
+
+static void readers_fork_prepare(void)
+{
+	pthread_mutex_lock(&readers_lock);
+}
+
+static void readers_fork_parent(void)
+{
+	pthread_mutex_unlock(&readers_lock);
+}
+
+static void readers_fork_child(void)
+{
+	struct percpuref_reader *self = &percpuref_reader_self;
+	unsigned int i;
+
+	for (i = 0; i < nr_unit_readers; i++)
+		if (reader_of(i))
+			set_reader_of(i, NULL);
+	if (self->state == PERCPUREF_READER_UNIT)
+		set_reader_of(self->unit, self);
+	pthread_mutex_unlock(&readers_lock);
+}
+
+static const struct percpuref_fork_hooks readers_fork_hooks = {
+	.rank = PERCPUREF_RANK_READERS,
+	.prepare = readers_fork_prepare,
+	.parent = readers_fork_parent,
+	.child = readers_fork_child,
+};
+
+static __attribute__((constructor)) void readers_register(void)
+{
+	percpuref_register_fork_hooks(&readers_fork_hooks);
+}

@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fallback.h - the fallback fast path (src/fallback.c): per-CPU counting for
+ * threads of a process without rseq, with an asymmetric fence.  Internal.
+ */
+#ifndef PERCPUREF_FALLBACK_H
+#define PERCPUREF_FALLBACK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+/* Low bits of a reader's ctr: nesting depth (signal handlers nest). */
+#define PERCPUREF_READER_NEST_MASK 0xffffUL
+/* Grace-period counter step, above the nesting bits. */
+#define PERCPUREF_READER_GP_STEP (PERCPUREF_READER_NEST_MASK + 1)
+
+/* Units per possible CPU in a process without rseq (runtime.c). */
+#define PERCPUREF_READER_UNITS_PER_CPU 2
+
+enum percpuref_reader_state {
+	PERCPUREF_READER_NEW,		/* not registered yet (TLS image) */
+	PERCPUREF_READER_REGISTERING,	/* registration in progress */
+	PERCPUREF_READER_UNIT,		/* registered, owns a unit */
+	PERCPUREF_READER_ATOMIC,	/* no unit, or exited: atomic path */
+};
+
+struct percpuref_reader {
+	/*
+	 * 0 in the nesting bits: outside any section.  Otherwise the value of
+	 * percpuref_readers_gp when the outermost section began, plus the
+	 * nesting depth - 1.  Written by this thread only; read by fences.
+	 */
+	unsigned long ctr;
+	unsigned int unit;		/* the unit this thread owns alone */
+	unsigned char state;		/* enum percpuref_reader_state */
+};
+
+extern __thread struct percpuref_reader percpuref_reader_self
+	__attribute__((tls_model("initial-exec")));
+/* Grace-period counter, nesting bits 1; advanced by each fence. */
+extern unsigned long percpuref_readers_gp;
+/* membarrier(PRIVATE_EXPEDITED) refused: readers fence themselves. */
+extern bool percpuref_readers_fence_needed;
+
+/* Registers this thread and claims a unit; true when it owns one now. */
+bool percpuref_reader_register(void);
+
+/* A non-atomic add that a signal handler on this thread cannot split. */
+static inline void percpuref_reader_unit_add(unsigned long *counter, unsigned long delta)
+{
+#if defined(__x86_64__)
+	__asm__ __volatile__("addq %1, %0" : "+m"(*counter) : "r"(delta) : "cc");
+#else
+	/* Relaxed: the unit is this thread's alone; only signal safety. */
+	__atomic_fetch_add(counter, delta, __ATOMIC_RELAXED);
+#endif
+}
+
+/*
+ * percpuref_reader_add - the fallback fast path: add @delta to this
+ * thread's unit of the counter whose mode word is *@mode_word, inside a
+ * read-side section, unless the word is flagged.  NO_RSEQ: this thread has
+ * no unit (the caller uses the atomic count, which is exact in any mode).
+ */
+static inline enum percpuref_this_cpu_result
+percpuref_reader_add(const uintptr_t *mode_word, unsigned long delta)
+{
+	struct percpuref_reader *self = &percpuref_reader_self;
+	enum percpuref_this_cpu_result result = PERCPUREF_THIS_CPU_FLAGGED;
+	unsigned long ctr;
+	uintptr_t word;
+
+	if (percpuref_unlikely(self->state != PERCPUREF_READER_UNIT) &&
+	    !percpuref_reader_register())
+		return PERCPUREF_THIS_CPU_NO_RSEQ;
+	/*
+	 * Enter.  Relaxed load and store: only this thread writes ctr, and a
+	 * signal handler that runs in between leaves it as it found it.  The
+	 * acquire load of the grace-period counter pairs with the fence's
+	 * release store: a section that starts with the new count sees the
+	 * mode word stored before it.
+	 */
+	ctr = __atomic_load_n(&self->ctr, __ATOMIC_RELAXED);
+	ctr = (ctr & PERCPUREF_READER_NEST_MASK) ? ctr + 1 :
+	      __atomic_load_n(&percpuref_readers_gp, __ATOMIC_ACQUIRE);
+	/*
+	 * Order the ctr store before the mode-word load.  Normally the
+	 * fence's membarrier(PRIVATE_EXPEDITED) makes a compiler barrier a
+	 * full barrier whenever it matters.  Without membarrier the store is
+	 * a sequentially consistent exchange, as are the mode-word load, the
+	 * switcher's mode-word store and the fence's ctr loads: in their
+	 * single total order either the fence sees this ctr or this section
+	 * sees the new mode word.  The mode-word load is sequentially
+	 * consistent either way (and acquire, pairing with the release
+	 * store that clears ATOMIC after zeroing the counters).
+	 */
+	if (percpuref_unlikely(__atomic_load_n(&percpuref_readers_fence_needed,
+					       __ATOMIC_RELAXED))) {
+		__atomic_exchange_n(&self->ctr, ctr, __ATOMIC_SEQ_CST);
+	} else {
+		__atomic_store_n(&self->ctr, ctr, __ATOMIC_RELAXED);
+		percpuref_barrier();
+	}
+	word = __atomic_load_n(mode_word, __ATOMIC_SEQ_CST);
+	if (!(word & PERCPUREF_MODE_FLAGS)) {
+		percpuref_reader_unit_add(percpuref_counter_on(word, self->unit), delta);
+		result = PERCPUREF_THIS_CPU_DONE;
+	}
+	/*
+	 * Exit.  Release: the add happens before a fence that sees it.  From
+	 * the value stored at entry, not a reload (a signal handler leaves
+	 * ctr as it found it): a reload would wait for that store to forward.
+	 */
+	__atomic_store_n(&self->ctr, ctr - 1, __ATOMIC_RELEASE);
+	return result;
+}
+
+/* Set-up for a process (or fork child) without rseq and @nr_units
+ * units: membarrier, the unit map, the exit hook. */
+void percpuref_readers_setup(unsigned int nr_units);
+/*
+ * percpuref_readers_fence - the fallback half of percpuref_fence_readers():
+ * once it returns, every section that read a mode word stored before the
+ * call has ended and its add is visible.  Returns at once while no thread
+ * has registered as a reader.
+ */
+void percpuref_readers_fence(void);
+
+#endif

@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rseq_register.c - whose rseq area the fast path uses, and the library's
+ * own per-thread registration where the C library registered none.
+ *
+ * Choice (once, at runtime set-up).  glibc >= 2.35 exports __rseq_size and
+ * __rseq_offset; a non-zero size means glibc registered an area for every
+ * thread (or tried to: a thread whose registration failed reads cpu_id < 0
+ * and takes the fallback per call).  The symbols are looked up with dlsym so
+ * that neither the build nor the run needs a glibc that has them.  Where
+ * the size is missing or zero (glibc < 2.35, musl, the tunable
+ * glibc.pthread.rseq=0, a kernel that refused glibc) the library registers
+ * its own area: own_area, an initial-exec TLS variable, so its offset from
+ * the thread pointer is the same in every thread, as glibc's is.  The
+ * initialising thread registers at once, which is the probe: ENOSYS (no
+ * rseq, valgrind, qemu-user), EPERM (seccomp) or EBUSY (someone else
+ * registered this thread: another library, or libc after all) means no
+ * rseq fast path for the process.  The kernel never lets a thread have two
+ * areas, so a wrong guess here fails the probe; it cannot double-register.
+ *
+ * Own areas, per thread.  own_area.cpu_id starts at -1 (the TLS image), so
+ * a thread's first fast-path call fails the inline check and comes to
+ * percpuref_rseq_register_self() through the slow path, which registers and
+ * arranges for the area to be unregistered when the thread exits (return,
+ * pthread_exit, cancellation; thread_exit.c), before its TLS can be reused.  After that the thread is retired: it
+ * never registers again, and any later call on it (another key destructor)
+ * takes the atomic count.  A fork child's thread keeps its registration:
+ * the kernel copies it to the child along with the memory, TLS and hook.
+ * A signal handler that interrupts a registration finds the thread
+ * REGISTERING and takes the fallback for that call.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "percpuref/percpu_ref.h"
+
+#if PERCPUREF_HAVE_RSEQ
+
+#ifndef __NR_rseq
+#if defined(__x86_64__)
+#define __NR_rseq 334
+#elif defined(__aarch64__)
+#define __NR_rseq 293
+#endif
+#endif
+#define RSEQ_FLAG_UNREGISTER 1
+#define RSEQ_CPU_ID_UNINITIALIZED ((uint32_t)-1)
+
+enum own_state {
+	OWN_UNREGISTERED,	/* never registered (the TLS image's value) */
+	OWN_REGISTERING,	/* syscall in progress */
+	OWN_REGISTERED,
+	OWN_RETIRED,		/* unregistered at thread exit, or failed */
+};
+
+static __thread struct percpuref_rseq_area own_area
+	__attribute__((tls_model("initial-exec"))) = { .cpu_id = RSEQ_CPU_ID_UNINITIALIZED };
+static __thread enum own_state own_state __attribute__((tls_model("initial-exec")));
+/* Set once at set-up, before any thread can reach the slow path here. */
+static bool own_in_use;
+/* Threads with an own area registered now (tests); relaxed, a statistic. */
+static unsigned int own_threads;
+
+static int sys_rseq(struct percpuref_rseq_area *area, int flags)
+{
+	return (int)syscall(__NR_rseq, area, (unsigned int)sizeof(*area), flags,
+			    PERCPUREF_RSEQ_SIG);
+}
+
+static void own_unregister(void *unused)
+{
+	(void)unused;
+	own_state = OWN_RETIRED;
+	/* Fails only for an area the kernel does not know: nothing to undo. */
+	if (sys_rseq(&own_area, RSEQ_FLAG_UNREGISTER) == 0)
+		__atomic_fetch_sub(&own_threads, 1, __ATOMIC_RELAXED);
+}
+
+/* Registers this thread's own area; true when it is registered now. */
+static bool own_register(void)
+{
+	own_state = OWN_REGISTERING;
+	if (sys_rseq(&own_area, 0) != 0) {
+		own_state = OWN_RETIRED;
+		return false;
+	}
+	__atomic_fetch_add(&own_threads, 1, __ATOMIC_RELAXED);
+	if (!percpuref_at_thread_exit(own_unregister, NULL)) {
+		own_unregister(NULL);
+		return false;
+	}
+	own_state = OWN_REGISTERED;
+	return true;
+}
+
+/* glibc's __rseq_offset when glibc registered areas, else NULL. */
+static const ptrdiff_t *glibc_rseq_offset(void)
+{
+	const unsigned int *size = dlsym(RTLD_DEFAULT, "__rseq_size");
+	const ptrdiff_t *offset = dlsym(RTLD_DEFAULT, "__rseq_offset");
+
+	if (!size || !offset || *size == 0)
+		return NULL;
+	return offset;
+}
+
+ptrdiff_t percpuref_rseq_choose(void)
+{
+	const ptrdiff_t *glibc_offset = glibc_rseq_offset();
+	struct percpuref_rseq_area *rs;
+
+	if (glibc_offset) {
+		rs = (struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() +
+						    *glibc_offset);
+		/* Relaxed: the kernel writes it on this thread's behalf. */
+		if ((int32_t)__atomic_load_n(&rs->cpu_id, __ATOMIC_RELAXED) < 0)
+			return 0;
+		return *glibc_offset;
+	}
+	if (!own_register())
+		return 0;
+	own_in_use = true;
+	return (char *)&own_area - (char *)__builtin_thread_pointer();
+}
+
+void percpuref_rseq_abandon(void)
+{
+	if (!own_in_use)
+		return;
+	own_in_use = false;
+	/* The exit hook then finds the area unregistered: harmless. */
+	own_unregister(NULL);
+}
+
+bool percpuref_rseq_register_self(void)
+{
+	if (!own_in_use || own_state != OWN_UNREGISTERED)
+		return false;
+	return own_register();
+}
+
+bool percpuref_rseq_own(void)
+{
+	return own_in_use;
+}
+
+void percpuref_rseq_after_fork_child(void)
+{
+	own_threads = own_state == OWN_REGISTERED;
+}
+
+PERCPUREF_API unsigned int percpuref_rseq_own_threads(void)
+{
+	return __atomic_load_n(&own_threads, __ATOMIC_RELAXED);
+}
+
+#else /* !PERCPUREF_HAVE_RSEQ */
+
+ptrdiff_t percpuref_rseq_choose(void)
+{
+	return 0;
+}
+
+void percpuref_rseq_abandon(void)
+{
+}
+
+bool percpuref_rseq_register_self(void)
+{
+	return false;
+}
+
+bool percpuref_rseq_own(void)
+{
+	return false;
+}
+
+void percpuref_rseq_after_fork_child(void)
+{
+}
+
+PERCPUREF_API unsigned int percpuref_rseq_own_threads(void)
+{
+	return 0;
+}
+
+#endif
+
+PERCPUREF_API const char *percpuref_fast_path(void)
+{
+	percpuref_runtime_init();
+	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED) == 0)
+		return "fallback";
+	return percpuref_rseq_own() ? "rseq-own" : "rseq-glibc";
+}

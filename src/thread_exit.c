@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * thread_exit.c - run a function when the calling thread exits, before its
+ * TLS can go: how the library gives back a thread's rseq area and fallback
+ * unit (rseq_register.c, fallback.c).
+ *
+ * glibc's __cxa_thread_atexit_impl, the hook of C++ thread_local
+ * destructors, runs on return from the thread function, pthread_exit and
+ * cancellation alike, before the pthread key destructors, and so before a
+ * sanitizer runtime tears down its view of the thread (ThreadSanitizer
+ * does that from a key destructor, after which it no longer sees the
+ * thread's locks).  It is looked up weakly; where the C library lacks it
+ * (musl) one pthread key with a per-thread table of hooks does the same,
+ * after the other keys' destructors that ran first.  The handle is this
+ * library's __dso_handle, which keeps a dlopen()ed library mapped until
+ * every thread that registered here has run its hooks.  A fork child's
+ * thread keeps its hooks with the rest of its TLS.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+
+#include "internal.h"
+
+#define MAX_HOOKS 2
+
+extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *arg, void *dso)
+	__attribute__((weak));
+extern void *__dso_handle;
+
+struct exit_hook {
+	void (*fn)(void *);
+	void *arg;
+};
+
+static __thread struct exit_hook hooks[MAX_HOOKS];
+static __thread unsigned int nr_hooks;
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t key;
+static bool key_ok;
+
+static void run_hooks(void *unused)
+{
+	(void)unused;
+	while (nr_hooks > 0) {
+		nr_hooks--;
+		hooks[nr_hooks].fn(hooks[nr_hooks].arg);
+	}
+}
+
+static void make_key(void)
+{
+	key_ok = pthread_key_create(&key, run_hooks) == 0;
+}
+
+bool percpuref_at_thread_exit(void (*fn)(void *), void *arg)
+{
+	if (__cxa_thread_atexit_impl)
+		return __cxa_thread_atexit_impl(fn, arg, &__dso_handle) == 0;
+	pthread_once(&key_once, make_key);
+	if (!key_ok || nr_hooks == MAX_HOOKS)
+		return false;
+	/* Any non-NULL value arms the destructor. */
+	if (pthread_setspecific(key, hooks) != 0)
+		return false;
+	hooks[nr_hooks].fn = fn;
+	hooks[nr_hooks].arg = arg;
+	nr_hooks++;
+	return true;
+}
