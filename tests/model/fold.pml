@@ -26,8 +26,8 @@
  * "on" the same CPU at once stand for a preempted one, whose restart the
  * model does not force (the adds commute, so nothing is lost by that).
  * Memory is sequentially consistent: membarrier and the seq_cst mode-word
- * store give the switcher that much (runtime.c).  The fallback read side (RCU
- * grace period, Dekker flag) is not modelled.  Counts are small integers;
+ * store give the switcher that much (runtime.c).  The fallback read side is
+ * Model C's (fallback.pml).  Counts are small integers;
  * BIAS stands for 2^63 (no wrap-around is needed at these sizes).
  *
  * Mutants (spin -DMUTANT_NOFENCE / -DMUTANT_EARLY_FOLD): the finish without

@@ -638,11 +638,15 @@ static void test_fork(void)
  * /proc/self/exe is valgrind). */
 static int spawn_self(const char *arg, char **envp)
 {
-	char *argv[] = { "test_managed", (char *)arg, NULL };
+	/* A cross build's tests run under an emulator (qemu-user), which
+	 * cannot exec a foreign binary by itself: it runs the child too. */
+	char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
+	char *argv[] = { emulator, program_invocation_name, (char *)arg, NULL };
+	char **args = emulator && *emulator ? argv : argv + 1;
 	int status;
 	pid_t pid;
 
-	if (posix_spawn(&pid, program_invocation_name, NULL, NULL, argv, envp) ||
+	if (posix_spawnp(&pid, args[0], NULL, NULL, args, envp) ||
 	    waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
 		return -1;
 	return WEXITSTATUS(status);

@@ -490,6 +490,6 @@ int main(void)
 #ifndef __SANITIZE_THREAD__	/* TSan refuses threads in a threaded parent's child */
 	test_fork();
 #endif
-	printf("# fast path: %s\n", percpuref_rseq_usable ? "rseq" : "fallback");
+	printf("# fast path: %s\n", percpuref_fast_path());
 	return done_testing();
 }

@@ -1,0 +1,240 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_fast_path.c - the three per-CPU fast paths and the per-thread state
+ * behind them: which path the process took (PERCPUREF_EXPECT_FAST_PATH, set
+ * by the test variants), own rseq areas and fallback readers registered on
+ * a thread's first call and given back when it exits by return,
+ * pthread_exit or cancellation, a fork child that keeps its thread's
+ * registration, and counts that stay exact while a signal handler takes and
+ * drops references in the middle of the thread's own calls.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "tap.h"
+
+#define NR_THREADS 6
+#define PAIRS 10000
+
+static struct percpu_ref ref;
+static int releases;
+
+static void count_release(struct percpu_ref *r)
+{
+	(void)r;
+	__atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
+}
+
+/* Threads registered now on this process's path (0 under rseq-glibc). */
+static unsigned int registered_threads(void)
+{
+	return percpuref_rseq_own_threads() + percpuref_readers_registered();
+}
+
+static void pairs(void)
+{
+	for (int i = 0; i < PAIRS; i++) {
+		percpu_ref_get(&ref);
+		percpu_ref_put(&ref);
+	}
+}
+
+static void test_which_path(void)
+{
+	const char *want = getenv("PERCPUREF_EXPECT_FAST_PATH");
+	const char *path = percpuref_fast_path();
+
+	printf("# fast path: %s\n", path);
+	ok(!strcmp(path, "rseq-glibc") || !strcmp(path, "rseq-own") || !strcmp(path, "fallback"),
+	   "percpuref_fast_path() names a known path");
+	if (want && *want)
+		ok(!strcmp(path, want), "fast path is %s as the variant expects (got %s)", want, path);
+}
+
+enum exit_how { BY_RETURN, BY_PTHREAD_EXIT, BY_CANCEL };
+
+/* counted: every thread made its calls; go: the main thread counted the
+ * registrations, the threads may exit. */
+static pthread_barrier_t counted, go;
+
+static void *user(void *arg)
+{
+	enum exit_how how = (enum exit_how)(long)arg;
+
+	pairs();
+	percpu_ref_get(&ref);	/* kept: the main thread drops them */
+	pthread_barrier_wait(&counted);
+	pthread_barrier_wait(&go);
+	if (how == BY_PTHREAD_EXIT)
+		pthread_exit(NULL);
+	if (how == BY_CANCEL)
+		for (;;)
+			pause();	/* a cancellation point */
+	return NULL;
+}
+
+/*
+ * Each way out of a thread runs the exit hooks: the registrations the
+ * threads made are all given back, and the counts they left are exact.
+ */
+static void test_thread_exit(enum exit_how how, const char *name)
+{
+	pthread_t t[NR_THREADS];
+	unsigned int before, during;
+	int i;
+
+	releases = 0;
+	percpu_ref_init(&ref, count_release, 0);
+	pairs();	/* the main thread registers first, as it would */
+	before = registered_threads();
+	pthread_barrier_init(&counted, NULL, NR_THREADS + 1);
+	pthread_barrier_init(&go, NULL, NR_THREADS + 1);
+	for (i = 0; i < NR_THREADS; i++)
+		pthread_create(&t[i], NULL, user, (void *)(long)how);
+	pthread_barrier_wait(&counted);
+	during = registered_threads();
+	pthread_barrier_wait(&go);
+	for (i = 0; i < NR_THREADS; i++) {
+		if (how == BY_CANCEL)
+			pthread_cancel(t[i]);
+		pthread_join(t[i], NULL);
+	}
+	pthread_barrier_destroy(&counted);
+	pthread_barrier_destroy(&go);
+	if (strcmp(percpuref_fast_path(), "rseq-glibc"))
+		ok(during > before, "%s: the threads registered (%u, then %u)", name, before,
+		   during);
+	is(registered_threads(), before, "%s: every registration given back", name);
+	percpu_ref_put_many(&ref, NR_THREADS);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 1, "%s: count exact, released once", name);
+	percpu_ref_exit(&ref);
+}
+
+#ifndef __SANITIZE_THREAD__	/* TSan refuses threads in a threaded parent's child */
+static void *child_user(void *arg)
+{
+	(void)arg;
+	pairs();
+	return NULL;
+}
+
+/* The forking thread keeps its registration in the child; new threads of
+ * the child register and give back as in the parent. */
+static void test_fork(void)
+{
+	unsigned int parent_registered;
+	int status = -1;
+	pid_t pid;
+
+	releases = 0;
+	percpu_ref_init(&ref, count_release, 0);
+	pairs();
+	parent_registered = registered_threads();
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0) {
+		const char *path = percpuref_fast_path();
+		pthread_t t;
+
+		alarm(20);	/* a hang fails the test instead of stalling it */
+		if (registered_threads() != (strcmp(path, "rseq-glibc") ? 1u : 0u))
+			_exit(3);
+		pairs();
+		pthread_create(&t, NULL, child_user, NULL);
+		pthread_join(t, NULL);
+		if (registered_threads() != (strcmp(path, "rseq-glibc") ? 1u : 0u))
+			_exit(4);
+		percpu_ref_kill(&ref);
+		if (percpu_ref_barrier() != 0)
+			_exit(2);
+		_exit(releases == 1 ? 0 : 1);
+	}
+	waitpid(pid, &status, 0);
+	ok(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	   "fork child keeps its registration, counts exactly (status %d)", status);
+	is(registered_threads(), parent_registered, "parent's registrations untouched");
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 1, "parent releases its own copy");
+	percpu_ref_exit(&ref);
+}
+#endif
+
+/*
+ * A signal handler that takes references in the middle of the thread's own
+ * get and put (nesting on the fallback reader's section, a restart on
+ * rseq): one kept per signal, so a lost or doubled add shows in the count.
+ * The signals are sent to the main thread alone (pthread_kill), from a
+ * helper thread, so every handler runs there.
+ */
+static volatile sig_atomic_t handled;
+static int stop_signals;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	percpu_ref_get(&ref);
+	percpu_ref_get(&ref);
+	percpu_ref_put(&ref);
+	handled++;
+}
+
+static void *signaller(void *arg)
+{
+	pthread_t target = *(pthread_t *)arg;
+	struct timespec pause = { 0, 100000 };
+
+	while (!__atomic_load_n(&stop_signals, __ATOMIC_RELAXED)) {
+		pthread_kill(target, SIGUSR1);
+		nanosleep(&pause, NULL);
+	}
+	return NULL;
+}
+
+static void test_signal_nesting(void)
+{
+	pthread_t self = pthread_self(), helper;
+	struct sigaction sa;
+	int rounds = 0;
+
+	releases = 0;
+	percpu_ref_init(&ref, count_release, 0);
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigaction(SIGUSR1, &sa, NULL);
+	handled = 0;
+	__atomic_store_n(&stop_signals, 0, __ATOMIC_RELAXED);
+	pthread_create(&helper, NULL, signaller, &self);
+	while (handled < 200 && rounds++ < 2000)
+		pairs();
+	__atomic_store_n(&stop_signals, 1, __ATOMIC_RELAXED);
+	pthread_join(helper, NULL);
+	ok(handled > 0, "signal handlers ran during get/put (%d)", (int)handled);
+	percpu_ref_put_many(&ref, (unsigned long)handled);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 1, "count exact after %d handlers, released once", (int)handled);
+	percpu_ref_exit(&ref);
+	signal(SIGUSR1, SIG_IGN);	/* none is pending: the sender has stopped */
+}
+
+int main(void)
+{
+	test_which_path();
+	test_thread_exit(BY_RETURN, "return");
+	test_thread_exit(BY_PTHREAD_EXIT, "pthread_exit");
+	test_thread_exit(BY_CANCEL, "cancellation");
+#ifndef __SANITIZE_THREAD__
+	test_fork();
+#endif
+	test_signal_nesting();
+	return done_testing();
+}
