@@ -7,7 +7,11 @@ set -euo pipefail
 # offline from Debian's packaged crates); scdoc: the man pages; man-db:
 # the install test renders them with man -l.
 packages=(build-essential cmake ninja-build pkg-config liburcu-dev valgrind spin
-          python3 python3-matplotlib cargo rustc librust-cc-dev scdoc man-db)
+          python3 python3-matplotlib cargo rustc librust-cc-dev scdoc man-db
+          # aarch64: cross toolchain, Debian's arm64 liburcu and C++ runtime
+          # (multiarch), qemu-user to run the tests (scripts/test.sh)
+          gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross
+          liburcu-dev:arm64 libstdc++6:arm64 qemu-user-static)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,5 +22,6 @@ echo "deps: installing ${missing[*]}" >&2
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
+dpkg --print-foreign-architectures | grep -qx arm64 || $sudo dpkg --add-architecture arm64
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

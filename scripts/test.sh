@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Runs every test: installs dependencies, then builds and runs the suite in
-# three configurations (plain, ASan+UBSan, TSan).  The plain build also runs
-# each test on the fallback fast path (PERCPUREF_NO_RSEQ=1), under valgrind's
-# leak check, and checks the installed library through pkg-config and
-# CMake.  Then cargo test of the Rust bindings (unit tests and doctests),
-# with Debian's cargo (/usr/bin/cargo, whatever else is on PATH).
-# STRESS_SECONDS bounds each stress test (default here 8 s; valgrind runs 1 s).
+# three configurations (plain, ASan+UBSan, TSan).  Each runs every test on
+# the three fast paths: glibc's rseq, the library's own rseq areas
+# (GLIBC_TUNABLES=glibc.pthread.rseq=0) and the fallback (PERCPUREF_NO_RSEQ=1).
+# The plain build also runs them under valgrind's leak check, the SPIN
+# models, and checks the installed library through pkg-config and CMake.
+# Then cargo test of the Rust bindings (unit tests and doctests), with
+# Debian's cargo (/usr/bin/cargo, whatever else is on PATH).  Then an
+# aarch64 cross build runs the suite under qemu-user (the fallback path:
+# qemu-user has no rseq) and the aarch64 rseq sequence is compiled.
+# STRESS_SECONDS bounds each stress test (default here 8 s, 4 s under
+# qemu; valgrind runs 1 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -32,4 +37,23 @@ echo "=== rust bindings"
 if ! (cd bindings/rust && CARGO_TARGET_DIR="$PWD/../../build/cargo" /usr/bin/cargo test --offline); then
   status=1
 fi
+
+# Scripts that run the binary directly (no emulator) and the host
+# install check (a host consumer) do not apply to a cross build.
+dir=build/test-aarch64
+echo "=== aarch64 cross build, tests under qemu-user"
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+      -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND >/dev/null
+cmake --build "$dir" -j "$jobs"
+if ! STRESS_SECONDS=$(( STRESS_SECONDS < 4 ? STRESS_SECONDS : 4 )) \
+     ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 \
+           -E '^(install_check|bench_cli|bench_topology)$'; then
+  status=1
+fi
+echo "=== aarch64 rseq sequence (PERCPUREF_ARM64_RSEQ=ON): compiled, not run"
+cmake -S . -B build/test-aarch64-rseq -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DPERCPUREF_ARM64_RSEQ=ON \
+      -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND >/dev/null
+cmake --build build/test-aarch64-rseq -j "$jobs" || status=1
 exit $status

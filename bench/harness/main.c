@@ -186,6 +186,7 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"  --json FILE         also write JSON Lines to FILE; \"-\": JSON on stdout, table on stderr\n"
 		"  --list              list workloads, or the workload's variants and options\n"
 		"  --topology          (no workload) print the usable CPUs in placement order\n"
+		"                      and the per-CPU fast path this process uses\n"
 		"  --version           print the version and the fast path this process uses\n");
 	if (w) {
 		fputc('\n', out);
@@ -681,6 +682,8 @@ int main(int argc, char **argv)
 		topology_read(&topo);
 		report_topology(stdout, &topo);
 		topology_free(&topo);
+		/* Which per-CPU fast path this process (and so a run) uses. */
+		printf("fast path: %s\n", percpuref_fast_path());
 		return 0;
 	}
 	r.workload = find_workload(argv[1]);

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Compares the three per-CPU fast paths in one table.
+
+The fast path is chosen once per process, so each path needs its own run of
+`percpuref-bench micro`: as is (glibc's rseq areas), with
+GLIBC_TUNABLES=glibc.pthread.rseq=0 (the library's own areas) and with
+PERCPUREF_NO_RSEQ=1 (the fallback readers).  The runs are interleaved,
+REPEAT rounds of one run per path, so load that drifts over the minutes
+spreads over all three; every figure is the median of its rounds.  Each
+run checks with --topology that it got the path it asked for.
+
+usage: fast_paths.py BENCH [--repeat N] [--threads LIST] [--duration S]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+PATHS = [
+    ("rseq-glibc", {}),
+    ("rseq-own", {"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}),
+    ("fallback", {"PERCPUREF_NO_RSEQ": "1"}),
+]
+
+
+def run(bench, env_extra, args):
+    env = dict(os.environ, **env_extra)
+    out = subprocess.run([bench] + args, env=env, check=True, capture_output=True, text=True)
+    return out.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--duration", default="0.5")
+    a = ap.parse_args()
+
+    for path, env in PATHS:
+        got = [l for l in run(a.bench, env, ["--topology"]).splitlines()
+               if l.startswith("fast path: ")]
+        if got != ["fast path: " + path]:
+            sys.exit(f"fast_paths: asked for {path}, the library reports {got}")
+
+    ns = {}  # (row, threads) -> [ns per pair, one per round]
+    for _ in range(a.repeat):
+        for path, env in PATHS:
+            variants = "private,kref,percpu" if path == "rseq-glibc" else "percpu"
+            out = run(a.bench, env, ["micro", "--threads", a.threads, "--variants", variants,
+                                     "--duration", a.duration, "--json", "-"])
+            for line in out.splitlines():
+                r = json.loads(line)
+                row = f"percpu {path}" if r["variant"] == "percpu" else r["variant"]
+                ns.setdefault((row, r["threads"]), []).append(r["ns_per_op"])
+
+    threads = sorted({t for _, t in ns})
+    med = {k: statistics.median(v) for k, v in ns.items()}
+    rows = ["private", "kref"] + [f"percpu {p}" for p, _ in PATHS]
+    print(f"micro, ns per get+put pair, median of {a.repeat} interleaved runs per path")
+    head = "".join(f"{t:>9} thr" for t in threads) + f"  eff at {threads[-1]}"
+    print(f"{'':22}{head}")
+    for row in rows:
+        cells = "".join(f"{med[(row, t)]:13.2f}" for t in threads)
+        # efficiency: throughput(N) / (N x throughput(1)) = ns(1) / ns(N)
+        eff = med[(row, threads[0])] / med[(row, threads[-1])]
+        print(f"{row:22}{cells}{eff:10.0%}")
+    t1 = threads[0]
+    print(f"own / glibc rseq pair at {t1} thread: "
+          f"{med[('percpu rseq-own', t1)] / med[('percpu rseq-glibc', t1)]:.2f}")
+    print(f"fallback / kref pair at {t1} thread: "
+          f"{med[('percpu fallback', t1)] / med[('kref', t1)]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
