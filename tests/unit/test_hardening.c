@@ -108,10 +108,14 @@ static int wait_child(pid_t pid)
 /* Re-executes this test in @mode; its exit status (see wait_child()). */
 static int run_mode(const char *mode)
 {
-	char *argv[] = { program_invocation_name, (char *)mode, NULL };
+	/* A cross build's tests run under an emulator (qemu-user), which
+	 * cannot exec a foreign binary by itself: it runs the child too. */
+	char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
+	char *argv[] = { emulator, program_invocation_name, (char *)mode, NULL };
+	char **args = emulator && *emulator ? argv : argv + 1;
 	pid_t pid;
 
-	if (posix_spawn(&pid, program_invocation_name, NULL, NULL, argv, environ))
+	if (posix_spawnp(&pid, args[0], NULL, NULL, args, environ))
 		return -1;
 	return wait_child(pid);
 }
