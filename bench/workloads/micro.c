@@ -51,6 +51,7 @@ enum micro_kind {
 	MICRO_PERCPU_ATOMIC,
 	MICRO_SHARED_PTR,
 	MICRO_REF_PTR,
+	MICRO_UNPROTECTED,
 };
 
 /* Only the member of the running variant is used. */
@@ -90,6 +91,7 @@ static void micro_setup(struct bench_run *run)
 		break;
 	case MICRO_PERCPU:
 	case MICRO_PERCPU_ATOMIC:
+	case MICRO_UNPROTECTED:
 		if (percpu_ref_init(&s->percpu, percpu_release, 0))
 			bench_die("micro: percpu_ref_init failed");
 		if (run->variant->arg == MICRO_PERCPU_ATOMIC)
@@ -144,6 +146,10 @@ static void micro_teardown(struct bench_run *run)
 	case MICRO_REF_PTR:
 		if (micro_ref_ptr_delete(s->ref_ptr))
 			bench_die("micro %s: not released exactly when the last ref_ptr went", name);
+		break;
+	case MICRO_UNPROTECTED:
+		/* Its adds may have been lost or torn: no count to check. */
+		percpu_ref_exit(&s->percpu);
 		break;
 	}
 	free(s);
@@ -206,6 +212,47 @@ static void percpu_loop(struct bench_thread *t)
 	}
 }
 
+/*
+ * The lower bound of a per-CPU pair, NOT a usable counter: load cpu_id from
+ * the rseq area and add to that CPU's word with one plain addq, get and put,
+ * with no restartable sequence around it: no rseq_cs store, no mode word, no
+ * bound check.  A preemption between the load and the add lands the add on
+ * another CPU's word, racing its owner.  Without rseq every add goes to CPU
+ * 0's word.
+ */
+static inline void unprotected_add(uintptr_t cpu0, uint32_t cpu, unsigned long delta)
+{
+	unsigned long *word = (unsigned long *)(cpu0 + ((uintptr_t)cpu << PERCPUREF_UNIT_SHIFT));
+
+#if defined(__x86_64__)
+	/* One addq to memory, as the rseq commit is. */
+	__asm__ __volatile__("addq %1, %0" : "+m"(*word) : "r"(delta));
+#else
+	/* Relaxed: plain load, add, store, as the aarch64 commit is. */
+	__atomic_store_n(word, __atomic_load_n(word, __ATOMIC_RELAXED) + delta, __ATOMIC_RELAXED);
+#endif
+}
+
+static void unprotected_loop(struct bench_thread *t)
+{
+	struct micro_state *s = t->run->state;
+	uintptr_t cpu0 = s->percpu.percpu_count_ptr & ~(uintptr_t)PERCPUREF_MODE_FLAGS;
+	ptrdiff_t offset = __atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED);
+	static const uint32_t no_cpu;
+	const volatile uint32_t *cpu_id =
+		offset ? &((struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() +
+							  offset))->cpu_id
+		       : &no_cpu;
+
+	while (bench_running(t)) {
+		for (int i = 0; i < BENCH_BATCH; i++) {
+			unprotected_add(cpu0, *cpu_id, 1);
+			unprotected_add(cpu0, *cpu_id, PERCPU_REF_PUT_DELTA);
+		}
+		bench_count(t, BENCH_BATCH);
+	}
+}
+
 static void shared_ptr_loop(struct bench_thread *t)
 {
 	struct micro_state *s = t->run->state;
@@ -235,6 +282,8 @@ static const struct bench_variant micro_variants[] = {
 	  MICRO_PERCPU_ATOMIC },
 	{ "shared_ptr", "std::shared_ptr copy/destroy", shared_ptr_loop, MICRO_SHARED_PTR },
 	{ "ref_ptr", "percpuref::ref_ptr copy/destroy (C++)", ref_ptr_loop, MICRO_REF_PTR },
+	{ "unprotected", "LOWER BOUND, not a counter: load cpu_id, plain add; no rseq section",
+	  unprotected_loop, MICRO_UNPROTECTED },
 	{ NULL },
 };
 

@@ -111,9 +111,11 @@ percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 	if (percpuref_unlikely(offset == 0))
 		return PERCPUREF_THIS_CPU_NO_RSEQ;
 	rs = (struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() + offset);
-	/* Not (yet) registered: the slow path may register it. */
-	if (percpuref_unlikely((int32_t)rs->cpu_id < 0))
-		return PERCPUREF_THIS_CPU_NO_RSEQ;
+	/*
+	 * A thread not (yet) registered reads cpu_id -1 (or -2), which the
+	 * unsigned bound check in the sequence sends to no_unit like any CPU
+	 * without a unit: the slow path may register it.  No separate test.
+	 */
 	for (;;) {
 		/*
 		 * Descriptor 3: {version, flags, start 1, length 2-1, abort 4}.
