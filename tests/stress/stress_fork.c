@@ -24,6 +24,20 @@
  * see docs/hcount.md).  Under ThreadSanitizer the test is skipped (no
  * threads in the child of a threaded process), and says so; under valgrind
  * too (its leak check would flag what the vanished workers held).
+ *
+ * Under AddressSanitizer no fork lands in an allocation: gcc 12's ASan,
+ * unlike glibc's malloc, does not take its allocator's locks around a
+ * fork, so a thread inside malloc() at the fork leaves a size-class lock
+ * held in the child, and the first allocation there from that class hangs
+ * (seen as the child killed by SIGALRM: the library threads the child
+ * restarts hung in ASan's own thread start-up, which allocates).  The main
+ * thread forks only once every worker has started (ASan's start-up of a
+ * thread allocates); under ASan it holds alloc_gate for writing around
+ * fork(), and the workers allocate (calloc() and the inits that allocate)
+ * holding it for reading.  The library's own threads allocate and free
+ * only under the batch locks its fork hooks take.  The plain build forks
+ * amid the workers' allocations too.
+ *
  * STRESS_SECONDS bounds the run (default 3 s); STRESS_SEED replays choices.
  */
 #define _GNU_SOURCE
@@ -50,12 +64,78 @@
 #define MANAGERS 2
 #define READERS 2
 #define RCU_SLOTS 8
+#define WORKERS 8	/* main()'s fns[]: worker threads */
 #define CHILD_DEADLINE_S 20
 
 static int stop;			/* atomic */
 static unsigned long kills, kill_releases;	/* atomic: per-CPU refs */
 static unsigned long dropped, managed_releases;	/* atomic: managed refs */
 static unsigned long rcu_kills, rcu_releases;	/* atomic: percpu_rcurefs */
+
+static unsigned int workers_started;	/* atomic */
+
+static void worker_started(void)
+{
+	/* Release: orders the worker's start-up allocations before a fork
+	 * that saw the count (fork_once()). */
+	__atomic_fetch_add(&workers_started, 1, __ATOMIC_RELEASE);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+/* Read: a worker allocating; write: the main thread forking.  Writers
+ * first, or two managers' back-to-back holds could starve the forker. */
+static pthread_rwlock_t alloc_gate;
+
+static void alloc_gate_init(void)
+{
+	pthread_rwlockattr_t attr;
+
+	pthread_rwlockattr_init(&attr);
+	pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	pthread_rwlock_init(&alloc_gate, &attr);
+	pthread_rwlockattr_destroy(&attr);
+}
+
+static void allocating_begin(void)
+{
+	pthread_rwlock_rdlock(&alloc_gate);
+}
+
+static void allocating_end(void)
+{
+	pthread_rwlock_unlock(&alloc_gate);
+}
+
+static void fork_begin(void)
+{
+	pthread_rwlock_wrlock(&alloc_gate);
+}
+
+static void fork_end(void)
+{
+	pthread_rwlock_unlock(&alloc_gate);
+}
+#else
+static void alloc_gate_init(void)
+{
+}
+
+static void allocating_begin(void)
+{
+}
+
+static void allocating_end(void)
+{
+}
+
+static void fork_begin(void)
+{
+}
+
+static void fork_end(void)
+{
+}
+#endif
 
 static uint64_t now_ns(void)
 {
@@ -110,9 +190,13 @@ static void *switcher(void *arg)
 {
 	unsigned int seed = (unsigned int)(uintptr_t)arg;
 	struct percpu_ref ref;
-	int i;
+	int i, err;
 
-	if (percpu_ref_init(&ref, count_kill_release, PERCPU_REF_ALLOW_REINIT))
+	allocating_begin();
+	err = percpu_ref_init(&ref, count_kill_release, PERCPU_REF_ALLOW_REINIT);
+	allocating_end();
+	worker_started();	/* a failed one too: the forker waits for all */
+	if (err)
 		return (void *)1;
 	while (!stopping()) {
 		for (i = 0; i < 50; i++) {
@@ -163,12 +247,17 @@ static void *manager(void *arg)
 	struct mobj *list = NULL, *o;
 	int i;
 
+	worker_started();
+
 	while (!stopping()) {
+		allocating_begin();
 		o = calloc(1, sizeof(*o));
 		if (!o || make_managed(&o->ref, count_managed_release)) {
 			free(o);
+			allocating_end();
 			return (void *)1;
 		}
+		allocating_end();
 		for (i = (int)(rnd(&seed) % 100); i > 0; i--) {
 			percpu_ref_get(&o->ref);
 			percpu_ref_put(&o->ref);
@@ -222,6 +311,8 @@ static void *reader(void *arg)
 	unsigned int seed = (unsigned int)(uintptr_t)arg;
 	struct robj *o;
 
+	worker_started();
+
 	while (!stopping()) {
 		percpu_rcuref_read_lock();
 		o = __atomic_load_n(&table[rnd(&seed) % RCU_SLOTS], __ATOMIC_ACQUIRE);
@@ -241,13 +332,18 @@ static void *replacer(void *arg)
 	struct robj *o, *old;
 	int slot;
 
+	worker_started();
+
 	while (!stopping()) {
 		slot = (int)(rnd(&seed) % RCU_SLOTS);
+		allocating_begin();
 		o = calloc(1, sizeof(*o));
 		if (!o || percpu_rcuref_init(&o->ref, robj_unpublish, robj_release, 0)) {
 			free(o);
+			allocating_end();
 			return (void *)1;
 		}
+		allocating_end();
 		o->slot = slot;
 		old = __atomic_exchange_n(&table[slot], o, __ATOMIC_ACQ_REL);
 		if (old) {
@@ -275,6 +371,8 @@ static void *charger(void *arg)
 {
 	unsigned int seed = (unsigned int)(uintptr_t)arg;
 	long held = 0;
+
+	worker_started();
 
 	while (!stopping()) {
 		if (rnd(&seed) % 2 && hcount_charge(hcount_tree_root(tree), 0, 1) == 0)
@@ -370,9 +468,13 @@ static int fork_once(unsigned int *seed, int round)
 		percpu_ref_get(&o.plain);
 	percpu_ref_put(&o.freed);
 	usleep(rnd(seed) % 3000);
+	while (__atomic_load_n(&workers_started, __ATOMIC_ACQUIRE) < WORKERS)
+		sched_yield();
+	fork_begin();
 	pid = fork();
 	if (pid == 0)
 		_exit(child_checks(&o, held));
+	fork_end();
 	if (pid < 0 || waitpid(pid, &status, 0) != pid) {
 		ret = -1;
 	} else if (!WIFEXITED(status) || WEXITSTATUS(status)) {
@@ -401,7 +503,8 @@ int main(void)
 						  PERCPU_REF_SCAN_BATCHED };
 	void *(*fns[])(void *) = { switcher, switcher, manager, manager, reader, reader,
 				   replacer, charger };
-	pthread_t threads[sizeof(fns) / sizeof(fns[0])];
+	_Static_assert(sizeof(fns) / sizeof(fns[0]) == WORKERS, "WORKERS counts fns[]");
+	pthread_t threads[WORKERS];
 	const char *seed_env = getenv("STRESS_SEED");
 	unsigned int seed = seed_env ? (unsigned int)strtoul(seed_env, NULL, 0)
 				     : (unsigned int)now_ns();
@@ -428,6 +531,7 @@ int main(void)
 	printf("# seed %u, %.1f s\n", seed, seconds);
 	fflush(stdout);		/* not again in every child */
 	percpu_ref_managed_set_config(&fast);
+	alloc_gate_init();
 	if (hcount_tree_create(&tree, 1, HCOUNT_BATCH_DEFAULT, NULL))
 		return 1;
 	for (i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
