@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: MIT
 """Plot percpuref-bench JSON: scaling efficiency against threads.
 
     bench/plot.py results.json [more.json ...] [-o out.png] [--throughput]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # The main job: installs dependencies, builds, runs the three cases (labels,
 # creds, signal1) with every variant, prints their tables and the "seed vs
 # measured" tables (the reports' published numbers beside ours), and writes

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Installs what building, testing, benchmarking and plotting need, from
 # Debian 12 packages, when any of it is missing.  Needs root (or sudo).
 set -euo pipefail

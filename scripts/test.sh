@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Runs every test: installs dependencies, then builds and runs the suite in
 # three configurations (plain, ASan+UBSan, TSan).  Each runs every test on
 # the three fast paths: glibc's rseq, the library's own rseq areas

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * deferred.c - the library's callback thread: work that must wait for a
  * reader fence (the second half of an asynchronous switch to atomic mode).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * hcount.c - slow paths of the hierarchical charge counters.
  *

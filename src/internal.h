@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * internal.h - what the library's source files share and the public headers
  * do not show: the reader fence, rseq areas, the per-CPU

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * managed.c - the reclaimer: the background thread that owns the initial
  * reference of every managed percpu_ref and releases the refs nobody else

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * managed.h - what percpu_ref.c (the per-ref steps of a check), managed.c
  * (the list, the scans and the reclaimer thread) and percpu_rcuref.c share

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * percpu_alloc.c - the per-CPU counter allocator.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * percpu_rcuref.c - the RCU-released per-CPU ref (percpu_rcuref.h).
  *

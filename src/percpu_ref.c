@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * percpu_ref.c - slow paths of the per-CPU reference count: init and exit,
  * mode switches, kill, resurrect and reinit, and misuse handling.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * refcount_baselines.c - the out-of-line halves of the atomic baselines,
  * kref.h and rcuref.h: misuse reports, the rcuref zone handling, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * runtime.c - process-wide machinery under every per-CPU counter: which fast
  * path is usable, the reader fence that makes mode switches exact, fork,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Minimal TAP producer shared by the unit and stress tests.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * harness.h - what the harness's own files share (workloads see bench.h):
  * the CPU topology, the measurement loop and the reports.

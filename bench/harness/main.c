@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * main.c - percpuref-bench: the command line, the workload registry and the
  * measurement schedule.

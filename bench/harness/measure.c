@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * measure.c - one measurement: a variant's loop on N pinned threads for a
  * fixed time, counted between two snapshots.

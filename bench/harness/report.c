@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * report.c - the human table and the JSON Lines output (docs/bench.md).
  *

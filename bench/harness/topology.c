@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * topology.c - which CPUs the benchmark may use, and in which order threads
  * are placed on them.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # cli.sh BENCH - the command line of percpuref-bench: exit statuses of the
 # usage errors (2, with the usage on stderr, before anything is measured),
 # --help (0), and the JSON Lines of --json - (one valid object per row and

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # topology.sh BENCH - thread placement on made-up machines: topology.c reads
 # a fake sysfs CPU tree from PERCPUREF_BENCH_SYSFS, and `percpuref-bench
 # --topology` prints the order the harness would place threads in, with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * creds.c - overlayfs permission checks under the mounter's credential
  * (docs/design.md, the overlayfs case): every check wraps itself in override_creds() and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * labels.c - the AppArmor label case (docs/design.md): nginx workers whose
  * every request takes and drops a reference on one shared label, with each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * labels_model.c - the label model behind the labels workload: namespaces,
  * profiles and stacks, the label set, rule compilation, replacement, and

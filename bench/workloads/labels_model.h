@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * labels_model.h - a model of AppArmor's label refcounting, for the labels
  * workload (labels.c).  Not library API: everything here is the benchmark's.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * managed.c - what the reclaimer of managed percpu_refs costs (managed.h),
  * as three workloads:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * micro.c - the micro benchmark: get+put pairs on ONE shared reference,
  * from N threads pinned one per CPU, for every kind of count we have.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * micro_shared_ptr.cpp - the shared_ptr variant of the micro workload:
  * what C++ code pays for a shared reference.

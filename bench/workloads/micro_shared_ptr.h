@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * micro_shared_ptr.h - the std::shared_ptr variant of the micro workload,
  * seen from C (implemented in micro_shared_ptr.cpp).  The pointer is an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * signal1.c - will-it-scale signal1 run inside containers: every queued
  * signal charges RLIMIT_SIGPENDING up the user-namespace chain to the root

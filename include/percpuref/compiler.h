@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Compiler helpers shared by the public headers.  Everything here is plain
  * GNU C that also compiles as C++ (the headers are tested with g++ -pedantic):

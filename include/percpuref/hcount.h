@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * hcount.h - hierarchical charge counters: per-namespace resource counts
  * with limits, charged up a tree of namespaces (the kernel's ucounts rlimit

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kref.h - the kernel's kref (include/linux/kref.h) on a refcount_t-style
  * saturating atomic count: the baseline every per-CPU scheme is measured

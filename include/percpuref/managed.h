@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * managed.h - control and statistics of the reclaimer, the background
  * thread that holds a reference of its own on every managed percpu_ref

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * percpu_rcuref.h - a per-CPU reference count for objects that readers find
  * under RCU (the proposal's "percpu rcuref"): a percpu_ref whose release is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * percpu_ref.h - per-CPU reference counts with the kernel's API and rules
  * (include/linux/percpu-refcount.h, minus gfp flags), in userspace.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * rcuref.h - the kernel's rcuref_t (include/linux/rcuref.h and lib/rcuref.c,
  * Thomas Gleixner, Linux 6.4) in userspace: a reference count for objects

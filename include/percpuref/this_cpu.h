@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * this_cpu.h - add to the current CPU's copy of a per-CPU counter, without a
  * locked instruction, from userspace.

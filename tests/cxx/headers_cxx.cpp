@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * headers_cxx.cpp - every public header compiles as C++17 with -Wall -Wextra
  * -pedantic -Werror, and its inline functions work when called from C++.

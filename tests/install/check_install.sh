@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Installs the build tree into a scratch DESTDIR under a prefix, then builds
 # consumer.c against it as users would: with pkg-config (shared and static)
 # and with CMake's find_package (percpuref::percpuref and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Built against the *installed* library through pkg-config by
  * check_install.sh: proves the headers, libraries and percpuref.pc install
  * and work together. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fold.pml - Model A: the exact fold of a kill under the rseq fast path.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * managed.pml - Model B: the reclaimer's check of a managed ref.
  *

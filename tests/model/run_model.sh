@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Checks one Promela model exhaustively with SPIN: generates the verifier
 # (spin -a), compiles it for safety properties (-DSAFETY: assertions and
 # invalid end states), runs it and compares the outcome with the expected one.

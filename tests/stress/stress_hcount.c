@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Stress test of <percpuref/hcount.h>: threads charge and uncharge in many
  * namespaces of one tree at once, in cache mode (batch 16 and batch 1) and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Stress of managed percpu_refs while the reclaimer scans as fast as it can
  * (interval 0), its strategy and per-scan limit flipped at random.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Stress of percpu_rcuref: readers look objects up in an RCU-protected
  * table and tryget them, while the reclaimer scans back to back and a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Stress of percpu_ref: worker threads take and drop references on a few
  * shared refs (tryget, tryget_live, get/put, _many) while a controller

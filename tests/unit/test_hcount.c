@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Unit tests of <percpuref/hcount.h>: exact cache arithmetic of the fast and
  * slow paths, exact limits with caches in the way (drains), the caller's own

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_kref.c - kref.h: counting, release exactly once, and the refcount_t
  * saturation rules (get from zero, overflow, put below zero), each reported

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Unit tests of managed mode (percpu_ref_switch_to_managed and the
  * reclaimer, <percpuref/managed.h>): the rules on a managed ref, release

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Unit tests of <percpuref/percpu_rcuref.h>: @unpublish at zero, @release
  * only after every read-side section that began before it has ended,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Unit tests of <percpuref/percpu_ref.h>: one block per call and per rule of
  * the kernel's percpu_ref contract, plus misuse, allocation failure, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_rcuref.c - rcuref.h: the biased count, each zone (valid, saturation,
  * dead), the revive race of the last put (replayed step by step through the
