@@ -1,0 +1,445 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The boot test's init: a static PID 1 that checks, on the kernel it runs
+ * on, what the series changes where KUnit has no seam, and prints one
+ * "BOOTTEST <check>: PASS|FAIL <detail>" line per check, then a summary
+ * line, and reboots (qemu -no-reboot exits).
+ *
+ *  overlayfs: permission results on an overlay mounted by root, seen by
+ *	an unprivileged task; and, with a kprobe, how many times
+ *	override_creds() runs (a reference on the mounter's credentials)
+ *	while that task checks permissions: the check the ovl patch changes.
+ *  AppArmor: enabled, this task unconfined, files opened and closed by
+ *	two tasks at once (file_alloc_security takes the label's reference).
+ *  ucounts: rt signals queued from child user namespaces fail exactly at
+ *	the limit their parents' namespaces set, siblings share it exactly,
+ *	and the charge on the init namespace is back where it was once the
+ *	namespaces are gone.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SIGPENDING_LIMIT	100
+#define NESTED_LIMIT		40
+
+static int passed, failed;
+
+static void check(const char *name, int ok, const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("BOOTTEST %s: %s ", name, ok ? "PASS" : "FAIL");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+	if (ok)
+		passed++;
+	else
+		failed++;
+}
+
+static int write_file(const char *path, const char *s)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = write(fd, s, strlen(s));
+	close(fd);
+	return n == (ssize_t)strlen(s) ? 0 : -1;
+}
+
+static int read_file(const char *path, char *buf, size_t size)
+{
+	int fd = open(path, O_RDONLY);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, size - 1);
+	close(fd);
+	if (n < 0)
+		return -1;
+	buf[n] = 0;
+	return 0;
+}
+
+/* Runs fn in a child and returns its exit status (-1 if it died). */
+static int in_child(int (*fn)(void *), void *arg)
+{
+	int status;
+	pid_t pid = fork();
+
+	if (pid == 0)
+		_exit(fn(arg));
+	if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status))
+		return -1;
+	return WEXITSTATUS(status);
+}
+
+/* ---- overlayfs ---- */
+
+#define OVL "/ovl"
+#define MERGED OVL "/merged"
+
+static int become_user(void)
+{
+	return setresgid(1000, 1000, 1000) || setresuid(1000, 1000, 1000);
+}
+
+/* bit 0: pub readable, bit 1: secret refused with EACCES, bit 2: pub not
+ * writable (EACCES), bit 3: dir searchable */
+static int ovl_user_checks(void *arg)
+{
+	int r = 0, fd;
+
+	(void)arg;
+	if (become_user())
+		return 255;
+	if (faccessat(AT_FDCWD, MERGED "/pub", R_OK, AT_EACCESS) == 0)
+		r |= 1;
+	if (faccessat(AT_FDCWD, MERGED "/secret", R_OK, AT_EACCESS) && errno == EACCES)
+		r |= 2;
+	fd = open(MERGED "/pub", O_WRONLY);
+	if (fd < 0 && errno == EACCES)
+		r |= 4;
+	if (fd >= 0)
+		close(fd);
+	if (faccessat(AT_FDCWD, MERGED "/dir/inner", R_OK, AT_EACCESS) == 0)
+		r |= 8;
+	return r;
+}
+
+#define OVL_ACCESSES 1000
+
+/* Permission checks of an unprivileged task on the overlay, many times. */
+static int ovl_user_access_loop(void *arg)
+{
+	int i;
+
+	(void)arg;
+	if (become_user())
+		return 255;
+	for (i = 0; i < OVL_ACCESSES; i++)
+		if (faccessat(AT_FDCWD, MERGED "/dir/inner", R_OK, AT_EACCESS))
+			return 1;
+	return 0;
+}
+
+static long kprobe_hits(const char *event)
+{
+	char buf[4096], *line;
+	long hits = -1;
+
+	if (read_file("/sys/kernel/tracing/kprobe_profile", buf, sizeof(buf)))
+		return -1;
+	for (line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+		char name[64];
+		long h, miss;
+
+		if (sscanf(line, " %63s %ld %ld", name, &h, &miss) == 3 &&
+		    !strcmp(name, event))
+			hits = h;
+	}
+	return hits;
+}
+
+static void test_overlay(void)
+{
+	int r, fd;
+	long before, after;
+	struct stat st;
+
+	r = mount("tmpfs", OVL, "tmpfs", 0, "mode=0755") ||
+	    mkdir(OVL "/lower", 0755) || mkdir(OVL "/upper", 0755) ||
+	    mkdir(OVL "/work", 0755) || mkdir(MERGED, 0755) ||
+	    mkdir(OVL "/lower/dir", 0755) ||
+	    write_file(OVL "/lower/pub", "public\n") ||
+	    write_file(OVL "/lower/secret", "secret\n") ||
+	    write_file(OVL "/lower/dir/inner", "inner\n") ||
+	    chmod(OVL "/lower/secret", 0600) ||
+	    mount("overlay", MERGED, "overlay", 0,
+		  "lowerdir=" OVL "/lower,upperdir=" OVL "/upper,workdir=" OVL "/work");
+	check("ovl-mount", !r, "(%s)", r ? strerror(errno) : "overlay on " MERGED);
+	if (r)
+		return;
+
+	r = in_child(ovl_user_checks, NULL);
+	check("ovl-user-read", r >= 0 && r != 255 && (r & 1), "(uid 1000 reads a 0644 file)");
+	check("ovl-user-secret", r >= 0 && r != 255 && (r & 2), "(uid 1000 gets EACCES on a 0600 root file)");
+	check("ovl-user-write", r >= 0 && r != 255 && (r & 4), "(uid 1000 cannot open a 0644 root file for writing)");
+	check("ovl-user-search", r >= 0 && r != 255 && (r & 8), "(uid 1000 reads through a lower dir)");
+
+	fd = open(MERGED "/pub", O_WRONLY | O_APPEND);
+	r = fd >= 0 && write(fd, "root\n", 5) == 5;
+	if (fd >= 0)
+		close(fd);
+	check("ovl-root-copy-up", r && stat(OVL "/upper/pub", &st) == 0,
+	      "(root writes a lower file, it is copied up)");
+
+	if (mount("sysfs", "/sys", "sysfs", 0, NULL) ||
+	    mount("tracefs", "/sys/kernel/tracing", "tracefs", 0, NULL) ||
+	    write_file("/sys/kernel/tracing/kprobe_events", "p:ovlcred override_creds\n") ||
+	    write_file("/sys/kernel/tracing/events/kprobes/ovlcred/enable", "1\n")) {
+		check("ovl-no-cred-ref", 0, "(cannot set a kprobe on override_creds: %s)",
+		      strerror(errno));
+		return;
+	}
+	before = kprobe_hits("ovlcred");
+	r = in_child(ovl_user_access_loop, NULL);
+	after = kprobe_hits("ovlcred");
+	write_file("/sys/kernel/tracing/events/kprobes/ovlcred/enable", "0\n");
+	/* Each access checks the overlay root, dir and inner: 3 checks. */
+	check("ovl-no-cred-ref", r == 0 && before >= 0 && after - before < OVL_ACCESSES / 10,
+	      "(override_creds() ran %ld times during %d permission-checking accesses; "
+	      "the unpatched kernel takes one reference per check)",
+	      after - before, OVL_ACCESSES);
+}
+
+/* ---- AppArmor ---- */
+
+#define OPENS 20000
+
+static int open_close_loop(void *arg)
+{
+	int i, fd;
+
+	(void)arg;
+	for (i = 0; i < OPENS; i++) {
+		fd = open("/init", O_RDONLY);
+		if (fd < 0)
+			return 1;
+		close(fd);
+	}
+	return 0;
+}
+
+static void test_apparmor(void)
+{
+	char buf[256];
+	pid_t pids[2];
+	int i, status, ok = 1;
+
+	check("apparmor-enabled",
+	      !read_file("/sys/module/apparmor/parameters/enabled", buf, sizeof(buf)) &&
+	      buf[0] == 'Y', "(/sys/module/apparmor/parameters/enabled)");
+	check("apparmor-unconfined",
+	      !read_file("/proc/self/attr/apparmor/current", buf, sizeof(buf)) &&
+	      !strncmp(buf, "unconfined", 10), "(/proc/self/attr/apparmor/current)");
+	for (i = 0; i < 2; i++) {
+		pids[i] = fork();
+		if (pids[i] == 0)
+			_exit(open_close_loop(NULL));
+	}
+	for (i = 0; i < 2; i++)
+		if (pids[i] < 0 || waitpid(pids[i], &status, 0) < 0 ||
+		    !WIFEXITED(status) || WEXITSTATUS(status))
+			ok = 0;
+	check("apparmor-open-close", ok, "(two tasks opened and closed a file %d times each)",
+	      OPENS);
+	check("apparmor-still-unconfined",
+	      !read_file("/proc/self/attr/apparmor/current", buf, sizeof(buf)) &&
+	      !strncmp(buf, "unconfined", 10), "(after the opens)");
+}
+
+/* ---- ucounts ---- */
+
+/* The init namespace's SIGPENDING charge for uid 0 (SigQ's first field). */
+static long sigq(void)
+{
+	char buf[4096], *p;
+
+	if (read_file("/proc/self/status", buf, sizeof(buf)))
+		return -1;
+	p = strstr(buf, "SigQ:");
+	return p ? strtol(p + 5, NULL, 10) : -1;
+}
+
+/* Queues SIGRTMIN to itself until refused; returns how many went in. */
+static long queue_until_refused(void)
+{
+	union sigval v = { 0 };
+	long n = 0;
+
+	while (n < 100000 && sigqueue(getpid(), SIGRTMIN, v) == 0)
+		n++;
+	return errno == EAGAIN ? n : -1;
+}
+
+static void block_rt(void)
+{
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGRTMIN);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+}
+
+static int set_soft_sigpending(long soft)
+{
+	struct rlimit rl;
+
+	getrlimit(RLIMIT_SIGPENDING, &rl);
+	rl.rlim_cur = soft;
+	return setrlimit(RLIMIT_SIGPENDING, &rl);
+}
+
+/*
+ * A child in a new user namespace: raises its own limit far above its
+ * parent's, queues until refused, reports the count on @fd and waits for
+ * a byte on @go before exiting (its signals stay queued until then).
+ */
+static __attribute__((noreturn)) void ns_child(int fd, int go, int nested)
+{
+	long n;
+	char c;
+
+	if (unshare(CLONE_NEWUSER))
+		_exit(2);
+	if (nested) {
+		/* the grandchild's namespace gets NESTED_LIMIT from us */
+		pid_t pid;
+		int status;
+
+		if (set_soft_sigpending(NESTED_LIMIT))
+			_exit(3);
+		pid = fork();
+		if (pid == 0)
+			ns_child(fd, go, 0);
+		waitpid(pid, &status, 0);
+		_exit(0);
+	}
+	block_rt();
+	if (set_soft_sigpending(100000))
+		_exit(3);
+	n = queue_until_refused();
+	if (write(fd, &n, sizeof(n)) != sizeof(n))
+		_exit(4);
+	if (read(go, &c, 1) != 1)
+		_exit(5);
+	_exit(0);
+}
+
+/* Starts @nr children (nested: one grandchild each); returns their counts. */
+static int run_ns_children(int nr, int nested, long *counts, long *sigq_held)
+{
+	int res[2], go[2], i, status, ok = 1;
+	pid_t pids[4];
+
+	if (pipe(res) || pipe(go))
+		return 0;
+	for (i = 0; i < nr; i++) {
+		pids[i] = fork();
+		if (pids[i] == 0) {
+			close(res[0]);
+			close(go[1]);
+			ns_child(res[1], go[0], nested);
+		}
+	}
+	close(res[1]);
+	close(go[0]);
+	for (i = 0; i < nr; i++)
+		if (read(res[0], &counts[i], sizeof(long)) != sizeof(long))
+			ok = 0;
+	*sigq_held = sigq();
+	for (i = 0; i < nr; i++)
+		if (write(go[1], "x", 1) != 1)
+			ok = 0;
+	for (i = 0; i < nr; i++)
+		if (pids[i] < 0 || waitpid(pids[i], &status, 0) < 0 || !WIFEXITED(status) ||
+		    WEXITSTATUS(status))
+			ok = 0;
+	close(res[0]);
+	close(go[1]);
+	return ok;
+}
+
+/* The namespaces go away asynchronously: waits for SigQ to settle. */
+static long sigq_settled(long want)
+{
+	struct timespec ts = { 0, 20 * 1000 * 1000 };
+	long now = sigq();
+	int i;
+
+	for (i = 0; i < 250 && now != want; i++) {
+		nanosleep(&ts, NULL);
+		now = sigq();
+	}
+	return now;
+}
+
+static void test_ucounts(void)
+{
+	long base, held, after, counts[2];
+	int ok;
+
+	if (set_soft_sigpending(SIGPENDING_LIMIT)) {
+		check("ucounts-setup", 0, "(setrlimit: %s)", strerror(errno));
+		return;
+	}
+	base = sigq();
+
+	ok = run_ns_children(1, 0, counts, &held);
+	check("ucounts-child-exact", ok && counts[0] == SIGPENDING_LIMIT,
+	      "(a child namespace queued %ld signals; its parent's limit is %d)",
+	      counts[0], SIGPENDING_LIMIT);
+	check("ucounts-parent-charged", ok && held - base == SIGPENDING_LIMIT,
+	      "(the init namespace is charged %ld while the child holds them)", held - base);
+	after = sigq_settled(base);
+	check("ucounts-conserved-1", after == base,
+	      "(init namespace charge %ld after teardown, %ld before)", after, base);
+
+	ok = run_ns_children(2, 0, counts, &held);
+	check("ucounts-siblings-exact", ok && counts[0] + counts[1] == SIGPENDING_LIMIT,
+	      "(two sibling namespaces queued %ld + %ld signals concurrently; limit %d)",
+	      counts[0], counts[1], SIGPENDING_LIMIT);
+	after = sigq_settled(base);
+	check("ucounts-conserved-2", after == base,
+	      "(init namespace charge %ld after teardown, %ld before)", after, base);
+
+	ok = run_ns_children(1, 1, counts, &held);
+	check("ucounts-nested-exact", ok && counts[0] == NESTED_LIMIT,
+	      "(a grandchild namespace queued %ld signals; its parent's limit is %d)",
+	      counts[0], NESTED_LIMIT);
+	after = sigq_settled(base);
+	check("ucounts-conserved-3", after == base,
+	      "(init namespace charge %ld after teardown, %ld before)", after, base);
+}
+
+int main(void)
+{
+	mkdir("/proc", 0755);
+	mkdir("/sys", 0755);
+	mkdir(OVL, 0755);
+	if (mount("proc", "/proc", "proc", 0, NULL))
+		printf("BOOTTEST warning: cannot mount /proc: %s\n", strerror(errno));
+	printf("BOOTTEST start: %ld CPUs online\n", sysconf(_SC_NPROCESSORS_ONLN));
+	fflush(stdout);
+
+	test_overlay();
+	test_apparmor();
+	test_ucounts();
+
+	printf("BOOTTEST done: %d passed, %d failed\n", passed, failed);
+	fflush(stdout);
+	sync();
+	reboot(RB_AUTOBOOT);
+	return 0;
+}

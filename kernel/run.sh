@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Builds and tests the kernel series in kernel/patches/ on Debian 12's
+# linux-source-6.12:
+#   1. installs the source and the build packages with apt if missing;
+#   2. unpacks the source into kernel/build/ (git-ignored, reused) as a git
+#      tree with a "base" tag;
+#   3. applies the series with git am (left alone when the tree already
+#      holds exactly this series, so that builds stay incremental);
+#   4. runs scripts/checkpatch.pl --strict on every patch (fails on errors);
+#   5. runs the KUnit suites on UML (one CPU) and on x86_64 under qemu (TCG,
+#      2 CPUs, CONFIG_SMP=y);
+#   6. boots that x86_64 kernel under qemu with 2 CPUs and the static init of
+#      kernel/boot/init.c, and fails if any of its checks fails.
+#
+# --prefixes (not part of the test command): builds the x86_64 kernel for
+# every prefix of the series and boots the unpatched and the fully patched
+# kernel, printing the boot checks whose results differ.
+#
+# Environment: JOBS (default nproc), KERNEL_BUILD (default kernel/build).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+build=${KERNEL_BUILD:-$here/build}
+src=$build/linux-source-6.12
+jobs=${JOBS:-$(nproc)}
+kunitconfig=$here/percpuref.kunitconfig
+x86config=$here/x86_64.kunitconfig
+kernel_args=(lsm=apparmor)
+boot_append="console=ttyS0 panic=-1 lsm=apparmor kunit.enable=0 rdinit=/init"
+
+log() { printf '=== kernel: %s\n' "$*" >&2; }
+now() { date +%s; }
+
+install_deps() {
+	local packages=(linux-source-6.12 build-essential bc bison flex libelf-dev
+			libssl-dev cpio xz-utils python3 python3-ply git kmod
+			qemu-system-x86)
+	local missing=() p sudo=""
+	for p in "${packages[@]}"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null |
+			grep -q "install ok installed" || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return
+	log "installing ${missing[*]}"
+	[ "$(id -u)" -eq 0 ] || sudo=sudo
+	export DEBIAN_FRONTEND=noninteractive
+	$sudo apt-get update -qq
+	$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+unpack() {
+	[ -d "$src/.git" ] && return
+	log "unpacking linux-source-6.12 into $build"
+	mkdir -p "$build"
+	rm -rf "$src"
+	tar -xf /usr/src/linux-source-6.12.tar.xz -C "$build"
+	# Debian's top-level .gitignore ignores everything ("/*").
+	sed -i '/^\/\*$/d' "$src/.gitignore"
+	git -C "$src" init -q
+	git -C "$src" add -A
+	git -C "$src" -c user.name=base -c user.email=base@localhost \
+		commit -q -m "linux-source-6.12 (Debian)"
+	git -C "$src" tag base
+}
+
+series() { ls "$here"/patches/[0-9][0-9][0-9][0-9]-*.patch | grep -v /0000-; }
+
+# The tree the first $1 patches make, applied to a scratch index.
+series_tree() {
+	local n=$1 index p i=0
+	index=$(mktemp)
+	GIT_INDEX_FILE=$index git -C "$src" read-tree base
+	for p in $(series); do
+		[ "$i" -lt "$n" ] || break
+		GIT_INDEX_FILE=$index git -C "$src" apply --cached "$p"
+		i=$((i + 1))
+	done
+	GIT_INDEX_FILE=$index git -C "$src" write-tree
+	rm -f "$index"
+}
+
+# Applies the first $1 patches (default: all) unless the tree holds them.
+apply_series() {
+	local n=${1:-$(series | wc -l)} want
+	want=$(series_tree "$n")
+	if [ "$(git -C "$src" rev-parse 'HEAD^{tree}')" = "$want" ] &&
+	   git -C "$src" diff --quiet HEAD; then
+		log "tree already holds the first $n patches ($(git -C "$src" rev-parse --short HEAD))"
+		return
+	fi
+	log "applying the first $n patches with git am"
+	git -C "$src" am --abort >/dev/null 2>&1 || true
+	git -C "$src" checkout -q -f -B series base
+	git -C "$src" clean -q -fd -e .kunit
+	if [ "$n" -gt 0 ]; then
+		# shellcheck disable=SC2046
+		git -C "$src" -c user.name=percpuref -c user.email=percpuref@localhost \
+			am -q $(series | head -n "$n")
+	fi
+}
+
+run_checkpatch() {
+	local p out errors=0 warnings=0 checks=0 e w c
+	for p in $(series); do
+		out=$(cd "$src" && ./scripts/checkpatch.pl --strict \
+			--show-types "$p" 2>&1 || true)
+		read -r e w c < <(sed -n 's/^total: \([0-9]*\) errors, \([0-9]*\) warnings, \([0-9]*\) checks.*/\1 \2 \3/p' <<<"$out")
+		printf 'checkpatch %s: %s errors, %s warnings, %s checks\n' \
+			"$(basename "$p")" "$e" "$w" "$c"
+		grep -E '^(ERROR|WARNING|CHECK):' <<<"$out" | sed 's/^/    /' || true
+		errors=$((errors + e)) warnings=$((warnings + w)) checks=$((checks + c))
+	done
+	printf 'checkpatch total: %d errors, %d warnings, %d checks\n' \
+		"$errors" "$warnings" "$checks"
+	[ "$errors" -eq 0 ]
+}
+
+kunit() {
+	local what=$1; shift
+	local t0 status=0
+	t0=$(now)
+	(cd "$src" && python3 tools/testing/kunit/kunit.py run --jobs="$jobs" \
+		--kunitconfig="$kunitconfig" --timeout=900 \
+		"${kernel_args[@]/#/--kernel_args=}" "$@") >"$build/kunit-$what.log" 2>&1 ||
+		status=$?
+	grep -E '^\[[0-9:]+\] (=+ |Testing complete|Elapsed|[a-z_]+ (PASSED|FAILED|SKIPPED))|(PASSED|FAILED|SKIPPED|CRASHED) ' \
+		"$build/kunit-$what.log" | grep -E 'percpu|apparmor|Testing complete|Elapsed|FAILED|CRASHED' || true
+	log "KUnit on $what: exit $status, $(($(now) - t0)) s (log: $build/kunit-$what.log)"
+	return $status
+}
+
+kunit_uml() { kunit uml --build_dir="$build/uml"; }
+
+kunit_x86() {
+	kunit x86_64 --arch=x86_64 --build_dir="$build/x86" \
+		--kunitconfig="$x86config" --qemu_args='-smp 2'
+}
+
+initramfs() {
+	local dir=$build/boot
+	mkdir -p "$dir"
+	gcc -static -O2 -Wall -Wextra -Werror -o "$dir/init" "$here/boot/init.c"
+	cat >"$dir/initramfs.list" <<-LIST
+	dir /dev 0755 0 0
+	nod /dev/console 0600 0 0 c 5 1
+	file /init $dir/init 0755 0 0
+	LIST
+	"$build/x86/usr/gen_init_cpio" "$dir/initramfs.list" >"$dir/initramfs.cpio"
+}
+
+# Boots $1 (a bzImage) and leaves the BOOTTEST lines in $2.
+boot() {
+	local image=$1 out=$2 t0
+	t0=$(now)
+	timeout 600 qemu-system-x86_64 -nographic -no-reboot -m 512 -smp 2 \
+		-kernel "$image" -initrd "$build/boot/initramfs.cpio" \
+		-append "$boot_append" </dev/null >"$out.log" 2>&1 || true
+	grep -a '^BOOTTEST' "$out.log" | tr -d '\r' >"$out" || true
+	log "boot of $image: $(($(now) - t0)) s (log: $out.log)"
+}
+
+boot_test() {
+	local out=$build/boot/patched
+	initramfs
+	boot "$build/x86/arch/x86/boot/bzImage" "$out"
+	cat "$out"
+	grep -q '^BOOTTEST done: [0-9]* passed, 0 failed' "$out"
+}
+
+prefixes() {
+	local n total i
+	total=$(series | wc -l)
+	for ((i = 0; i <= total; i++)); do
+		apply_series "$i"
+		log "building the x86_64 kernel with the first $i patches"
+		(cd "$src" && python3 tools/testing/kunit/kunit.py build --arch=x86_64 \
+			--build_dir="$build/x86" --jobs="$jobs" \
+			--kunitconfig="$kunitconfig" --kunitconfig="$x86config") \
+			>"$build/prefix-$i.log" 2>&1 || {
+			log "prefix $i does not build (log: $build/prefix-$i.log)"
+			n=1
+		}
+		[ -n "${n:-}" ] && return 1
+		if [ "$i" -eq 0 ] || [ "$i" -eq "$total" ]; then
+			cp "$build/x86/arch/x86/boot/bzImage" "$build/boot/bzImage-$i"
+		fi
+	done
+	initramfs
+	boot "$build/boot/bzImage-0" "$build/boot/unpatched"
+	boot "$build/boot/bzImage-$total" "$build/boot/patched"
+	log "boot checks, unpatched (<) against patched (>):"
+	diff <(sed 's/ (.*//' "$build/boot/unpatched") <(sed 's/ (.*//' "$build/boot/patched") || true
+	grep -h 'FAIL' "$build/boot/unpatched" || true
+	apply_series
+}
+
+main() {
+	local t0 status=0 step
+	t0=$(now)
+	install_deps
+	unpack
+	apply_series
+	if [ "${1:-}" = --prefixes ]; then
+		prefixes
+		return
+	fi
+	for step in run_checkpatch kunit_uml kunit_x86 boot_test; do
+		log "$step"
+		if ! "$step"; then
+			log "$step FAILED"
+			status=1
+		fi
+	done
+	log "done in $(($(now) - t0)) s, status $status"
+	return $status
+}
+
+main "$@"
