@@ -12,6 +12,9 @@
 # qemu-user has no rseq) and the aarch64 rseq sequence is compiled.
 # STRESS_SECONDS bounds each stress test (default here 8 s, 4 s under
 # qemu; valgrind runs 1 s).
+# Then kernel/run.sh builds the kernel patch series on linux-source-6.12 and
+# runs checkpatch, its KUnit suites (UML and x86_64 under qemu) and its boot
+# test; KERNEL_TESTS=0 skips that part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -33,7 +36,6 @@ for variant in plain address thread; do
     status=1
   fi
 done
-
 echo "=== rust bindings"
 if ! (cd bindings/rust && CARGO_TARGET_DIR="$PWD/../../build/cargo" /usr/bin/cargo test --offline); then
   status=1
@@ -57,4 +59,9 @@ cmake -S . -B build/test-aarch64-rseq -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
       -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DPERCPUREF_ARM64_RSEQ=ON \
       -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND >/dev/null
 cmake --build build/test-aarch64-rseq -j "$jobs" || status=1
+
+if [ "${KERNEL_TESTS:-1}" != 0 ]; then
+  echo "=== kernel series"
+  kernel/run.sh || status=1
+fi
 exit $status
