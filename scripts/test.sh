@@ -36,6 +36,7 @@ for variant in plain address thread; do
     status=1
   fi
 done
+
 echo "=== rust bindings"
 if ! (cd bindings/rust && CARGO_TARGET_DIR="$PWD/../../build/cargo" /usr/bin/cargo test --offline); then
   status=1
