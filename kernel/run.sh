@@ -190,7 +190,7 @@ boot_test() {
 build_x86_plain() {
 	local out=$1 tree=$2
 	mkdir -p "$out"
-	cp "$build/x86/.config" "$out/.config"
+	[ "$out" = "$build/x86" ] || cp "$build/x86/.config" "$out/.config"
 	make -s -C "$tree" O="$out" ARCH=x86_64 olddefconfig >/dev/null
 	make -s -C "$tree" O="$out" ARCH=x86_64 -j"$jobs" >"$out.log" 2>&1
 }

@@ -311,7 +311,10 @@ static __attribute__((noreturn)) void ns_child(int fd, int go, int nested)
 	long n;
 	char c;
 
-	if (unshare(CLONE_NEWUSER))
+	/* map our ids, so that a namespace can be created inside this one */
+	if (unshare(CLONE_NEWUSER) || write_file("/proc/self/uid_map", "0 0 1\n") ||
+	    write_file("/proc/self/setgroups", "deny\n") ||
+	    write_file("/proc/self/gid_map", "0 0 1\n"))
 		_exit(2);
 	if (nested) {
 		/* the grandchild's namespace gets NESTED_LIMIT from us */
@@ -323,8 +326,9 @@ static __attribute__((noreturn)) void ns_child(int fd, int go, int nested)
 		pid = fork();
 		if (pid == 0)
 			ns_child(fd, go, 0);
-		waitpid(pid, &status, 0);
-		_exit(0);
+		if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status))
+			_exit(6);
+		_exit(WEXITSTATUS(status));
 	}
 	block_rt();
 	if (set_soft_sigpending(100000))
@@ -355,17 +359,21 @@ static int run_ns_children(int nr, int nested, long *counts, long *sigq_held)
 	}
 	close(res[1]);
 	close(go[0]);
-	for (i = 0; i < nr; i++)
+	for (i = 0; i < nr; i++) {
+		counts[i] = -1;
 		if (read(res[0], &counts[i], sizeof(long)) != sizeof(long))
 			ok = 0;
+	}
 	*sigq_held = sigq();
 	for (i = 0; i < nr; i++)
 		if (write(go[1], "x", 1) != 1)
 			ok = 0;
 	for (i = 0; i < nr; i++)
 		if (pids[i] < 0 || waitpid(pids[i], &status, 0) < 0 || !WIFEXITED(status) ||
-		    WEXITSTATUS(status))
+		    WEXITSTATUS(status)) {
+			printf("BOOTTEST note: namespace child %d: status 0x%x\n", i, status);
 			ok = 0;
+		}
 	close(res[0]);
 	close(go[1]);
 	return ok;
