@@ -20,33 +20,18 @@ the table's notes state.  Exit status 2 on unreadable input.
 """
 
 import argparse
-import json
 import os
 import sys
+
+# The readers (and their checks) are plot.py's, beside this file.
+from plot import InputError, read_records, read_reference
 
 CASES = ("labels", "creds", "signal1")
 
 
-class InputError(Exception):
-    pass
-
-
-def load_lines(path):
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: {e}")
-
-
-def load_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: {e}")
+def load_results(path):
+    """A case's measurements, or None when the case was not run."""
+    return read_records(path) if os.path.exists(path) else None
 
 
 def pct(x):
@@ -289,8 +274,8 @@ def main(argv):
               "creds": "creds: overlayfs mounter credential",
               "signal1": "signal1: ucounts RLIMIT_SIGPENDING charges (per container)"}
     try:
-        data = {c: load_lines(os.path.join(args.results, f"{c}.json")) for c in CASES}
-        refs = {c: load_json(os.path.join(args.reference_dir, f"{c}.json")) for c in CASES}
+        data = {c: load_results(os.path.join(args.results, f"{c}.json")) for c in CASES}
+        refs = {c: read_reference(os.path.join(args.reference_dir, f"{c}.json")) for c in CASES}
     except InputError as e:
         print(f"report.py: {e}", file=sys.stderr)
         return 2
