@@ -238,12 +238,9 @@ static void unprotected_loop(struct bench_thread *t)
 {
 	struct micro_state *s = t->run->state;
 	uintptr_t cpu0 = s->percpu.percpu_count_ptr & ~(uintptr_t)PERCPUREF_MODE_FLAGS;
-	ptrdiff_t offset = __atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED);
+	struct percpuref_rseq_area *rs = percpuref_this_rseq_area();
 	static const uint32_t no_cpu;
-	const volatile uint32_t *cpu_id =
-		offset ? &((struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() +
-							  offset))->cpu_id
-		       : &no_cpu;
+	const volatile uint32_t *cpu_id = rs ? &rs->cpu_id : &no_cpu;
 
 	while (bench_running(t)) {
 		for (int i = 0; i < BENCH_BATCH; i++) {

@@ -54,6 +54,19 @@
 #define PERCPUREF_HAVE_RSEQ 0
 #endif
 
+/*
+ * The sequence's descriptor (struct rseq_cs: version 0, flags 0, start, post
+ * commit offset, abort), as local label 3 in section __rseq_cs; the
+ * sequence itself defines 1 (start), 2 (after the commit) and 4 (abort).
+ */
+#define PERCPUREF_RSEQ_CS_DESCRIPTOR		\
+	".pushsection __rseq_cs, \"aw\"\n\t"	\
+	".balign 32\n\t"			\
+	"3:\n\t"				\
+	".long 0x0, 0x0\n\t"			\
+	".quad 1f, (2f - 1f), 4f\n\t"		\
+	".popsection\n\t"
+
 /* Per-CPU units are 64 KiB apart: 8192 eight-byte counters per chunk. */
 #define PERCPUREF_UNIT_SHIFT 16
 /* Low bits of a mode word that send callers off the per-CPU path. */
@@ -96,6 +109,20 @@ extern PERCPUREF_API ptrdiff_t percpuref_rseq_offset;
 extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
 
 /*
+ * percpuref_this_rseq_area - this thread's rseq area (glibc's or the
+ * library's own; registered or not yet: see cpu_id), or NULL when the
+ * process does not use the rseq fast path.
+ */
+static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
+{
+	ptrdiff_t offset = __atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED);
+
+	if (percpuref_unlikely(offset == 0))
+		return NULL;
+	return (struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() + offset);
+}
+
+/*
  * percpuref_this_cpu_add - add @delta to this CPU's copy of the counter whose
  * mode word is *@mode_word, unless the word has PERCPUREF_MODE_FLAGS bits set.
  * The word is read inside the restartable sequence, so a concurrent switch
@@ -106,12 +133,10 @@ static inline enum percpuref_this_cpu_result
 percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 {
 #if PERCPUREF_HAVE_RSEQ
-	ptrdiff_t offset = __atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED);
-	struct percpuref_rseq_area *rs;
+	struct percpuref_rseq_area *rs = percpuref_this_rseq_area();
 
-	if (percpuref_unlikely(offset == 0))
+	if (percpuref_unlikely(!rs))
 		return PERCPUREF_THIS_CPU_NO_RSEQ;
-	rs = (struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() + offset);
 	/*
 	 * A thread not (yet) registered reads cpu_id -1 (or -2), which the
 	 * unsigned bound check in the sequence sends to no_unit like any CPU
@@ -126,12 +151,7 @@ percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 		 */
 #if defined(__x86_64__)
 		__asm__ __volatile__ goto(
-			".pushsection __rseq_cs, \"aw\"\n\t"
-			".balign 32\n\t"
-			"3:\n\t"
-			".long 0x0, 0x0\n\t"
-			".quad 1f, (2f - 1f), 4f\n\t"
-			".popsection\n\t"
+			PERCPUREF_RSEQ_CS_DESCRIPTOR
 			"leaq 3b(%%rip), %%rax\n\t"
 			"movq %%rax, %[rseq_cs]\n\t"
 			"1:\n\t"
@@ -167,12 +187,7 @@ percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 		 * The commit is the str.
 		 */
 		__asm__ __volatile__ goto(
-			".pushsection __rseq_cs, \"aw\"\n\t"
-			".balign 32\n\t"
-			"3:\n\t"
-			".long 0x0, 0x0\n\t"
-			".quad 1f, (2f - 1f), 4f\n\t"
-			".popsection\n\t"
+			PERCPUREF_RSEQ_CS_DESCRIPTOR
 			"adrp x16, 3b\n\t"
 			"add x16, x16, :lo12:3b\n\t"
 			"str x16, [%[rs], #8]\n\t"
