@@ -119,12 +119,15 @@ void percpuref_fence_without_membarrier(int err);
  * rseq areas (rseq_register.c).  percpuref_rseq_choose(): the offset of the
  * rseq area the fast path can use, glibc's or the library's own (then
  * registered for the calling thread), or 0; once, at set-up.
+ * percpuref_rseq_own_area_offset(): where the own area lies from every
+ * thread pointer, registered or not.
  * percpuref_rseq_abandon() undoes an own registration the process will not
  * use.  percpuref_rseq_register_self(): registers the calling thread's own
  * area if the process uses own areas and this thread never had one; true
  * when it is registered now.  percpuref_rseq_own(): own areas in use.
  */
 ptrdiff_t percpuref_rseq_choose(void);
+ptrdiff_t percpuref_rseq_own_area_offset(void);
 void percpuref_rseq_abandon(void);
 bool percpuref_rseq_register_self(void);
 bool percpuref_rseq_own(void);

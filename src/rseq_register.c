@@ -110,6 +110,11 @@ static const ptrdiff_t *glibc_rseq_offset(void)
 	return offset;
 }
 
+ptrdiff_t percpuref_rseq_own_area_offset(void)
+{
+	return (char *)&own_area - (char *)__builtin_thread_pointer();
+}
+
 ptrdiff_t percpuref_rseq_choose(void)
 {
 	const ptrdiff_t *glibc_offset = glibc_rseq_offset();
@@ -126,7 +131,7 @@ ptrdiff_t percpuref_rseq_choose(void)
 	if (!own_register())
 		return 0;
 	own_in_use = true;
-	return (char *)&own_area - (char *)__builtin_thread_pointer();
+	return percpuref_rseq_own_area_offset();
 }
 
 void percpuref_rseq_abandon(void)
@@ -161,6 +166,11 @@ PERCPUREF_API unsigned int percpuref_rseq_own_threads(void)
 }
 
 #else /* !PERCPUREF_HAVE_RSEQ */
+
+ptrdiff_t percpuref_rseq_own_area_offset(void)
+{
+	return 0;
+}
 
 ptrdiff_t percpuref_rseq_choose(void)
 {

@@ -67,6 +67,26 @@
 
 PERCPUREF_API ptrdiff_t percpuref_rseq_offset;
 PERCPUREF_API unsigned int percpuref_nr_cpu_units;
+PERCPUREF_API uint64_t percpuref_this_cpu_params;
+
+/*
+ * Publishes the fast path: @offset (0: none) into percpuref_rseq_offset and,
+ * with percpuref_nr_cpu_units, into percpuref_this_cpu_params (this_cpu.h),
+ * params first: the x86-64 sequence reads only params, the rest of the
+ * library only the offset.  With no offset, params points the sequence at
+ * the library's own area, which it may write whether registered or not, and
+ * allows it no unit.  @order: relaxed before the first counter exists, seq_cst
+ * when a running process turns the fast path off.
+ */
+static void publish_fast_path(ptrdiff_t offset, int order)
+{
+	uint64_t params = (uint32_t)(int32_t)percpuref_rseq_own_area_offset();
+
+	if (offset)
+		params = (uint32_t)(int32_t)offset | (uint64_t)percpuref_nr_cpu_units << 32;
+	__atomic_store_n(&percpuref_this_cpu_params, params, order);
+	__atomic_store_n(&percpuref_rseq_offset, offset, order);
+}
 
 /* liburcu-bp's: set when its readers may rely on its membarrier (ABI). */
 extern int urcu_bp_has_sys_membarrier;
@@ -189,7 +209,7 @@ static void fork_child(void)
 
 	/* Re-register for the child's mm; harmless if it was inherited. */
 	if (percpuref_rseq_offset && !membarrier_refused && !membarrier_rseq_register())
-		__atomic_store_n(&percpuref_rseq_offset, 0, __ATOMIC_RELAXED);
+		publish_fast_path(0, __ATOMIC_RELAXED);
 	percpuref_rseq_after_fork_child();
 	if (!percpuref_rseq_offset)
 		percpuref_readers_setup(percpuref_nr_cpu_units);
@@ -234,7 +254,8 @@ static void runtime_init_once(void)
 	percpuref_nr_cpu_units = fault_cpu_units ? fault_cpu_units : read_possible_cpus();
 	if (!(no_rseq && *no_rseq && strcmp(no_rseq, "0")))
 		offset = percpuref_rseq_choose();
-	if (offset && !membarrier_rseq_register()) {
+	/* The params word holds 32 bits of it; TLS offsets are far smaller. */
+	if (offset && (offset != (int32_t)offset || !membarrier_rseq_register())) {
 		percpuref_rseq_abandon();
 		offset = 0;
 	}
@@ -245,7 +266,7 @@ static void runtime_init_once(void)
 		percpuref_readers_setup(percpuref_nr_cpu_units);
 	}
 	/* Relaxed: published to other threads with the first counter. */
-	__atomic_store_n(&percpuref_rseq_offset, offset, __ATOMIC_RELAXED);
+	publish_fast_path(offset, __ATOMIC_RELAXED);
 }
 
 void percpuref_runtime_init(void)
@@ -294,7 +315,7 @@ void percpuref_fence_without_membarrier(int err)
 		 * instructions) time to end.  Warned: exactness is at stake. */
 		percpuref_warn("percpuref_fence_readers", "cannot run on every CPU either (%s); "
 			       "per-CPU fast path disabled", strerror(errno));
-		__atomic_store_n(&percpuref_rseq_offset, 0, __ATOMIC_SEQ_CST);
+		publish_fast_path(0, __ATOMIC_SEQ_CST);
 		usleep(10000);
 	}
 }

@@ -109,6 +109,21 @@ extern PERCPUREF_API ptrdiff_t percpuref_rseq_offset;
 extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
 
 /*
+ * What the x86-64 sequence needs from the two variables above, in one word,
+ * so that it costs one load: the low 32 bits are the signed offset from the
+ * thread pointer of an rseq area every thread may write (percpuref_rseq_offset,
+ * or the library's own area, never registered then, when the process does
+ * not use rseq), the high 32 bits the number of units the sequence may commit
+ * to (percpuref_nr_cpu_units, or 0 while the rseq fast path is off, which
+ * sends every call to the slow path).  The pair is bound by loads, not by
+ * instructions (docs/percpu_ref.md, "Where the time goes"): this word saves
+ * two of the six loads of each get and put.  Written with the two variables
+ * (runtime.c), relaxed, before the first counter exists or when the fast
+ * path is turned off.
+ */
+extern PERCPUREF_API uint64_t percpuref_this_cpu_params;
+
+/*
  * percpuref_this_rseq_area - this thread's rseq area (glibc's or the
  * library's own; registered or not yet: see cpu_id), or NULL when the
  * process does not use the rseq fast path.
@@ -133,10 +148,12 @@ static inline enum percpuref_this_cpu_result
 percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 {
 #if PERCPUREF_HAVE_RSEQ
+#if !defined(__x86_64__)
 	struct percpuref_rseq_area *rs = percpuref_this_rseq_area();
 
 	if (percpuref_unlikely(!rs))
 		return PERCPUREF_THIS_CPU_NO_RSEQ;
+#endif
 	/*
 	 * A thread not (yet) registered reads cpu_id -1 (or -2), which the
 	 * unsigned bound check in the sequence sends to no_unit like any CPU
@@ -150,13 +167,22 @@ percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 		 * re-arms it.
 		 */
 #if defined(__x86_64__)
+		/*
+		 * Four loads (the params word, cpu_id, the mode word, the
+		 * counter) and two stores (rseq_cs, the counter).  The area is
+		 * addressed %fs-relative, so the thread pointer is not loaded;
+		 * a delta known at compile time is an immediate.
+		 */
 		__asm__ __volatile__ goto(
 			PERCPUREF_RSEQ_CS_DESCRIPTOR
+			"movq %[params], %%rdx\n\t"
+			"movslq %%edx, %%rcx\n\t"
+			"shrq $32, %%rdx\n\t"
 			"leaq 3b(%%rip), %%rax\n\t"
-			"movq %%rax, %[rseq_cs]\n\t"
+			"movq %%rax, %%fs:%c[rseq_cs](%%rcx)\n\t"
 			"1:\n\t"
-			"movl %[cpu_id], %%eax\n\t"
-			"cmpl %[units], %%eax\n\t"
+			"movl %%fs:%c[cpu_id](%%rcx), %%eax\n\t"
+			"cmpl %%edx, %%eax\n\t"
 			"jae %l[no_unit]\n\t"
 			"movq %[word], %%rcx\n\t"
 			"testq %[flags], %%rcx\n\t"
@@ -171,12 +197,13 @@ percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 			"jmp %l[restart]\n\t"
 			".popsection\n\t"
 			:
-			: [rseq_cs] "m"(rs->rseq_cs), [cpu_id] "m"(rs->cpu_id),
-			  [word] "m"(*mode_word), [delta] "r"(delta),
-			  [units] "m"(percpuref_nr_cpu_units),
+			: [params] "m"(percpuref_this_cpu_params),
+			  [rseq_cs] "i"(offsetof(struct percpuref_rseq_area, rseq_cs)),
+			  [cpu_id] "i"(offsetof(struct percpuref_rseq_area, cpu_id)),
+			  [word] "m"(*mode_word), [delta] "er"(delta),
 			  [flags] "i"(PERCPUREF_MODE_FLAGS),
 			  [shift] "i"(PERCPUREF_UNIT_SHIFT)
-			: "memory", "cc", "rax", "rcx"
+			: "memory", "cc", "rax", "rcx", "rdx"
 			: flagged, restart, no_unit);
 #else
 		/*
