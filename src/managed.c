@@ -66,7 +66,10 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "managed.h"
 #include "percpuref/managed.h"
@@ -100,6 +103,8 @@ static struct percpuref_deferred *rcu_head, **rcu_tail = &rcu_head;
 static uint64_t rcu_queued, rcu_done;
 /* PERCPUREF_MANAGED_WARN_S, in ns; 0: off.  Set once by config_init_once(). */
 static uint64_t held_warn_ns;
+/* PERCPUREF_RECLAIMER_NICE: the thread's nice value.  Set once, likewise. */
+static unsigned long reclaimer_nice = 19;
 
 /*
  * TSAN cannot see a liburcu grace period.  Every percpu_rcuref read-side
@@ -166,6 +171,7 @@ static void config_init_once(void)
 	/* Bounded so that the seconds in nanoseconds never wrap. */
 	if (parse_ulong("PERCPUREF_MANAGED_WARN_S", UINT64_MAX / 1000000000u, &held_warn_s))
 		held_warn_ns = (uint64_t)held_warn_s * 1000000000u;
+	parse_ulong("PERCPUREF_RECLAIMER_NICE", 19, &reclaimer_nice);
 	if (strategy && !strcmp(strategy, "faithful"))
 		config.strategy = PERCPU_REF_SCAN_FAITHFUL;
 	else if (strategy && !strcmp(strategy, "batched"))
@@ -495,12 +501,32 @@ static void scan_once(bool unlimited)
 	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
 }
 
+/*
+ * The reclaimer is background work: at nice 19 (the default) it takes the
+ * CPU time nobody else wants, and about 1.5% of a CPU when every CPU is
+ * busy, so a back-to-back scan no longer costs the threads that use the refs
+ * a share of their CPUs.  Not SCHED_IDLE: under a load that never ends, the
+ * releases, flushes and RCU batches it runs still make progress.  Refused
+ * (a sandbox): warned, and it runs at the process's priority.
+ */
+static void reclaimer_lower_priority(void)
+{
+	if (!reclaimer_nice)
+		return;
+	/* On Linux a thread id names one thread, not the process. */
+	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), (int)reclaimer_nice))
+		percpuref_warn("percpuref_managed", "cannot set the reclaimer's nice value to %lu "
+			       "(%s); it competes with the process's threads for CPU",
+			       reclaimer_nice, strerror(errno));
+}
+
 static void *reclaimer_main(void *arg)
 {
 	struct timespec until;
 	uint64_t now;
 
 	(void)arg;
+	reclaimer_lower_priority();
 	pthread_mutex_lock(&managed_lock);
 	for (;;) {
 		if (rcu_head) {

@@ -8,6 +8,7 @@
  * listed ref, shutdown, fork, and the environment variables.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -702,6 +704,61 @@ static int held_warning(void)
 	return code;
 }
 
+/*
+ * Child of test_reclaimer_nice(): starts the reclaimer and exits with its
+ * nice value + 20, found by the thread's name; 100: no such thread.
+ */
+static int reclaimer_nice(void)
+{
+	struct object o = { 0 };
+	char path[300], comm[32];
+	int nice = 100 - 20;
+	DIR *tasks;
+	struct dirent *d;
+	FILE *f;
+
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED);
+	percpu_ref_managed_flush();	/* the thread runs from here on */
+	tasks = opendir("/proc/self/task");
+	while (tasks && (d = readdir(tasks))) {
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", d->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (fgets(comm, sizeof(comm), f) && !strcmp(comm, "percpuref-recl\n")) {
+			errno = 0;
+			nice = getpriority(PRIO_PROCESS, (id_t)atoi(d->d_name));
+			if (errno)
+				nice = 100 - 20;
+		}
+		fclose(f);
+	}
+	if (tasks)
+		closedir(tasks);
+	percpu_ref_put(&o.ref);
+	percpu_ref_managed_flush();
+	percpu_ref_exit(&o.ref);
+	return nice + 20;
+}
+
+static int run_nice_child(const char *value)
+{
+	char env[64];
+	char *envp[] = { env, NULL };
+
+	snprintf(env, sizeof(env), "PERCPUREF_RECLAIMER_NICE=%s", value);
+	return spawn_self("--reclaimer-nice", value ? envp : envp + 1);
+}
+
+/* The reclaimer is background work: nice 19 unless the environment says. */
+static void test_reclaimer_nice(void)
+{
+	is(run_nice_child(NULL), 19 + 20, "the reclaimer runs at nice 19 by default");
+	is(run_nice_child("7"), 7 + 20, "PERCPUREF_RECLAIMER_NICE=7: nice 7");
+	is(run_nice_child("0"), 0 + 20, "PERCPUREF_RECLAIMER_NICE=0: the process's priority");
+	is(run_nice_child("20"), 19 + 20, "PERCPUREF_RECLAIMER_NICE=20: warned, default kept");
+}
+
 static void test_env(void)
 {
 	struct percpu_ref_managed_config c = { 1, 1, (enum percpu_ref_scan_strategy)7 };
@@ -725,6 +782,8 @@ int main(int argc, char **argv)
 		return print_config();
 	if (argc > 1 && !strcmp(argv[1], "--held-warning"))
 		return held_warning();
+	if (argc > 1 && !strcmp(argv[1], "--reclaimer-nice"))
+		return reclaimer_nice();
 	test_rules();
 	test_transitions();
 	test_unmanaged_and_exit();
@@ -745,5 +804,6 @@ int main(int argc, char **argv)
 	test_fork();
 #endif
 	test_env();
+	test_reclaimer_nice();
 	return done_testing();
 }
