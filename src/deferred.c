@@ -13,10 +13,27 @@
  * Why not liburcu's call_rcu: its worker hands items over through lock-free
  * queues the thread sanitizer cannot see (liburcu is not instrumented), it is
  * shared with every other liburcu user in the process, and we need to stop
- * our thread at shutdown and count fences.  Here every hand-off goes through
- * deferred_lock, so ordering is plain mutex ordering: whatever the caller
- * wrote before queueing is visible to the item's function, and whatever the
- * functions did is visible to percpuref_deferred_barrier() callers.
+ * our thread at shutdown and count fences.
+ *
+ * The queue.  Queueing takes no lock (issue 9: with one mutex per kill,
+ * threads killing their own refs serialised on it and on a futex wake each,
+ * and switch-storm lost half its throughput at two threads): callers push
+ * onto a lock-free stack (pending) with a release CAS; the thread takes the
+ * whole stack with an acquire exchange and reverses it into queue order, so
+ * whatever a caller wrote before queueing is visible to the item's function.
+ * Only a push onto an empty stack (or one that finds no thread) takes
+ * deferred_lock, to start or wake the thread; the thread re-reads the stack
+ * under that lock before it sleeps, so no wake-up is lost.  Whatever the
+ * functions did is visible to percpuref_wait_deferred() callers through
+ * deferred_lock, under which the thread counts them done.
+ *
+ * Counting.  nr_queued is incremented before the push, nr_done after a whole
+ * batch ran.  A waiter wants every item pushed before its call; it reads
+ * nr_queued (>= those items) and waits for nr_done to reach it.  Items run
+ * before the batch that takes the last of "its" items were all pushed (so
+ * counted) before that one, so nr_done cannot reach the target until that
+ * batch has run: a waiter never returns early, and items still being pushed
+ * only make it wait longer.
  *
  * Fork: the thread holds batch_lock (rank DEFERRED_BATCH) from taking a
  * batch until its items have run and are counted, and fork takes it first
@@ -24,6 +41,8 @@
  * item is either done or still queued (a batch cut in half was lost, with
  * barrier and exit hanging for it: issue 8, finding 2).  The thread does
  * not exist in the child; the child starts its own if items are queued.
+ * An item some other thread was pushing at the fork may be missing in the
+ * child (its caller does not exist there): the child counts what is queued.
  * The price: fork waits for a batch in flight, callbacks included.
  */
 #define _GNU_SOURCE
@@ -36,11 +55,36 @@ static pthread_mutex_t batch_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t work_queued = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
-static struct percpuref_deferred *queue_head, **queue_tail = &queue_head;
-static unsigned long nr_queued, nr_done;	/* items ever queued / finished */
-static bool thread_running, thread_stopping;
+/* Lock-free: pushed by any thread, taken whole by the thread (see above). */
+static struct percpuref_deferred *pending;
+static unsigned long nr_queued;		/* atomic: items ever queued */
+static unsigned long nr_done;		/* deferred_lock: items finished */
+/* Written under deferred_lock; pushers read it without (relaxed). */
+static bool thread_running;
+static bool thread_stopping;
 static pthread_t thread;
 static unsigned long batch_fences;
+
+/* Relaxed: a peek; the exchange that takes the items acquires. */
+static bool queue_empty(void)
+{
+	return !__atomic_load_n(&pending, __ATOMIC_RELAXED);
+}
+
+/* Takes every pushed item, oldest first. */
+static struct percpuref_deferred *take_pending(void)
+{
+	/* Acquire: pairs with the pushes' release CAS. */
+	struct percpuref_deferred *top = __atomic_exchange_n(&pending, NULL, __ATOMIC_ACQUIRE);
+	struct percpuref_deferred *batch = NULL, *next;
+
+	for (; top; top = next) {
+		next = top->next;
+		top->next = batch;
+		batch = top;
+	}
+	return batch;
+}
 
 static void *deferred_thread(void *arg)
 {
@@ -50,19 +94,15 @@ static void *deferred_thread(void *arg)
 	(void)arg;
 	pthread_mutex_lock(&deferred_lock);
 	for (;;) {
-		while (!queue_head && !thread_stopping)
+		while (queue_empty() && !thread_stopping)
 			pthread_cond_wait(&work_queued, &deferred_lock);
-		if (!queue_head)
+		if (queue_empty())
 			break;
 		/* In rank order: the batch lock, then the queue's.  Only this
-		 * thread takes items, so the queue is still non-empty. */
+		 * thread takes items, so the stack is still non-empty. */
 		pthread_mutex_unlock(&deferred_lock);
 		percpuref_batch_lock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
-		pthread_mutex_lock(&deferred_lock);
-		batch = queue_head;
-		queue_head = NULL;
-		queue_tail = &queue_head;
-		pthread_mutex_unlock(&deferred_lock);
+		batch = take_pending();
 
 		percpuref_fence_readers();
 		for (n = 0; batch; batch = next, n++) {
@@ -76,7 +116,7 @@ static void *deferred_thread(void *arg)
 		pthread_cond_broadcast(&work_done);
 		percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
 	}
-	thread_running = false;
+	__atomic_store_n(&thread_running, false, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&work_done);
 	pthread_mutex_unlock(&deferred_lock);
 	return NULL;
@@ -88,18 +128,30 @@ static bool ensure_thread(void)
 	if (thread_running)
 		return true;
 	thread_stopping = false;
-	thread_running = percpuref_start_thread(&thread, deferred_thread, "percpuref-cb");
+	__atomic_store_n(&thread_running,
+			 percpuref_start_thread(&thread, deferred_thread, "percpuref-cb"),
+			 __ATOMIC_RELAXED);
 	return thread_running;
 }
 
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn)
 {
-	pthread_mutex_lock(&deferred_lock);
+	struct percpuref_deferred *top = __atomic_load_n(&pending, __ATOMIC_RELAXED);
+
 	d->fn = fn;
-	d->next = NULL;
-	*queue_tail = d;
-	queue_tail = &d->next;
-	nr_queued++;
+	/* Relaxed: a waiter that must see it is ordered after this call. */
+	__atomic_fetch_add(&nr_queued, 1, __ATOMIC_RELAXED);
+	do
+		d->next = top;
+	/* Release: the item and what the caller wrote before are visible to
+	 * the thread, whose exchange acquires. */
+	while (!__atomic_compare_exchange_n(&pending, &top, d, true, __ATOMIC_RELEASE,
+					    __ATOMIC_RELAXED));
+	/* A non-empty stack: whoever pushed onto it empty woke the thread,
+	 * which takes the whole stack after waking. */
+	if (top && __atomic_load_n(&thread_running, __ATOMIC_RELAXED))
+		return;
+	pthread_mutex_lock(&deferred_lock);
 	if (ensure_thread())
 		pthread_cond_signal(&work_queued);
 	pthread_mutex_unlock(&deferred_lock);
@@ -114,8 +166,8 @@ int percpuref_wait_deferred(void)
 	 * wait for a fork waiting for us, or for ourselves. */
 	if (percpuref_on_library_thread() || percpuref_holds_batch_lock())
 		return -EDEADLK;
+	target = __atomic_load_n(&nr_queued, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&deferred_lock);
-	target = nr_queued;
 	while (nr_done < target) {
 		if (!ensure_thread()) {
 			ret = -EAGAIN;
@@ -173,11 +225,17 @@ static void queue_fork_child(void)
 	 * signal could be spent on one of them: start both from scratch.  No
 	 * batch is in flight (batch_lock): what is queued is all that is left.
 	 */
+	struct percpuref_deferred *d;
+	unsigned long queued = 0;
+
 	pthread_cond_init(&work_queued, NULL);
 	pthread_cond_init(&work_done, NULL);
 	thread_running = false;
 	thread_stopping = false;
-	if (queue_head)
+	for (d = pending; d; d = d->next)
+		queued++;
+	nr_queued = nr_done + queued;
+	if (pending)
 		ensure_thread();
 	pthread_mutex_unlock(&deferred_lock);
 }
