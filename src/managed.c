@@ -104,7 +104,7 @@ static uint64_t rcu_queued, rcu_done;
 /* PERCPUREF_MANAGED_WARN_S, in ns; 0: off.  Set once by config_init_once(). */
 static uint64_t held_warn_ns;
 /* PERCPUREF_RECLAIMER_NICE: the thread's nice value.  Set once, likewise. */
-static unsigned long reclaimer_nice = 19;
+static unsigned long reclaimer_nice;
 
 /*
  * TSAN cannot see a liburcu grace period.  Every percpu_rcuref read-side
@@ -502,12 +502,15 @@ static void scan_once(bool unlimited)
 }
 
 /*
- * The reclaimer is background work: at nice 19 (the default) it takes the
- * CPU time nobody else wants, and about 1.5% of a CPU when every CPU is
- * busy, so a back-to-back scan no longer costs the threads that use the refs
- * a share of their CPUs.  Not SCHED_IDLE: under a load that never ends, the
- * releases, flushes and RCU batches it runs still make progress.  Refused
- * (a sandbox): warned, and it runs at the process's priority.
+ * PERCPUREF_RECLAIMER_NICE=N (1..19) runs the reclaimer at nice N: a
+ * reclaimer scanning back to back then takes the CPU time nobody else wants
+ * (about 1.5% of a CPU at 19 when every CPU is busy) instead of a fair share
+ * of the CPUs the users of the refs fill.  Not the default, because it
+ * inverts priorities: the reclaimer holds scan_lock for a whole scan, and a
+ * fork (which takes it), a flush or a shutdown then waits for a thread that
+ * gets CPU time only when nobody else wants it (stress_fork, at nice 19 on a
+ * busy machine: 2 forks in 3 s instead of 11 to 47).  Refused (a sandbox):
+ * warned, and it runs at the process's priority.
  */
 static void reclaimer_lower_priority(void)
 {

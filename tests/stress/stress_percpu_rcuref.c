@@ -109,7 +109,9 @@ static void *reader(void *arg)
 
 static void writer(double seconds)
 {
+	long created_before = __atomic_load_n(&created, __ATOMIC_RELAXED);
 	struct obj *killable[SLOTS] = { 0 };
+	double elapsed;
 	struct timespec start, now;
 	unsigned int seed = 3, i;
 
@@ -146,7 +148,11 @@ static void writer(double seconds)
 		if (rnd(&seed) % 8 == 0)
 			sched_yield();
 		clock_gettime(CLOCK_MONOTONIC, &now);
-	} while ((double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
+		elapsed = (double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9;
+		/* On a slow or loaded machine (valgrind), past the time until
+		 * the phase made enough objects for the check below. */
+	} while (elapsed < seconds ||
+		 (__atomic_load_n(&created, __ATOMIC_RELAXED) - created_before < 60 && elapsed < 30));
 	for (i = 0; i < SLOTS; i++)
 		if (killable[i])
 			percpu_rcuref_kill(&killable[i]->ref);

@@ -750,13 +750,13 @@ static int run_nice_child(const char *value)
 	return spawn_self("--reclaimer-nice", value ? envp : envp + 1);
 }
 
-/* The reclaimer is background work: nice 19 unless the environment says. */
+/* The reclaimer runs at the process's priority unless the environment says. */
 static void test_reclaimer_nice(void)
 {
-	is(run_nice_child(NULL), 19 + 20, "the reclaimer runs at nice 19 by default");
+	is(run_nice_child(NULL), 0 + 20, "the reclaimer runs at the process's priority");
+	is(run_nice_child("19"), 19 + 20, "PERCPUREF_RECLAIMER_NICE=19: nice 19");
 	is(run_nice_child("7"), 7 + 20, "PERCPUREF_RECLAIMER_NICE=7: nice 7");
-	is(run_nice_child("0"), 0 + 20, "PERCPUREF_RECLAIMER_NICE=0: the process's priority");
-	is(run_nice_child("20"), 19 + 20, "PERCPUREF_RECLAIMER_NICE=20: warned, default kept");
+	is(run_nice_child("20"), 0 + 20, "PERCPUREF_RECLAIMER_NICE=20: warned, default kept");
 }
 
 static void test_env(void)
