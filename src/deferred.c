@@ -21,9 +21,13 @@
  * onto a lock-free stack (pending) with a release CAS; the thread takes the
  * whole stack with an acquire exchange and reverses it into queue order, so
  * whatever a caller wrote before queueing is visible to the item's function.
- * Only a push onto an empty stack (or one that finds no thread) takes
- * deferred_lock, to start or wake the thread; the thread re-reads the stack
- * under that lock before it sleeps, so no wake-up is lost.  Whatever the
+ * Only a push that finds the thread asleep (or not started) takes
+ * deferred_lock, to start or wake it.  No wake-up is lost: the thread
+ * stores thread_sleeping and then reads the stack, a pusher stores the stack
+ * and then reads thread_sleeping, all four sequentially consistent, so one
+ * of them sees the other (Dekker); the thread sets the flag under the lock
+ * and keeps it until cond_wait releases the lock, so a pusher that saw it
+ * signals a thread that is waiting or about to re-check.  Whatever the
  * functions did is visible to percpuref_wait_deferred() callers through
  * deferred_lock, under which the thread counts them done.
  *
@@ -59,8 +63,9 @@ static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
 static struct percpuref_deferred *pending;
 static unsigned long nr_queued;		/* atomic: items ever queued */
 static unsigned long nr_done;		/* deferred_lock: items finished */
-/* Written under deferred_lock; pushers read it without (relaxed). */
+/* Written under deferred_lock; pushers read them without (see above). */
 static bool thread_running;
+static bool thread_sleeping;
 static bool thread_stopping;
 static pthread_t thread;
 static unsigned long batch_fences;
@@ -94,10 +99,25 @@ static void *deferred_thread(void *arg)
 	(void)arg;
 	pthread_mutex_lock(&deferred_lock);
 	for (;;) {
-		while (queue_empty() && !thread_stopping)
+		while (queue_empty() && !thread_stopping) {
+			/* Seq_cst, then the stack: the Dekker pair of a push. */
+			__atomic_store_n(&thread_sleeping, true, __ATOMIC_SEQ_CST);
+			if (__atomic_load_n(&pending, __ATOMIC_SEQ_CST)) {
+				__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
+				break;
+			}
 			pthread_cond_wait(&work_queued, &deferred_lock);
-		if (queue_empty())
-			break;
+			__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
+		}
+		if (queue_empty()) {
+			/* Stopping: as before sleeping, so that a push that saw
+			 * this thread awake is taken, and a later one starts a
+			 * new thread once thread_running is false. */
+			__atomic_store_n(&thread_sleeping, true, __ATOMIC_SEQ_CST);
+			if (!__atomic_load_n(&pending, __ATOMIC_SEQ_CST))
+				break;
+			__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
+		}
 		/* In rank order: the batch lock, then the queue's.  Only this
 		 * thread takes items, so the stack is still non-empty. */
 		pthread_mutex_unlock(&deferred_lock);
@@ -128,6 +148,7 @@ static bool ensure_thread(void)
 	if (thread_running)
 		return true;
 	thread_stopping = false;
+	__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
 	__atomic_store_n(&thread_running,
 			 percpuref_start_thread(&thread, deferred_thread, "percpuref-cb"),
 			 __ATOMIC_RELAXED);
@@ -137,6 +158,7 @@ static bool ensure_thread(void)
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn)
 {
 	struct percpuref_deferred *top = __atomic_load_n(&pending, __ATOMIC_RELAXED);
+	bool running;
 
 	d->fn = fn;
 	/* Relaxed: a waiter that must see it is ordered after this call. */
@@ -144,17 +166,22 @@ void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_d
 	do
 		d->next = top;
 	/* Release: the item and what the caller wrote before are visible to
-	 * the thread, whose exchange acquires. */
-	while (!__atomic_compare_exchange_n(&pending, &top, d, true, __ATOMIC_RELEASE,
+	 * the thread, whose exchange acquires.  Seq_cst: the Dekker pair of
+	 * the thread's going to sleep (see above). */
+	while (!__atomic_compare_exchange_n(&pending, &top, d, true, __ATOMIC_SEQ_CST,
 					    __ATOMIC_RELAXED));
-	/* A non-empty stack: whoever pushed onto it empty woke the thread,
-	 * which takes the whole stack after waking. */
-	if (top && __atomic_load_n(&thread_running, __ATOMIC_RELAXED))
+	/* An awake thread takes the whole stack before it sleeps. */
+	if (__atomic_load_n(&thread_running, __ATOMIC_RELAXED) &&
+	    !__atomic_load_n(&thread_sleeping, __ATOMIC_SEQ_CST))
 		return;
 	pthread_mutex_lock(&deferred_lock);
-	if (ensure_thread())
-		pthread_cond_signal(&work_queued);
+	running = ensure_thread();
 	pthread_mutex_unlock(&deferred_lock);
+	/* Outside the lock, so the woken thread does not wait for it.  The
+	 * thread set thread_sleeping under the lock and holds it until
+	 * cond_wait releases it: having taken the lock, we know it waits. */
+	if (running)
+		pthread_cond_signal(&work_queued);
 }
 
 int percpuref_wait_deferred(void)
@@ -231,6 +258,7 @@ static void queue_fork_child(void)
 	pthread_cond_init(&work_queued, NULL);
 	pthread_cond_init(&work_done, NULL);
 	thread_running = false;
+	thread_sleeping = false;
 	thread_stopping = false;
 	for (d = pending; d; d = d->next)
 		queued++;
