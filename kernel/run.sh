@@ -139,7 +139,7 @@ kunit() {
 		--kunitconfig="$kunitconfig" --timeout=900 \
 		"${kernel_args[@]/#/--kernel_args=}" "$@") >"$build/kunit-$what.log" 2>&1 ||
 		status=$?
-	grep -E '=+ .*(percpu|apparmor).* =+$|Testing complete|Elapsed time|FAILED|CRASHED|SKIPPED' \
+	grep -E '=+ .*(percpu|apparmor|ucounts).* =+$|Testing complete|Elapsed time|FAILED|CRASHED|SKIPPED' \
 		"$build/kunit-$what.log" || true
 	# what passing cases report: the torture verdicts, the CPUs used
 	grep -a -E '# torture.*: busted|get/put pairs on' "$build/$what/test.log" || true

@@ -12,9 +12,15 @@
  *  AppArmor: enabled, this task unconfined, files opened and closed by
  *	two tasks at once (file_alloc_security takes the label's reference).
  *  ucounts: rt signals queued from child user namespaces fail exactly at
- *	the limit their parents' namespaces set, siblings share it exactly,
- *	and the charge on the init namespace is back where it was once the
- *	namespaces are gone.
+ *	the limit their parents' namespaces set, with the namespaces' rlimit
+ *	caches cold and warm, siblings share it exactly, also when one of
+ *	them holds cached units, a task of the init namespace gets exactly
+ *	its own limit while a child namespace holds cached units, and the
+ *	charge on the init namespace is back where it was once the
+ *	namespaces are gone.  The ucounts patch
+ *	shows: one signal in a child namespace charges the init namespace a
+ *	batch, and, counted with kprobes, signals from a child namespace
+ *	charge the parent chain once per batch, not once per signal.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -35,6 +41,9 @@
 
 #define SIGPENDING_LIMIT	100
 #define NESTED_LIMIT		40
+#define CACHE_BATCH		16	/* RLIMIT_CACHE_BATCH of the patch */
+#define WARM_SIGNALS		5
+#define SIGNAL_PAIRS		1000
 
 static int passed, failed;
 
@@ -141,6 +150,18 @@ static int ovl_user_access_loop(void *arg)
 		if (faccessat(AT_FDCWD, MERGED "/dir/inner", R_OK, AT_EACCESS))
 			return 1;
 	return 0;
+}
+
+static int append_file(const char *path, const char *s)
+{
+	int fd = open(path, O_WRONLY | O_APPEND);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = write(fd, s, strlen(s));
+	close(fd);
+	return n == (ssize_t)strlen(s) ? 0 : -1;
 }
 
 static long kprobe_hits(const char *event)
@@ -301,14 +322,39 @@ static int set_soft_sigpending(long soft)
 	return setrlimit(RLIMIT_SIGPENDING, &rl);
 }
 
+/* Queues @n SIGRTMIN to itself and takes them back; 0 on success. */
+static int queue_and_take(int n)
+{
+	union sigval v = { 0 };
+	sigset_t set;
+	int i, sig;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGRTMIN);
+	for (i = 0; i < n; i++)
+		if (sigqueue(getpid(), SIGRTMIN, v))
+			return -1;
+	for (i = 0; i < n; i++)
+		if (sigwait(&set, &sig) || sig != SIGRTMIN)
+			return -1;
+	return 0;
+}
+
+#define NS_NESTED	1	/* a grandchild in a namespace of its own queues */
+#define NS_WARM		2	/* warm the namespace's cache first */
+#define NS_IDLE		4	/* then queue nothing */
+#define NS_ONE		8	/* then queue one signal only */
+
 /*
  * A child in a new user namespace: raises its own limit far above its
- * parent's, queues until refused, reports the count on @fd and waits for
- * a byte on @go before exiting (its signals stay queued until then).
+ * parent's, queues until refused (or as @mode says), reports the count on
+ * @fd and waits for a byte on @go before exiting (its signals stay queued
+ * until then).
  */
-static __attribute__((noreturn)) void ns_child(int fd, int go, int nested)
+static __attribute__((noreturn)) void ns_child(int fd, int go, int mode)
 {
-	long n;
+	union sigval v = { 0 };
+	long n = 0;
 	char c;
 
 	/* map our ids, so that a namespace can be created inside this one */
@@ -316,7 +362,7 @@ static __attribute__((noreturn)) void ns_child(int fd, int go, int nested)
 	    write_file("/proc/self/setgroups", "deny\n") ||
 	    write_file("/proc/self/gid_map", "0 0 1\n"))
 		_exit(2);
-	if (nested) {
+	if (mode & NS_NESTED) {
 		/* the grandchild's namespace gets NESTED_LIMIT from us */
 		pid_t pid;
 		int status;
@@ -325,7 +371,7 @@ static __attribute__((noreturn)) void ns_child(int fd, int go, int nested)
 			_exit(3);
 		pid = fork();
 		if (pid == 0)
-			ns_child(fd, go, 0);
+			ns_child(fd, go, mode & ~NS_NESTED);
 		if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status))
 			_exit(6);
 		_exit(WEXITSTATUS(status));
@@ -333,7 +379,12 @@ static __attribute__((noreturn)) void ns_child(int fd, int go, int nested)
 	block_rt();
 	if (set_soft_sigpending(100000))
 		_exit(3);
-	n = queue_until_refused();
+	if ((mode & NS_WARM) && queue_and_take(WARM_SIGNALS))
+		_exit(7);
+	if (mode & NS_ONE)
+		n = sigqueue(getpid(), SIGRTMIN, v) ? -1 : 1;
+	else if (!(mode & NS_IDLE))
+		n = queue_until_refused();
 	if (write(fd, &n, sizeof(n)) != sizeof(n))
 		_exit(4);
 	if (read(go, &c, 1) != 1)
@@ -341,8 +392,21 @@ static __attribute__((noreturn)) void ns_child(int fd, int go, int nested)
 	_exit(0);
 }
 
-/* Starts @nr children (nested: one grandchild each); returns their counts. */
-static int run_ns_children(int nr, int nested, long *counts, long *sigq_held)
+/* In the init namespace, as uid 0 like the namespaces' owner. */
+static int init_ns_queue(void *arg)
+{
+	(void)arg;
+	block_rt();
+	return queue_until_refused();
+}
+
+/*
+ * Starts @nr children, child i in @modes[i]; @serial: each one once the
+ * one before it has reported.  Returns their counts; @parent_count: also
+ * how many signals a task of the init namespace then queues.
+ */
+static int run_ns_children(int nr, const int *modes, int serial, long *counts,
+			   long *sigq_held, long *parent_count)
 {
 	int res[2], go[2], i, status, ok = 1;
 	pid_t pids[4];
@@ -350,21 +414,24 @@ static int run_ns_children(int nr, int nested, long *counts, long *sigq_held)
 	if (pipe(res) || pipe(go))
 		return 0;
 	for (i = 0; i < nr; i++) {
+		counts[i] = -1;
 		pids[i] = fork();
 		if (pids[i] == 0) {
 			close(res[0]);
 			close(go[1]);
-			ns_child(res[1], go[0], nested);
+			ns_child(res[1], go[0], modes[i]);
 		}
+		if (serial && read(res[0], &counts[i], sizeof(long)) != sizeof(long))
+			ok = 0;
 	}
 	close(res[1]);
 	close(go[0]);
-	for (i = 0; i < nr; i++) {
-		counts[i] = -1;
+	for (i = 0; !serial && i < nr; i++)
 		if (read(res[0], &counts[i], sizeof(long)) != sizeof(long))
 			ok = 0;
-	}
 	*sigq_held = sigq();
+	if (parent_count)
+		*parent_count = in_child(init_ns_queue, NULL);
 	for (i = 0; i < nr; i++)
 		if (write(go[1], "x", 1) != 1)
 			ok = 0;
@@ -393,10 +460,71 @@ static long sigq_settled(long want)
 	return now;
 }
 
+/* In a new user namespace: SIGNAL_PAIRS signals, each queued and taken. */
+static int ns_signal_pairs(void *arg)
+{
+	int i;
+
+	(void)arg;
+	if (unshare(CLONE_NEWUSER))
+		return 2;
+	block_rt();
+	for (i = 0; i < SIGNAL_PAIRS; i++)
+		if (queue_and_take(1))
+			return 1;
+	return 0;
+}
+
+/*
+ * Counts, with kprobes, the charges of signals from a child namespace and
+ * how often the cache's slow path (the only one that charges the parent
+ * chain) runs.  The unpatched kernel has no such path: every charge
+ * writes the parent chain.
+ */
+static void test_ucounts_batched(void)
+{
+	long charges[2], slow[2];
+	int r;
+
+	if (append_file("/sys/kernel/tracing/kprobe_events",
+			"p:uccharge inc_rlimit_get_ucounts\n") ||
+	    write_file("/sys/kernel/tracing/events/kprobes/uccharge/enable", "1\n")) {
+		check("ucounts-parent-batched", 0, "(cannot set a kprobe on inc_rlimit_get_ucounts: %s)",
+		      strerror(errno));
+		return;
+	}
+	if (append_file("/sys/kernel/tracing/kprobe_events",
+			"p:ucslow rlimit_charge_slow\n") ||
+	    write_file("/sys/kernel/tracing/events/kprobes/ucslow/enable", "1\n")) {
+		check("ucounts-parent-batched", 0,
+		      "(no rlimit_charge_slow to probe: %s; every charge writes the parent chain)",
+		      strerror(errno));
+		write_file("/sys/kernel/tracing/events/kprobes/uccharge/enable", "0\n");
+		return;
+	}
+	charges[0] = kprobe_hits("uccharge");
+	slow[0] = kprobe_hits("ucslow");
+	r = in_child(ns_signal_pairs, NULL);
+	charges[1] = kprobe_hits("uccharge");
+	slow[1] = kprobe_hits("ucslow");
+	write_file("/sys/kernel/tracing/events/kprobes/uccharge/enable", "0\n");
+	write_file("/sys/kernel/tracing/events/kprobes/ucslow/enable", "0\n");
+	check("ucounts-parent-batched",
+	      r == 0 && charges[0] >= 0 && slow[0] >= 0 &&
+	      charges[1] - charges[0] >= SIGNAL_PAIRS &&
+	      (slow[1] - slow[0]) * CACHE_BATCH <= charges[1] - charges[0],
+	      "(%ld charges of %d signals queued and taken in a child namespace, "
+	      "%ld of them charged the parent chain)",
+	      charges[1] - charges[0], SIGNAL_PAIRS, slow[1] - slow[0]);
+}
+
 static void test_ucounts(void)
 {
+	static const int plain[2], nested[1] = { NS_NESTED }, warm[1] = { NS_WARM },
+		one[1] = { NS_ONE }, warm_idle_then_plain[2] = { NS_WARM | NS_IDLE, 0 },
+		warm_idle[1] = { NS_WARM | NS_IDLE };
 	struct rlimit rl = { SIGPENDING_LIMIT, 100000 };
-	long base, held, after, counts[2];
+	long base, held, after, parent, counts[2];
 	int ok;
 
 	/* children raise their soft limit up to this hard one */
@@ -406,7 +534,7 @@ static void test_ucounts(void)
 	}
 	base = sigq();
 
-	ok = run_ns_children(1, 0, counts, &held);
+	ok = run_ns_children(1, plain, 0, counts, &held, NULL);
 	check("ucounts-child-exact", ok && counts[0] == SIGPENDING_LIMIT,
 	      "(a child namespace queued %ld signals; its parent's limit is %d)",
 	      counts[0], SIGPENDING_LIMIT);
@@ -416,7 +544,7 @@ static void test_ucounts(void)
 	check("ucounts-conserved-1", after == base,
 	      "(init namespace charge %ld after teardown, %ld before)", after, base);
 
-	ok = run_ns_children(2, 0, counts, &held);
+	ok = run_ns_children(2, plain, 0, counts, &held, NULL);
 	check("ucounts-siblings-exact", ok && counts[0] + counts[1] == SIGPENDING_LIMIT,
 	      "(two sibling namespaces queued %ld + %ld signals concurrently; limit %d)",
 	      counts[0], counts[1], SIGPENDING_LIMIT);
@@ -424,12 +552,54 @@ static void test_ucounts(void)
 	check("ucounts-conserved-2", after == base,
 	      "(init namespace charge %ld after teardown, %ld before)", after, base);
 
-	ok = run_ns_children(1, 1, counts, &held);
+	ok = run_ns_children(1, nested, 0, counts, &held, NULL);
 	check("ucounts-nested-exact", ok && counts[0] == NESTED_LIMIT,
 	      "(a grandchild namespace queued %ld signals; its parent's limit is %d)",
 	      counts[0], NESTED_LIMIT);
 	after = sigq_settled(base);
 	check("ucounts-conserved-3", after == base,
+	      "(init namespace charge %ld after teardown, %ld before)", after, base);
+
+	ok = run_ns_children(1, warm, 0, counts, &held, NULL);
+	check("ucounts-warm-exact", ok && counts[0] == SIGPENDING_LIMIT &&
+	      held - base == SIGPENDING_LIMIT,
+	      "(a child namespace that queued and took %d signals first queued %ld; "
+	      "limit %d, init namespace charged %ld)",
+	      WARM_SIGNALS, counts[0], SIGPENDING_LIMIT, held - base);
+	after = sigq_settled(base);
+	check("ucounts-conserved-4", after == base,
+	      "(init namespace charge %ld after teardown, %ld before)", after, base);
+
+	ok = run_ns_children(2, warm_idle_then_plain, 1, counts, &held, NULL);
+	check("ucounts-sibling-warm-exact", ok && counts[0] == 0 &&
+	      counts[1] == SIGPENDING_LIMIT && held - base == SIGPENDING_LIMIT,
+	      "(a namespace queued %ld signals while its sibling, idle, had queued and "
+	      "taken %d; limit %d, init namespace charged %ld)",
+	      counts[1], WARM_SIGNALS, SIGPENDING_LIMIT, held - base);
+	after = sigq_settled(base);
+	check("ucounts-conserved-5", after == base,
+	      "(init namespace charge %ld after teardown, %ld before)", after, base);
+
+	ok = run_ns_children(1, warm_idle, 0, counts, &held, &parent);
+	check("ucounts-own-limit-exact", ok && parent == SIGPENDING_LIMIT - base,
+	      "(a task of the init namespace queued %ld signals while an idle child "
+	      "namespace had charged %ld to it; its own limit is %d, %ld were pending)",
+	      parent, held - base, SIGPENDING_LIMIT, base);
+	after = sigq_settled(base);
+	check("ucounts-conserved-6", after == base,
+	      "(init namespace charge %ld after teardown, %ld before)", after, base);
+
+	ok = run_ns_children(1, one, 0, counts, &held, NULL);
+	check("ucounts-batch-charged", ok && counts[0] == 1 && held - base == CACHE_BATCH,
+	      "(one signal queued in a child namespace charges the init namespace %ld; "
+	      "a batch is %d)", held - base, CACHE_BATCH);
+	after = sigq_settled(base);
+	check("ucounts-conserved-7", after == base,
+	      "(init namespace charge %ld after teardown, %ld before)", after, base);
+
+	test_ucounts_batched();
+	after = sigq_settled(base);
+	check("ucounts-conserved-8", after == base,
 	      "(init namespace charge %ld after teardown, %ld before)", after, base);
 }
 
