@@ -63,9 +63,10 @@ static void check(const char *name, int ok, const char *fmt, ...)
 		failed++;
 }
 
-static int write_file(const char *path, const char *s)
+/* Writes all of @s to @path opened with @flags: 0, or -1. */
+static int write_with(const char *path, int flags, const char *s)
 {
-	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	int fd = open(path, flags, 0644);
 	ssize_t n;
 
 	if (fd < 0)
@@ -73,6 +74,11 @@ static int write_file(const char *path, const char *s)
 	n = write(fd, s, strlen(s));
 	close(fd);
 	return n == (ssize_t)strlen(s) ? 0 : -1;
+}
+
+static int write_file(const char *path, const char *s)
+{
+	return write_with(path, O_WRONLY | O_CREAT | O_TRUNC, s);
 }
 
 static int read_file(const char *path, char *buf, size_t size)
@@ -154,14 +160,7 @@ static int ovl_user_access_loop(void *arg)
 
 static int append_file(const char *path, const char *s)
 {
-	int fd = open(path, O_WRONLY | O_APPEND);
-	ssize_t n;
-
-	if (fd < 0)
-		return -1;
-	n = write(fd, s, strlen(s));
-	close(fd);
-	return n == (ssize_t)strlen(s) ? 0 : -1;
+	return write_with(path, O_WRONLY | O_APPEND, s);
 }
 
 static long kprobe_hits(const char *event)
