@@ -115,7 +115,8 @@ extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
  * or the library's own area, never registered then, when the process does
  * not use rseq), the high 32 bits the number of units the sequence may commit
  * to (percpuref_nr_cpu_units, or 0 while the rseq fast path is off, which
- * sends every call to the slow path).  The pair is bound by loads, not by
+ * sends every call to the slow path before anything is written).  0 until
+ * the runtime is set up: no unit, so nothing is written then either.  The pair is bound by loads, not by
  * instructions (docs/percpu_ref.md, "Where the time goes"): this word saves
  * two of the six loads of each get and put.  Written with the two variables
  * (runtime.c), relaxed, before the first counter exists or when the fast
@@ -171,13 +172,16 @@ percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta)
 		 * Four loads (the params word, cpu_id, the mode word, the
 		 * counter) and two stores (rseq_cs, the counter).  The area is
 		 * addressed %fs-relative, so the thread pointer is not loaded;
-		 * a delta known at compile time is an immediate.
+		 * a delta known at compile time is an immediate.  No unit
+		 * (shrq sets ZF) leaves before the rseq_cs store: before the
+		 * runtime is set up the word is 0, and %fs:8 is glibc's DTV.
 		 */
 		__asm__ __volatile__ goto(
 			PERCPUREF_RSEQ_CS_DESCRIPTOR
 			"movq %[params], %%rdx\n\t"
 			"movslq %%edx, %%rcx\n\t"
 			"shrq $32, %%rdx\n\t"
+			"jz %l[no_unit]\n\t"
 			"leaq 3b(%%rip), %%rax\n\t"
 			"movq %%rax, %%fs:%c[rseq_cs](%%rcx)\n\t"
 			"1:\n\t"
