@@ -91,6 +91,20 @@ static struct percpuref_deferred *take_pending(void)
 	return batch;
 }
 
+/*
+ * Deferred_lock held.  Says the thread is about to sleep (or stop), then
+ * re-reads the stack: the Dekker pair of a push (see above).  True, with the
+ * flag taken back, when something was pushed meanwhile.
+ */
+static bool pushed_while_going_to_sleep(void)
+{
+	__atomic_store_n(&thread_sleeping, true, __ATOMIC_SEQ_CST);
+	if (!__atomic_load_n(&pending, __ATOMIC_SEQ_CST))
+		return false;
+	__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
+	return true;
+}
+
 static void *deferred_thread(void *arg)
 {
 	struct percpuref_deferred *batch, *next;
@@ -100,24 +114,16 @@ static void *deferred_thread(void *arg)
 	pthread_mutex_lock(&deferred_lock);
 	for (;;) {
 		while (queue_empty() && !thread_stopping) {
-			/* Seq_cst, then the stack: the Dekker pair of a push. */
-			__atomic_store_n(&thread_sleeping, true, __ATOMIC_SEQ_CST);
-			if (__atomic_load_n(&pending, __ATOMIC_SEQ_CST)) {
-				__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
+			if (pushed_while_going_to_sleep())
 				break;
-			}
 			pthread_cond_wait(&work_queued, &deferred_lock);
 			__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
 		}
-		if (queue_empty()) {
-			/* Stopping: as before sleeping, so that a push that saw
-			 * this thread awake is taken, and a later one starts a
-			 * new thread once thread_running is false. */
-			__atomic_store_n(&thread_sleeping, true, __ATOMIC_SEQ_CST);
-			if (!__atomic_load_n(&pending, __ATOMIC_SEQ_CST))
-				break;
-			__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
-		}
+		/* Stopping: as before sleeping, so that a push that saw this
+		 * thread awake is taken, and a later one starts a new thread
+		 * once thread_running is false. */
+		if (queue_empty() && !pushed_while_going_to_sleep())
+			break;
 		/* In rank order: the batch lock, then the queue's.  Only this
 		 * thread takes items, so the stack is still non-empty. */
 		pthread_mutex_unlock(&deferred_lock);
