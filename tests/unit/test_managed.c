@@ -741,13 +741,16 @@ static int reclaimer_nice(void)
 	return nice + 20;
 }
 
+/* The child's nice + 20; @value NULL: the variable unset. */
 static int run_nice_child(const char *value)
 {
 	char env[64];
 	char *envp[] = { env, NULL };
 
+	if (!value)
+		return spawn_self("--reclaimer-nice", envp + 1);
 	snprintf(env, sizeof(env), "PERCPUREF_RECLAIMER_NICE=%s", value);
-	return spawn_self("--reclaimer-nice", value ? envp : envp + 1);
+	return spawn_self("--reclaimer-nice", envp);
 }
 
 /* The reclaimer runs at the process's priority unless the environment says. */
