@@ -116,9 +116,10 @@ extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
  * not use rseq), the high 32 bits the number of units the sequence may commit
  * to (percpuref_nr_cpu_units, or 0 while the rseq fast path is off, which
  * sends every call to the slow path before anything is written).  0 until
- * the runtime is set up: no unit, so nothing is written then either.  The pair is bound by loads, not by
- * instructions (docs/percpu_ref.md, "Where the time goes"): this word saves
- * two of the six loads of each get and put.  Written with the two variables
+ * the runtime is set up: no unit, so nothing is written then either.  The
+ * pair is bound by loads, not by instructions (docs/percpu_ref.md, "Where
+ * the time goes"): this word saves two of the six loads of each get and
+ * put.  Written with the two variables
  * (runtime.c), relaxed, before the first counter exists or when the fast
  * path is turned off.
  */
