@@ -762,6 +762,63 @@ static void test_reclaimer_nice(void)
 	is(run_nice_child("20"), 0 + 20, "PERCPUREF_RECLAIMER_NICE=20: warned, default kept");
 }
 
+/*
+ * Child of test_gives_way(): this process on one CPU, the reclaimer
+ * scanning back to back over held refs (the filter skips them all), and
+ * this thread first sleeping, then spinning, for the same time.  Exits 0
+ * when the reclaimer made fewer than a quarter as many scans while this
+ * thread wanted the CPU as while it slept (a thread that takes an equal
+ * share makes about half), in one of three tries; 1 when it never did; 2
+ * when the CPU could not be chosen.
+ */
+static int gives_way(void)
+{
+	enum { NR_HELD = 100, WINDOW_NS = 200000000 };
+	static struct object objs[NR_HELD];
+	struct percpu_ref_managed_stats before, slept, spun;
+	struct timespec window = { 0, WINDOW_NS };
+	int cpu = sched_getcpu(), i, result = 1;
+	cpu_set_t one;
+	uint64_t end;
+
+	CPU_ZERO(&one);
+	CPU_SET(cpu < 0 ? 0 : cpu, &one);
+	/* Before the reclaimer starts: it inherits the mask. */
+	if (sched_setaffinity(0, sizeof(one), &one))
+		return 2;
+	set_config(0, 0, PERCPU_REF_SCAN_FILTERED);
+	for (i = 0; i < NR_HELD; i++)
+		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_REL_MANAGED);
+	for (int try = 0; try < 3 && result; try++) {
+		percpu_ref_managed_get_stats(&before);
+		nanosleep(&window, NULL);
+		percpu_ref_managed_get_stats(&slept);
+		for (end = now_ns() + WINDOW_NS; now_ns() < end;)
+			;
+		percpu_ref_managed_get_stats(&spun);
+		printf("# scans in %d ms: %llu while this thread slept, %llu while it spun\n",
+		       WINDOW_NS / 1000000, (unsigned long long)(slept.scans - before.scans),
+		       (unsigned long long)(spun.scans - slept.scans));
+		if ((spun.scans - slept.scans) * 4 < slept.scans - before.scans)
+			result = 0;
+	}
+	for (i = 0; i < NR_HELD; i++)
+		percpu_ref_put(&objs[i].ref);
+	percpu_ref_managed_flush();
+	for (i = 0; i < NR_HELD; i++)
+		percpu_ref_exit(&objs[i].ref);
+	return result;
+}
+
+/* Scanning back to back, the reclaimer gives the CPU to a thread that wants it. */
+static void test_gives_way(void)
+{
+	char *no_env[] = { NULL };
+
+	is(spawn_self("--gives-way", no_env), 0,
+	   "back-to-back scans give way to a busy thread on the same CPU");
+}
+
 static void test_env(void)
 {
 	struct percpu_ref_managed_config c = { 1, 1, (enum percpu_ref_scan_strategy)7 };
@@ -787,6 +844,8 @@ int main(int argc, char **argv)
 		return held_warning();
 	if (argc > 1 && !strcmp(argv[1], "--reclaimer-nice"))
 		return reclaimer_nice();
+	if (argc > 1 && !strcmp(argv[1], "--gives-way"))
+		return gives_way();
 	test_rules();
 	test_transitions();
 	test_unmanaged_and_exit();
@@ -808,5 +867,6 @@ int main(int argc, char **argv)
 #endif
 	test_env();
 	test_reclaimer_nice();
+	test_gives_way();
 	return done_testing();
 }
