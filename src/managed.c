@@ -63,13 +63,14 @@
  * Giving way.  When the next scan is due the moment one ends (interval 0,
  * or scans longer than the interval) and no flush waits for a pass, the
  * thread calls sched_yield() before scanning again, holding no lock: where
- * another thread wants this CPU, that thread runs first; on an idle CPU the
- * call returns at once.  Scanning back to back at the process's priority
- * took a fair share of the CPUs the refs' users filled (at two threads on
- * two CPUs the hot ref kept 74-78% of its throughput, issue 9).  Unlike a
- * lower priority for the whole thread (PERCPUREF_RECLAIMER_NICE), it gives
- * way while it holds nothing: a fork or a mode change never waits behind a
- * yield, and a flush called meanwhile waits for that one yield at most.
+ * another thread wants this CPU, that thread usually runs first; on an idle
+ * CPU the call returns at once.  Scanning back to back at the process's
+ * priority took a fair share of the CPUs the refs' users filled (at two
+ * threads on two CPUs the hot ref kept 75-76% of its throughput, issue 9).
+ * Unlike a lower priority for the whole thread (PERCPUREF_RECLAIMER_NICE),
+ * it gives way while it holds nothing: a fork or a mode change never waits
+ * behind a yield, and a flush called meanwhile waits for that one yield at
+ * most.
  */
 #define _GNU_SOURCE
 #include <errno.h>
