@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Packs built benchmarks into a folder that runs on another x86-64 Linux
+# machine with no compiler, no liburcu and no network (a lent many-core
+# machine, a production host): the benchmark binaries, the one shared
+# library they need besides the C and C++ runtimes (liburcu-bp), and run.sh.
+#
+#   scripts/bundle.sh BUILD_DIR [BUNDLE_DIR]    (default build/bundle)
+#
+# BUILD_DIR is a Release build with the benchmarks built, e.g.
+#   cmake -S . -B build/rel -DCMAKE_BUILD_TYPE=Release && cmake --build build/rel
+# Then, on the other machine (glibc as new as the build machine's or newer):
+#   BUNDLE_DIR/run.sh [--quick] [--threads LIST] [--out DIR] [WORKLOAD...]
+# which prints every table and writes DIR/WORKLOAD.txt and .json.
+set -euo pipefail
+
+usage() {
+	echo "usage: scripts/bundle.sh BUILD_DIR [BUNDLE_DIR]" >&2
+	exit 2
+}
+(($# == 1 || $# == 2)) || usage
+build=$1
+bundle=${2:-build/bundle}
+for binary in bench/percpuref-bench bench/percpuref-anatomy; do
+	if [[ ! -x $build/$binary ]]; then
+		echo "bundle.sh: $build/$binary is missing: build the benchmarks first" >&2
+		exit 1
+	fi
+done
+
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib"
+cp "$build/bench/percpuref-bench" "$build/bench/percpuref-anatomy" "$bundle/bin/"
+# Every library the binaries load that is not part of the C or C++ runtime
+# (which the other machine has) goes along, under its soname.
+ldd "$bundle/bin/percpuref-bench" "$bundle/bin/percpuref-anatomy" |
+	awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
+	while read -r soname path; do
+		case $soname in
+		libc.so.* | libm.so.* | libstdc++.so.* | libgcc_s.so.* | ld-linux*) ;;
+		*) cp -L "$path" "$bundle/lib/$soname" ;;
+		esac
+	done
+if ldd "$bundle/bin/percpuref-bench" | grep -q "not found"; then
+	echo "bundle.sh: a library the benchmark needs was not found:" >&2
+	ldd "$bundle/bin/percpuref-bench" | grep "not found" >&2
+	exit 1
+fi
+
+cat >"$bundle/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Runs the packed percpuref benchmarks here (written by scripts/bundle.sh).
+#
+#   run.sh [--quick] [--threads LIST] [--out DIR] [WORKLOAD...]
+#
+# WORKLOAD: any percpuref-bench workload, or anatomy; default: the scaling
+# workloads (micro, managed-hot, managed-scan, switch-storm, anatomy) and
+# the three seed cases (labels, creds, signal1).  Each point is the median of
+# 3 interleaved runs of 0.5 s (--quick: one run of 0.2 s, and a short
+# anatomy).  --threads is
+# passed to every workload (default: each workload's, 1, 2, 4, ... all CPUs).
+# Tables go to standard output and DIR/WORKLOAD.txt, JSON Lines to
+# DIR/WORKLOAD.json (DIR: default results-HOSTNAME).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH=$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+bench=$here/bin/percpuref-bench
+repeat=3 duration=0.5 out=results-$(uname -n) threads=() anatomy=()
+workloads=()
+while (($#)); do
+	case $1 in
+	--quick) repeat=1 duration=0.2 anatomy=(--pairs 2000000 --rounds 2) ;;
+	--threads | --out)
+		if (($# < 2)); then
+			echo "run.sh: $1 needs a value" >&2
+			exit 2
+		fi
+		if [[ $1 == --out ]]; then out=$2; else threads=(--threads "$2"); fi
+		shift
+		;;
+	-h | --help)
+		awk 'NR > 2 && /^#/ { sub(/^# ?/, ""); print; next } NR > 2 { exit }' "$0"
+		exit 0
+		;;
+	-*)
+		echo "run.sh: unknown option $1 (see run.sh --help)" >&2
+		exit 2
+		;;
+	*) workloads+=("$1") ;;
+	esac
+	shift
+done
+((${#workloads[@]})) ||
+	workloads=(micro managed-hot managed-scan switch-storm anatomy labels creds signal1)
+known=$("$bench" --help | awk '/^workloads:/ { on = 1; next } on { print $1 }')
+for w in "${workloads[@]}"; do
+	if [[ $w != anatomy ]] && ! grep -qx -- "$w" <<<"$known"; then
+		echo "run.sh: unknown workload $w; workloads: anatomy $(echo $known)" >&2
+		exit 2
+	fi
+done
+
+mkdir -p "$out"
+{
+	echo "date: $(date -u +%FT%TZ)"
+	echo "kernel: $(uname -r)"
+	"$bench" --version
+	"$bench" --topology
+} | tee "$out/machine.txt"
+for w in "${workloads[@]}"; do
+	echo
+	if [[ $w == anatomy ]]; then
+		"$here/bin/percpuref-anatomy" "${anatomy[@]}" | tee "$out/anatomy.txt"
+	else
+		"$bench" "$w" --repeat "$repeat" --duration "$duration" "${threads[@]}" \
+			--json "$out/$w.json" | tee "$out/$w.txt"
+	fi
+done
+RUN
+chmod +x "$bundle/run.sh"
+echo "bundle.sh: $bundle ($(du -sh "$bundle" | cut -f1)): run $bundle/run.sh there"
