@@ -28,6 +28,12 @@ for binary in bench/percpuref-bench bench/percpuref-anatomy; do
 	fi
 done
 
+# Replaces an earlier bundle, never anything else (a mistyped build folder).
+if [[ -e $bundle ]] && [[ -n $(ls -A "$bundle" 2>/dev/null) || ! -d $bundle ]] &&
+	! grep -qs "^# Runs the packed percpuref benchmarks" "$bundle/run.sh"; then
+	echo "bundle.sh: $bundle exists and is not a bundle; not replacing it" >&2
+	exit 1
+fi
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
 cp "$build/bench/percpuref-bench" "$build/bench/percpuref-anatomy" "$bundle/bin/"

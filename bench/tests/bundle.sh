@@ -33,7 +33,12 @@ status_of() { # status_of WANT COMMAND...: the command exits with WANT
 
 check "bundle.sh without arguments: exit 2" status_of 2 bash "$bundle_sh"
 check "bundle.sh on a folder with no benchmarks: exit 1" status_of 1 bash "$bundle_sh" "$tmp" "$tmp/b"
+mkdir "$tmp/keep" && touch "$tmp/keep/precious"
+check "bundle.sh onto a folder that is not a bundle: exit 1" \
+	status_of 1 bash "$bundle_sh" "$build" "$tmp/keep"
+check "and the folder is kept" test -e "$tmp/keep/precious"
 check "bundle.sh packs this build" status_of 0 bash "$bundle_sh" "$build" "$tmp/b"
+check "bundle.sh replaces its own bundle" status_of 0 bash "$bundle_sh" "$build" "$tmp/b"
 
 # Every library that is not the C or C++ runtime comes from the bundle.
 LD_LIBRARY_PATH=$tmp/b/lib ldd "$tmp/b/bin/percpuref-bench" >"$tmp/ldd"
