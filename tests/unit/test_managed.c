@@ -705,6 +705,29 @@ static int held_warning(void)
 	return code;
 }
 
+/* The thread id of the reclaimer, found by its name; 0: none. */
+static pid_t reclaimer_tid(void)
+{
+	char path[300], comm[32];
+	DIR *tasks = opendir("/proc/self/task");
+	struct dirent *d;
+	pid_t tid = 0;
+	FILE *f;
+
+	while (tasks && (d = readdir(tasks))) {
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", d->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (fgets(comm, sizeof(comm), f) && !strcmp(comm, "percpuref-recl\n"))
+			tid = (pid_t)atoi(d->d_name);
+		fclose(f);
+	}
+	if (tasks)
+		closedir(tasks);
+	return tid;
+}
+
 /*
  * Child of test_reclaimer_nice(): starts the reclaimer and exits with its
  * nice value + 20, found by the thread's name; 100: no such thread.
@@ -712,30 +735,18 @@ static int held_warning(void)
 static int reclaimer_nice(void)
 {
 	struct object o = { 0 };
-	char path[300], comm[32];
 	int nice = 100 - 20;
-	DIR *tasks;
-	struct dirent *d;
-	FILE *f;
+	pid_t tid;
 
 	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED);
 	percpu_ref_managed_flush();	/* the thread runs from here on */
-	tasks = opendir("/proc/self/task");
-	while (tasks && (d = readdir(tasks))) {
-		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", d->d_name);
-		f = fopen(path, "r");
-		if (!f)
-			continue;
-		if (fgets(comm, sizeof(comm), f) && !strcmp(comm, "percpuref-recl\n")) {
-			errno = 0;
-			nice = getpriority(PRIO_PROCESS, (id_t)atoi(d->d_name));
-			if (errno)
-				nice = 100 - 20;
-		}
-		fclose(f);
+	tid = reclaimer_tid();
+	if (tid) {
+		errno = 0;
+		nice = getpriority(PRIO_PROCESS, (id_t)tid);
+		if (errno)
+			nice = 100 - 20;
 	}
-	if (tasks)
-		closedir(tasks);
 	percpu_ref_put(&o.ref);
 	percpu_ref_managed_flush();
 	percpu_ref_exit(&o.ref);
@@ -761,29 +772,6 @@ static void test_reclaimer_nice(void)
 	is(run_nice_child("19"), 19 + 20, "PERCPUREF_RECLAIMER_NICE=19: nice 19");
 	is(run_nice_child("7"), 7 + 20, "PERCPUREF_RECLAIMER_NICE=7: nice 7");
 	is(run_nice_child("20"), 0 + 20, "PERCPUREF_RECLAIMER_NICE=20: warned, default kept");
-}
-
-/* The thread id of the reclaimer, found by its name; 0: none. */
-static pid_t reclaimer_tid(void)
-{
-	char path[300], comm[32];
-	DIR *tasks = opendir("/proc/self/task");
-	struct dirent *d;
-	pid_t tid = 0;
-	FILE *f;
-
-	while (tasks && (d = readdir(tasks))) {
-		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", d->d_name);
-		f = fopen(path, "r");
-		if (!f)
-			continue;
-		if (fgets(comm, sizeof(comm), f) && !strcmp(comm, "percpuref-recl\n"))
-			tid = (pid_t)atoi(d->d_name);
-		fclose(f);
-	}
-	if (tasks)
-		closedir(tasks);
-	return tid;
 }
 
 static uint64_t clock_ns(clockid_t clock)
