@@ -2,16 +2,20 @@
 # SPDX-License-Identifier: MIT
 # Packs built benchmarks into a folder that runs on another x86-64 Linux
 # machine with no compiler, no liburcu and no network (a lent many-core
-# machine, a production host): the benchmark binaries, the one shared
-# library they need besides the C and C++ runtimes (liburcu-bp), and run.sh.
+# machine, a production host): the benchmark binaries, the shared libraries
+# they need besides the C and C++ runtimes (liburcu-bp), and run.sh.
 #
 #   scripts/bundle.sh BUILD_DIR [BUNDLE_DIR]    (default build/bundle)
 #
 # BUILD_DIR is a Release build with the benchmarks built, e.g.
 #   cmake -S . -B build/rel -DCMAKE_BUILD_TYPE=Release && cmake --build build/rel
-# Then, on the other machine (glibc as new as the build machine's or newer):
+# Then, on the other machine (glibc and libstdc++ as new as the build
+# machine's or newer):
 #   BUNDLE_DIR/run.sh [--quick] [--threads LIST] [--out DIR] [WORKLOAD...]
 # which prints every table and writes DIR/WORKLOAD.txt and .json.
+# BUNDLE_DIR may be new, empty or an earlier bundle, whose bin/, lib/ and
+# run.sh are replaced (results kept beside them stay); anything else is
+# refused.
 set -euo pipefail
 
 usage() {
@@ -21,37 +25,55 @@ usage() {
 (($# == 1 || $# == 2)) || usage
 build=$1
 bundle=${2:-build/bundle}
-for binary in bench/percpuref-bench bench/percpuref-anatomy; do
+[[ $bundle == /* ]] || bundle=./$bundle	# a name starting with '-' is no option
+binaries=(bench/percpuref-bench bench/percpuref-anatomy)
+for binary in "${binaries[@]}"; do
 	if [[ ! -x $build/$binary ]]; then
 		echo "bundle.sh: $build/$binary is missing: build the benchmarks first" >&2
 		exit 1
 	fi
 done
 
-# Replaces an earlier bundle, never anything else (a mistyped build folder).
-if [[ -e $bundle ]] && [[ -n $(ls -A "$bundle" 2>/dev/null) || ! -d $bundle ]] &&
-	! grep -qs "^# Runs the packed percpuref benchmarks" "$bundle/run.sh"; then
-	echo "bundle.sh: $bundle exists and is not a bundle; not replacing it" >&2
-	exit 1
+# Replaces an earlier bundle's parts, never anything else (a mistyped
+# build folder): the folder must be new, empty, or carry run.sh's marker.
+marker="# Runs the packed percpuref benchmarks"
+if [[ -e $bundle || -L $bundle ]]; then
+	if [[ ! -d $bundle || ! -r $bundle ]] ||
+		{ [[ -n $(ls -A -- "$bundle") ]] && ! grep -qs "^$marker" "$bundle/run.sh"; }; then
+		echo "bundle.sh: $bundle exists and is not a bundle; not replacing it" >&2
+		exit 1
+	fi
 fi
-rm -rf "$bundle"
-mkdir -p "$bundle/bin" "$bundle/lib"
-cp "$build/bench/percpuref-bench" "$build/bench/percpuref-anatomy" "$bundle/bin/"
+rm -rf -- "$bundle/bin" "$bundle/lib" "$bundle/run.sh"
+mkdir -p -- "$bundle/bin" "$bundle/lib"
+# The marker first, so that a run that fails below can be repeated.
+echo "$marker (unfinished: run scripts/bundle.sh again)" >"$bundle/run.sh"
+for binary in "${binaries[@]}"; do
+	cp -- "$build/$binary" "$bundle/bin/"
+done
 # Every library the binaries load that is not part of the C or C++ runtime
-# (which the other machine has) goes along, under its soname.
-ldd "$bundle/bin/percpuref-bench" "$bundle/bin/percpuref-anatomy" |
-	awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
-	while read -r soname path; do
-		case $soname in
-		libc.so.* | libm.so.* | libstdc++.so.* | libgcc_s.so.* | ld-linux*) ;;
-		*) cp -L "$path" "$bundle/lib/$soname" ;;
-		esac
-	done
-if ldd "$bundle/bin/percpuref-bench" | grep -q "not found"; then
-	echo "bundle.sh: a library the benchmark needs was not found:" >&2
-	ldd "$bundle/bin/percpuref-bench" | grep "not found" >&2
-	exit 1
-fi
+# (which the other machine has, newer) goes along, under its soname.
+for binary in "$bundle"/bin/*; do
+	if ! ldd "$binary" >"$bundle/lib/.ldd" 2>&1; then
+		echo "bundle.sh: ldd cannot read $binary (another architecture?):" >&2
+		cat "$bundle/lib/.ldd" >&2
+		exit 1
+	fi
+	if grep -q "not found" "$bundle/lib/.ldd"; then
+		echo "bundle.sh: a library $binary needs was not found:" >&2
+		grep "not found" "$bundle/lib/.ldd" >&2
+		exit 1
+	fi
+	awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' "$bundle/lib/.ldd"
+done | sort -u | while read -r soname path; do
+	case $soname in
+	ld-linux* | libc.so.* | libm.so.* | libmvec.so.* | libpthread.so.* | libdl.so.* | \
+		librt.so.* | libresolv.so.* | libutil.so.* | libanl.so.* | libnss_* | \
+		libstdc++.so.* | libgcc_s.so.*) ;;
+	*) cp -L -- "$path" "$bundle/lib/$soname" ;;
+	esac
+done
+rm -f -- "$bundle/lib/.ldd"
 
 cat >"$bundle/run.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -64,12 +86,12 @@ cat >"$bundle/run.sh" <<'RUN'
 # workloads (micro, managed-hot, managed-scan, switch-storm, anatomy) and
 # the three seed cases (labels, creds, signal1).  Each point is the median of
 # 3 interleaved runs of 0.5 s (--quick: one run of 0.2 s, and a short
-# anatomy).  --threads is
-# passed to every workload (default: each workload's, 1, 2, 4, ... all CPUs).
+# anatomy).  --threads is passed to every percpuref-bench workload
+# (default: each workload's, 1, 2, 4, ... all CPUs; anatomy runs one).
 # Tables go to standard output and DIR/WORKLOAD.txt, JSON Lines to
 # DIR/WORKLOAD.json (DIR: default results-HOSTNAME).
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
+here=$(dirname -- "$(readlink -f -- "$0")")
 export LD_LIBRARY_PATH=$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 bench=$here/bin/percpuref-bench
 repeat=3 duration=0.5 out=results-$(uname -n) threads=() anatomy=()
@@ -99,15 +121,19 @@ while (($#)); do
 done
 ((${#workloads[@]})) ||
 	workloads=(micro managed-hot managed-scan switch-storm anatomy labels creds signal1)
-known=$("$bench" --help | awk '/^workloads:/ { on = 1; next } on { print $1 }')
+known=$("$bench" --help |
+	awk '/^workloads:/ { on = 1; next } on && !/^  [a-z]/ { exit } on { print $1 }')
 for w in "${workloads[@]}"; do
-	if [[ $w != anatomy ]] && ! grep -qx -- "$w" <<<"$known"; then
+	if [[ $w != anatomy ]] && ! grep -qxF -- "$w" <<<"$known"; then
 		echo "run.sh: unknown workload $w; workloads: anatomy $(echo $known)" >&2
 		exit 2
 	fi
 done
 
-mkdir -p "$out"
+if ! mkdir -p -- "$out" 2>/dev/null || [[ ! -w $out ]]; then
+	echo "run.sh: --out $out is not a folder this user can write" >&2
+	exit 2
+fi
 {
 	echo "date: $(date -u +%FT%TZ)"
 	echo "kernel: $(uname -r)"

@@ -38,12 +38,23 @@ check "bundle.sh onto a folder that is not a bundle: exit 1" \
 	status_of 1 bash "$bundle_sh" "$build" "$tmp/keep"
 check "and the folder is kept" test -e "$tmp/keep/precious"
 check "bundle.sh packs this build" status_of 0 bash "$bundle_sh" "$build" "$tmp/b"
+mkdir "$tmp/b/results-kept"
 check "bundle.sh replaces its own bundle" status_of 0 bash "$bundle_sh" "$build" "$tmp/b"
+check "and keeps the results beside it" test -d "$tmp/b/results-kept"
+mkdir "$tmp/half" && echo "# Runs the packed percpuref benchmarks (unfinished)" >"$tmp/half/run.sh"
+check "bundle.sh finishes a bundle that failed halfway" \
+	status_of 0 bash "$bundle_sh" "$build" "$tmp/half"
 
-# Every library that is not the C or C++ runtime comes from the bundle.
-LD_LIBRARY_PATH=$tmp/b/lib ldd "$tmp/b/bin/percpuref-bench" >"$tmp/ldd"
+# Every library of either binary that is not the C or C++ runtime comes
+# from the bundle (ldd would otherwise find this machine's copies).
+LD_LIBRARY_PATH=$tmp/b/lib ldd "$tmp/b/bin/percpuref-bench" "$tmp/b/bin/percpuref-anatomy" \
+	>"$tmp/ldd"
 check "no library is missing" sh -c "! grep -q 'not found' '$tmp/ldd'"
-check "liburcu-bp is loaded from the bundle" grep -q "=> $tmp/b/lib/liburcu-bp" "$tmp/ldd"
+awk -v lib="$tmp/b/lib/" '$2 == "=>" && index($3, lib) != 1 &&
+	$1 !~ /^(libc|libm|libmvec|libpthread|libdl|librt|libstdc\+\+|libgcc_s)\.so/' \
+	"$tmp/ldd" >"$tmp/outside"
+check "every other library comes from the bundle" test ! -s "$tmp/outside"
+check "liburcu-bp is one of them" grep -q "=> $tmp/b/lib/liburcu-bp" "$tmp/ldd"
 
 run=$tmp/b/run.sh
 check "run.sh --bogus: exit 2" status_of 2 "$run" --bogus
@@ -51,6 +62,10 @@ check "run.sh with an unknown workload: exit 2" status_of 2 "$run" --out "$tmp/n
 check "and nothing measured" test ! -e "$tmp/none"
 check "run.sh --out without a folder: exit 2" status_of 2 "$run" --out
 check "run.sh --help: exit 0" status_of 0 "$run" --help
+check "run.sh --out onto a file: exit 2" status_of 2 "$run" --out "$tmp/ldd" micro
+check "run.sh with a pattern for a workload: exit 2" status_of 2 "$run" --out "$tmp/none" 'mic.o'
+mkdir "$tmp/elsewhere" && ln -s "$run" "$tmp/elsewhere/bench-run"
+check "run.sh through a symlink finds its bundle" status_of 0 "$tmp/elsewhere/bench-run" --help
 check "run.sh --quick --threads 1 micro anatomy" \
 	status_of 0 "$run" --quick --threads 1 --out "$tmp/res" micro anatomy
 for f in machine.txt micro.txt micro.json anatomy.txt; do
