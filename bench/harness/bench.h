@@ -221,6 +221,13 @@ void bench_report_metric(struct bench_run *run, const char *name, double value,
 /* Zeroed memory aligned to 128 bytes, for shared objects; dies on ENOMEM. */
 void *bench_zalloc(size_t size);
 
+/*
+ * bench_threads_cpu_ns - the CPU time, in ns, of this process's threads
+ * named @name ("percpuref-cb"), summed: for a workload's metrics on the
+ * library's own threads.  0 when there are none.
+ */
+uint64_t bench_threads_cpu_ns(const char *name);
+
 /* Print "percpuref-bench: <message>" on stderr and exit with status 1. */
 void bench_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 

@@ -1,16 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * support.c - the two helpers that every harness file and every workload
- * calls: bench_die() and bench_zalloc() (declared in bench.h).
+ * support.c - helpers for every harness file and workload (declared in
+ * bench.h): bench_die(), bench_zalloc(), and bench_threads_cpu_ns(), the
+ * CPU time of a library thread found by its name.
  *
  * They live apart from main.c so that no harness file depends on the
  * command line's file: topology.c, measure.c and report.c call down into
  * this file and nothing here calls back up.
  */
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <time.h>
 
 #include "bench.h"
 
@@ -36,4 +40,33 @@ void *bench_zalloc(size_t size)
 	if (!p)
 		bench_die("out of memory (%zu bytes)", size);
 	return memset(p, 0, rounded ? rounded : 128);
+}
+
+uint64_t bench_threads_cpu_ns(const char *name)
+{
+	char path[300], comm[32];
+	DIR *tasks = opendir("/proc/self/task");
+	struct timespec ts;
+	struct dirent *d;
+	uint64_t sum = 0;
+	FILE *f;
+
+	while (tasks && (d = readdir(tasks))) {
+		pid_t tid = (pid_t)atoi(d->d_name);
+
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", d->d_name);
+		f = tid > 0 ? fopen(path, "r") : NULL;
+		if (!f)
+			continue;
+		/* Another thread's CPU clock: Linux's MAKE_THREAD_CPUCLOCK(tid,
+		 * CPUCLOCK_SCHED), what glibc's pthread_getcpuclockid() returns. */
+		if (fgets(comm, sizeof(comm), f) && !strncmp(comm, name, strlen(name)) &&
+		    comm[strlen(name)] == '\n' &&
+		    !clock_gettime((clockid_t)(((unsigned int)~tid << 3) | 6), &ts))
+			sum += (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+		fclose(f);
+	}
+	if (tasks)
+		closedir(tasks);
+	return sum;
 }

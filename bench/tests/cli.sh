@@ -159,6 +159,23 @@ else
 	sed 's/^/  /' "$tmp/json" "$tmp/table" | head -20
 	fails=$((fails + 1))
 fi
+# switch-storm measures the CPU a cycle costs on its thread and on the
+# library's callback thread (found by name): both measured, both positive.
+if "$bench" switch-storm --threads 1 --duration 0.05 --batch 8 --variants kill --json - \
+	>"$tmp/json" 2>"$tmp/table" &&
+   "$python" -c '
+import json, sys
+m = json.loads(open(sys.argv[1]).read())["metrics"]
+assert m["worker_cpu"] and m["worker_cpu"] > 0, m
+assert m["callback_cpu"] and m["callback_cpu"] > 0, m
+assert 0 < m["offload_bound"] < 100, m
+' "$tmp/json"; then
+	echo "ok: switch-storm --json -: worker and callback CPU per cycle"
+else
+	echo "FAIL: switch-storm --json -: CPU per cycle not measured"
+	sed 's/^/  /' "$tmp/json" | head -5
+	fails=$((fails + 1))
+fi
 # A workload that reports none has an empty object, and no metrics table.
 "$bench" micro --threads 1 --variants private $short --json - >"$tmp/json" 2>"$tmp/table"
 if "$python" -c '

@@ -16,9 +16,18 @@
  * counts releases per thread; a thread exits its batch only once every ref
  * of it was released, and teardown checks that every ref was released
  * exactly once (a lost or doubled release fails the run).
+ *
+ * Metrics: the CPU time a cycle costs on its own thread, not counting the
+ * waits for releases (worker_cpu), and on the library's callback thread,
+ * which finishes every kill (callback_cpu), both over the threads' whole
+ * lives; and offload_bound = worker / (worker + callback), the efficiency
+ * this design allows where no CPU is spare for the callback thread
+ * (docs/percpu_ref.md).
  */
+#include <math.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include <percpuref/percpu_ref.h>
 
@@ -37,7 +46,31 @@ struct storm_local {
 	struct storm_ref *refs;
 	unsigned long released;		/* atomic: release callbacks */
 	unsigned long lives;		/* refs this thread initialised */
+	uint64_t cpu_ns_at_start;	/* this thread's CPU clock */
+	uint64_t cpu_ns_waiting;	/* of it, waiting for releases */
 };
+
+struct storm_state {
+	uint64_t callback_cpu_ns_before;
+	uint64_t worker_cpu_ns;		/* atomic: summed by thread_fini */
+	uint64_t lives;			/* atomic: likewise */
+};
+
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void storm_setup(struct bench_run *run)
+{
+	struct storm_state *s = bench_zalloc(sizeof(*s));
+
+	s->callback_cpu_ns_before = bench_threads_cpu_ns("percpuref-cb");
+	run->state = s;
+}
 
 static void storm_release(struct percpu_ref *ref)
 {
@@ -53,6 +86,7 @@ static void storm_thread_init(struct bench_thread *t)
 
 	l->refs = bench_zalloc((size_t)opt_batch * sizeof(*l->refs));
 	t->local = l;
+	l->cpu_ns_at_start = thread_cpu_ns();
 }
 
 static void storm_loop(struct bench_thread *t)
@@ -83,9 +117,15 @@ static void storm_loop(struct bench_thread *t)
 		}
 		l->lives += (unsigned long)opt_batch;
 		/* Acquire: pairs with storm_release().  Yield: the callback
-		 * thread that finishes the kills may need this CPU. */
-		while (__atomic_load_n(&l->released, __ATOMIC_ACQUIRE) < target)
-			sched_yield();
+		 * thread that finishes the kills may need this CPU.  The time
+		 * spent so is waiting, not the cycle's work (worker_cpu). */
+		if (__atomic_load_n(&l->released, __ATOMIC_ACQUIRE) < target) {
+			uint64_t wait_start = thread_cpu_ns();
+
+			while (__atomic_load_n(&l->released, __ATOMIC_ACQUIRE) < target)
+				sched_yield();
+			l->cpu_ns_waiting += thread_cpu_ns() - wait_start;
+		}
 		for (i = 0; i < opt_batch; i++)
 			percpu_ref_exit(&l->refs[i].ref);
 		bench_count(t, (uint64_t)opt_batch);
@@ -95,11 +135,35 @@ static void storm_loop(struct bench_thread *t)
 static void storm_thread_fini(struct bench_thread *t)
 {
 	struct storm_local *l = t->local;
+	struct storm_state *s = t->run->state;
 
+	/* Relaxed: the main thread reads them after joining this thread. */
+	__atomic_fetch_add(&s->worker_cpu_ns,
+			   thread_cpu_ns() - l->cpu_ns_at_start - l->cpu_ns_waiting,
+			   __ATOMIC_RELAXED);
+	__atomic_fetch_add(&s->lives, (uint64_t)l->lives, __ATOMIC_RELAXED);
 	if (__atomic_load_n(&l->released, __ATOMIC_ACQUIRE) != l->lives)
 		bench_die("switch-storm: %lu releases for %lu refs", l->released, l->lives);
 	free(l->refs);
 	free(l);
+}
+
+static void storm_teardown(struct bench_run *run)
+{
+	struct storm_state *s = run->state;
+	uint64_t callback_now = bench_threads_cpu_ns("percpuref-cb");
+	double worker, callback;
+
+	/* Every kill of the run was released before its thread ended. */
+	worker = s->lives ? (double)s->worker_cpu_ns / (double)s->lives : NAN;
+	/* No callback thread found (or its clock refused): not measured. */
+	callback = s->lives && callback_now && callback_now >= s->callback_cpu_ns_before
+			   ? (double)(callback_now - s->callback_cpu_ns_before) / (double)s->lives
+			   : NAN;
+	bench_report_metric(run, "worker_cpu", worker, "ns");
+	bench_report_metric(run, "callback_cpu", callback, "ns");
+	bench_report_metric(run, "offload_bound", 100.0 * worker / (worker + callback), "%");
+	free(s);
 }
 
 static const char *storm_validate(void)
@@ -132,8 +196,10 @@ static const struct bench_workload switch_storm = {
 	.op = "cycle",
 	.variants = storm_variants,
 	.options = storm_options,
+	.setup = storm_setup,
 	.thread_init = storm_thread_init,
 	.thread_fini = storm_thread_fini,
+	.teardown = storm_teardown,
 	.validate = storm_validate,
 };
 PERCPUREF_BENCH_WORKLOAD(switch_storm);
