@@ -119,9 +119,8 @@ extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
  * the runtime is set up: no unit, so nothing is written then either.  The
  * pair is bound by loads, not by instructions (docs/percpu_ref.md, "Where
  * the time goes"): this word saves two of the six loads of each get and
- * put.  Written with the two variables
- * (runtime.c), relaxed, before the first counter exists or when the fast
- * path is turned off.
+ * put.  Written with the two variables (runtime.c), relaxed, before the
+ * first counter exists or when the fast path is turned off.
  */
 extern PERCPUREF_API uint64_t percpuref_this_cpu_params;
 
