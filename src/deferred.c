@@ -23,10 +23,15 @@
  * whatever a caller wrote before queueing is visible to the item's function.
  * Only a push that finds the thread asleep (or not started) takes
  * deferred_lock, to start or wake it.  No wake-up is lost: the thread
- * stores thread_sleeping and then reads the stack, a pusher stores the stack
- * and then reads thread_sleeping, all four sequentially consistent, so one
- * of them sees the other (Dekker); the thread sets the flag under the lock
- * and keeps it until cond_wait releases the lock, so a pusher that saw it
+ * swaps thread_sleeping in and then reads the stack, a pusher CASes the
+ * stack and then reads thread_sleeping, all four sequentially consistent,
+ * so one of them sees the other (Dekker).  The thread's side exchanges
+ * rather than stores: C11 and aarch64 order a seq_cst store before a later
+ * seq_cst load, but qemu-user runs aarch64's store-release and load-acquire
+ * on x86 as a plain store and load, which pass each other in the store
+ * buffer (a CI run hung on a wake-up so lost); a read-modify-write is a
+ * locked instruction there.  The thread sets the flag under the lock and
+ * keeps it until cond_wait releases the lock, so a pusher that saw it
  * signals a thread that is waiting or about to re-check.  Whatever the
  * functions did is visible to percpuref_wait_deferred() callers through
  * deferred_lock, under which the thread counts them done.
@@ -98,7 +103,8 @@ static struct percpuref_deferred *take_pending(void)
  */
 static bool pushed_while_going_to_sleep(void)
 {
-	__atomic_store_n(&thread_sleeping, true, __ATOMIC_SEQ_CST);
+	/* An exchange, not a store: see above. */
+	(void)__atomic_exchange_n(&thread_sleeping, true, __ATOMIC_SEQ_CST);
 	if (!__atomic_load_n(&pending, __ATOMIC_SEQ_CST))
 		return false;
 	__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
