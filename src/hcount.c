@@ -467,10 +467,12 @@ int hcount_ns_set_limit(struct hcount_ns *ns, unsigned int type, long limit)
 	if (!ns->batch) {
 		/* The mutex serialises setters, so restoring `old` is safe. */
 		pthread_mutex_lock(&tree->mutex);
-		/* Relaxed: only setters write the limit, and they hold the mutex. */
-		old = __atomic_load_n(&s->limit, __ATOMIC_RELAXED);
-		/* Seq_cst store, then load: pairs with nocache_charge() (Dekker). */
-		__atomic_store_n(&s->limit, limit, __ATOMIC_SEQ_CST);
+		/*
+		 * Seq_cst exchange, then load: pairs with nocache_charge()
+		 * (Dekker).  An exchange, not a store, for qemu-user, which
+		 * lets a seq_cst store pass a later seq_cst load (deferred.c).
+		 */
+		old = __atomic_exchange_n(&s->limit, limit, __ATOMIC_SEQ_CST);
 		ok = __atomic_load_n(&s->count, __ATOMIC_SEQ_CST) <= limit;
 		if (!ok)
 			/* Relaxed: a charge that saw the lower limit was refused. */

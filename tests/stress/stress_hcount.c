@@ -2,7 +2,7 @@
 /*
  * Stress test of <percpuref/hcount.h>: threads charge and uncharge in many
  * namespaces of one tree at once, in cache mode (batch 16 and batch 1) and
- * in no-cache mode.  Three workloads, each run for a share of
+ * in no-cache mode.  Three workloads, each run for a tenth of
  * stress_seconds(3):
  *
  *   churn  tight limits, random charges (some with a caller max) and
@@ -19,6 +19,12 @@
  *          grows, so a refusal that was exact when it happened is still
  *          justified at the end.  No-cache mode charges 1 unit at a time,
  *          for which its refusals are justified too (see docs/hcount.md).
+ *
+ * Then a race, in no-cache mode: a full root (count RACE_FULL, limit one
+ * above) is lowered to RACE_FULL while another thread charges one unit,
+ * both released at once, round after round.  The two are a Dekker pair
+ * (each stores, then loads what the other stores): at most one may
+ * succeed, or the count ends above the limit.
  *
  * After every run: hcount_tree_check() (the invariant), own units equal to
  * the units the threads hold, then everything uncharged and every namespace
@@ -432,10 +438,81 @@ static void run(enum workload kind, unsigned int batch, double secs, uint64_t se
 	   batch);
 }
 
+#define RACE_FULL 1000
+
+struct race {
+	struct hcount_ns *root;
+	long round;		/* the round both sides may start, atomic */
+	long charged;		/* the charger's last finished round, atomic */
+	int charge_rc;
+	int stop;
+};
+
+static void *race_charger(void *arg)
+{
+	struct race *r = arg;
+	long round;
+
+	for (round = 1;; round++) {
+		/* Acquire: the main thread reset the root before this round. */
+		while (__atomic_load_n(&r->round, __ATOMIC_ACQUIRE) != round)
+			if (__atomic_load_n(&r->stop, __ATOMIC_RELAXED))
+				return NULL;
+		r->charge_rc = hcount_charge(r->root, 0, 1);
+		/* Release: charge_rc to the main thread. */
+		__atomic_store_n(&r->charged, round, __ATOMIC_RELEASE);
+	}
+}
+
+/* Lowering a full root's limit races a charge: at most one succeeds. */
+static void race_lower_and_charge(double secs)
+{
+	long limit = RACE_FULL + 1, rounds = 0, both = 0, lowered = 0, charges = 0;
+	uint64_t rng = 1;
+	unsigned int spin;
+	struct hcount_tree *tree;
+	struct race r = { 0 };
+	pthread_t charger;
+	double end = now() + secs;
+
+	if (hcount_tree_create(&tree, 1, HCOUNT_NO_CACHE, &limit) ||
+	    pthread_create(&charger, NULL, race_charger, &r)) {
+		ok(0, "race: set-up");
+		return;
+	}
+	r.root = hcount_tree_root(tree);
+	hcount_charge(r.root, 0, RACE_FULL);
+	while (now() < end) {
+		int set_rc;
+
+		/* Release: the reset below is done before the round starts. */
+		__atomic_store_n(&r.round, ++rounds, __ATOMIC_RELEASE);
+		/* A random head start for the charger, to sweep the window. */
+		for (spin = (unsigned int)rnd_range(&rng, 0, 63); spin; spin--)
+			__asm__ __volatile__("" ::: "memory");
+		set_rc = hcount_ns_set_limit(r.root, 0, RACE_FULL);
+		/* Acquire: pairs with the charger's release. */
+		while (__atomic_load_n(&r.charged, __ATOMIC_ACQUIRE) != rounds)
+			;
+		both += !set_rc && !r.charge_rc;
+		lowered += !set_rc;
+		charges += !r.charge_rc;
+		if (!r.charge_rc)
+			hcount_uncharge(r.root, 0, 1);
+		hcount_ns_set_limit(r.root, 0, RACE_FULL + 1);
+	}
+	__atomic_store_n(&r.stop, 1, __ATOMIC_RELAXED);
+	pthread_join(charger, NULL);
+	printf("# race: %ld rounds, %ld lowered, %ld charged\n", rounds, lowered, charges);
+	is(both, 0, "race: never both the lowering and the charge (count above the limit)");
+	hcount_uncharge(r.root, 0, RACE_FULL);
+	is(hcount_tree_destroy(tree), 0, "race: tree destroyed");
+}
+
 int main(void)
 {
 	static const unsigned int batches[] = { HCOUNT_BATCH_DEFAULT, 1, HCOUNT_NO_CACHE };
-	double share = stress_seconds(3.0) / 9;
+	double share = stress_seconds(3.0) / 10;
 	const char *env = getenv("STRESS_SEED");	/* to replay a failure */
 	uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) | 1;
 	int b;
@@ -446,5 +523,6 @@ int main(void)
 		run(ROOM, batches[b], share, seed + 10 + b);
 		run(FILL, batches[b], share, seed + 20 + b);
 	}
+	race_lower_and_charge(share);
 	return done_testing();
 }
