@@ -38,9 +38,9 @@
  * Where membarrier is unavailable or refused at set-up (kernel < 4.14,
  * seccomp), readers store ctr with a sequentially consistent exchange and
  * the fence skips step 2: the same store-buffer argument in C11's single
- * total order of the sequentially consistent accesses (the mode-word store
- * and load, the ctr exchange and loads); correct, one locked instruction
- * dearer per call.  A membarrier refused after it was registered (a seccomp
+ * total order of the sequentially consistent accesses (the mode-word
+ * exchange and load, the ctr exchange and loads); correct, one locked
+ * instruction dearer per call.  A membarrier refused after it was registered (a seccomp
  * filter installed later) switches readers to that mode and fences the
  * sections in flight by running on every CPU (runtime.c), as the rseq
  * fence does.

@@ -90,7 +90,7 @@ percpuref_reader_add(const uintptr_t *mode_word, unsigned long delta)
 	 * fence's membarrier(PRIVATE_EXPEDITED) makes a compiler barrier a
 	 * full barrier whenever it matters.  Without membarrier the store is
 	 * a sequentially consistent exchange, as are the mode-word load, the
-	 * switcher's mode-word store and the fence's ctr loads: in their
+	 * switcher's mode-word exchange and the fence's ctr loads: in their
 	 * single total order either the fence sees this ctr or this section
 	 * sees the new mode word.  The mode-word load is sequentially
 	 * consistent either way (and acquire, pairing with the release

@@ -201,9 +201,11 @@ static uintptr_t mode_word(struct percpu_ref *ref)
 static void set_mode_word(struct percpu_ref *ref, uintptr_t word)
 {
 	/* Sequentially consistent: without membarrier, the fallback readers'
-	 * fence relies on it (fallback.h).  Clearing ATOMIC
-	 * goes through switch_to_percpu_locked()'s release store instead. */
-	__atomic_store_n(&ref->percpu_count_ptr, word, __ATOMIC_SEQ_CST);
+	 * fence relies on it (fallback.h).  An exchange, not a store, for
+	 * qemu-user, which lets a seq_cst store pass a later seq_cst load
+	 * (deferred.c).  Clearing ATOMIC goes through
+	 * switch_to_percpu_locked()'s release store instead. */
+	__atomic_exchange_n(&ref->percpu_count_ptr, word, __ATOMIC_SEQ_CST);
 }
 
 static uintptr_t counter_of(struct percpu_ref *ref)
