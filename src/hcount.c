@@ -350,8 +350,8 @@ static int nocache_charge(struct hcount_ns *ns, unsigned int type, long n, long 
 				goto refuse;
 			/*
 			 * Seq_cst, and the seq_cst load of the limit after it:
-			 * pairs with set_limit's store of the limit and load
-			 * of the count (Dekker): a lowering either sees this
+			 * pairs with set_limit's exchange of the limit and
+			 * load of the count (Dekker): a lowering either sees this
 			 * count or this charge sees the lowered limit.
 			 */
 		} while (!__atomic_compare_exchange_n(&s->count, &c, c + n, false,

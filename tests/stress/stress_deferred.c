@@ -9,8 +9,10 @@
  * sees the thread awake, the thread sees an empty stack, and the item is
  * never run (a lost wake-up; only the next push would run it).  The pusher
  * varies how long it waits before the next push, to sweep the window.
- * Under qemu-user (aarch64 on x86), before the thread's side had a fence,
- * every 4 s run lost an item.
+ * Only where a seq_cst store can pass a later seq_cst load does the window
+ * open: under qemu-user (aarch64 on x86), when the thread's side stored
+ * instead of exchanging, 4 s runs lost an item in 7 of 8 tries; x86 and
+ * aarch64 hardware order those, so there the test guards the protocol.
  *
  * Checked: every item runs exactly once, in turn, and none waits longer
  * than LOST_AFTER_S: the thread sleeps with no timeout, so an item it
@@ -23,6 +25,8 @@
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <percpuref/percpu_ref.h>
 
 #include "internal.h"
 #include "tap.h"
@@ -117,6 +121,8 @@ int main(void)
 	struct timespec run = { (time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9) };
 	pthread_t thread;
 
+	/* The runtime, so that every batch pays its real reader fence. */
+	printf("# fast path: %s\n", percpuref_fast_path());
 	if (pthread_create(&thread, NULL, pusher, NULL))
 		return 1;
 	nanosleep(&run, NULL);
@@ -125,7 +131,7 @@ int main(void)
 	is(percpuref_wait_deferred(), 0, "every queued item finished");
 	printf("# %ld items pushed, %ld ran, %lu batches\n", pushes, ran,
 	       percpuref_deferred_fences());
-	ok(pushes > 100, "the pusher made progress");
+	ok(pushes > 100 || lost, "the pusher made progress");
 	is(ran, pushes, "every item ran");
 	is(not_in_turn, 0, "every item ran once, in turn");
 	is(lost, 0, "no item waited %.0f s for a thread that slept (lost wake-up)",

@@ -22,9 +22,11 @@
  *
  * Then a race, in no-cache mode: a full root (count RACE_FULL, limit one
  * above) is lowered to RACE_FULL while another thread charges one unit,
- * both released at once, round after round.  The two are a Dekker pair
- * (each stores, then loads what the other stores): at most one may
- * succeed, or the count ends above the limit.
+ * round after round, either side first (random spins).  The two are a
+ * Dekker pair (each writes, then reads what the other writes): at most one
+ * may succeed, or the count ends above the limit.  Only where a seq_cst
+ * store may pass a later seq_cst load (qemu-user) could a store in
+ * set_limit fail this; with one, 3 of 3 runs there did.
  *
  * After every run: hcount_tree_check() (the invariant), own units equal to
  * the units the threads hold, then everything uncharged and every namespace
@@ -35,6 +37,8 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -443,57 +447,88 @@ static void run(enum workload kind, unsigned int batch, double secs, uint64_t se
 struct race {
 	struct hcount_ns *root;
 	long round;		/* the round both sides may start, atomic */
+	long poised;		/* the charger's last round seen, atomic */
 	long charged;		/* the charger's last finished round, atomic */
 	int charge_rc;
 	int stop;
 };
 
+/* Spins until *@p is @v (a few polls, then yields: valgrind, 2 CPUs);
+ * false once *@stopped is set. */
+static bool race_wait(const long *p, long v, const int *stopped)
+{
+	unsigned int polls = 0;
+
+	/* Acquire: pairs with the release store of @v. */
+	while (__atomic_load_n(p, __ATOMIC_ACQUIRE) != v) {
+		if (stopped && __atomic_load_n(stopped, __ATOMIC_RELAXED))
+			return false;
+		if (++polls % 256 == 0)
+			sched_yield();
+	}
+	return true;
+}
+
+/* A random spin of up to 63 iterations, to sweep the window. */
+static void race_spin(uint64_t *rng)
+{
+	long spin;
+
+	for (spin = rnd_range(rng, 0, 63); spin; spin--)
+		__asm__ __volatile__("" ::: "memory");
+}
+
 static void *race_charger(void *arg)
 {
 	struct race *r = arg;
+	uint64_t rng = 2;
 	long round;
 
-	for (round = 1;; round++) {
-		/* Acquire: the main thread reset the root before this round. */
-		while (__atomic_load_n(&r->round, __ATOMIC_ACQUIRE) != round)
-			if (__atomic_load_n(&r->stop, __ATOMIC_RELAXED))
-				return NULL;
+	for (round = 1; race_wait(&r->round, round, &r->stop); round++) {
+		/* Release: lets the main thread start on odd rounds. */
+		__atomic_store_n(&r->poised, round, __ATOMIC_RELEASE);
+		race_spin(&rng);
 		r->charge_rc = hcount_charge(r->root, 0, 1);
 		/* Release: charge_rc to the main thread. */
 		__atomic_store_n(&r->charged, round, __ATOMIC_RELEASE);
 	}
+	return NULL;
 }
 
-/* Lowering a full root's limit races a charge: at most one succeeds. */
+/*
+ * Lowering a full root's limit races a charge: at most one succeeds.  On
+ * even rounds the lowering starts at once, on odd ones once the charger
+ * is poised, each side after a random spin, so that either may go first.
+ */
 static void race_lower_and_charge(double secs)
 {
 	long limit = RACE_FULL + 1, rounds = 0, both = 0, lowered = 0, charges = 0;
 	uint64_t rng = 1;
-	unsigned int spin;
 	struct hcount_tree *tree;
 	struct race r = { 0 };
 	pthread_t charger;
 	double end = now() + secs;
 
-	if (hcount_tree_create(&tree, 1, HCOUNT_NO_CACHE, &limit) ||
-	    pthread_create(&charger, NULL, race_charger, &r)) {
+	if (hcount_tree_create(&tree, 1, HCOUNT_NO_CACHE, &limit)) {
 		ok(0, "race: set-up");
 		return;
 	}
 	r.root = hcount_tree_root(tree);
 	hcount_charge(r.root, 0, RACE_FULL);
+	if (pthread_create(&charger, NULL, race_charger, &r)) {
+		ok(0, "race: set-up");
+		return;
+	}
 	while (now() < end) {
 		int set_rc;
 
 		/* Release: the reset below is done before the round starts. */
 		__atomic_store_n(&r.round, ++rounds, __ATOMIC_RELEASE);
-		/* A random head start for the charger, to sweep the window. */
-		for (spin = (unsigned int)rnd_range(&rng, 0, 63); spin; spin--)
-			__asm__ __volatile__("" ::: "memory");
+		if (rounds & 1)
+			race_wait(&r.poised, rounds, NULL);
+		race_spin(&rng);
 		set_rc = hcount_ns_set_limit(r.root, 0, RACE_FULL);
-		/* Acquire: pairs with the charger's release. */
-		while (__atomic_load_n(&r.charged, __ATOMIC_ACQUIRE) != rounds)
-			;
+		race_wait(&r.charged, rounds, NULL);
 		both += !set_rc && !r.charge_rc;
 		lowered += !set_rc;
 		charges += !r.charge_rc;
