@@ -62,6 +62,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <percpuref/compiler.h>
 
@@ -220,6 +221,9 @@ void bench_report_metric(struct bench_run *run, const char *name, double value,
 
 /* Zeroed memory aligned to 128 bytes, for shared objects; dies on ENOMEM. */
 void *bench_zalloc(size_t size);
+
+/* bench_clock_ns - @clock's time in ns; 0 when the clock cannot be read. */
+uint64_t bench_clock_ns(clockid_t clock);
 
 /*
  * bench_threads_cpu_ns - the CPU time, in ns, of this process's threads

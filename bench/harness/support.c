@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * support.c - helpers for every harness file and workload (declared in
- * bench.h): bench_die(), bench_zalloc(), and bench_threads_cpu_ns(), the
- * CPU time of a library thread found by its name.
+ * bench.h): bench_die(), bench_zalloc(), bench_clock_ns(), and
+ * bench_threads_cpu_ns(), the CPU time of a library thread found by its name.
  *
  * They live apart from main.c so that no harness file depends on the
  * command line's file: topology.c, measure.c and report.c call down into
@@ -42,11 +42,19 @@ void *bench_zalloc(size_t size)
 	return memset(p, 0, rounded ? rounded : 128);
 }
 
+uint64_t bench_clock_ns(clockid_t clock)
+{
+	struct timespec ts;
+
+	if (clock_gettime(clock, &ts))
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t bench_threads_cpu_ns(const char *name)
 {
 	char path[300], comm[32];
 	DIR *tasks = opendir("/proc/self/task");
-	struct timespec ts;
 	struct dirent *d;
 	uint64_t sum = 0;
 	FILE *f;
@@ -61,9 +69,8 @@ uint64_t bench_threads_cpu_ns(const char *name)
 		/* Another thread's CPU clock: Linux's MAKE_THREAD_CPUCLOCK(tid,
 		 * CPUCLOCK_SCHED), what glibc's pthread_getcpuclockid() returns. */
 		if (fgets(comm, sizeof(comm), f) && !strncmp(comm, name, strlen(name)) &&
-		    comm[strlen(name)] == '\n' &&
-		    !clock_gettime((clockid_t)(((unsigned int)~tid << 3) | 6), &ts))
-			sum += (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+		    comm[strlen(name)] == '\n')
+			sum += bench_clock_ns((clockid_t)(((unsigned int)~tid << 3) | 6));
 		fclose(f);
 	}
 	if (tasks)

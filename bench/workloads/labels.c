@@ -781,13 +781,13 @@ static void *labels_loader(void *arg)
 	struct labels_state *s = arg;
 	struct labels_model *m = s->model;
 	struct labels_lineage *hot = s->task_lineage->vec[0];
-	uint64_t period = (uint64_t)(1e9 / opt_churn), next = labels_now_ns(), sampled = 0;
+	uint64_t period = (uint64_t)(1e9 / opt_churn), next = bench_clock_ns(CLOCK_MONOTONIC), sampled = 0;
 	unsigned int k = 0, turn = 0, round = 0;
 
 	pthread_mutex_lock(&s->loader_lock);
 	while (!s->loader_stop) {
 		struct labels_lineage *p;
-		uint64_t now = labels_now_ns();
+		uint64_t now = bench_clock_ns(CLOCK_MONOTONIC);
 
 		if (now < next) {
 			struct timespec ts = { .tv_sec = next / 1000000000u,
@@ -882,7 +882,7 @@ static void labels_setup(struct bench_run *run)
 		if (!hwm_registered && !atexit(labels_print_hwm))
 			hwm_registered = true;
 		labels_sample_memory(s);
-		s->loader_start_ns = labels_now_ns();
+		s->loader_start_ns = bench_clock_ns(CLOCK_MONOTONIC);
 		if (pthread_create(&s->loader, NULL, labels_loader, s))
 			bench_die("labels: cannot start the loader thread");
 	}
@@ -968,7 +968,7 @@ static void labels_teardown(struct bench_run *run)
 		pthread_mutex_unlock(&s->loader_lock);
 		pthread_join(s->loader, NULL);
 		labels_sample_memory(s);
-		seconds = (labels_now_ns() - s->loader_start_ns) / 1e9;
+		seconds = (bench_clock_ns(CLOCK_MONOTONIC) - s->loader_start_ns) / 1e9;
 		during = (struct labels_stats){
 			.replacements = m->stats.replacements,
 			.alive_peak = m->stats.alive_peak,

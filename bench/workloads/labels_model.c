@@ -54,14 +54,6 @@ static const char *const labels_profile_names[] = {
 };
 #define LABELS_NAMES (sizeof(labels_profile_names) / sizeof(labels_profile_names[0]))
 
-uint64_t labels_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + ts.tv_nsec;
-}
-
 /* The policy lets go of @l: its owner's kill, or a put (labels_refops.drop). */
 static void labels_drop_policy_ref(struct labels_model *m, struct labels_label *l)
 {
@@ -398,7 +390,7 @@ struct labels_lineage *labels_lineage_find(struct labels_ns *ns, const char *nam
 /* Marks the previous version of @l's lineage stale after @l is published. */
 static void labels_mark_stale(struct labels_model *m, struct labels_label *old)
 {
-	old->stale_ns = labels_now_ns();
+	old->stale_ns = bench_clock_ns(CLOCK_MONOTONIC);
 	/* Release: after the proxy store (labels_model.h, step 2). */
 	__atomic_fetch_or(&old->flags, LABELS_STALE, __ATOMIC_RELEASE);
 	labels_peak(&m->stats.stale_peak,
@@ -463,7 +455,7 @@ void labels_label_free(struct labels_label *l)
 	struct labels_model *m = l->proxy->ns->model;
 
 	if (l->flags & LABELS_STALE) {
-		uint64_t took = labels_now_ns() - l->stale_ns;
+		uint64_t took = bench_clock_ns(CLOCK_MONOTONIC) - l->stale_ns;
 		uint64_t max = __atomic_load_n(&m->stats.reap_ns_max, __ATOMIC_RELAXED);
 
 		/* The reaper, or the library's thread for a count that defers. */

@@ -245,8 +245,6 @@ void labels_label_free(struct labels_label *l);
 /* Waits until every label released so far has been freed. */
 void labels_reap_wait(struct labels_model *m);
 
-uint64_t labels_now_ns(void);
-
 /* labels_label_is_stale - acquire: pairs with the loader's stale marking. */
 static inline bool labels_label_is_stale(const struct labels_label *l)
 {

@@ -44,20 +44,12 @@ struct mref {
 	uint64_t released_ns;	/* atomic: set by the reclaimer */
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void mref_release(struct percpu_ref *ref)
 {
 	struct mref *m = (struct mref *)ref;
 
 	/* Release: the waiting thread reads what preceded it. */
-	__atomic_store_n(&m->released_ns, now_ns(), __ATOMIC_RELEASE);
+	__atomic_store_n(&m->released_ns, bench_clock_ns(CLOCK_MONOTONIC), __ATOMIC_RELEASE);
 }
 
 static void configure(unsigned long interval_ms, unsigned long max,
@@ -227,7 +219,7 @@ static void latency_loop(struct bench_thread *t)
 			bench_die("managed-latency: init failed");
 		/* A random phase against the scan period. */
 		usleep((useconds_t)(rand() % (opt_interval_ms * 1000 + 1)));
-		put_ns = now_ns();
+		put_ns = bench_clock_ns(CLOCK_MONOTONIC);
 		percpu_ref_put(&m.ref);
 		while (!__atomic_load_n(&m.released_ns, __ATOMIC_ACQUIRE))
 			usleep(50);
@@ -311,7 +303,7 @@ static void hot_setup(struct bench_run *run)
 	if (percpu_ref_managed_flush())
 		bench_die("managed-hot: flush failed");
 	percpu_ref_managed_get_stats(&s->before);
-	s->start_ns = now_ns();
+	s->start_ns = bench_clock_ns(CLOCK_MONOTONIC);
 	if (run->variant->arg != HOT_IDLE)
 		configure(0, 0, (enum percpu_ref_scan_strategy)run->variant->arg);
 }
@@ -334,7 +326,7 @@ static void hot_teardown(struct bench_run *run)
 {
 	struct hot_state *s = run->state;
 	struct percpu_ref_managed_stats after;
-	double secs = (now_ns() - s->start_ns) / 1e9;
+	double secs = (bench_clock_ns(CLOCK_MONOTONIC) - s->start_ns) / 1e9;
 
 	configure(IDLE_INTERVAL_MS, 0, PERCPU_REF_SCAN_BATCHED);
 	percpu_ref_managed_get_stats(&after);

@@ -56,14 +56,6 @@ struct storm_state {
 	uint64_t lives;			/* atomic: likewise */
 };
 
-static uint64_t thread_cpu_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void storm_setup(struct bench_run *run)
 {
 	struct storm_state *s = bench_zalloc(sizeof(*s));
@@ -86,7 +78,7 @@ static void storm_thread_init(struct bench_thread *t)
 
 	l->refs = bench_zalloc((size_t)opt_batch * sizeof(*l->refs));
 	t->local = l;
-	l->cpu_ns_at_start = thread_cpu_ns();
+	l->cpu_ns_at_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
 }
 
 static void storm_loop(struct bench_thread *t)
@@ -120,11 +112,11 @@ static void storm_loop(struct bench_thread *t)
 		 * thread that finishes the kills may need this CPU.  The time
 		 * spent so is waiting, not the cycle's work (worker_cpu). */
 		if (__atomic_load_n(&l->released, __ATOMIC_ACQUIRE) < target) {
-			uint64_t wait_start = thread_cpu_ns();
+			uint64_t wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
 
 			while (__atomic_load_n(&l->released, __ATOMIC_ACQUIRE) < target)
 				sched_yield();
-			l->cpu_ns_waiting += thread_cpu_ns() - wait_start;
+			l->cpu_ns_waiting += bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - wait_start;
 		}
 		for (i = 0; i < opt_batch; i++)
 			percpu_ref_exit(&l->refs[i].ref);
@@ -136,11 +128,11 @@ static void storm_thread_fini(struct bench_thread *t)
 {
 	struct storm_local *l = t->local;
 	struct storm_state *s = t->run->state;
+	uint64_t worked = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - l->cpu_ns_at_start -
+			  l->cpu_ns_waiting;
 
 	/* Relaxed: the main thread reads them after joining this thread. */
-	__atomic_fetch_add(&s->worker_cpu_ns,
-			   thread_cpu_ns() - l->cpu_ns_at_start - l->cpu_ns_waiting,
-			   __ATOMIC_RELAXED);
+	__atomic_fetch_add(&s->worker_cpu_ns, worked, __ATOMIC_RELAXED);
 	__atomic_fetch_add(&s->lives, (uint64_t)l->lives, __ATOMIC_RELAXED);
 	if (__atomic_load_n(&l->released, __ATOMIC_ACQUIRE) != l->lives)
 		bench_die("switch-storm: %lu releases for %lu refs", l->released, l->lives);
