@@ -40,10 +40,10 @@
  * the fence skips step 2: the same store-buffer argument in C11's single
  * total order of the sequentially consistent accesses (the mode-word
  * exchange and load, the ctr exchange and loads); correct, one locked
- * instruction dearer per call.  A membarrier refused after it was registered (a seccomp
- * filter installed later) switches readers to that mode and fences the
- * sections in flight by running on every CPU (runtime.c), as the rseq
- * fence does.
+ * instruction dearer per call.  A membarrier refused after it was
+ * registered (a seccomp filter installed later) switches readers to that
+ * mode and fences the sections in flight by running on every CPU
+ * (runtime.c), as the rseq fence does.
  *
  * Registration and the fence serialise on readers_lock: a thread that
  * registers after a fence took the lock sees the new mode word (the lock

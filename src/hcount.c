@@ -351,8 +351,8 @@ static int nocache_charge(struct hcount_ns *ns, unsigned int type, long n, long 
 			/*
 			 * Seq_cst, and the seq_cst load of the limit after it:
 			 * pairs with set_limit's exchange of the limit and
-			 * load of the count (Dekker): a lowering either sees this
-			 * count or this charge sees the lowered limit.
+			 * load of the count (Dekker): a lowering either sees
+			 * this count or this charge sees the lowered limit.
 			 */
 		} while (!__atomic_compare_exchange_n(&s->count, &c, c + n, false,
 						      __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
