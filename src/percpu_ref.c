@@ -227,6 +227,10 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	unsigned long start_count = 0;
 	uintptr_t cpu0;
 
+	/* First: a mode word the library wrote implies a set-up runtime, so
+	 * the inline sequence need not test for one that is not set up
+	 * (percpuref_this_cpu_add_after_setup()), even on a refused ref. */
+	percpuref_runtime_init();
 	if (!ref)
 		return -EINVAL;
 	ref->percpu_count_ptr = __PERCPU_REF_ATOMIC_DEAD;
@@ -234,7 +238,6 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	if (flags & ~(unsigned int)(PERCPU_REF_INIT_ATOMIC | PERCPU_REF_INIT_DEAD |
 				    PERCPU_REF_ALLOW_REINIT | PERCPU_REF_REL_MANAGED))
 		return -EINVAL;
-	percpuref_runtime_init();
 
 	cpu0 = percpuref_counter_alloc();
 	if (!cpu0)
@@ -947,7 +950,7 @@ own_rseq_percpu_add(struct percpu_ref *ref, unsigned long delta)
 {
 	if (!percpuref_rseq_register_self())
 		return PERCPUREF_THIS_CPU_NO_RSEQ;
-	return percpuref_this_cpu_add(&ref->percpu_count_ptr, delta);
+	return percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, delta);
 }
 
 /* Inlined, with the rseq half out of line, so that the fallback reader

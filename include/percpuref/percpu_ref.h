@@ -319,7 +319,7 @@ static inline void percpu_ref_get_many(struct percpu_ref *ref, unsigned long nr)
 		__percpu_ref_get_sliced(ref, nr);
 		return;
 	}
-	r = percpuref_this_cpu_add(&ref->percpu_count_ptr, nr);
+	r = percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, nr);
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return;
 	if (r == PERCPUREF_THIS_CPU_FLAGGED)
@@ -345,7 +345,7 @@ static inline bool percpu_ref_tryget_many(struct percpu_ref *ref, unsigned long 
 
 	if (percpuref_unlikely(nr > PERCPU_REF_PERCPU_MAX_NR))
 		return __percpu_ref_tryget_sliced(ref, nr);
-	r = percpuref_this_cpu_add(&ref->percpu_count_ptr, nr);
+	r = percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, nr);
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return true;
 	if (r == PERCPUREF_THIS_CPU_FLAGGED)
@@ -366,8 +366,9 @@ static inline bool percpu_ref_tryget(struct percpu_ref *ref)
  */
 static inline bool percpu_ref_tryget_live(struct percpu_ref *ref)
 {
-	enum percpuref_this_cpu_result r = percpuref_this_cpu_add(&ref->percpu_count_ptr, 1);
+	enum percpuref_this_cpu_result r;
 
+	r = percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, 1);
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return true;
 	if (r == PERCPUREF_THIS_CPU_FLAGGED) {
@@ -395,7 +396,7 @@ static inline void percpu_ref_put_many(struct percpu_ref *ref, unsigned long nr)
 	 * atomically: a release store to the mode word would reset TSAN's
 	 * clock for that address. */
 	percpuref_tsan_release(&ref->data);
-	r = percpuref_this_cpu_add(&ref->percpu_count_ptr, nr * PERCPU_REF_PUT_DELTA);
+	r = percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, nr * PERCPU_REF_PUT_DELTA);
 
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return;

@@ -5,10 +5,18 @@
  * and write nothing.  Before the x86-64 sequence tested for "no unit" ahead
  * of its rseq_cs store, the zero params word sent that store to %fs:8,
  * glibc's DTV pointer, and the process died at exit in realloc().
+ *
+ * percpu_ref's own calls skip that test (percpuref_this_cpu_add_after_setup):
+ * they rely on every mode word the library writes being written after the
+ * runtime was set up, a refused percpu_ref_init() included.  A child whose
+ * first library call is such a refused init checks that.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "percpuref/percpu_ref.h"
 #include "percpuref/this_cpu.h"
@@ -21,12 +29,37 @@ static void no_release(struct percpu_ref *ref)
 	(void)ref;
 }
 
+/* In a child whose first library call this is: 0 when a refused init left
+ * a mode word only once the runtime was set up. */
+static int refused_init_sets_up(void)
+{
+	struct percpu_ref ref;
+
+	if (percpuref_this_cpu_params != 0)
+		return 1;
+	if (percpu_ref_init(&ref, no_release, 1u << 30) != -EINVAL)
+		return 2;
+	return percpuref_this_cpu_params != 0 ? 0 : 3;
+}
+
 int main(void)
 {
 	uintptr_t flagged = 1;	/* a mode word with a flag: never commits */
 	unsigned char before[64], after[64];
 	struct percpu_ref ref;
 	enum percpuref_this_cpu_result r;
+	int status = -1;
+	pid_t child;
+
+	/* Nothing of the library has run yet: no fork handlers either. */
+	child = fork();
+	if (child == 0)
+		_exit(refused_init_sets_up());
+	if (child > 0 && waitpid(child, &status, 0) != child)
+		status = -1;
+	ok(child > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	   "a refused percpu_ref_init() sets the runtime up before it writes the mode word "
+	   "(child status %#x)", status);
 
 	/* The thread's TCB head, where glibc keeps tcb, dtv, self. */
 	memcpy(before, __builtin_thread_pointer(), sizeof(before));
