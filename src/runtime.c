@@ -75,7 +75,7 @@ PERCPUREF_API uint64_t percpuref_this_cpu_params;
  * params first: the x86-64 sequence reads only params, the rest of the
  * library only the offset.  With no offset, params points the sequence at
  * the library's own area, which it may write whether registered or not, and
- * allows it no unit.  @order: relaxed before the first counter exists, seq_cst
+ * allows it no unit; either way params is not 0 (this_cpu.h).  @order: relaxed before the first counter exists, seq_cst
  * when a running process turns the fast path off.
  */
 static void publish_fast_path(ptrdiff_t offset, int order)
@@ -84,6 +84,10 @@ static void publish_fast_path(ptrdiff_t offset, int order)
 
 	if (offset)
 		params = (uint32_t)(int32_t)offset | (uint64_t)percpuref_nr_cpu_units << 32;
+#if defined(__x86_64__)
+	/* Never 0 once set up: percpuref_this_cpu_add_after_setup(). */
+	assert((uint32_t)params != 0);
+#endif
 	__atomic_store_n(&percpuref_this_cpu_params, params, order);
 	__atomic_store_n(&percpuref_rseq_offset, offset, order);
 }

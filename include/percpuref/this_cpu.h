@@ -113,15 +113,18 @@ extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
  * What the x86-64 sequence needs from the two variables above, in one word,
  * so that it costs one load: the low 32 bits are the signed offset from the
  * thread pointer of an rseq area every thread may write (percpuref_rseq_offset,
- * or the library's own area, never registered then, when the process does
- * not use rseq), the high 32 bits the number of units the sequence may commit
+ * or the library's own area, registered or not, when the process does not
+ * use rseq), the high 32 bits the number of units the sequence may commit
  * to (percpuref_nr_cpu_units, or 0 while the rseq fast path is off, which
- * sends every call to the slow path before anything is written).  0 until
- * the runtime is set up: no unit, so nothing is written then either.  The
- * pair is bound by loads, not by instructions (docs/percpu_ref.md, "Where
- * the time goes"): this word saves two of the six loads of each get and
- * put.  Written with the two variables (runtime.c), relaxed, before the
- * first counter exists or when the fast path is turned off.
+ * sends every call to the slow path having written at most the rseq_cs
+ * field of that own area).  0 until the runtime is set up, and never again
+ * after: percpuref_this_cpu_add() tests for it before writing anything,
+ * percpuref_this_cpu_add_after_setup() relies on its caller's mode word
+ * having been written after set-up.  The pair is bound by loads, not by
+ * instructions (docs/percpu_ref.md, "Where the time goes"): this word saves
+ * two of the six loads of each get and put.  Written with the two
+ * variables (runtime.c), relaxed, before the first counter exists or when
+ * the fast path is turned off.
  */
 extern PERCPUREF_API uint64_t percpuref_this_cpu_params;
 
@@ -197,8 +200,8 @@ static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
  * library wrote (percpu_ref_init() and every later change): the runtime was
  * set up before it was written, and whoever hands the object to this thread
  * orders that before this call.  On x86-64 it skips the test of the params
- * word for 0 ("not set up yet"), a test and branch that cost 0.12 ns of a
- * 1.43 ns get+put (docs/percpu_ref.md, "Where the time goes").
+ * word for 0 ("not set up yet"), a test and branch that cost about 0.1 ns
+ * of a 1.43 ns get+put (docs/percpu_ref.md, "Where the time goes").
  */
 static inline __attribute__((always_inline)) enum percpuref_this_cpu_result
 __percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta, bool after_setup)

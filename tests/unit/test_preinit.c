@@ -29,18 +29,31 @@ static void no_release(struct percpu_ref *ref)
 	(void)ref;
 }
 
-/* In a child whose first library call this is: 0 when a refused init left
- * a mode word only once the runtime was set up. */
+#if !defined(__SANITIZE_THREAD__)
+/*
+ * In a child whose first library call this is: 0 when a refused init left
+ * its mode word only once the runtime was set up, so that the one call a
+ * refused ref allows (tryget_live: false, the word says DEAD) runs the
+ * sequence without the pre-set-up test and leaves the TCB alone.
+ */
 static int refused_init_sets_up(void)
 {
+	unsigned char before[64], after[64];
 	struct percpu_ref ref;
 
 	if (percpuref_this_cpu_params != 0)
 		return 1;
 	if (percpu_ref_init(&ref, no_release, 1u << 30) != -EINVAL)
 		return 2;
-	return percpuref_this_cpu_params != 0 ? 0 : 3;
+	if (percpuref_this_cpu_params == 0)
+		return 3;
+	memcpy(before, __builtin_thread_pointer(), sizeof(before));
+	if (percpu_ref_tryget_live(&ref))
+		return 4;
+	memcpy(after, __builtin_thread_pointer(), sizeof(after));
+	return memcmp(before, after, sizeof(before)) ? 5 : 0;
 }
+#endif
 
 int main(void)
 {
@@ -51,7 +64,15 @@ int main(void)
 	int status = -1;
 	pid_t child;
 
-	/* Nothing of the library has run yet: no fork handlers either. */
+#if defined(__SANITIZE_THREAD__)
+	/* fork's prepare hooks hold the 256 switch stripes at once, and
+	 * ThreadSanitizer's deadlock detector aborts past 64 held locks. */
+	printf("# skipped under ThreadSanitizer: the refused-init child (fork)\n");
+	(void)status;
+	(void)child;
+#else
+	/* Nothing of the library set up yet (only its fork handlers are
+	 * registered, by constructors, and they take its idle locks). */
 	child = fork();
 	if (child == 0)
 		_exit(refused_init_sets_up());
@@ -60,6 +81,7 @@ int main(void)
 	ok(child > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
 	   "a refused percpu_ref_init() sets the runtime up before it writes the mode word "
 	   "(child status %#x)", status);
+#endif
 
 	/* The thread's TCB head, where glibc keeps tcb, dtv, self. */
 	memcpy(before, __builtin_thread_pointer(), sizeof(before));
