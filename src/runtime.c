@@ -215,7 +215,9 @@ static void fork_child(void)
 	if (percpuref_rseq_offset && !membarrier_refused && !membarrier_rseq_register())
 		publish_fast_path(0, __ATOMIC_RELAXED);
 	percpuref_rseq_after_fork_child();
-	if (!percpuref_rseq_offset)
+	/* Only if the parent was set up (units counted): a child forked
+	 * before that sets itself up later, units and all. */
+	if (!percpuref_rseq_offset && percpuref_nr_cpu_units)
 		percpuref_readers_setup(percpuref_nr_cpu_units);
 	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
 		if (fork_hooks[rank] && fork_hooks[rank]->child &&
