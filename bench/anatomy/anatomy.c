@@ -53,16 +53,6 @@ static double thread_cpu_ns(void)
 	return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
-/* The abort handler of a sequence: signature, label 4, restart. */
-#define ABORT_RESTARTS							\
-	"2:\n\t"							\
-	".pushsection __rseq_failure, \"ax\"\n\t"			\
-	".byte 0x0f, 0xb9, 0x3d\n\t"					\
-	".long 0x53053053\n\t"						\
-	"4:\n\t"							\
-	"jmp %l[restart]\n\t"						\
-	".popsection\n\t"
-
 /*
  * One add of @delta through @body, restarted on abort; a flagged or
  * out-of-range exit is a failure (the counter is per-CPU and the CPU has a
@@ -155,7 +145,7 @@ static void with_bound(void)
 	"movl 4(%%rdx), %%eax\n\tcmpl %[units], %%eax\n\tjae %l[failed]\n\t" \
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
 	"shlq $16, %%rax\n\taddq %[delta], (%%rcx, %%rax)\n\t"		\
-	ABORT_RESTARTS
+	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void old_sequence(void)
 {
 	PAIRS(OLD_BODY);
@@ -170,7 +160,7 @@ static void old_sequence(void)
 	"movl %%fs:4(%%rdx), %%eax\n\tcmpl %[units], %%eax\n\tjae %l[failed]\n\t" \
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
 	"shlq $16, %%rax\n\taddq %[delta], (%%rcx, %%rax)\n\t"		\
-	ABORT_RESTARTS
+	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void fs_relative(void)
 {
 	PAIRS(FS_BODY);
@@ -195,7 +185,7 @@ static void library(void)
 	"movl %%fs:4(%%rdx), %%eax\n\t"					\
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
 	"shlq $16, %%rax\n\taddq %[delta], (%%rcx, %%rax)\n\t"		\
-	ABORT_RESTARTS
+	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void no_bound(void)
 {
 	PAIRS(NO_BOUND_BODY);

@@ -144,6 +144,20 @@ static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
 
 #if PERCPUREF_HAVE_RSEQ && defined(__x86_64__)
 /*
+ * The end of an x86-64 sequence: label 2 after the commit, then the abort
+ * handler (label 4) in its own section, preceded by the signature (ud1
+ * 0x53053053(%rip),%edi), leaving through the C label "restart".
+ */
+#define PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT				\
+	"2:\n\t"							\
+	".pushsection __rseq_failure, \"ax\"\n\t"			\
+	".byte 0x0f, 0xb9, 0x3d\n\t"					\
+	".long 0x53053053\n\t"						\
+	"4:\n\t"							\
+	"jmp %l[restart]\n\t"						\
+	".popsection\n\t"
+
+/*
  * The x86-64 sequence: four loads (the params word, cpu_id, the mode word,
  * the counter) and two stores (rseq_cs, the counter).  The area is addressed
  * %fs-relative, so the thread pointer is not loaded; a delta known at compile
@@ -170,13 +184,7 @@ static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
 			"jnz %l[flagged]\n\t"				\
 			"shlq %[shift], %%rax\n\t"			\
 			"addq %[delta], (%%rcx, %%rax)\n\t"		\
-			"2:\n\t"					\
-			".pushsection __rseq_failure, \"ax\"\n\t"	\
-			".byte 0x0f, 0xb9, 0x3d\n\t"			\
-			".long 0x53053053\n\t"				\
-			"4:\n\t"					\
-			"jmp %l[restart]\n\t"				\
-			".popsection\n\t"				\
+			PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT		\
 			:						\
 			: [params] "m"(percpuref_this_cpu_params),	\
 			  [rseq_cs] "i"(offsetof(struct percpuref_rseq_area, rseq_cs)), \
