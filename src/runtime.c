@@ -75,8 +75,9 @@ PERCPUREF_API uint64_t percpuref_this_cpu_params;
  * params first: the x86-64 sequence reads only params, the rest of the
  * library only the offset.  With no offset, params points the sequence at
  * the library's own area, which it may write whether registered or not, and
- * allows it no unit; either way params is not 0 (this_cpu.h).  @order: relaxed before the first counter exists, seq_cst
- * when a running process turns the fast path off.
+ * allows it no unit; either way params is not 0 (this_cpu.h).  @order:
+ * relaxed before the first counter exists, seq_cst when a running process
+ * turns the fast path off.
  */
 static void publish_fast_path(ptrdiff_t offset, int order)
 {

@@ -123,8 +123,8 @@ extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
  * having been written after set-up.  The pair is bound by loads, not by
  * instructions (docs/percpu_ref.md, "Where the time goes"): this word saves
  * two of the six loads of each get and put.  Written with the two
- * variables (runtime.c), relaxed, before the first counter exists or when
- * the fast path is turned off.
+ * variables (runtime.c): relaxed before the first counter exists, seq_cst
+ * when a running process turns the fast path off.
  */
 extern PERCPUREF_API uint64_t percpuref_this_cpu_params;
 
