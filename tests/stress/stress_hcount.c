@@ -517,6 +517,8 @@ static void race_lower_and_charge(double secs)
 	hcount_charge(r.root, 0, RACE_FULL);
 	if (pthread_create(&charger, NULL, race_charger, &r)) {
 		ok(0, "race: set-up");
+		hcount_uncharge(r.root, 0, RACE_FULL);
+		hcount_tree_destroy(tree);
 		return;
 	}
 	while (now() < end) {
