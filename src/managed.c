@@ -109,6 +109,12 @@ static struct percpu_ref_managed_config config = {
 };
 static struct percpu_ref_managed_stats stats;
 static bool thread_running, thread_stopping, pass_open;
+/*
+ * True while a push must wake the thread: it is not running, or sleeps
+ * with no scan due (the list was empty).  Written under managed_lock,
+ * read by pushers without it: the Dekker pair in percpuref_managed_kick().
+ */
+static bool kick_needed = true;
 static pthread_t thread;
 static uint64_t passes_started, passes_done, flush_target;
 static uint64_t next_scan_ns;
@@ -212,8 +218,9 @@ void percpuref_managed_push(struct percpuref_mnode *node)
 		node->next = top;
 	/* Release: the node's next and everything written before the push
 	 * (the ref's data) are visible to the reclaimer, whose marker push
-	 * acquires the head (a later push continues the release sequence). */
-	while (!__atomic_compare_exchange_n(&list_head, &top, node, true, __ATOMIC_RELEASE,
+	 * acquires the head (a later push continues the release sequence).
+	 * Seq_cst: the Dekker pair of the thread's going idle (kick). */
+	while (!__atomic_compare_exchange_n(&list_head, &top, node, true, __ATOMIC_SEQ_CST,
 					    __ATOMIC_RELAXED));
 }
 
@@ -228,14 +235,32 @@ static bool ensure_thread(void)
 	if (!percpuref_start_thread(&thread, reclaimer_main, "percpuref-recl"))
 		return false;
 	thread_running = true;
+	/* Relaxed: pushers that read it skip the lock; the list is scanned
+	 * by a thread that exists, one interval from now. */
+	__atomic_store_n(&kick_needed, false, __ATOMIC_RELAXED);
 	/* The first scan one interval from now, as every later one. */
 	next_scan_ns = now_ns() + config.interval_ms * UINT64_C(1000000);
 	return true;
 }
 
+/*
+ * After a push.  A running thread scans the list one interval after its
+ * last scan whatever happens, so only a thread that is not running, or
+ * sleeps because the list was empty, needs the lock and a signal: with a
+ * lock and a wake-up per push, every switch_to_managed in the process
+ * took managed_lock and woke the thread from its timed sleep.  No push
+ * is left unseen: the thread sets kick_needed and then re-reads the list
+ * head, a pusher CASes the head and then reads kick_needed, all four
+ * sequentially consistent (the thread's side an exchange: see deferred.c
+ * on qemu-user), so one of them sees the other.  The thread holds
+ * managed_lock from setting it until cond_wait releases the lock, so a
+ * pusher that saw it signals a thread that is waiting.
+ */
 void percpuref_managed_kick(void)
 {
 	managed_init();
+	if (!__atomic_load_n(&kick_needed, __ATOMIC_SEQ_CST))
+		return;
 	pthread_mutex_lock(&managed_lock);
 	if (ensure_thread())
 		pthread_cond_signal(&wake);
@@ -555,8 +580,12 @@ static void *reclaimer_main(void *arg)
 		now = now_ns();
 		if (passes_done >= flush_target) {
 			if (!pass_open && !__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
-				/* Idle: a push or a flush kicks us. */
-				pthread_cond_wait(&wake, &managed_lock);
+				/* Idle: a push or a flush kicks us.  The
+				 * Dekker pair of a push (kick). */
+				(void)__atomic_exchange_n(&kick_needed, true, __ATOMIC_SEQ_CST);
+				if (!__atomic_load_n(&list_head, __ATOMIC_SEQ_CST))
+					pthread_cond_wait(&wake, &managed_lock);
+				__atomic_store_n(&kick_needed, false, __ATOMIC_RELAXED);
 				just_scanned = false;
 				continue;
 			}
@@ -583,6 +612,8 @@ static void *reclaimer_main(void *arg)
 		just_scanned = true;
 	}
 	thread_running = false;
+	/* Relaxed: a pusher that reads it takes the lock and starts a thread. */
+	__atomic_store_n(&kick_needed, true, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&progress);
 	pthread_mutex_unlock(&managed_lock);
 	return NULL;
@@ -755,6 +786,7 @@ static void managed_fork_child(void)
 	 * phantom waiters in the child: a signal could go to one of them. */
 	init_conds();
 	thread_running = false;
+	kick_needed = true;
 	thread_stopping = false;
 	flush_target = passes_done;
 	/* It blocks on scan_lock until the fork hooks release it. */
