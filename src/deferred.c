@@ -22,7 +22,13 @@
  * whole stack with an acquire exchange and reverses it into queue order, so
  * whatever a caller wrote before queueing is visible to the item's function.
  * Only a push that finds the thread asleep (or not started) takes
- * deferred_lock, to start or wake it.  No wake-up is lost: the thread
+ * deferred_lock, to start or wake it, and not at once: the push leaves
+ * that wake-up owed by the pushing thread (wake_owed), which pays it with
+ * percpuref_deferred_wake_owed() once it has dropped the lock it pushed
+ * under (a ref's switch lock).  Woken under that lock, the thread ran its
+ * fence and then waited for the lock to finish the very item it was woken
+ * for (switch-storm: one such wait per batch, nearly all futex waits on
+ * the switch locks).  No wake-up is lost: the thread
  * swaps thread_sleeping in and then reads the stack, a pusher CASes the
  * stack and then reads thread_sleeping, all four sequentially consistent,
  * so one of them sees the other (Dekker).  The thread's side exchanges
@@ -74,6 +80,8 @@ static bool thread_sleeping;
 static bool thread_stopping;
 static pthread_t thread;
 static unsigned long batch_fences;
+/* This thread pushed onto the stack of a thread that may sleep. */
+static __thread bool wake_owed;
 
 /* Relaxed: a peek; the exchange that takes the items acquires. */
 static bool queue_empty(void)
@@ -170,7 +178,6 @@ static bool ensure_thread(void)
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn)
 {
 	struct percpuref_deferred *top = __atomic_load_n(&pending, __ATOMIC_RELAXED);
-	bool running;
 
 	d->fn = fn;
 	/* Relaxed: a waiter that must see it is ordered after this call. */
@@ -183,9 +190,18 @@ void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_d
 	while (!__atomic_compare_exchange_n(&pending, &top, d, true, __ATOMIC_SEQ_CST,
 					    __ATOMIC_RELAXED));
 	/* An awake thread takes the whole stack before it sleeps. */
-	if (__atomic_load_n(&thread_running, __ATOMIC_RELAXED) &&
-	    !__atomic_load_n(&thread_sleeping, __ATOMIC_SEQ_CST))
+	if (!__atomic_load_n(&thread_running, __ATOMIC_RELAXED) ||
+	    __atomic_load_n(&thread_sleeping, __ATOMIC_SEQ_CST))
+		wake_owed = true;
+}
+
+void percpuref_deferred_wake_owed(void)
+{
+	bool running;
+
+	if (!wake_owed)
 		return;
+	wake_owed = false;
 	pthread_mutex_lock(&deferred_lock);
 	running = ensure_thread();
 	pthread_mutex_unlock(&deferred_lock);

@@ -156,6 +156,9 @@ struct percpuref_deferred {
 	percpuref_deferred_fn fn;
 };
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn);
+/* After dropping the locks held around percpuref_call_after_grace_period():
+ * start or wake the thread if that call found it asleep (or not running). */
+void percpuref_deferred_wake_owed(void);
 /* Wait for every item queued before this call: 0, or -EDEADLK when called
  * on a library thread or under a batch lock (a callback), -EAGAIN if the
  * thread cannot start. */

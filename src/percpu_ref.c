@@ -394,8 +394,11 @@ static void switch_work_fn(struct percpuref_deferred *work)
 /*
  * First half of a switch to atomic.  Lock held, no switch in flight.
  * Returns true when a switch was started (the caller must fence and finish
- * it, or has it finished asynchronously when @async); false when the ref was
+ * it, or has it finished asynchronously when @async, and then call
+ * percpuref_deferred_wake_owed() after unlocking); false when the ref was
  * atomic already and @confirm must be called by the caller after unlocking.
+ * A dead ref is always atomic, so only switch_to_atomic and kill start one
+ * through switch_mode_locked().
  */
 static bool start_atomic_switch(struct percpu_ref *ref, percpu_ref_func_t *confirm, bool async)
 {
@@ -530,6 +533,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 	ref->data->force_atomic = true;
 	confirm_now = switch_mode_locked(ref, confirm_switch, __func__);
 	pthread_mutex_unlock(switch_lock_of(ref));
+	percpuref_deferred_wake_owed();
 	if (confirm_now)
 		confirm_now(ref);
 }
@@ -585,6 +589,7 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
 	confirm_now = switch_mode_locked(ref, confirm_kill, __func__);
 	pthread_mutex_unlock(switch_lock_of(ref));
+	percpuref_deferred_wake_owed();
 	if (confirm_now)
 		confirm_now(ref);
 	percpu_ref_put(ref);	/* the initial reference */

@@ -95,10 +95,12 @@ static void *pusher(void *arg)
 	(void)arg;
 	for (; !__atomic_load_n(&stop, __ATOMIC_RELAXED); it.seq++) {
 		percpuref_call_after_grace_period(&it.deferred, item_ran);
+		percpuref_deferred_wake_owed();	/* no lock held: at once */
 		if (!wait_ran(it.seq)) {
 			/* The thread sleeps on our item: a push wakes it. */
 			lost++;
 			percpuref_call_after_grace_period(&wake_item, wake_ran);
+			percpuref_deferred_wake_owed();
 			if (!wait_ran(it.seq)) {
 				printf("Bail out! item %ld still not run after a second push\n",
 				       it.seq);
