@@ -74,7 +74,7 @@ void percpuref_register_exit_hook(enum percpuref_lock_rank rank, void (*fn)(void
 /*
  * The batch locks (ranks DEFERRED_BATCH and SCAN): taken through these so
  * the thread knows it holds one: a debug build asserts the rank order, a
- * fork from a callback leaves the caller's own batch lock alone, and a
+ * fork from a callback leaves every batch lock alone, and a
  * callback run under one is refused the calls that would wait for a
  * library thread (percpuref_holds_batch_lock()).
  */

@@ -103,8 +103,12 @@ static const struct percpuref_fork_hooks *fork_hooks[PERCPUREF_NR_RANKS];
 static void (*exit_hooks[PERCPUREF_NR_RANKS])(void);
 /* Batch locks (by rank bit) this thread holds; see percpuref_batch_lock(). */
 static __thread unsigned int batch_ranks_held;
-/* Ranks the forking thread left alone in fork_prepare(). */
-static unsigned int fork_skipped_ranks;
+/* The batch locks' rank bits. */
+#define BATCH_RANKS (1u << PERCPUREF_RANK_DEFERRED_BATCH | 1u << PERCPUREF_RANK_SCAN)
+/* Ranks this thread left alone in fork_prepare(): per thread, as two
+ * threads may be inside fork() at once (one waiting for a batch whose
+ * callback forks). */
+static __thread unsigned int fork_skipped_ranks;
 static __thread bool library_thread;
 static unsigned long warnings;
 static long fault_countdown;
@@ -190,8 +194,14 @@ static void fork_prepare(void)
 {
 	unsigned int rank;
 
-	/* A callback that forks holds its batch lock: leave it to it. */
-	fork_skipped_ranks = batch_ranks_held;
+	/*
+	 * A callback that forks holds its own batch lock.  It leaves every
+	 * batch lock alone, not only its own: the other one may rank below it,
+	 * and the other library thread's callback may be forking too, waiting
+	 * for ours.  So such a fork does not wait for the other thread's batch
+	 * in flight; its child may only exec or _exit (docs/percpu_ref.md).
+	 */
+	fork_skipped_ranks = batch_ranks_held ? BATCH_RANKS : 0;
 	for (rank = 0; rank < PERCPUREF_NR_RANKS; rank++)
 		if (fork_hooks[rank] && fork_hooks[rank]->prepare &&
 		    !(fork_skipped_ranks & (1u << rank)))
