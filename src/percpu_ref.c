@@ -166,8 +166,19 @@ static __attribute__((constructor)) void switch_register(void)
 	}
 	percpuref_register_fork_hooks(&switch_hooks);
 }
-/* The ref whose switch this thread is finishing (callbacks run inside). */
+/* The ref whose confirm callback this thread is running. */
 static __thread struct percpu_ref *finishing_switch_of;
+
+/* A confirm callback: a finished switch's, or one run at once (the ref was
+ * atomic already).  Nested: the callback may finish another ref's switch. */
+static void run_confirm(struct percpu_ref *ref, percpu_ref_func_t *confirm)
+{
+	struct percpu_ref *outer = finishing_switch_of;
+
+	finishing_switch_of = ref;
+	confirm(ref);
+	finishing_switch_of = outer;
+}
 
 /* Where a ref's managed-list node is; switch lock. */
 enum mnode_state {
@@ -302,9 +313,10 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 		pthread_mutex_unlock(switch_lock_of(ref));
 		return;
 	}
-	if (!wait_switch_done(ref)) {
-		percpuref_warn(__func__, "ref %p exited from a callback while its switch is in "
-			       "flight; ignored", (void *)ref);
+	/* Its own confirm: the switch, or the kill's put, still uses it. */
+	if (finishing_switch_of == ref || !wait_switch_done(ref)) {
+		percpuref_warn(__func__, "ref %p exited from its confirm callback or while its "
+			       "switch is in flight; ignored", (void *)ref);
 		pthread_mutex_unlock(switch_lock_of(ref));
 		return;
 	}
@@ -362,8 +374,7 @@ static void finish_atomic_switch(struct percpu_ref *ref)
 	confirm = data->confirm_switch;
 	pthread_mutex_unlock(switch_lock_of(ref));
 
-	finishing_switch_of = ref;
-	confirm(ref);
+	run_confirm(ref, confirm);
 
 	pthread_mutex_lock(switch_lock_of(ref));
 	/* A dead ref that may never go back needs no per-CPU counter. */
@@ -375,7 +386,6 @@ static void finish_atomic_switch(struct percpu_ref *ref)
 	data->confirm_switch = NULL;
 	pthread_cond_broadcast(&stripe_of(ref)->done);
 	pthread_mutex_unlock(switch_lock_of(ref));
-	finishing_switch_of = NULL;
 
 	/* The data may be gone once the lock is dropped (a waiting exit):
 	 * use the release function read before. */
@@ -535,7 +545,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
-		confirm_now(ref);
+		run_confirm(ref, confirm_now);
 }
 
 PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
@@ -544,12 +554,17 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 
 	if (!lock_unmanaged(ref, __func__))
 		return;
-	ref->data->force_atomic = true;
-	if (wait_switch_done(ref))
+	if (wait_switch_done(ref)) {
+		ref->data->force_atomic = true;
 		started = start_atomic_switch(ref, NULL, false);
-	else
+	} else if (finishing_switch_of == ref) {
+		/* Its own confirm: atomic and folded already, as for
+		 * switch_to_atomic there (finding 10). */
+		ref->data->force_atomic = true;
+	} else {
 		percpuref_warn(__func__, "ref %p switched from a callback while its switch is "
 			       "in flight; ignored", (void *)ref);
+	}
 	pthread_mutex_unlock(switch_lock_of(ref));
 	if (started) {
 		percpuref_fence_readers();
@@ -561,6 +576,13 @@ PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
 {
 	if (!lock_unmanaged(ref, __func__))
 		return;
+	/* Refused means nothing changed: force_atomic stays. */
+	if (!wait_switch_done(ref)) {
+		pthread_mutex_unlock(switch_lock_of(ref));
+		percpuref_warn(__func__, "ref %p switched from a callback while its switch is in "
+			       "flight; ignored", (void *)ref);
+		return;
+	}
 	ref->data->force_atomic = false;
 	switch_mode_locked(ref, NULL, __func__);
 	pthread_mutex_unlock(switch_lock_of(ref));
@@ -591,7 +613,7 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
-		confirm_now(ref);
+		run_confirm(ref, confirm_now);
 	percpu_ref_put(ref);	/* the initial reference */
 }
 
@@ -611,6 +633,13 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "ref %p was created without PERCPU_REF_ALLOW_REINIT; "
 			       "ignored", (void *)ref);
+		return;
+	}
+	/* Refused means nothing changed: still dead, no reference added. */
+	if (!wait_switch_done(ref)) {
+		pthread_mutex_unlock(switch_lock_of(ref));
+		percpuref_warn(__func__, "ref %p resurrected from a callback while its switch is "
+			       "in flight; ignored", (void *)ref);
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_DEAD);

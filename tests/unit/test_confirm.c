@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Confirm callbacks that call back into their own ref (docs/percpu_ref.md,
+ * "What a callback may call"), where the rules depend on whether the switch
+ * is in flight:
+ *  - kill of its own ref from a confirm is done at once, even after the
+ *    callback made a synchronous switch of another ref (whose own finish
+ *    used to forget, on return, whose confirm was running: the kill was
+ *    then refused and the ref never released);
+ *  - exit of its own ref from a confirm is warned and ignored, also when
+ *    the confirm runs at once because the ref was atomic already (exit
+ *    then went through, and kill_and_confirm's put of the initial
+ *    reference read the exited ref: a crash);
+ *  - a refused call changes nothing: resurrect from the ref's own
+ *    confirm_kill (it used to clear DEAD and add a reference before being
+ *    refused), switch_to_percpu (it cleared force_atomic) and
+ *    switch_to_atomic_sync from the confirm of a switch still in flight.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+
+#include "internal.h"
+#include "percpuref/percpu_ref.h"
+#include "tap.h"
+
+static struct percpu_ref a, other;
+static int released;		/* atomic */
+static unsigned long warnings_in_confirm;
+static bool dying_in_confirm, live_in_confirm;
+
+static bool is_atomic(struct percpu_ref *ref)
+{
+	return __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_RELAXED) & __PERCPU_REF_ATOMIC;
+}
+
+static void count_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_fetch_add(&released, 1, __ATOMIC_SEQ_CST);
+}
+
+static void sync_other_then_kill_own(struct percpu_ref *ref)
+{
+	percpu_ref_switch_to_atomic_sync(&other);
+	percpu_ref_kill(ref);
+}
+
+static void exit_own(struct percpu_ref *ref)
+{
+	unsigned long before = percpuref_warning_count();
+
+	percpu_ref_exit(ref);
+	warnings_in_confirm = percpuref_warning_count() - before;
+}
+
+static void resurrect_own(struct percpu_ref *ref)
+{
+	unsigned long before = percpuref_warning_count();
+
+	percpu_ref_resurrect(ref);
+	warnings_in_confirm = percpuref_warning_count() - before;
+	dying_in_confirm = percpu_ref_is_dying(ref);
+}
+
+static void percpu_own(struct percpu_ref *ref)
+{
+	unsigned long before = percpuref_warning_count();
+
+	percpu_ref_switch_to_percpu(ref);
+	warnings_in_confirm = percpuref_warning_count() - before;
+}
+
+static void atomic_sync_own(struct percpu_ref *ref)
+{
+	unsigned long before = percpuref_warning_count();
+
+	percpu_ref_switch_to_atomic_sync(ref);
+	warnings_in_confirm = percpuref_warning_count() - before;
+	live_in_confirm = percpu_ref_tryget_live(ref);
+	if (live_in_confirm)
+		percpu_ref_put(ref);
+}
+
+static void test_kill_own_after_nested_sync(void)
+{
+	released = 0;
+	ok(!percpu_ref_init(&a, count_release, 0) && !percpu_ref_init(&other, NULL, 0),
+	   "nested: init");
+	percpu_ref_switch_to_atomic(&a, sync_other_then_kill_own);
+	is(percpu_ref_barrier(), 0, "nested: barrier");
+	ok(percpu_ref_is_dying(&a), "own kill after a nested sync switch is done");
+	is(__atomic_load_n(&released, __ATOMIC_SEQ_CST), 1, "and the ref is released");
+	percpu_ref_exit(&a);
+	percpu_ref_exit(&other);
+}
+
+static void test_exit_own_in_immediate_confirm(void)
+{
+	released = 0;
+	warnings_in_confirm = 0;
+	ok(!percpu_ref_init(&a, count_release, PERCPU_REF_INIT_ATOMIC), "exit: init atomic");
+	/* Atomic already: confirm_kill runs at once, on this thread. */
+	percpu_ref_kill_and_confirm(&a, exit_own);
+	is(warnings_in_confirm, 1, "exit of its own ref from an immediate confirm is warned");
+	is(__atomic_load_n(&released, __ATOMIC_SEQ_CST), 1,
+	   "and ignored: the kill's put released the ref");
+	percpu_ref_exit(&a);
+}
+
+static void test_refused_calls_change_nothing(void)
+{
+	warnings_in_confirm = 0;
+	ok(!percpu_ref_init(&a, NULL, PERCPU_REF_ALLOW_REINIT), "resurrect: init");
+	percpu_ref_kill_and_confirm(&a, resurrect_own);
+	is(percpu_ref_barrier(), 0, "resurrect: barrier");
+	is(warnings_in_confirm, 1, "resurrect of its own ref from confirm_kill is warned");
+	ok(dying_in_confirm, "and leaves the ref dead");
+	ok(percpu_ref_is_zero(&a), "and its count untouched (released by the kill)");
+	percpu_ref_exit(&a);
+
+	warnings_in_confirm = 0;
+	ok(!percpu_ref_init(&a, NULL, PERCPU_REF_ALLOW_REINIT), "percpu: init");
+	percpu_ref_switch_to_atomic(&a, percpu_own);
+	is(percpu_ref_barrier(), 0, "percpu: barrier");
+	is(warnings_in_confirm, 1, "switch_to_percpu of its own ref from confirm is warned");
+	/* force_atomic still set: a kill and reinit comes back atomic. */
+	percpu_ref_kill(&a);
+	is(percpu_ref_barrier(), 0, "percpu: kill");
+	percpu_ref_reinit(&a);
+	ok(is_atomic(&a), "and did not undo switch_to_atomic (reinit stays atomic)");
+	percpu_ref_kill(&a);
+	percpu_ref_exit(&a);
+
+	warnings_in_confirm = 0;
+	live_in_confirm = false;
+	ok(!percpu_ref_init(&a, NULL, PERCPU_REF_ALLOW_REINIT), "sync: init");
+	percpu_ref_switch_to_atomic(&a, atomic_sync_own);
+	is(percpu_ref_barrier(), 0, "sync: barrier");
+	is(warnings_in_confirm, 0, "switch_to_atomic_sync of its own ref from confirm is "
+	   "done at once (atomic already)");
+	ok(live_in_confirm, "the ref stays live");
+	percpu_ref_switch_to_percpu(&a);
+	ok(!is_atomic(&a), "and goes back to per-CPU afterwards");
+	percpu_ref_kill(&a);
+	percpu_ref_exit(&a);
+}
+
+int main(void)
+{
+	test_kill_own_after_nested_sync();
+	test_exit_own_in_immediate_confirm();
+	test_refused_calls_change_nothing();
+	return done_testing();
+}
