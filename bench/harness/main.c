@@ -32,6 +32,7 @@
  * usage on stderr).
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -221,6 +222,34 @@ static int cmp_uint(const void *a, const void *b)
 }
 
 /*
+ * Reads the decimal number at the start of @s into *@out and points *@end
+ * past it; false if @s does not start with a digit or the number does not
+ * fit.  strtoul() alone skips blanks and takes a sign, turning "-1" into
+ * ULONG_MAX and "-18446744073709551615" into 1, so a range check after it
+ * can pass a number the user never wrote.
+ */
+static bool parse_decimal(const char *s, char **end, unsigned long *out)
+{
+	if (!isdigit((unsigned char)*s))
+		return false;
+	errno = 0;
+	*out = strtoul(s, end, 10);
+	return !errno;
+}
+
+/* @arg, all of it, as a number in @min..@max into *@out, which a failure leaves alone. */
+static bool parse_uint(const char *arg, unsigned int min, unsigned int max, unsigned int *out)
+{
+	unsigned long v;
+	char *end;
+
+	if (!parse_decimal(arg, &end, &v) || *end || v < min || v > max)
+		return false;
+	*out = v;
+	return true;
+}
+
+/*
  * Parses "1,2,8-12,max" into @out (sorted, unique); returns the count.
  * @what names the list in messages.
  */
@@ -228,21 +257,26 @@ static unsigned int parse_threads(const struct bench_workload *w, const char *wh
 				  const char *arg, unsigned int max, unsigned int **out)
 {
 	unsigned int n = 0, u = 1, cap = 16, *list = malloc(cap * sizeof(*list));
-	char *copy = strdup(arg), *save = NULL;
+	char *copy = strdup(arg), *rest = copy, *tok;
 
 	if (!list || !copy)
 		bench_die("out of memory");
-	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+	/* strsep(), not strtok_r(): "1,,2" and "1," have an empty element to refuse. */
+	while ((tok = strsep(&rest, ","))) {
 		unsigned long lo, hi;
 		char *end;
 
+		if (!*tok)
+			usage_error(w, "%s: empty element in \"%s\"", what, arg);
 		if (!strcmp(tok, "max")) {
 			lo = hi = max;
 		} else {
-			lo = hi = strtoul(tok, &end, 10);
-			if (*end == '-')
-				hi = strtoul(end + 1, &end, 10);
-			if (end == tok || *end || lo == 0 || hi < lo || hi > 1u << 16)
+			bool ok = parse_decimal(tok, &end, &lo);
+
+			hi = lo;
+			if (ok && *end == '-')
+				ok = parse_decimal(end + 1, &end, &hi);
+			if (!ok || *end || lo == 0 || hi < lo || hi > 1u << 16)
 				usage_error(w, "%s: bad element \"%s\"", what, tok);
 		}
 		for (unsigned long t = lo; t <= hi; t++) {
@@ -252,8 +286,6 @@ static unsigned int parse_threads(const struct bench_workload *w, const char *wh
 		}
 	}
 	free(copy);
-	if (n == 0)
-		usage_error(w, "%s: empty list", what);
 	qsort(list, n, sizeof(*list), cmp_uint);
 	for (unsigned int i = 1; i < n; i++)
 		if (list[i] != list[u - 1])
@@ -420,8 +452,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 					    optarg);
 			break;
 		case OPT_REPEAT:
-			r->repeat = strtoul(optarg, &end, 10);
-			if (end == optarg || *end || r->repeat < 1 || r->repeat > 1000)
+			if (!parse_uint(optarg, 1, 1000, &r->repeat))
 				usage_error(w, "--repeat: want 1..1000, got \"%s\"", optarg);
 			break;
 		case OPT_STAT:
@@ -433,8 +464,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			cli->oversubscribe = true;
 			break;
 		case OPT_BASELINE:
-			cli->baseline = strtoul(optarg, &end, 10);
-			if (end == optarg || *end || cli->baseline < 1 || cli->baseline > 1u << 16)
+			if (!parse_uint(optarg, 1, 1u << 16, &cli->baseline))
 				usage_error(w, "--baseline: want a thread count 1..65536, got \"%s\"",
 					    optarg);
 			if (w->no_efficiency)

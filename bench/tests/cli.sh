@@ -46,16 +46,31 @@ expect 2 micro --threads
 expect 2 micro --threads 0
 expect 2 micro --threads 2-1
 expect 2 micro --threads x
+# Empty elements, and numbers that do not start with a digit: strtoul()
+# alone would skip the blank, take the sign, and wrap "-18446744073709551615"
+# to 1.
+expect 2 micro --threads 1,,2 --variants private $short
+expect 2 micro --threads 1, --variants private $short
+expect 2 micro --threads ,1 --variants private $short
+expect 2 micro --threads " 1" --variants private $short
+expect 2 micro --threads +1 --variants private $short
+expect 2 micro --threads 1-+2 --variants private $short
+expect 2 micro --threads -18446744073709551615 --variants private $short
 expect 2 micro --threads "$over" $short
 expect 2 micro --variants no-such-variant
 expect 2 micro --duration 0
 expect 2 micro --duration -1
 expect 2 micro --duration 1s
 expect 2 micro --repeat 0
+# Past 32 bits: once truncated to 1000 and run.
+expect 2 micro --repeat 4294968296 --threads 1 --variants private $short
+expect 2 micro --repeat -18446744073709551615 --threads 1 --variants private $short
 expect 2 micro --stat mean
 expect 2 micro --baseline 0
 expect 2 micro --baseline x
 expect 2 micro --baseline
+expect 2 micro --baseline 4294967298 --threads 1 --variants private $short
+expect 2 micro --baseline +1 --threads 1 --variants private $short
 expect 2 micro extra-argument
 expect 2 signal1 --workers 0
 expect 2 signal1 --workers -3
@@ -66,11 +81,24 @@ expect 2 signal1 --batch 0
 expect 2 signal1 --batch 99999999999999999999
 expect 2 signal1 --limit -1
 expect 2 labels --profile root
+# Values setup() could not take, refused before the first point: a --work
+# that never lets a measurement stop, a --churn period past 64 bits, a
+# --scan-ms the reclaimer refuses (PERCPU_REF_MANAGED_INTERVAL_MAX_MS).
+expect 2 labels --work -1
+expect 2 labels --work 9223372036854775807 --threads 1 --variants off $short
+expect 2 labels --churn -1
+expect 2 labels --churn 1e-12 --threads 1 --variants kref $short
+expect 2 labels --churn 1000001
+expect 2 labels --scan-ms 86400001 --threads 1 --variants off,percpu-managed $short
 expect 0 --help
 expect 0 --version
 expect 0 --list
 expect 0 micro --help
 expect 0 signal1 --list
+# The --threads syntax --help promises, and the bounds themselves.
+expect 0 micro --threads 1-2,max --oversubscribe --variants private $short
+expect 0 labels --threads 1 --variants off,percpu-managed --work 1000000 --scan-ms 86400000 \
+	$short
 # signal1 oversubscribes by design: no --oversubscribe needed.
 expect 0 signal1 --threads "$over" --variants cached $short
 # The report's override_rlimit path, with a limit the refills run into.
