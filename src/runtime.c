@@ -120,33 +120,65 @@ static int sys_membarrier(int cmd, unsigned int flags)
 	return (int)syscall(__NR_membarrier, cmd, flags, 0);
 }
 
-/* Highest possible CPU id + 1, from the kernel's "possible" mask. */
+/*
+ * The CPU count, from the text of the kernel's "possible" mask ("0-191\n",
+ * "0,2-5"): the highest CPU id + 1, or 0 when the text is no such list or
+ * names a CPU at or above PERCPUREF_MAX_CPUS (a sysfs that lies: a count
+ * of 2^32 wrapped and failed every allocation, one of 100000 made every
+ * ref cost 400 MB).  The kernel's own limit (NR_CPUS) is 8192 at most.
+ */
+PERCPUREF_API unsigned int percpuref_cpu_count_from_mask(const char *text)
+{
+	unsigned long lo, hi, count = 0;
+	const char *p = text;
+	char *end;
+
+	for (;;) {
+		if (*p < '0' || *p > '9')
+			return 0;
+		errno = 0;
+		lo = hi = strtoul(p, &end, 10);
+		if (*end == '-') {
+			p = end + 1;
+			if (*p < '0' || *p > '9')
+				return 0;
+			hi = strtoul(p, &end, 10);
+		}
+		if (errno || hi < lo || hi >= PERCPUREF_MAX_CPUS)
+			return 0;
+		if (hi + 1 > count)
+			count = hi + 1;
+		if (*end != ',')
+			break;
+		p = end + 1;
+	}
+	return *end == '\0' || *end == '\n' ? (unsigned int)count : 0;
+}
+
+/* CPU count from the possible mask, else from sysconf(), else 1. */
 static unsigned int read_possible_cpus(void)
 {
 	FILE *f = fopen("/sys/devices/system/cpu/possible", "r");
-	unsigned int lo, hi, max = 0;
-	int c;
+	unsigned int count = 0;
+	char text[256];
+	long n;
 
 	if (f) {
-		/* Format: "0-191" or "0,2-5": the last range ends highest. */
-		while (fscanf(f, "%u", &lo) == 1) {
-			hi = lo;
-			c = fgetc(f);
-			if (c == '-' && fscanf(f, "%u", &hi) == 1)
-				c = fgetc(f);
-			if (hi + 1 > max)
-				max = hi + 1;
-			if (c != ',')
-				break;
+		if (fgets(text, sizeof(text), f)) {
+			count = percpuref_cpu_count_from_mask(text);
+			if (!count)
+				percpuref_warn("percpuref_runtime_init", "/sys/devices/system/cpu/possible "
+					       "reads \"%.*s\", not a list of CPUs below %u; "
+					       "counting CPUs with sysconf()",
+					       (int)strcspn(text, "\n"), text, PERCPUREF_MAX_CPUS);
 		}
 		fclose(f);
 	}
-	if (max == 0) {
-		long n = sysconf(_SC_NPROCESSORS_CONF);
-
-		max = n > 0 ? (unsigned int)n : 1;
-	}
-	return max;
+	if (count)
+		return count;
+	/* Where /sys is hidden.  glibc may read the same file: bounded too. */
+	n = sysconf(_SC_NPROCESSORS_CONF);
+	return n > 0 && n <= PERCPUREF_MAX_CPUS ? (unsigned int)n : 1;
 }
 
 static bool membarrier_rseq_register(void)
@@ -305,12 +337,17 @@ unsigned int percpuref_nr_units(void)
 static bool fence_by_migration(void)
 {
 	cpu_set_t saved, one;
-	unsigned int cpu;
+	unsigned int cpu, bound = percpuref_nr_cpu_units;
 	bool all = true;
 
 	if (sched_getaffinity(0, sizeof(saved), &saved))
 		return false;
-	for (cpu = 0; cpu < percpuref_nr_cpu_units && cpu < CPU_SETSIZE; cpu++) {
+	/* Every unit's CPU, and every CPU this thread may run on: a CPU count
+	 * that was too low (sysfs) must not leave fallback readers unfenced. */
+	for (cpu = 0; cpu < CPU_SETSIZE; cpu++)
+		if (CPU_ISSET(cpu, &saved) && cpu >= bound)
+			bound = cpu + 1;
+	for (cpu = 0; cpu < bound && cpu < CPU_SETSIZE; cpu++) {
 		CPU_ZERO(&one);
 		CPU_SET(cpu, &one);
 		if (sched_setaffinity(0, sizeof(one), &one) && errno != EINVAL)

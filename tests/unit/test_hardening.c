@@ -160,6 +160,37 @@ static int mode_one_unit(void)
 	return 0;
 }
 
+/* 1 (sysfs): the possible mask is read as a list of CPUs below the cap, or
+ * not at all (the caller then asks sysconf()): a lying mask used to wrap
+ * the count to 0 or 2^31 and fail every init with -ENOMEM. */
+static void test_possible_mask(void)
+{
+	static const struct {
+		const char *text;
+		unsigned int count;
+	} cases[] = {
+		{ "0-191\n", 192 },	{ "0\n", 1 },	     { "0,2-5\n", 6 },
+		{ "0-1,4\n", 5 },	{ "0-8191\n", 8192 }, { "0-8192\n", 0 },
+		{ "0-99999\n", 0 },	{ "0-4294967294\n", 0 },
+		{ "0-1,3000000000\n", 0 }, { "0-18446744073709551616\n", 0 },
+		{ "", 0 },		{ "\n", 0 },	     { "garbage\n", 0 },
+		{ "-1\n", 0 },		{ "5-2\n", 0 },     { "0-\n", 0 },
+		{ "0,\n", 0 },		{ "0-3x\n", 0 },    { " 0-3\n", 0 },
+	};
+	unsigned int i, wrong = 0;
+
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		unsigned int got = percpuref_cpu_count_from_mask(cases[i].text);
+
+		if (got != cases[i].count) {
+			printf("# \"%s\": %u CPUs, want %u\n", cases[i].text, got, cases[i].count);
+			wrong++;
+		}
+	}
+	is(wrong, 0, "1: possible masks read as lists of CPUs below %u, lies refused",
+	   PERCPUREF_MAX_CPUS);
+}
+
 static void test_one_unit(void)
 {
 	int ret = run_mode("--one-unit");
@@ -579,6 +610,7 @@ int main(int argc, char **argv)
 			return mode_print_interval();
 		return 2;
 	}
+	test_possible_mask();
 	test_one_unit();
 	if (UNDER_TSAN) {
 		printf("# skipped findings 2-5 (fork of a threaded process) under "
