@@ -234,6 +234,8 @@ int percpuref_wait_deferred(void)
 	return ret;
 }
 
+/* One caller joins the thread; a concurrent one waits until it has exited
+ * or a new one was started (see managed.c's stop_thread()). */
 void percpuref_deferred_stop(void)
 {
 	pthread_t joinee;
@@ -241,6 +243,12 @@ void percpuref_deferred_stop(void)
 	if (percpuref_wait_deferred())
 		return;
 	pthread_mutex_lock(&deferred_lock);
+	if (thread_stopping) {
+		while (thread_running && thread_stopping)
+			pthread_cond_wait(&work_done, &deferred_lock);
+		pthread_mutex_unlock(&deferred_lock);
+		return;
+	}
 	if (!thread_running) {
 		pthread_mutex_unlock(&deferred_lock);
 		return;

@@ -690,12 +690,22 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 	return ret ? ret : percpuref_wait_rcu();
 }
 
-/* Stops the thread, if running, and waits for it. */
+/*
+ * Stops the thread, if running, and waits for it.  One caller joins it; a
+ * concurrent one (two shutdowns, or exit() during one) waits until it has
+ * exited, or a new one was started: joining a thread twice is undefined.
+ */
 static void stop_thread(void)
 {
 	pthread_t joinee;
 
 	pthread_mutex_lock(&managed_lock);
+	if (thread_stopping) {
+		while (thread_running && thread_stopping)
+			pthread_cond_wait(&progress, &managed_lock);
+		pthread_mutex_unlock(&managed_lock);
+		return;
+	}
 	if (!thread_running) {
 		pthread_mutex_unlock(&managed_lock);
 		return;
