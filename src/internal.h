@@ -27,7 +27,10 @@
  *
  * The two batch locks come first: a library thread holds one for a whole
  * unit of work (fence, callbacks, and the user's callbacks they call), so a
- * fork never cuts one in half.  liburcu-bp's locks (its grace-period and
+ * fork never cuts one in half.  The sync-switch lock next: every
+ * switch_to_atomic_sync() read-holds it over its fence, so a fork never
+ * cuts one in half either; it is only tried under a switch lock (a fork
+ * waiting for it makes the switch step back).  liburcu-bp's locks (its grace-period and
  * registry mutexes, urcu_bp_before_fork()) come next, before every lock a
  * reader may take inside a read-side section: a grace period holds
  * liburcu's lock while it waits for such a reader, so a fork holding the
@@ -40,6 +43,7 @@
 enum percpuref_lock_rank {
 	PERCPUREF_RANK_DEFERRED_BATCH,	/* deferred.c: a batch in flight */
 	PERCPUREF_RANK_SCAN,		/* managed.c: a scan or RCU batch */
+	PERCPUREF_RANK_SYNC_SWITCH,	/* percpu_ref.c: sync switches */
 	PERCPUREF_RANK_URCU,		/* liburcu-bp (runtime.c) */
 	PERCPUREF_RANK_SWITCH,		/* percpu_ref.c: mode switches */
 	PERCPUREF_RANK_ALLOC,		/* percpu_alloc.c: chunks, slots */

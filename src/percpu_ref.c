@@ -156,6 +156,46 @@ static const struct percpuref_fork_hooks switch_hooks = {
 	.child = switch_fork_child,
 };
 
+/*
+ * Synchronous switches in flight, read-held from before the first half to
+ * after the fold, written by fork: a switch_to_atomic_sync() holds no
+ * switch lock during its fence, so without it a fork in that window left
+ * the child a ref whose switch nobody would finish, and the child's kill
+ * or exit of it waited for ever.  Writers first, so that a stream of
+ * switches cannot starve a fork; no thread takes it twice (no callback
+ * runs while it is held).
+ */
+static pthread_rwlock_t sync_switch_lock;
+
+static void sync_switch_fork_lock(void)
+{
+	pthread_rwlock_wrlock(&sync_switch_lock);
+}
+
+static void sync_switch_fork_unlock(void)
+{
+	pthread_rwlock_unlock(&sync_switch_lock);
+}
+
+static void sync_switch_lock_init(void)
+{
+	pthread_rwlockattr_t attr;
+
+	pthread_rwlockattr_init(&attr);
+	pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	pthread_rwlock_init(&sync_switch_lock, &attr);
+	pthread_rwlockattr_destroy(&attr);
+}
+
+static const struct percpuref_fork_hooks sync_switch_hooks = {
+	.rank = PERCPUREF_RANK_SYNC_SWITCH,
+	.prepare = sync_switch_fork_lock,
+	.parent = sync_switch_fork_unlock,
+	/* Not an unlock: glibc knows the writer by its thread id, which the
+	 * child's thread does not have. */
+	.child = sync_switch_lock_init,
+};
+
 static __attribute__((constructor)) void switch_register(void)
 {
 	unsigned int i;
@@ -164,7 +204,9 @@ static __attribute__((constructor)) void switch_register(void)
 		pthread_mutex_init(&switch_stripes[i].lock, NULL);
 		pthread_cond_init(&switch_stripes[i].done, NULL);
 	}
+	sync_switch_lock_init();
 	percpuref_register_fork_hooks(&switch_hooks);
+	percpuref_register_fork_hooks(&sync_switch_hooks);
 }
 /* The ref whose confirm callback this thread is running. */
 static __thread struct percpu_ref *finishing_switch_of;
@@ -362,8 +404,10 @@ static void fold_percpu_counts(struct percpu_ref *ref)
 }
 
 /* Second half of a switch to atomic, after the reader fence: fold, confirm,
- * drop the switch's reference.  Never called with the lock held. */
-static void finish_atomic_switch(struct percpu_ref *ref)
+ * drop the switch's reference.  Never called with the lock held.  Returns
+ * the @release the caller must call (the switch's reference was the last
+ * one), or NULL. */
+static percpu_ref_func_t *finish_atomic_switch(struct percpu_ref *ref)
 {
 	struct percpu_ref_data *data = ref->data;
 	percpu_ref_func_t *confirm, *release = data->release;
@@ -389,16 +433,19 @@ static void finish_atomic_switch(struct percpu_ref *ref)
 
 	/* The data may be gone once the lock is dropped (a waiting exit):
 	 * use the release function read before. */
-	if (released && release)
-		release(ref);
+	return released ? release : NULL;
 }
 
 static void switch_work_fn(struct percpuref_deferred *work)
 {
 	struct percpu_ref_impl *impl = caa_container_of(work, struct percpu_ref_impl, switch_work);
+	struct percpu_ref *ref = impl->data.ref;
+	percpu_ref_func_t *release;
 
 	/* The callback thread fenced the readers before calling us. */
-	finish_atomic_switch(impl->data.ref);
+	release = finish_atomic_switch(ref);
+	if (release)
+		release(ref);
 }
 
 /*
@@ -548,28 +595,63 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 		run_confirm(ref, confirm_now);
 }
 
+/*
+ * Lock held and no switch in flight: also read-locks sync_switch_lock, which
+ * ranks before the switch locks, so only tried here; when a fork waits for
+ * it, steps back (unlocked) until the fork is done, and starts over.  False
+ * (lock held) when a callback must not wait for the switch in flight; no
+ * lock at all, false, when the ref became unusable meanwhile.
+ */
+static bool lock_for_sync_switch(struct percpu_ref *ref, bool *usable)
+{
+	for (;;) {
+		if (!wait_switch_done(ref))
+			return false;
+		if (!pthread_rwlock_tryrdlock(&sync_switch_lock))
+			return true;
+		pthread_mutex_unlock(switch_lock_of(ref));
+		pthread_rwlock_rdlock(&sync_switch_lock);
+		pthread_rwlock_unlock(&sync_switch_lock);
+		if (!lock_unmanaged(ref, "percpu_ref_switch_to_atomic_sync")) {
+			*usable = false;
+			return false;
+		}
+	}
+}
+
 PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 {
-	bool started = false;
+	percpu_ref_func_t *release;
+	bool usable = true;
 
 	if (!lock_unmanaged(ref, __func__))
 		return;
-	if (wait_switch_done(ref)) {
-		ref->data->force_atomic = true;
-		started = start_atomic_switch(ref, NULL, false);
-	} else if (finishing_switch_of == ref) {
-		/* Its own confirm: atomic and folded already, as for
-		 * switch_to_atomic there (finding 10). */
-		ref->data->force_atomic = true;
-	} else {
-		percpuref_warn(__func__, "ref %p switched from a callback while its switch is "
-			       "in flight; ignored", (void *)ref);
+	if (!lock_for_sync_switch(ref, &usable)) {
+		if (!usable)
+			return;
+		if (finishing_switch_of == ref)
+			/* Its own confirm: atomic and folded already, as for
+			 * switch_to_atomic there (finding 10). */
+			ref->data->force_atomic = true;
+		else
+			percpuref_warn(__func__, "ref %p switched from a callback while its switch "
+				       "is in flight; ignored", (void *)ref);
+		pthread_mutex_unlock(switch_lock_of(ref));
+		return;
+	}
+	ref->data->force_atomic = true;
+	if (!start_atomic_switch(ref, NULL, false)) {
+		pthread_rwlock_unlock(&sync_switch_lock);
+		pthread_mutex_unlock(switch_lock_of(ref));
+		return;
 	}
 	pthread_mutex_unlock(switch_lock_of(ref));
-	if (started) {
-		percpuref_fence_readers();
-		finish_atomic_switch(ref);
-	}
+	percpuref_fence_readers();
+	release = finish_atomic_switch(ref);
+	/* Before @release, which may switch another ref synchronously. */
+	pthread_rwlock_unlock(&sync_switch_lock);
+	if (release)
+		release(ref);
 }
 
 PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)

@@ -255,6 +255,62 @@ static void test_fork_deferred_batch(void)
 	percpu_ref_exit(&b.ref);
 }
 
+/*
+ * 2 (sync): fork while another thread is inside switch_to_atomic_sync(),
+ * whose fence runs with no switch lock held.  The child must not inherit
+ * the switch half done: nobody would finish it there, and its kill or exit
+ * of the ref would wait for ever.  Exit status: 1 caught mid-switch, 128 +
+ * SIGALRM a hang.
+ */
+static struct percpu_ref sync_ref;
+static int sync_stop;	/* atomic */
+
+static void *sync_switcher(void *arg)
+{
+	(void)arg;
+	while (!__atomic_load_n(&sync_stop, __ATOMIC_RELAXED)) {
+		percpu_ref_switch_to_atomic_sync(&sync_ref);
+		percpu_ref_switch_to_percpu(&sync_ref);
+	}
+	return NULL;
+}
+
+static void test_fork_sync_switch(void)
+{
+	int i, cut = 0, hung = 0, other = 0;
+	pthread_t t;
+
+	percpu_ref_init(&sync_ref, NULL, PERCPU_REF_ALLOW_REINIT);
+	__atomic_store_n(&sync_stop, 0, __ATOMIC_RELAXED);
+	if (pthread_create(&t, NULL, sync_switcher, NULL)) {
+		ok(0, "2 (sync): switcher started");
+		return;
+	}
+	for (i = 0; i < 300; i++) {
+		pid_t pid = fork();
+		int ret;
+
+		if (pid == 0) {
+			child_deadline();
+			if (__atomic_load_n(&sync_ref.data->confirm_switch, __ATOMIC_RELAXED))
+				_exit(1);
+			percpu_ref_kill(&sync_ref);
+			percpu_ref_exit(&sync_ref);
+			_exit(0);
+		}
+		ret = wait_child(pid);
+		cut += ret == 1;
+		hung += ret == 128 + SIGALRM;
+		other += ret != 0 && ret != 1 && ret != 128 + SIGALRM;
+	}
+	__atomic_store_n(&sync_stop, 1, __ATOMIC_RELAXED);
+	pthread_join(t, NULL);
+	ok(!cut && !hung && !other, "2 (sync): 300 forks amid synchronous switches: no child "
+	   "inherits one half done (%d did, %d hung, %d failed otherwise)", cut, hung, other);
+	percpu_ref_kill(&sync_ref);
+	percpu_ref_exit(&sync_ref);
+}
+
 struct robj {
 	struct percpu_rcuref ref;
 	int releases;
@@ -619,6 +675,7 @@ int main(int argc, char **argv)
 		test_fork_deferred_batch();
 		test_fork_rcu_batch();
 		test_fork_release_phase();
+		test_fork_sync_switch();
 		is(run_mode("--gp-fork"), 0, "5: fork while a grace period waits for a reader "
 		   "that takes a library lock: no deadlock");
 	}
