@@ -45,37 +45,34 @@ static void sync_other_then_kill_own(struct percpu_ref *ref)
 	percpu_ref_kill(ref);
 }
 
-static void exit_own(struct percpu_ref *ref)
+/* Calls @call on its own ref from a confirm, counting the warnings. */
+static void count_warnings(percpu_ref_func_t *call, struct percpu_ref *ref)
 {
 	unsigned long before = percpuref_warning_count();
 
-	percpu_ref_exit(ref);
+	call(ref);
 	warnings_in_confirm = percpuref_warning_count() - before;
+}
+
+static void exit_own(struct percpu_ref *ref)
+{
+	count_warnings(percpu_ref_exit, ref);
 }
 
 static void resurrect_own(struct percpu_ref *ref)
 {
-	unsigned long before = percpuref_warning_count();
-
-	percpu_ref_resurrect(ref);
-	warnings_in_confirm = percpuref_warning_count() - before;
+	count_warnings(percpu_ref_resurrect, ref);
 	dying_in_confirm = percpu_ref_is_dying(ref);
 }
 
 static void percpu_own(struct percpu_ref *ref)
 {
-	unsigned long before = percpuref_warning_count();
-
-	percpu_ref_switch_to_percpu(ref);
-	warnings_in_confirm = percpuref_warning_count() - before;
+	count_warnings(percpu_ref_switch_to_percpu, ref);
 }
 
 static void atomic_sync_own(struct percpu_ref *ref)
 {
-	unsigned long before = percpuref_warning_count();
-
-	percpu_ref_switch_to_atomic_sync(ref);
-	warnings_in_confirm = percpuref_warning_count() - before;
+	count_warnings(percpu_ref_switch_to_atomic_sync, ref);
 	live_in_confirm = percpu_ref_tryget_live(ref);
 	if (live_in_confirm)
 		percpu_ref_put(ref);
