@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <percpuref/compiler.h>
 #include <percpuref/percpu_ref.h>
@@ -218,9 +219,10 @@ PERCPUREF_API void percpuref_fault_fail_nth_alloc(long nth);
 bool percpuref_fault_should_fail(void);
 /* The most CPUs the library counts: the kernel's largest NR_CPUS. */
 #define PERCPUREF_MAX_CPUS 8192u
-/* runtime.c's parser of the possible mask (0: not a list, or too large);
- * exposed for tests. */
+/* runtime.c's reader and parser of the possible mask (0: not a list, or
+ * too large); exposed for tests. */
 PERCPUREF_API unsigned int percpuref_cpu_count_from_mask(const char *text);
+PERCPUREF_API unsigned int percpuref_cpu_count_from_file(FILE *f);
 /*
  * Test hook: the CPU count source answers @n, as a count from sysconf()
  * does where /sys is hidden (a chroot, a minimal container).  Call before

@@ -208,11 +208,11 @@ static __attribute__((constructor)) void switch_register(void)
 	percpuref_register_fork_hooks(&switch_hooks);
 	percpuref_register_fork_hooks(&sync_switch_hooks);
 }
-/* The ref whose confirm callback this thread is running. */
+/* The ref whose switch this thread is finishing (callbacks run inside). */
 static __thread struct percpu_ref *finishing_switch_of;
 
-/* A confirm callback: a finished switch's, or one run at once (the ref was
- * atomic already).  Nested: the callback may finish another ref's switch. */
+/* The confirm callback of a switch this thread finishes.  Nested: the
+ * callback may finish another ref's switch (switch_to_atomic_sync). */
 static void run_confirm(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 {
 	struct percpu_ref *outer = finishing_switch_of;
@@ -220,6 +220,37 @@ static void run_confirm(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 	finishing_switch_of = ref;
 	confirm(ref);
 	finishing_switch_of = outer;
+}
+
+/*
+ * Confirm callbacks this thread runs at once (the ref was atomic already),
+ * innermost first, each frame on its caller's stack.  Not a switch in
+ * flight: another thread's switch of the ref is waited for as usual.  Only
+ * exit refuses their refs, which the kill's put still uses.
+ */
+struct at_once_confirm {
+	struct percpu_ref *ref;
+	struct at_once_confirm *outer;
+};
+static __thread struct at_once_confirm *at_once_confirms;
+
+static void run_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *confirm)
+{
+	struct at_once_confirm frame = { ref, at_once_confirms };
+
+	at_once_confirms = &frame;
+	confirm(ref);
+	at_once_confirms = frame.outer;
+}
+
+static bool confirming_at_once(const struct percpu_ref *ref)
+{
+	const struct at_once_confirm *frame;
+
+	for (frame = at_once_confirms; frame; frame = frame->outer)
+		if (frame->ref == ref)
+			return true;
+	return false;
 }
 
 /* Where a ref's managed-list node is; switch lock. */
@@ -356,7 +387,7 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 		return;
 	}
 	/* Its own confirm: the switch, or the kill's put, still uses it. */
-	if (finishing_switch_of == ref || !wait_switch_done(ref)) {
+	if (finishing_switch_of == ref || confirming_at_once(ref) || !wait_switch_done(ref)) {
 		percpuref_warn(__func__, "ref %p exited from its confirm callback or while its "
 			       "switch is in flight; ignored", (void *)ref);
 		pthread_mutex_unlock(switch_lock_of(ref));
@@ -592,7 +623,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
-		run_confirm(ref, confirm_now);
+		run_confirm_at_once(ref, confirm_now);
 }
 
 /*
@@ -677,17 +708,18 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 
 	if (!lock_unmanaged(ref, __func__))
 		return;
-	if (mode_word(ref) & __PERCPU_REF_DEAD) {
-		pthread_mutex_unlock(switch_lock_of(ref));
-		percpuref_warn(__func__, "called more than once on ref %p; ignored", (void *)ref);
-		return;
-	}
 	/* Refused means nothing done: no DEAD, no put (but see finding 10
-	 * in switch_mode_locked(): from its own confirm callback it works). */
+	 * in switch_mode_locked(): from its own confirm callback it works).
+	 * The wait first: a kill that waited with us may have killed it. */
 	if (!wait_switch_done(ref) && finishing_switch_of != ref) {
 		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "ref %p killed from a callback while its switch is in "
 			       "flight; ignored", (void *)ref);
+		return;
+	}
+	if (mode_word(ref) & __PERCPU_REF_DEAD) {
+		pthread_mutex_unlock(switch_lock_of(ref));
+		percpuref_warn(__func__, "called more than once on ref %p; ignored", (void *)ref);
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
@@ -695,7 +727,7 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
-		run_confirm(ref, confirm_now);
+		run_confirm_at_once(ref, confirm_now);
 	percpu_ref_put(ref);	/* the initial reference */
 }
 
@@ -706,6 +738,14 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 	if (!ref_usable(ref, __func__))
 		return;
 	pthread_mutex_lock(switch_lock_of(ref));
+	/* Refused means nothing changed: still dead, no reference added.
+	 * The wait first: a resurrect that waited with us may have done it. */
+	if (!wait_switch_done(ref)) {
+		pthread_mutex_unlock(switch_lock_of(ref));
+		percpuref_warn(__func__, "ref %p resurrected from a callback while its switch is "
+			       "in flight; ignored", (void *)ref);
+		return;
+	}
 	if (!(mode_word(ref) & __PERCPU_REF_DEAD)) {
 		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "ref %p is not dead; ignored", (void *)ref);
@@ -715,13 +755,6 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "ref %p was created without PERCPU_REF_ALLOW_REINIT; "
 			       "ignored", (void *)ref);
-		return;
-	}
-	/* Refused means nothing changed: still dead, no reference added. */
-	if (!wait_switch_done(ref)) {
-		pthread_mutex_unlock(switch_lock_of(ref));
-		percpuref_warn(__func__, "ref %p resurrected from a callback while its switch is "
-			       "in flight; ignored", (void *)ref);
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_DEAD);

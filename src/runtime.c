@@ -155,23 +155,38 @@ PERCPUREF_API unsigned int percpuref_cpu_count_from_mask(const char *text)
 	return *end == '\0' || *end == '\n' ? (unsigned int)count : 0;
 }
 
+/*
+ * The CPU count from the possible mask's file @f (the whole line: a sparse
+ * mask of 8192 CPUs takes 20 KB, and one cut short would read as a smaller
+ * count), or 0, warned, when it does not read as such a mask.
+ */
+PERCPUREF_API unsigned int percpuref_cpu_count_from_file(FILE *f)
+{
+	unsigned int count = 0;
+	size_t size = 0;
+	char *text = NULL;
+
+	if (getline(&text, &size, f) > 0) {
+		count = percpuref_cpu_count_from_mask(text);
+		if (!count)
+			percpuref_warn("percpuref_runtime_init", "/sys/devices/system/cpu/possible "
+				       "reads \"%.*s\", not a list of CPUs below %u; counting CPUs "
+				       "with sysconf()", (int)strcspn(text, "\n"), text,
+				       PERCPUREF_MAX_CPUS);
+	}
+	free(text);
+	return count;
+}
+
 /* CPU count from the possible mask, else from sysconf(), else 1. */
 static unsigned int read_possible_cpus(void)
 {
 	FILE *f = fopen("/sys/devices/system/cpu/possible", "r");
 	unsigned int count = 0;
-	char text[256];
 	long n;
 
 	if (f) {
-		if (fgets(text, sizeof(text), f)) {
-			count = percpuref_cpu_count_from_mask(text);
-			if (!count)
-				percpuref_warn("percpuref_runtime_init", "/sys/devices/system/cpu/possible "
-					       "reads \"%.*s\", not a list of CPUs below %u; "
-					       "counting CPUs with sysconf()",
-					       (int)strcspn(text, "\n"), text, PERCPUREF_MAX_CPUS);
-		}
+		count = percpuref_cpu_count_from_file(f);
 		fclose(f);
 	}
 	if (count)

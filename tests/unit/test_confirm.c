@@ -14,10 +14,21 @@
  *  - a refused call changes nothing: resurrect from the ref's own
  *    confirm_kill (it used to clear DEAD and add a reference before being
  *    refused), switch_to_percpu (it cleared force_atomic) and
- *    switch_to_atomic_sync from the confirm of a switch still in flight.
+ *    switch_to_atomic_sync from the confirm of a switch still in flight;
+ *  - a confirm run at once is not a switch in flight: from it, a switch of
+ *    the same ref that another thread started meanwhile is waited for, not
+ *    taken for the callback's own (switch_to_atomic_sync returned before
+ *    it was folded, switch_to_percpu was refused);
+ *  - two kills, or two resurrects, that wait for the same switch in flight
+ *    check the ref's state after the wait: one of them is refused (both
+ *    went through: a kill put the initial reference twice and released the
+ *    ref under a user's reference, a resurrect added two).
  */
 #define _GNU_SOURCE
+#include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "percpuref/percpu_ref.h"
@@ -142,10 +153,124 @@ static void test_refused_calls_change_nothing(void)
 	percpu_ref_exit(&a);
 }
 
+static int slow_confirmed;	/* atomic */
+static int confirmed_before_sync, warnings_in_at_once;
+
+static void slow_confirm(struct percpu_ref *ref)
+{
+	(void)ref;
+	usleep(100000);
+	__atomic_store_n(&slow_confirmed, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Another thread: the ref per-CPU again, then a slow switch to atomic. */
+static void *start_slow_switch(void *arg)
+{
+	(void)arg;
+	percpu_ref_switch_to_percpu(&a);
+	percpu_ref_switch_to_atomic(&a, slow_confirm);
+	return NULL;
+}
+
+static void at_once_meets_other_switch(struct percpu_ref *ref)
+{
+	unsigned long before;
+	pthread_t t;
+
+	if (pthread_create(&t, NULL, start_slow_switch, NULL))
+		return;
+	pthread_join(t, NULL);	/* its switch is in flight now */
+	before = percpuref_warning_count();
+	percpu_ref_switch_to_atomic_sync(ref);
+	confirmed_before_sync = __atomic_load_n(&slow_confirmed, __ATOMIC_SEQ_CST);
+	percpu_ref_switch_to_percpu(ref);
+	warnings_in_at_once = (int)(percpuref_warning_count() - before);
+}
+
+static void test_at_once_confirm_waits_for_others(void)
+{
+	__atomic_store_n(&slow_confirmed, 0, __ATOMIC_SEQ_CST);
+	confirmed_before_sync = -1;
+	ok(!percpu_ref_init(&a, NULL, PERCPU_REF_INIT_ATOMIC), "at once: init atomic");
+	/* Atomic already: the confirm runs at once, on this thread. */
+	percpu_ref_switch_to_atomic(&a, at_once_meets_other_switch);
+	is(confirmed_before_sync, 1, "at once: switch_to_atomic_sync waits for another "
+	   "thread's switch of the ref");
+	is(warnings_in_at_once, 0, "at once: switch_to_percpu waits too, not refused");
+	ok(!is_atomic(&a), "at once: and the ref is per-CPU");
+	percpu_ref_kill(&a);
+	percpu_ref_exit(&a);
+}
+
+static void *kill_a(void *arg)
+{
+	(void)arg;
+	percpu_ref_kill(&a);
+	return NULL;
+}
+
+static void *resurrect_a(void *arg)
+{
+	(void)arg;
+	percpu_ref_resurrect(&a);
+	return NULL;
+}
+
+/* Two threads call @call on a while a slow switch of it is in flight. */
+static unsigned long race_during_switch(void *(*call)(void *))
+{
+	unsigned long before = percpuref_warning_count();
+	pthread_t t1, t2;
+	bool two;
+
+	usleep(20000);		/* the switch's confirm is sleeping now */
+	two = !pthread_create(&t1, NULL, call, NULL);
+	if (two && pthread_create(&t2, NULL, call, NULL)) {
+		pthread_join(t1, NULL);
+		return ULONG_MAX;
+	}
+	if (two) {
+		pthread_join(t1, NULL);
+		pthread_join(t2, NULL);
+	}
+	return two ? percpuref_warning_count() - before : ULONG_MAX;
+}
+
+static void test_racing_kills_and_resurrects(void)
+{
+	released = 0;
+	ok(!percpu_ref_init(&a, count_release, PERCPU_REF_ALLOW_REINIT), "kills: init");
+	percpu_ref_get(&a);	/* a user's */
+	percpu_ref_switch_to_atomic(&a, slow_confirm);
+	is(race_during_switch(kill_a), 1, "kills: two kills waiting for one switch, one warned");
+	is(percpu_ref_barrier(), 0, "kills: barrier");
+	is(__atomic_load_n(&released, __ATOMIC_SEQ_CST), 0,
+	   "kills: not released while the user holds a reference");
+	percpu_ref_put(&a);
+	is(__atomic_load_n(&released, __ATOMIC_SEQ_CST), 1, "kills: released at the user's put");
+
+	/* A new life, per-CPU, killed with a slow confirm: two resurrects
+	 * wait for that kill's switch. */
+	percpu_ref_reinit(&a);
+	percpu_ref_switch_to_percpu(&a);
+	released = 0;
+	percpu_ref_kill_and_confirm(&a, slow_confirm);
+	is(race_during_switch(resurrect_a), 1,
+	   "resurrects: two waiting for one kill's switch, one warned");
+	is(percpu_ref_barrier(), 0, "resurrects: barrier");
+	percpu_ref_kill(&a);
+	is(percpu_ref_barrier(), 0, "resurrects: kill");
+	is(__atomic_load_n(&released, __ATOMIC_SEQ_CST), 2,
+	   "resurrects: one reference added, so the next kill releases");
+	percpu_ref_exit(&a);
+}
+
 int main(void)
 {
 	test_kill_own_after_nested_sync();
 	test_exit_own_in_immediate_confirm();
 	test_refused_calls_change_nothing();
+	test_at_once_confirm_waits_for_others();
+	test_racing_kills_and_resurrects();
 	return done_testing();
 }

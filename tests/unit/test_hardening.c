@@ -160,6 +160,34 @@ static int mode_one_unit(void)
 	return 0;
 }
 
+/* The file is read whole: a sparse mask longer than a line buffer (CPUs
+ * 0, 2, ..., 8190: 20 KB) once read as CPUs up to where it was cut. */
+static void test_long_possible_mask(void)
+{
+	size_t size = 0, len = 0;
+	char *text = NULL;
+	unsigned int cpu, got = 0;
+	FILE *f = open_memstream(&text, &size);
+
+	if (f) {
+		for (cpu = 0; cpu < PERCPUREF_MAX_CPUS; cpu += 2)
+			fprintf(f, cpu ? ",%u" : "%u", cpu);
+		fputc('\n', f);
+		fclose(f);
+		len = text ? strlen(text) : 0;
+	}
+	if (len) {
+		FILE *in = fmemopen(text, len, "r");
+
+		if (in) {
+			got = percpuref_cpu_count_from_file(in);
+			fclose(in);
+		}
+	}
+	free(text);
+	is(got, PERCPUREF_MAX_CPUS - 1, "1: a %zu-byte possible mask is read whole", len);
+}
+
 /* 1 (sysfs): the possible mask is read as a list of CPUs below the cap, or
  * not at all (the caller then asks sysconf()): a lying mask used to wrap
  * the count to 0 or 2^31 and fail every init with -ENOMEM. */
@@ -189,6 +217,7 @@ static void test_possible_mask(void)
 	}
 	is(wrong, 0, "1: possible masks read as lists of CPUs below %u, lies refused",
 	   PERCPUREF_MAX_CPUS);
+	test_long_possible_mask();
 }
 
 static void test_one_unit(void)
