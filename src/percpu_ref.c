@@ -223,31 +223,34 @@ static void run_confirm(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 }
 
 /*
- * Confirm callbacks this thread runs at once (the ref was atomic already),
- * innermost first, each frame on its caller's stack.  Not a switch in
- * flight: another thread's switch of the ref is waited for as usual.  Only
- * exit refuses their refs, which the kill's put still uses.
+ * confirm_kill callbacks this thread runs at once (the ref was atomic
+ * already), innermost first, each frame on its caller's stack.  Not a
+ * switch in flight: another thread's switch of the ref is waited for as
+ * usual.  Only exit refuses their refs, which the kill's put still uses
+ * (a release cannot run inside one: the initial reference is held).
+ * switch_to_atomic's confirm run at once needs none: nothing uses the
+ * ref after it, and a release nested in it may exit the ref.
  */
-struct at_once_confirm {
+struct kill_confirm {
 	struct percpu_ref *ref;
-	struct at_once_confirm *outer;
+	struct kill_confirm *outer;
 };
-static __thread struct at_once_confirm *at_once_confirms;
+static __thread struct kill_confirm *kill_confirms;
 
-static void run_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *confirm)
+static void run_kill_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 {
-	struct at_once_confirm frame = { ref, at_once_confirms };
+	struct kill_confirm frame = { ref, kill_confirms };
 
-	at_once_confirms = &frame;
+	kill_confirms = &frame;
 	confirm(ref);
-	at_once_confirms = frame.outer;
+	kill_confirms = frame.outer;
 }
 
-static bool confirming_at_once(const struct percpu_ref *ref)
+static bool confirming_kill_of(const struct percpu_ref *ref)
 {
-	const struct at_once_confirm *frame;
+	const struct kill_confirm *frame;
 
-	for (frame = at_once_confirms; frame; frame = frame->outer)
+	for (frame = kill_confirms; frame; frame = frame->outer)
 		if (frame->ref == ref)
 			return true;
 	return false;
@@ -387,7 +390,7 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 		return;
 	}
 	/* Its own confirm: the switch, or the kill's put, still uses it. */
-	if (finishing_switch_of == ref || confirming_at_once(ref) || !wait_switch_done(ref)) {
+	if (finishing_switch_of == ref || confirming_kill_of(ref) || !wait_switch_done(ref)) {
 		percpuref_warn(__func__, "ref %p exited from its confirm callback or while its "
 			       "switch is in flight; ignored", (void *)ref);
 		pthread_mutex_unlock(switch_lock_of(ref));
@@ -623,7 +626,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
-		run_confirm_at_once(ref, confirm_now);
+		confirm_now(ref);
 }
 
 /*
@@ -727,7 +730,7 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
-		run_confirm_at_once(ref, confirm_now);
+		run_kill_confirm_at_once(ref, confirm_now);
 	percpu_ref_put(ref);	/* the initial reference */
 }
 

@@ -19,6 +19,9 @@
  *    the same ref that another thread started meanwhile is waited for, not
  *    taken for the callback's own (switch_to_atomic_sync returned before
  *    it was folded, switch_to_percpu was refused);
+ *  - a release that runs inside a confirm run at once (a kill from it, or
+ *    its put of the last reference) may exit the ref: only a kill's own
+ *    confirm is refused that, its put still to come;
  *  - two kills, or two resurrects, that wait for the same switch in flight
  *    check the ref's state after the wait: one of them is refused (both
  *    went through: a kill put the initial reference twice and released the
@@ -153,6 +156,51 @@ static void test_refused_calls_change_nothing(void)
 	percpu_ref_exit(&a);
 }
 
+/* A release nested in a confirm run at once may exit its ref: nothing uses
+ * the ref after switch_to_atomic's confirm (a kill's would: its put). */
+static bool exited_in_release;
+
+static void release_exits(struct percpu_ref *ref)
+{
+	unsigned long before = percpuref_warning_count();
+
+	__atomic_fetch_add(&released, 1, __ATOMIC_SEQ_CST);
+	percpu_ref_exit(ref);
+	exited_in_release = !ref->data && percpuref_warning_count() == before;
+}
+
+static void kill_own(struct percpu_ref *ref)
+{
+	percpu_ref_kill(ref);
+}
+
+static void put_own(struct percpu_ref *ref)
+{
+	percpu_ref_put(ref);
+}
+
+static void test_release_in_at_once_confirm(void)
+{
+	released = 0;
+	exited_in_release = false;
+	ok(!percpu_ref_init(&a, release_exits, PERCPU_REF_INIT_ATOMIC), "release: init atomic");
+	percpu_ref_switch_to_atomic(&a, kill_own);	/* at once; the kill too */
+	ok(__atomic_load_n(&released, __ATOMIC_SEQ_CST) == 1 && exited_in_release,
+	   "release: a kill from an at-once confirm releases, and the release exits the ref");
+	percpu_ref_exit(&a);
+
+	released = 0;
+	exited_in_release = false;
+	ok(!percpu_ref_init(&a, release_exits, 0), "release: init");
+	percpu_ref_get(&a);		/* the last reference, handed to put_own */
+	percpu_ref_kill(&a);
+	is(percpu_ref_barrier(), 0, "release: kill");
+	percpu_ref_switch_to_atomic(&a, put_own);	/* dead, so atomic: at once */
+	ok(__atomic_load_n(&released, __ATOMIC_SEQ_CST) == 1 && exited_in_release,
+	   "release: the last put in an at-once confirm releases, and the release exits the ref");
+	percpu_ref_exit(&a);
+}
+
 static int slow_confirmed;	/* atomic */
 static int confirmed_before_sync, warnings_in_at_once;
 
@@ -271,6 +319,7 @@ int main(void)
 	test_exit_own_in_immediate_confirm();
 	test_refused_calls_change_nothing();
 	test_at_once_confirm_waits_for_others();
+	test_release_in_at_once_confirm();
 	test_racing_kills_and_resurrects();
 	return done_testing();
 }
