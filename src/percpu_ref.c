@@ -530,13 +530,13 @@ static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 }
 
 /*
- * The kernel's __percpu_ref_switch_mode(): wait for a switch in flight, then
- * go where force_atomic and DEAD say.  Lock held.  Returns the confirm
- * callback the caller must run after unlocking (ref was atomic already), or
- * NULL.
+ * The kernel's __percpu_ref_switch_mode(): wait for a switch in flight, set
+ * force_atomic to @force_atomic, then go where it and DEAD say.  Lock held.
+ * Returns the confirm callback the caller must run after unlocking (ref was
+ * atomic already), or NULL.  Refused (warned), it changes nothing.
  */
-static percpu_ref_func_t *switch_mode_locked(struct percpu_ref *ref, percpu_ref_func_t *confirm,
-					     const char *caller)
+static percpu_ref_func_t *switch_mode_locked(struct percpu_ref *ref, bool force_atomic,
+					     percpu_ref_func_t *confirm, const char *caller)
 {
 	if (!wait_switch_done(ref)) {
 		/*
@@ -546,13 +546,16 @@ static percpu_ref_func_t *switch_mode_locked(struct percpu_ref *ref, percpu_ref_
 		 * now, as the kernel does (finding 10); going per-CPU cannot be.
 		 */
 		if (finishing_switch_of == ref &&
-		    (ref->data->force_atomic || (mode_word(ref) & __PERCPU_REF_DEAD)))
+		    (force_atomic || (mode_word(ref) & __PERCPU_REF_DEAD))) {
+			ref->data->force_atomic = force_atomic;
 			return confirm ? confirm : noop_confirm;
+		}
 		percpuref_warn(caller, "ref %p switched from a callback while its switch is in "
 			       "flight; ignored", (void *)ref);
 		return NULL;
 	}
-	if (ref->data->force_atomic || (mode_word(ref) & __PERCPU_REF_DEAD)) {
+	ref->data->force_atomic = force_atomic;
+	if (force_atomic || (mode_word(ref) & __PERCPU_REF_DEAD)) {
 		if (!start_atomic_switch(ref, confirm, true))
 			return confirm;
 	} else {
@@ -621,8 +624,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 
 	if (!lock_unmanaged(ref, __func__))
 		return;
-	ref->data->force_atomic = true;
-	confirm_now = switch_mode_locked(ref, confirm_switch, __func__);
+	confirm_now = switch_mode_locked(ref, true, confirm_switch, __func__);
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
@@ -692,15 +694,7 @@ PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
 {
 	if (!lock_unmanaged(ref, __func__))
 		return;
-	/* Refused means nothing changed: force_atomic stays. */
-	if (!wait_switch_done(ref)) {
-		pthread_mutex_unlock(switch_lock_of(ref));
-		percpuref_warn(__func__, "ref %p switched from a callback while its switch is in "
-			       "flight; ignored", (void *)ref);
-		return;
-	}
-	ref->data->force_atomic = false;
-	switch_mode_locked(ref, NULL, __func__);
+	switch_mode_locked(ref, false, NULL, __func__);
 	pthread_mutex_unlock(switch_lock_of(ref));
 }
 
@@ -726,7 +720,7 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
-	confirm_now = switch_mode_locked(ref, confirm_kill, __func__);
+	confirm_now = switch_mode_locked(ref, ref->data->force_atomic, confirm_kill, __func__);
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
@@ -765,7 +759,7 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 	 * manager's own again; relaxed like any get (the count may be zero
 	 * here: reinit). */
 	__atomic_fetch_add(&ref->data->count, is_managed(ref) ? 2 : 1, __ATOMIC_RELAXED);
-	switch_mode_locked(ref, NULL, __func__);
+	switch_mode_locked(ref, ref->data->force_atomic, NULL, __func__);
 	push = is_managed(ref) && list_node(ref);
 	pthread_mutex_unlock(switch_lock_of(ref));
 	if (push)
