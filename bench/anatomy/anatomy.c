@@ -23,6 +23,8 @@
  * add; the unprotected add makes two loads and one store.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -207,14 +209,18 @@ static const struct variant {
 };
 #define NR_VARIANTS (sizeof(variants) / sizeof(variants[0]))
 
-static long parse_positive(const char *flag, const char *s)
+/* @s, all of it, as a decimal number in 1..@max. */
+static long parse_positive(const char *flag, const char *s, long max)
 {
-	char *end;
-	long v = strtol(s, &end, 10);
+	char *end = (char *)s;
+	long v = 0;
 
-	if (*s == '\0' || *end != '\0' || v < 1) {
-		fprintf(stderr, "percpuref-anatomy: %s: want a positive number, got '%s'\n", flag,
-			s);
+	errno = 0;
+	if (isdigit((unsigned char)*s))
+		v = strtol(s, &end, 10);
+	if (end == s || *end != '\0' || errno || v < 1 || v > max) {
+		fprintf(stderr, "percpuref-anatomy: %s: want a number in 1..%ld, got '%s'\n",
+			flag, max, s);
 		exit(2);
 	}
 	return v;
@@ -229,9 +235,9 @@ int main(int argc, char **argv)
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--pairs") && i + 1 < argc) {
-			pairs = parse_positive("--pairs", argv[++i]);
+			pairs = parse_positive("--pairs", argv[++i], 10000000000L);
 		} else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) {
-			rounds = parse_positive("--rounds", argv[++i]);
+			rounds = parse_positive("--rounds", argv[++i], 1000);
 		} else {
 			fprintf(stderr, "usage: percpuref-anatomy [--pairs N] [--rounds R]\n");
 			return 2;

@@ -177,7 +177,8 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"                      (default: the workload's, or 1,2,4,...,max); one thread per\n"
 		"                      usable CPU\n"
 		"  --variants LIST     variants to run, comma-separated (default: all)\n"
-		"  --duration S        seconds measured per point, after S/5 of warm-up (default 0.5)\n"
+		"  --duration S        seconds measured per point, 0.001..3600, after S/5 of warm-up\n"
+		"                      (default 0.5)\n"
 		"  --repeat N          measure every point N times, interleaved (default 1)\n"
 		"  --stat median|best  which repetition to report (default median)\n"
 		"  --oversubscribe     allow more threads than usable CPUs (rows flagged '!'); implied\n"
@@ -349,7 +350,10 @@ static void parse_workload_option(const struct bench_workload *w, const struct b
 	errno = 0;
 	switch (o->type) {
 	case BENCH_OPT_LONG:
-		l = strtol(arg, &end, 0);
+		/* Decimal only: base 0 would read "010" as 8 and take "0x10". */
+		end = (char *)arg;
+		if (isdigit((unsigned char)arg[*arg == '-']))
+			l = strtol(arg, &end, 10);
 		break;
 	case BENCH_OPT_DOUBLE:
 		d = strtod(arg, &end);
@@ -447,8 +451,9 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			break;
 		case OPT_DURATION:
 			r->duration = strtod(optarg, &end);
-			if (end == optarg || *end || !(r->duration > 0) || r->duration > 3600)
-				usage_error(w, "--duration: want seconds in (0, 3600], got \"%s\"",
+			/* A millisecond at least: a shorter point measures the clock. */
+			if (end == optarg || *end || !(r->duration >= 0.001) || r->duration > 3600)
+				usage_error(w, "--duration: want seconds in [0.001, 3600], got \"%s\"",
 					    optarg);
 			break;
 		case OPT_REPEAT:

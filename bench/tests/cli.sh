@@ -61,6 +61,7 @@ expect 2 micro --variants no-such-variant
 expect 2 micro --duration 0
 expect 2 micro --duration -1
 expect 2 micro --duration 1s
+expect 2 micro --duration 1e-300 --threads 1 --variants private
 expect 2 micro --repeat 0
 # Past 32 bits: once truncated to 1000 and run.
 expect 2 micro --repeat 4294968296 --threads 1 --variants private $short
@@ -76,6 +77,12 @@ expect 2 signal1 --workers 0
 expect 2 signal1 --workers -3
 expect 2 signal1 --workers 12abc
 expect 2 signal1 --workers ""
+# Workload numbers are decimal: no hex, no octal, no blank or plus sign
+# (base 0 read "0x10" as 16 and refused "08" as a bad octal number).
+expect 2 signal1 --workers 0x10
+expect 2 signal1 --workers " 2"
+expect 2 signal1 --workers +2
+expect 0 signal1 --workers 08 --threads 1 --variants global $short
 expect 2 signal1 --batch -1
 expect 2 signal1 --batch 0
 expect 2 signal1 --batch 99999999999999999999
