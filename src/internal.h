@@ -229,6 +229,12 @@ PERCPUREF_API unsigned int percpuref_cpu_count_from_file(FILE *f);
  * anything else of the library.
  */
 PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n);
+/*
+ * The fence used once membarrier is refused: runs the calling thread on
+ * every CPU it can be given.  The number of CPUs, or -1 when a move was
+ * refused (runtime.c).  Visible for tests.
+ */
+PERCPUREF_API int percpuref_fence_by_migration(void);
 
 /* One-line diagnostic on stderr: "percpuref: <fn>: <message>". */
 void percpuref_warn(const char *fn, const char *fmt, ...)

@@ -346,30 +346,40 @@ unsigned int percpuref_nr_units(void)
 
 /*
  * The refused-membarrier fence: run on every CPU in turn (see the top).
- * False when a move was refused too (a CPU outside our cpuset, EINVAL, runs
- * none of our threads and needs no visit).
+ * Which CPUs: those the kernel lets this thread run on once its affinity is
+ * widened to every CPU, that is its cpuset's online CPUs, and no count of
+ * ours: a count from sysfs may be too low, and a thread's own affinity (the
+ * callback thread inherits its creator's) may leave out the CPUs where
+ * readers are pinned.  A CPU outside the cpuset runs none of our threads.
+ * Returns the number of CPUs run on, or -1 when a move was refused.
  */
-static bool fence_by_migration(void)
+int percpuref_fence_by_migration(void)
 {
-	cpu_set_t saved, one;
-	unsigned int cpu, bound = percpuref_nr_cpu_units;
-	bool all = true;
+	cpu_set_t saved, every, one;
+	unsigned int cpu;
+	int visited = 0;
+	bool refused = false;
 
 	if (sched_getaffinity(0, sizeof(saved), &saved))
-		return false;
-	/* Every unit's CPU, and every CPU this thread may run on: a CPU count
-	 * that was too low (sysfs) must not leave fallback readers unfenced. */
-	for (cpu = 0; cpu < CPU_SETSIZE; cpu++)
-		if (CPU_ISSET(cpu, &saved) && cpu >= bound)
-			bound = cpu + 1;
-	for (cpu = 0; cpu < bound && cpu < CPU_SETSIZE; cpu++) {
+		return -1;
+	memset(&every, 0xff, sizeof(every));
+	if (sched_setaffinity(0, sizeof(every), &every) ||
+	    sched_getaffinity(0, sizeof(every), &every)) {
+		sched_setaffinity(0, sizeof(saved), &saved);
+		return -1;
+	}
+	for (cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+		if (!CPU_ISSET(cpu, &every))
+			continue;
 		CPU_ZERO(&one);
 		CPU_SET(cpu, &one);
-		if (sched_setaffinity(0, sizeof(one), &one) && errno != EINVAL)
-			all = false;
+		if (sched_setaffinity(0, sizeof(one), &one) == 0)
+			visited++;
+		else if (errno != EINVAL)	/* EINVAL: went offline since */
+			refused = true;
 	}
 	sched_setaffinity(0, sizeof(saved), &saved);
-	return all;
+	return refused ? -1 : visited;
 }
 
 void percpuref_fence_without_membarrier(int err)
@@ -378,7 +388,7 @@ void percpuref_fence_without_membarrier(int err)
 	if (!__atomic_exchange_n(&membarrier_refused, true, __ATOMIC_RELAXED))
 		percpuref_warn("percpuref_fence_readers", "membarrier refused (%s); fencing by "
 			       "running on every CPU from now on", strerror(err));
-	if (!fence_by_migration()) {
+	if (percpuref_fence_by_migration() < 0) {
 		/* Nothing left that aborts an rseq section elsewhere: send new
 		 * calls to the fallback and give sections in flight (a few
 		 * instructions) time to end.  Warned: exactness is at stake. */

@@ -231,6 +231,49 @@ static void test_one_unit(void)
 	is(ret, 0, "1: one per-CPU unit, thread on CPU 1: counts exact, no stray write");
 }
 
+/*
+ * 1 (fence): the fence used once membarrier is refused runs on every CPU
+ * this process may use, whatever the CPU count and the fencing thread's
+ * own affinity say.  It once stopped at max(count, affinity): a count of 1
+ * and a thread pinned to CPU 0 left CPU 1's readers unfenced.
+ */
+static int mode_fence_cpus(void)
+{
+	cpu_set_t all, first;
+	int n, visited;
+
+	percpuref_fault_cpu_units(1);
+	if (sched_getaffinity(0, sizeof(all), &all) || (n = CPU_COUNT(&all)) < 2)
+		return 77;
+	CPU_ZERO(&first);
+	for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+		if (CPU_ISSET(cpu, &all)) {
+			CPU_SET(cpu, &first);
+			break;
+		}
+	if (sched_setaffinity(0, sizeof(first), &first) || percpuref_nr_units() == 0)
+		return 3;
+	visited = percpuref_fence_by_migration();
+	if (visited < n) {
+		fprintf(stderr, "fence ran on %d CPUs of %d\n", visited, n);
+		return 1;
+	}
+	/* And it leaves the thread where it was. */
+	if (sched_getaffinity(0, sizeof(all), &all) || !CPU_EQUAL(&all, &first))
+		return 2;
+	return 0;
+}
+
+static void test_fence_cpus(void)
+{
+	int ret = run_mode("--fence-cpus");
+
+	if (ret == 77)
+		printf("# skipped: one CPU, nothing to miss (finding 1, fence)\n");
+	else
+		is(ret, 0, "1: the migration fence runs on every CPU, not only up to the count");
+}
+
 /* ---- Findings 2-4: fork while a library thread is in a batch. ---- */
 
 static int in_callback;		/* atomic: a slow callback has started */
@@ -685,6 +728,8 @@ int main(int argc, char **argv)
 		alarm(CHILD_DEADLINE_S);
 		if (!strcmp(argv[1], "--one-unit"))
 			return mode_one_unit();
+		if (!strcmp(argv[1], "--fence-cpus"))
+			return mode_fence_cpus();
 		if (!strcmp(argv[1], "--gp-fork"))
 			return mode_gp_fork();
 		if (!strcmp(argv[1], "--exit-in-reader"))
@@ -697,6 +742,7 @@ int main(int argc, char **argv)
 	}
 	test_possible_mask();
 	test_one_unit();
+	test_fence_cpus();
 	if (UNDER_TSAN) {
 		printf("# skipped findings 2-5 (fork of a threaded process) under "
 		       "ThreadSanitizer\n");
