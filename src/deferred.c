@@ -75,10 +75,8 @@ static struct percpuref_deferred *pending;
 static unsigned long nr_queued;		/* atomic: items ever queued */
 static unsigned long nr_done;		/* deferred_lock: items finished */
 /* Written under deferred_lock; pushers read them without (see above). */
-static bool thread_running;
+static struct percpuref_thread thread;
 static bool thread_sleeping;
-static bool thread_stopping;
-static pthread_t thread;
 static unsigned long batch_fences;
 /* This thread pushed onto the stack of a thread that may sleep. */
 static __thread bool wake_owed;
@@ -127,7 +125,7 @@ static void *deferred_thread(void *arg)
 	(void)arg;
 	pthread_mutex_lock(&deferred_lock);
 	for (;;) {
-		while (queue_empty() && !thread_stopping) {
+		while (queue_empty() && !thread.stopping) {
 			if (pushed_while_going_to_sleep())
 				break;
 			pthread_cond_wait(&work_queued, &deferred_lock);
@@ -135,7 +133,7 @@ static void *deferred_thread(void *arg)
 		}
 		/* Stopping: as before sleeping, so that a push that saw this
 		 * thread awake is taken, and a later one starts a new thread
-		 * once thread_running is false. */
+		 * once thread.running is false. */
 		if (queue_empty() && !pushed_while_going_to_sleep())
 			break;
 		/* In rank order: the batch lock, then the queue's.  Only this
@@ -156,7 +154,7 @@ static void *deferred_thread(void *arg)
 		pthread_cond_broadcast(&work_done);
 		percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
 	}
-	__atomic_store_n(&thread_running, false, __ATOMIC_RELAXED);
+	__atomic_store_n(&thread.running, false, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&work_done);
 	pthread_mutex_unlock(&deferred_lock);
 	return NULL;
@@ -165,14 +163,14 @@ static void *deferred_thread(void *arg)
 /* Lock held.  A failure to start leaves the items queued for the next try. */
 static bool ensure_thread(void)
 {
-	if (thread_running)
+	if (thread.running)
 		return true;
-	thread_stopping = false;
+	thread.stopping = false;
 	__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
-	__atomic_store_n(&thread_running,
+	__atomic_store_n(&thread.running,
 			 percpuref_start_thread(&thread, deferred_thread, "percpuref-cb"),
 			 __ATOMIC_RELAXED);
-	return thread_running;
+	return thread.running;
 }
 
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn)
@@ -190,7 +188,7 @@ void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_d
 	while (!__atomic_compare_exchange_n(&pending, &top, d, true, __ATOMIC_SEQ_CST,
 					    __ATOMIC_RELAXED));
 	/* An awake thread takes the whole stack before it sleeps. */
-	if (!__atomic_load_n(&thread_running, __ATOMIC_RELAXED) ||
+	if (!__atomic_load_n(&thread.running, __ATOMIC_RELAXED) ||
 	    __atomic_load_n(&thread_sleeping, __ATOMIC_SEQ_CST))
 		wake_owed = true;
 }
@@ -234,30 +232,13 @@ int percpuref_wait_deferred(void)
 	return ret;
 }
 
-/* One caller joins the thread; a concurrent one waits until it has exited
- * or a new one was started (see managed.c's stop_thread()). */
+/* Stops the thread and waits for it (percpuref_stop_thread()). */
 void percpuref_deferred_stop(void)
 {
-	pthread_t joinee;
-
 	if (percpuref_wait_deferred())
 		return;
 	pthread_mutex_lock(&deferred_lock);
-	if (thread_stopping) {
-		while (thread_running && thread_stopping)
-			pthread_cond_wait(&work_done, &deferred_lock);
-		pthread_mutex_unlock(&deferred_lock);
-		return;
-	}
-	if (!thread_running) {
-		pthread_mutex_unlock(&deferred_lock);
-		return;
-	}
-	thread_stopping = true;
-	joinee = thread;
-	pthread_cond_signal(&work_queued);
-	pthread_mutex_unlock(&deferred_lock);
-	pthread_join(joinee, NULL);
+	percpuref_stop_thread(&thread, &deferred_lock, &work_queued, &work_done);
 }
 
 static void batch_fork_prepare(void)
@@ -293,9 +274,9 @@ static void queue_fork_child(void)
 
 	pthread_cond_init(&work_queued, NULL);
 	pthread_cond_init(&work_done, NULL);
-	thread_running = false;
+	thread.running = false;
 	thread_sleeping = false;
-	thread_stopping = false;
+	thread.stopping = false;
 	for (d = pending; d; d = d->next)
 		queued++;
 	nr_queued = nr_done + queued;

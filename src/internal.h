@@ -202,9 +202,30 @@ static inline unsigned long percpuref_counter_net(unsigned long sum)
 	return (unsigned long)(long)(int32_t)(uint32_t)sum;
 }
 
-/* Starts one of the library's threads, named @name (at most 15 chars);
- * false, after a warning naming it, when pthread_create() fails. */
-bool percpuref_start_thread(pthread_t *thread, void *(*fn)(void *), const char *name);
+/*
+ * One of the library's threads (the reclaimer, the callback thread), each
+ * field under its module's lock.  stopping: one caller is joining it.
+ */
+struct percpuref_thread {
+	pthread_t id;
+	bool running;
+	bool stopping;
+};
+
+/* Starts @t, named @name (at most 15 chars); false, after a warning naming
+ * it, when pthread_create() fails.  @lock held. */
+bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), const char *name);
+
+/*
+ * Called with @lock (the module's) held, returns with it released: asks @t
+ * to stop (signals @wake, on which it sleeps) and waits for it to exit.
+ * One caller joins it; a concurrent one (two shutdowns, or exit() during
+ * one) waits on @exited until it is gone or a new one was started:
+ * joining a thread twice is undefined.  The thread's module clears
+ * running under @lock and broadcasts @exited when the thread ends.
+ */
+void percpuref_stop_thread(struct percpuref_thread *t, pthread_mutex_t *lock,
+			   pthread_cond_t *wake, pthread_cond_t *exited);
 
 /* Memory for the library's own objects; fails on demand (see below). */
 void *percpuref_zalloc(size_t size);

@@ -108,14 +108,14 @@ static struct percpu_ref_managed_config config = {
 	.strategy = PERCPU_REF_SCAN_FILTERED,
 };
 static struct percpu_ref_managed_stats stats;
-static bool thread_running, thread_stopping, pass_open;
+static bool pass_open;
 /*
  * True while a push must wake the thread: it is not running, or sleeps
  * with no scan due (the list was empty).  Written under managed_lock,
  * read by pushers without it: the Dekker pair in percpuref_managed_kick().
  */
 static bool kick_needed = true;
-static pthread_t thread;
+static struct percpuref_thread thread;
 static uint64_t passes_started, passes_done, flush_target;
 static uint64_t next_scan_ns;
 static struct percpuref_deferred *rcu_head, **rcu_tail = &rcu_head;
@@ -229,12 +229,12 @@ static void *reclaimer_main(void *arg);
 /* managed_lock held.  False (warned) if the thread cannot start. */
 static bool ensure_thread(void)
 {
-	if (thread_running)
+	if (thread.running)
 		return true;
-	thread_stopping = false;
+	thread.stopping = false;
 	if (!percpuref_start_thread(&thread, reclaimer_main, "percpuref-recl"))
 		return false;
-	thread_running = true;
+	thread.running = true;
 	/* Relaxed: pushers that read it skip the lock; the list is scanned
 	 * by a thread that exists, one interval from now. */
 	__atomic_store_n(&kick_needed, false, __ATOMIC_RELAXED);
@@ -575,7 +575,7 @@ static void *reclaimer_main(void *arg)
 			run_rcu_batch();
 			continue;
 		}
-		if (thread_stopping)
+		if (thread.stopping)
 			break;
 		now = now_ns();
 		if (passes_done >= flush_target) {
@@ -611,7 +611,7 @@ static void *reclaimer_main(void *arg)
 		pthread_mutex_lock(&managed_lock);
 		just_scanned = true;
 	}
-	thread_running = false;
+	thread.running = false;
 	/* Relaxed: a pusher that reads it takes the lock and starts a thread. */
 	__atomic_store_n(&kick_needed, true, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&progress);
@@ -690,31 +690,11 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 	return ret ? ret : percpuref_wait_rcu();
 }
 
-/*
- * Stops the thread, if running, and waits for it.  One caller joins it; a
- * concurrent one (two shutdowns, or exit() during one) waits until it has
- * exited, or a new one was started: joining a thread twice is undefined.
- */
+/* Stops the thread and waits for it (percpuref_stop_thread()). */
 static void stop_thread(void)
 {
-	pthread_t joinee;
-
 	pthread_mutex_lock(&managed_lock);
-	if (thread_stopping) {
-		while (thread_running && thread_stopping)
-			pthread_cond_wait(&progress, &managed_lock);
-		pthread_mutex_unlock(&managed_lock);
-		return;
-	}
-	if (!thread_running) {
-		pthread_mutex_unlock(&managed_lock);
-		return;
-	}
-	thread_stopping = true;
-	joinee = thread;
-	pthread_cond_signal(&wake);
-	pthread_mutex_unlock(&managed_lock);
-	pthread_join(joinee, NULL);
+	percpuref_stop_thread(&thread, &managed_lock, &wake, &progress);
 }
 
 /*
@@ -762,7 +742,7 @@ PERCPUREF_API void percpuref_shutdown(void)
 		worked = drain();
 		percpuref_deferred_stop();
 		pthread_mutex_lock(&managed_lock);
-		worked |= thread_running || rcu_head;
+		worked |= thread.running || rcu_head;
 		pthread_mutex_unlock(&managed_lock);
 	} while (worked);
 }
@@ -790,14 +770,14 @@ static void managed_fork_parent(void)
 static void managed_fork_child(void)
 {
 	/* The parent's thread does not exist here, nor flush waiters. */
-	bool restart = thread_running;
+	bool restart = thread.running;
 
 	/* A condition variable the parent's threads waited on keeps their
 	 * phantom waiters in the child: a signal could go to one of them. */
 	init_conds();
-	thread_running = false;
+	thread.running = false;
 	kick_needed = true;
-	thread_stopping = false;
+	thread.stopping = false;
 	flush_target = passes_done;
 	/* It blocks on scan_lock until the fork hooks release it. */
 	if (restart || rcu_head)

@@ -631,40 +631,45 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 		confirm_now(ref);
 }
 
+/* What lock_for_sync_switch() leaves its caller with. */
+enum sync_switch_lock_outcome {
+	SYNC_SWITCH_READY,	/* switch lock and sync_switch_lock held */
+	SYNC_SWITCH_IN_FLIGHT,	/* switch lock held; a callback must not wait
+				 * for the switch in flight */
+	SYNC_SWITCH_UNUSABLE,	/* no lock: the ref became unusable meanwhile */
+};
+
 /*
- * Lock held and no switch in flight: also read-locks sync_switch_lock, which
- * ranks before the switch locks, so only tried here; when a fork waits for
- * it, steps back (unlocked) until the fork is done, and starts over.  False
- * (lock held) when a callback must not wait for the switch in flight; no
- * lock at all, false, when the ref became unusable meanwhile.
+ * Switch lock held: waits until no switch is in flight and read-locks
+ * sync_switch_lock, which ranks before the switch locks, so is only tried
+ * here; when a fork waits for it, steps back (unlocked) until the fork is
+ * done, and starts over.
  */
-static bool lock_for_sync_switch(struct percpu_ref *ref, bool *usable)
+static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref)
 {
 	for (;;) {
 		if (!wait_switch_done(ref))
-			return false;
+			return SYNC_SWITCH_IN_FLIGHT;
 		if (!pthread_rwlock_tryrdlock(&sync_switch_lock))
-			return true;
+			return SYNC_SWITCH_READY;
 		pthread_mutex_unlock(switch_lock_of(ref));
 		pthread_rwlock_rdlock(&sync_switch_lock);
 		pthread_rwlock_unlock(&sync_switch_lock);
-		if (!lock_unmanaged(ref, "percpu_ref_switch_to_atomic_sync")) {
-			*usable = false;
-			return false;
-		}
+		if (!lock_unmanaged(ref, "percpu_ref_switch_to_atomic_sync"))
+			return SYNC_SWITCH_UNUSABLE;
 	}
 }
 
 PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 {
 	percpu_ref_func_t *release;
-	bool usable = true;
 
 	if (!lock_unmanaged(ref, __func__))
 		return;
-	if (!lock_for_sync_switch(ref, &usable)) {
-		if (!usable)
-			return;
+	switch (lock_for_sync_switch(ref)) {
+	case SYNC_SWITCH_UNUSABLE:
+		return;
+	case SYNC_SWITCH_IN_FLIGHT:
 		if (finishing_switch_of == ref)
 			/* Its own confirm: atomic and folded already, as for
 			 * switch_to_atomic there (finding 10). */
@@ -674,6 +679,8 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 				       "is in flight; ignored", (void *)ref);
 		pthread_mutex_unlock(switch_lock_of(ref));
 		return;
+	case SYNC_SWITCH_READY:
+		break;
 	}
 	ref->data->force_atomic = true;
 	if (!start_atomic_switch(ref, NULL, false)) {

@@ -120,6 +120,17 @@ static int sys_membarrier(int cmd, unsigned int flags)
 	return (int)syscall(__NR_membarrier, cmd, flags, 0);
 }
 
+/* The CPU number @p starts with into *@out, *@end past it; false if none
+ * (strtoul() alone would skip blanks and take a sign). */
+static bool read_cpu_number(const char *p, char **end, unsigned long *out)
+{
+	if (*p < '0' || *p > '9')
+		return false;
+	errno = 0;
+	*out = strtoul(p, end, 10);
+	return !errno;
+}
+
 /*
  * The CPU count, from the text of the kernel's "possible" mask ("0-191\n",
  * "0,2-5"): the highest CPU id + 1, or 0 when the text is no such list or
@@ -134,17 +145,12 @@ PERCPUREF_API unsigned int percpuref_cpu_count_from_mask(const char *text)
 	char *end;
 
 	for (;;) {
-		if (*p < '0' || *p > '9')
+		if (!read_cpu_number(p, &end, &lo))
 			return 0;
-		errno = 0;
-		lo = hi = strtoul(p, &end, 10);
-		if (*end == '-') {
-			p = end + 1;
-			if (*p < '0' || *p > '9')
-				return 0;
-			hi = strtoul(p, &end, 10);
-		}
-		if (errno || hi < lo || hi >= PERCPUREF_MAX_CPUS)
+		hi = lo;
+		if (*end == '-' && !read_cpu_number(end + 1, &end, &hi))
+			return 0;
+		if (hi < lo || hi >= PERCPUREF_MAX_CPUS)
 			return 0;
 		if (hi + 1 > count)
 			count = hi + 1;
@@ -437,16 +443,37 @@ bool percpuref_on_library_thread(void)
 	return library_thread;
 }
 
-bool percpuref_start_thread(pthread_t *thread, void *(*fn)(void *), const char *name)
+bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), const char *name)
 {
-	int err = pthread_create(thread, NULL, library_thread_main, (void *)fn);
+	int err = pthread_create(&t->id, NULL, library_thread_main, (void *)fn);
 
 	if (err) {
 		percpuref_warn(name, "cannot start thread: %s", strerror(err));
 		return false;
 	}
-	pthread_setname_np(*thread, name);
+	pthread_setname_np(t->id, name);
 	return true;
+}
+
+void percpuref_stop_thread(struct percpuref_thread *t, pthread_mutex_t *lock,
+			   pthread_cond_t *wake, pthread_cond_t *exited)
+{
+	pthread_t joinee = t->id;
+
+	if (t->stopping) {
+		while (t->running && t->stopping)
+			pthread_cond_wait(exited, lock);
+		pthread_mutex_unlock(lock);
+		return;
+	}
+	if (!t->running) {
+		pthread_mutex_unlock(lock);
+		return;
+	}
+	t->stopping = true;
+	pthread_cond_signal(wake);
+	pthread_mutex_unlock(lock);
+	pthread_join(joinee, NULL);
 }
 
 void *percpuref_zalloc(size_t size)
