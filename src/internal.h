@@ -252,8 +252,9 @@ PERCPUREF_API unsigned int percpuref_cpu_count_from_file(FILE *f);
 PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n);
 /*
  * The fence used once membarrier is refused: runs the calling thread on
- * every CPU it can be given.  The number of CPUs, or -1 when a move was
- * refused (runtime.c).  Visible for tests.
+ * every CPU a thread of the process may use.  The number of CPUs, or -1
+ * (errno set) when a move was refused or such a CPU is out of this
+ * thread's reach (runtime.c).  Visible for tests.
  */
 PERCPUREF_API int percpuref_fence_by_migration(void);
 

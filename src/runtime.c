@@ -50,6 +50,7 @@
  */
 #define _GNU_SOURCE
 #include <assert.h>
+#include <dirent.h>
 #include <errno.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
@@ -350,42 +351,99 @@ unsigned int percpuref_nr_units(void)
 	return percpuref_nr_cpu_units;
 }
 
+/* A CPU set as large as the library's CPU cap (cpu_set_t holds 1024). */
+struct fence_cpus {
+	unsigned long bits[PERCPUREF_MAX_CPUS / (8 * sizeof(unsigned long))];
+};
+#define FENCE_CPUS_SIZE sizeof(struct fence_cpus)
+
+static bool fence_cpu_isset(unsigned int cpu, const struct fence_cpus *set)
+{
+	return CPU_ISSET_S(cpu, FENCE_CPUS_SIZE, (const cpu_set_t *)set->bits);
+}
+
+static int fence_getaffinity(pid_t tid, struct fence_cpus *set)
+{
+	return sched_getaffinity(tid, FENCE_CPUS_SIZE, (cpu_set_t *)set->bits);
+}
+
+static int fence_setaffinity(const struct fence_cpus *set)
+{
+	return sched_setaffinity(0, FENCE_CPUS_SIZE, (const cpu_set_t *)set->bits);
+}
+
+/*
+ * Adds to @used the CPUs every thread of the process may run on.  False
+ * when /proc is not there to list them (a chroot): then only the fencing
+ * thread's own cpuset is known.
+ */
+static bool add_threads_cpus(struct fence_cpus *used)
+{
+	DIR *dir = opendir("/proc/self/task");
+	struct fence_cpus one;
+	struct dirent *d;
+
+	if (!dir)
+		return false;
+	while ((d = readdir(dir))) {
+		long tid = strtol(d->d_name, NULL, 10);
+
+		/* A thread that exited meanwhile (ESRCH) runs nowhere. */
+		if (tid > 0 && fence_getaffinity((pid_t)tid, &one) == 0)
+			for (size_t i = 0; i < sizeof(one.bits) / sizeof(one.bits[0]); i++)
+				used->bits[i] |= one.bits[i];
+	}
+	closedir(dir);
+	return true;
+}
+
 /*
  * The refused-membarrier fence: run on every CPU in turn (see the top).
- * Which CPUs: those the kernel lets this thread run on once its affinity is
- * widened to every CPU, that is its cpuset's online CPUs, and no count of
- * ours: a count from sysfs may be too low, and a thread's own affinity (the
- * callback thread inherits its creator's) may leave out the CPUs where
- * readers are pinned.  A CPU outside the cpuset runs none of our threads.
- * Returns the number of CPUs run on, or -1 when a move was refused.
+ * Which CPUs: every CPU a thread of the process may run on (each thread's
+ * affinity, read through /proc/self/task, which already leaves out CPUs
+ * outside that thread's cpuset or offline), and every CPU this thread may
+ * be given (its affinity widened to all CPUs, then read back); never a
+ * count of ours, which may be too low (sysfs).  A CPU some thread may use
+ * but this one may not (threads in different cpusets: cgroup v1, or v2's
+ * threaded subtrees) cannot be fenced this way: the fence is refused.
+ * The thread's affinity is restored; one that covered its whole cpuset is
+ * restored as "every CPU", so that a cpuset narrowed during the fence and
+ * widened later widens it again (restoring the narrowed mask would have
+ * made it the thread's request for good).
+ * Returns the number of CPUs run on, or -1 when the fence was refused.
  */
 int percpuref_fence_by_migration(void)
 {
-	cpu_set_t saved, every, one;
-	unsigned int cpu;
-	int visited = 0;
-	bool refused = false;
+	struct fence_cpus saved, every, reach, used = { { 0 } }, one;
+	int visited = 0, err = 0;
 
-	if (sched_getaffinity(0, sizeof(saved), &saved))
-		return -1;
 	memset(&every, 0xff, sizeof(every));
-	if (sched_setaffinity(0, sizeof(every), &every) ||
-	    sched_getaffinity(0, sizeof(every), &every)) {
-		sched_setaffinity(0, sizeof(saved), &saved);
+	if (fence_getaffinity(0, &saved))
+		return -1;
+	if (fence_setaffinity(&every) || fence_getaffinity(0, &reach)) {
+		err = errno;
+		fence_setaffinity(&saved);
+		errno = err;
 		return -1;
 	}
-	for (cpu = 0; cpu < CPU_SETSIZE; cpu++) {
-		if (!CPU_ISSET(cpu, &every))
+	add_threads_cpus(&used);
+	for (unsigned int cpu = 0; cpu < PERCPUREF_MAX_CPUS && !err; cpu++) {
+		if (!fence_cpu_isset(cpu, &reach)) {
+			if (fence_cpu_isset(cpu, &used))
+				err = EINVAL;	/* what a move there would get */
 			continue;
-		CPU_ZERO(&one);
-		CPU_SET(cpu, &one);
-		if (sched_setaffinity(0, sizeof(one), &one) == 0)
+		}
+		memset(&one, 0, sizeof(one));
+		CPU_SET_S(cpu, FENCE_CPUS_SIZE, (cpu_set_t *)one.bits);
+		if (fence_setaffinity(&one) == 0)
 			visited++;
 		else if (errno != EINVAL)	/* EINVAL: went offline since */
-			refused = true;
+			err = errno;
 	}
-	sched_setaffinity(0, sizeof(saved), &saved);
-	return refused ? -1 : visited;
+	if (!memcmp(&saved, &reach, sizeof(saved)) || fence_setaffinity(&saved))
+		fence_setaffinity(&every);
+	errno = err;
+	return err ? -1 : visited;
 }
 
 void percpuref_fence_without_membarrier(int err)

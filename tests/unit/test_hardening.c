@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -272,6 +273,146 @@ static void test_fence_cpus(void)
 		printf("# skipped: one CPU, nothing to miss (finding 1, fence)\n");
 	else
 		is(ret, 0, "1: the migration fence runs on every CPU, not only up to the count");
+}
+
+/*
+ * 1 (fence, cpusets): with threads of one process in different cpusets
+ * (cgroup v1), the fence ran on its own cpuset's CPUs only and reported
+ * success, leaving a thread on another CPU unfenced; now it is refused.
+ * And it restored the affinity it had read, which a cpuset narrowed at
+ * that moment had cut down, so the thread stayed narrow once the cpuset
+ * widened again.  Needs root, a cgroup v1 cpuset hierarchy, two CPUs.
+ */
+#define CPUSET_ROOT "/sys/fs/cgroup/cpuset"
+
+static char cpuset_dir[2][128];
+static volatile int pinned_stop;
+static volatile pid_t pinned_tid;
+
+static bool cpuset_write(const char *dir, const char *file, const char *value)
+{
+	char path[192];
+	FILE *f;
+	bool ok;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, file);
+	if (!(f = fopen(path, "w")))
+		return false;
+	ok = fputs(value, f) >= 0;
+	return fclose(f) == 0 && ok;
+}
+
+static bool cpuset_move(const char *dir, pid_t tid)
+{
+	char v[24];
+
+	snprintf(v, sizeof(v), "%d", (int)tid);
+	return cpuset_write(dir, "tasks", v);
+}
+
+static bool cpuset_make(int i, const char *cpus)
+{
+	snprintf(cpuset_dir[i], sizeof(cpuset_dir[i]), CPUSET_ROOT "/percpuref-test-%d-%d",
+		 (int)getpid(), i);
+	return (mkdir(cpuset_dir[i], 0755) == 0 || errno == EEXIST) &&
+	       cpuset_write(cpuset_dir[i], "cpuset.mems", "0") &&
+	       cpuset_write(cpuset_dir[i], "cpuset.cpus", cpus);
+}
+
+static void cpuset_cleanup(void)
+{
+	char path[sizeof(cpuset_dir) + 8];
+	FILE *f;
+	int tid;
+
+	/* Every task of ours back to the root, then the groups go. */
+	for (int i = 0; i < 2; i++) {
+		if (!cpuset_dir[i][0])
+			continue;
+		snprintf(path, sizeof(path), "%s/tasks", cpuset_dir[i]);
+		if ((f = fopen(path, "r"))) {
+			while (fscanf(f, "%d", &tid) == 1)
+				cpuset_move(CPUSET_ROOT, tid);
+			fclose(f);
+		}
+		rmdir(cpuset_dir[i]);
+	}
+}
+
+static void *pinned_thread(void *unused)
+{
+	(void)unused;
+	pinned_tid = (pid_t)syscall(SYS_gettid);
+	while (!pinned_stop)
+		sched_yield();
+	return NULL;
+}
+
+static int affinity_count(void)
+{
+	cpu_set_t set;
+
+	return sched_getaffinity(0, sizeof(set), &set) ? -1 : CPU_COUNT(&set);
+}
+
+static int mode_fence_cpusets(void)
+{
+	pid_t self = (pid_t)syscall(SYS_gettid);
+	int split, narrowed_without, narrowed_with;
+	pthread_t t;
+
+	if (affinity_count() < 2 || !cpuset_make(0, "0") || !cpuset_make(1, "1")) {
+		cpuset_cleanup();
+		return 77;
+	}
+	/* Split: this thread in {0}, another thread of the process in {1}. */
+	if (pthread_create(&t, NULL, pinned_thread, NULL)) {
+		cpuset_cleanup();
+		return 3;
+	}
+	while (!pinned_tid)
+		sched_yield();
+	split = cpuset_move(cpuset_dir[1], pinned_tid) && cpuset_move(cpuset_dir[0], self)
+		? percpuref_fence_by_migration() : -2;
+	pinned_stop = 1;
+	pthread_join(t, NULL);
+	/* Narrow: this thread in {0,1}, narrowed to {0} and widened again,
+	 * first without a fence in between (what the kernel does alone),
+	 * then with one. */
+	narrowed_without = narrowed_with = -2;
+	if (cpuset_write(cpuset_dir[0], "cpuset.cpus", "0-1") &&
+	    cpuset_write(cpuset_dir[0], "cpuset.cpus", "0") &&
+	    cpuset_write(cpuset_dir[0], "cpuset.cpus", "0-1")) {
+		narrowed_without = affinity_count() < 2;
+		cpuset_write(cpuset_dir[0], "cpuset.cpus", "0");
+		percpuref_fence_by_migration();
+		cpuset_write(cpuset_dir[0], "cpuset.cpus", "0-1");
+		narrowed_with = affinity_count() < 2;
+	}
+	cpuset_cleanup();
+	if (split == -2 || narrowed_without == -2)
+		return 3;
+	if (split != -1) {
+		fprintf(stderr, "fence across cpusets: %d, want -1 (refused)\n", split);
+		return 1;
+	}
+	if (!narrowed_without && narrowed_with) {
+		fprintf(stderr, "a fence under a narrowed cpuset narrowed the thread for good\n");
+		return 2;
+	}
+	return 0;
+}
+
+static void test_fence_cpusets(void)
+{
+	int ret = run_mode("--fence-cpusets");
+
+	if (ret == 77)
+		printf("# skipped: no cgroup v1 cpuset to write, or one CPU (finding 1, "
+		       "fence across cpusets)\n");
+	else
+		is(ret, 0, "1: the migration fence is refused across cpusets and leaves a "
+		   "narrowed thread free to widen");
 }
 
 /* ---- Findings 2-4: fork while a library thread is in a batch. ---- */
@@ -730,6 +871,8 @@ int main(int argc, char **argv)
 			return mode_one_unit();
 		if (!strcmp(argv[1], "--fence-cpus"))
 			return mode_fence_cpus();
+		if (!strcmp(argv[1], "--fence-cpusets"))
+			return mode_fence_cpusets();
 		if (!strcmp(argv[1], "--gp-fork"))
 			return mode_gp_fork();
 		if (!strcmp(argv[1], "--exit-in-reader"))
@@ -743,6 +886,7 @@ int main(int argc, char **argv)
 	test_possible_mask();
 	test_one_unit();
 	test_fence_cpus();
+	test_fence_cpusets();
 	if (UNDER_TSAN) {
 		printf("# skipped findings 2-5 (fork of a threaded process) under "
 		       "ThreadSanitizer\n");
