@@ -5,7 +5,7 @@
  * per-CPU add (a lower bound, not a counter) to the library's sequence before
  * and after the change that made it cheaper.
  *
- *   percpuref-anatomy [--pairs N] [--rounds R]
+ *   percpuref-anatomy [--pairs N (1..1e9)] [--rounds R (1..100)]
  *
  * Each variant runs N get+put pairs on one real percpu_ref counter (its
  * mode word, its per-CPU units), pinned to the first usable CPU; the time is
@@ -235,9 +235,9 @@ int main(int argc, char **argv)
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--pairs") && i + 1 < argc) {
-			pairs = parse_positive("--pairs", argv[++i], 10000000000L);
+			pairs = parse_positive("--pairs", argv[++i], 1000000000L);
 		} else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) {
-			rounds = parse_positive("--rounds", argv[++i], 1000);
+			rounds = parse_positive("--rounds", argv[++i], 100);
 		} else {
 			fprintf(stderr, "usage: percpuref-anatomy [--pairs N] [--rounds R]\n");
 			return 2;

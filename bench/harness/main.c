@@ -238,6 +238,25 @@ static bool parse_decimal(const char *s, char **end, unsigned long *out)
 	return !errno;
 }
 
+/*
+ * @arg, all of it, as a decimal real number ("-1.5", ".5", "2e3") into
+ * *@out; false for anything strtod() alone would also take: blanks, a plus
+ * sign, hexadecimal ("0x1p4"), "inf", "nan", or one that does not fit.
+ */
+static bool parse_real(const char *arg, double *out)
+{
+	const char *digits = arg + (*arg == '-');
+	char *end;
+
+	if (!isdigit((unsigned char)*digits) && *digits != '.')
+		return false;
+	if (strpbrk(digits, "xX"))
+		return false;
+	errno = 0;
+	*out = strtod(arg, &end);
+	return end != arg && !*end && !errno && isfinite(*out);
+}
+
 /* @arg, all of it, as a number in @min..@max into *@out, which a failure leaves alone. */
 static bool parse_uint(const char *arg, unsigned int min, unsigned int max, unsigned int *out)
 {
@@ -345,18 +364,19 @@ static void parse_workload_option(const struct bench_workload *w, const struct b
 {
 	long l = 0;
 	double d = 0;
-	char *end;
+	char *end = (char *)arg;
+	bool ok = false;
 
-	errno = 0;
 	switch (o->type) {
 	case BENCH_OPT_LONG:
 		/* Decimal only: base 0 would read "010" as 8 and take "0x10". */
-		end = (char *)arg;
+		errno = 0;
 		if (isdigit((unsigned char)arg[*arg == '-']))
 			l = strtol(arg, &end, 10);
+		ok = end != arg && !*end && !errno;
 		break;
 	case BENCH_OPT_DOUBLE:
-		d = strtod(arg, &end);
+		ok = parse_real(arg, &d);
 		break;
 	case BENCH_OPT_STRING:
 		*(const char **)o->value = arg;
@@ -365,10 +385,8 @@ static void parse_workload_option(const struct bench_workload *w, const struct b
 		*(bool *)o->value = true;
 		return;
 	}
-	if (o->type == BENCH_OPT_LONG)
-		d = l;
 	/* Check before storing: the usage message shows the default. */
-	if (end == arg || *end || errno || !isfinite(d))
+	if (!ok)
 		usage_error(w, "--%s: bad number \"%s\"", o->name, arg);
 	if (o->type == BENCH_OPT_LONG)
 		*(long *)o->value = l;
@@ -418,7 +436,6 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 	unsigned int nopts = 0;
 	struct option *longopts;
 	const char *why;
-	char *end;
 	int c;
 
 	for (const struct bench_option *o = w->options; o && o->name; o++)
@@ -450,9 +467,9 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			cli->variants = optarg;
 			break;
 		case OPT_DURATION:
-			r->duration = strtod(optarg, &end);
 			/* A millisecond at least: a shorter point measures the clock. */
-			if (end == optarg || *end || !(r->duration >= 0.001) || r->duration > 3600)
+			if (!parse_real(optarg, &r->duration) || !(r->duration >= 0.001) ||
+			    r->duration > 3600)
 				usage_error(w, "--duration: want seconds in [0.001, 3600], got \"%s\"",
 					    optarg);
 			break;

@@ -83,6 +83,15 @@ expect 2 signal1 --workers 0x10
 expect 2 signal1 --workers " 2"
 expect 2 signal1 --workers +2
 expect 0 signal1 --workers 08 --threads 1 --variants global $short
+# Real numbers too: strtod() alone takes blanks, "+", hexadecimal and "inf".
+expect 2 labels --churn 0x10
+expect 2 labels --churn 0x1p4
+expect 2 labels --churn " 2"
+expect 2 labels --churn +2
+expect 2 labels --churn inf
+expect 2 micro --duration " 0.05"
+expect 2 micro --duration +0.05
+expect 2 micro --duration 0x1p-4
 expect 2 signal1 --batch -1
 expect 2 signal1 --batch 0
 expect 2 signal1 --batch 99999999999999999999
