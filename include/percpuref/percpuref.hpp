@@ -25,7 +25,8 @@
  * or rcu_refcounted<T> (a percpu_rcuref: freed after an RCU grace period,
  * so lookups may race with the release; T may define `void unpublish()
  * noexcept`, called when the count reaches zero, to remove itself from
- * where readers find it).  make_owner / make_managed allocate T with new;
+ * where readers find it: public, or private with rcu_refcounted<T> as a
+ * friend; one the base cannot reach is not called).  make_owner / make_managed allocate T with new;
  * the release callback calls percpu_ref_exit / percpu_rcuref_exit and
  * deletes it, on the thread the C API names (last put, callback thread or
  * reclaimer).  A C struct that embeds a counter can use ref_ptr too (not
@@ -76,11 +77,6 @@ inline int switch_to_managed(percpu_rcuref *r) noexcept
 	throw std::system_error(-err, std::generic_category(), what);
 }
 
-/* T::unpublish(), when T defines it. */
-template <class T, class = void> struct has_unpublish : std::false_type {};
-template <class T>
-struct has_unpublish<T, std::void_t<decltype(std::declval<T &>().unpublish())>>
-	: std::true_type {};
 } /* namespace detail */
 
 template <class T> class refcounted;
@@ -164,8 +160,26 @@ private:
 		return static_cast<T *>(reinterpret_cast<rcu_refcounted *>(counter));
 	}
 
+	/*
+	 * Whether T defines unpublish(), asked here rather than outside the
+	 * class: a T that keeps it private and befriends rcu_refcounted<T>
+	 * has it found (a test from outside saw an access error as "none",
+	 * and the object stayed published after its release).
+	 */
+	template <class U>
+	static constexpr auto has_unpublish(int) -> decltype(std::declval<U &>().unpublish(), true)
+	{
+		return true;
+	}
+	template <class U> static constexpr bool has_unpublish(...) { return false; }
+
 	/* At zero, on the thread that reached it: T::unpublish(). */
-	static void unpublish(percpu_rcuref *counter) noexcept { self(counter)->unpublish(); }
+	static void unpublish(percpu_rcuref *counter) noexcept
+	{
+		static_assert(noexcept(std::declval<T &>().unpublish()),
+			      "T::unpublish() runs inside a C callback: declare it noexcept");
+		self(counter)->unpublish();
+	}
 
 	/* After the grace period, on the reclaimer thread. */
 	static void release(percpu_rcuref *counter) noexcept
@@ -180,7 +194,7 @@ private:
 	{
 		percpu_rcuref_func_t *hook = nullptr;
 
-		if constexpr (detail::has_unpublish<T>::value)
+		if constexpr (has_unpublish<T>(0))
 			hook = unpublish;
 		return percpu_rcuref_init(&counter_, hook, release, flags);
 	}
@@ -288,10 +302,14 @@ public:
 	owner(owner &&other) noexcept : obj_(std::exchange(other.obj_, nullptr)) {}
 	owner &operator=(owner &&other) noexcept
 	{
-		if (this != &other) {
-			kill();
-			obj_ = std::exchange(other.obj_, nullptr);
-		}
+		/* Other's object first, then the kill of ours, as unique_ptr
+		 * resets: @other may live inside our object (a list's
+		 * head = std::move(head->next)), which the kill may free.
+		 * A self-move takes and puts back the same object. */
+		T *taken = std::exchange(other.obj_, nullptr);
+
+		if (T *old = std::exchange(obj_, taken))
+			detail::kill(ref_traits<T>::counter(*old));
 		return *this;
 	}
 	owner(const owner &) = delete;

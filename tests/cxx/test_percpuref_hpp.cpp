@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Unit tests of <percpuref/percpuref.hpp>: ref_ptr counts exactly (copy =
- * get, move = no traffic, destruction = put), owner kills once, an
- * rcu_refcounted object is unpublished at zero and freed after, a managed
+ * get, move = no traffic, destruction = put), owner kills once (and
+ * survives being moved out of the object it replaces), an
+ * rcu_refcounted object is unpublished at zero (a private unpublish()
+ * too) and freed after, a managed
  * object is freed by the reclaimer only once no ref_ptr is left, and
  * ref_traits serves a C struct.  Exact counts are read from the atomic
  * count once a kill has switched the ref to atomic mode.
@@ -75,6 +77,33 @@ static void test_owner_destructor_kills()
 	is(destroyed, 1, "an owner going out of scope kills: the object is freed");
 }
 
+/* A singly linked list of owned links: head = std::move(head->next). */
+struct link : percpuref::refcounted<link> {
+	~link() { destroyed++; }
+	percpuref::owner<link> next;
+};
+
+static void test_owner_move_from_inside()
+{
+	destroyed = 0;
+	auto head = percpuref::make_owner<link>();
+	head->next = percpuref::make_owner<link>();
+	link *second = head->next.get();
+
+	/* Atomic: the kill of the first link frees it at once, inside the
+	 * assignment, together with the owner moved from. */
+	percpu_ref_switch_to_atomic_sync(head->percpuref_counter());
+	head = std::move(head->next);
+	is(destroyed, 1, "moving an owner out of the object it replaces frees that object");
+	ok(head.get() == second, "and leaves the moved owner's object in place");
+	auto &same = head;	/* a self-move, past -Wself-move */
+	head = std::move(same);
+	ok(head.get() == second, "a self-move keeps the object");
+	head.kill();
+	percpu_ref_barrier();
+	is(destroyed, 2, "both links freed, once each");
+}
+
 static bool unpublish_saw_zero;
 static int unpublished;
 
@@ -103,6 +132,21 @@ static void test_rcu_refcounted()
 	is(unpublished, 1, "unpublish() runs once, at zero");
 	ok(unpublish_saw_zero, "try_acquire fails from zero on");
 	is(destroyed, 1, "released after the grace period");
+}
+
+/* unpublish() kept private, with the base as a friend. */
+class private_node : public percpuref::rcu_refcounted<private_node> {
+	friend class percpuref::rcu_refcounted<private_node>;
+	void unpublish() noexcept { unpublished++; }
+};
+
+static void test_private_unpublish()
+{
+	unpublished = 0;
+	auto own = percpuref::make_owner<private_node>();
+	own.kill();
+	percpu_rcuref_barrier();
+	is(unpublished, 1, "a private unpublish() the base is a friend of runs");
 }
 
 static void test_managed()
@@ -164,7 +208,9 @@ int main()
 {
 	test_owner_and_ref_ptr();
 	test_owner_destructor_kills();
+	test_owner_move_from_inside();
 	test_rcu_refcounted();
+	test_private_unpublish();
 	test_managed();
 	test_traits();
 	return done_testing();
