@@ -39,6 +39,14 @@
 //! callback thread finishing a kill, the reclaimer for managed values).
 //! Hence `T: Send + Sync + 'static` everywhere.
 //!
+//! Like `Arc`, which aborts when its count would pass `isize::MAX`, the
+//! process aborts when more than 2^30 `PcArc`s are alive at once (all
+//! values together): the C count keeps 32 bits of its per-CPU net count,
+//! and without the check, 2^32 - 1 clones passed to `mem::forget` (safe
+//! code, 6 s on one thread) wrapped it to zero and dropped the value under
+//! a live `PcArc`.  The check costs a thread-local add per clone and drop
+//! (about 0.5 ns per clone+drop pair on the 2-vCPU test machine).
+//!
 //! The C library needs no thread registration, so any Rust thread may use
 //! these types; see `docs/percpu_ref.md` and `docs/managed.md` in the
 //! repository for the underlying contract.
@@ -74,6 +82,104 @@ fn check(ret: i32) -> Result<(), Error> {
         Err(Error(-ret))
     } else {
         Ok(())
+    }
+}
+
+/// Live [`PcArc`]s, counted so that no safe program can overflow the C
+/// count.  While a count is per-CPU, the library keeps only the low 32 bits
+/// of its per-CPU net count (the high bits of each per-CPU word tell the
+/// reclaimer the ref is in use), so at most 2^31 references may be taken
+/// on the per-CPU words of one ref in one per-CPU period.  C callers take
+/// that as a documented limit; in Rust, `mem::forget` of a clone is safe,
+/// and 2^32 - 1 forgotten clones (6 s on one thread) wrapped the count to
+/// zero: the value was dropped under a live `PcArc`.  `Arc` aborts past
+/// `isize::MAX` for the same reason.
+///
+/// Each thread counts the `PcArc`s it makes minus those it drops in a
+/// thread-local word, and adds that to a process-wide count whenever it
+/// reaches `CHECK_EVERY` either way (and at thread exit); past `LIMIT`
+/// live handles there, the process aborts.  One ref's per-CPU net count is
+/// at most the number of live handles (each per-CPU get made one; a put
+/// of a handle made in an earlier period only lowers it), and the
+/// process-wide count trails the truth by less than `CHECK_EVERY` per
+/// thread: with fewer than 2^20 threads, the live handles stay under 2^31
+/// until the abort, and a program with fewer than 2^30 - 2^10 x threads
+/// live handles never aborts.  Cost: a thread-local add and compare per
+/// clone or drop; the shared word is written once per `CHECK_EVERY`.
+mod live {
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+
+    #[cfg(not(test))]
+    pub(crate) const LIMIT: i64 = 1 << 30;
+    #[cfg(not(test))]
+    const CHECK_EVERY: i64 = 1 << 10;
+    // Small in the unit tests, so that reaching the limit takes no time.
+    #[cfg(test)]
+    pub(crate) const LIMIT: i64 = 1 << 20;
+    #[cfg(test)]
+    const CHECK_EVERY: i64 = 1 << 8;
+
+    /// The live handles the threads have handed in.
+    static HANDED_IN: AtomicI64 = AtomicI64::new(0);
+
+    /// This thread's handles made minus dropped, not handed in yet.
+    struct Pending(Cell<i64>);
+
+    impl Drop for Pending {
+        fn drop(&mut self) {
+            hand_in(self.0.get());
+        }
+    }
+
+    thread_local! {
+        static PENDING: Pending = const { Pending(Cell::new(0)) };
+    }
+
+    /// Relaxed: a count, ordered with nothing; the abort needs no more.
+    #[cold]
+    #[inline(never)]
+    fn hand_in(delta: i64) {
+        let live = HANDED_IN.fetch_add(delta, Relaxed) + delta;
+
+        if delta > 0 && live >= LIMIT {
+            eprintln!(
+                "percpuref: {} live PcArc handles, past the limit of {} (the per-CPU count \
+                 is 32 bits wide: leaked clones?); aborting",
+                live, LIMIT
+            );
+            std::process::abort();
+        }
+    }
+
+    #[inline]
+    fn count(step: i64) {
+        let counted = PENDING.try_with(|pending| {
+            let delta = pending.0.get() + step;
+
+            if delta.abs() < CHECK_EVERY {
+                pending.0.set(delta);
+            } else {
+                pending.0.set(0);
+                hand_in(delta);
+            }
+        });
+        // The thread-local is gone (a thread-local destructor ran late).
+        if counted.is_err() {
+            hand_in(step);
+        }
+    }
+
+    /// A `PcArc` was made.
+    #[inline]
+    pub(crate) fn made() {
+        count(1);
+    }
+
+    /// A `PcArc` was dropped.
+    #[inline]
+    pub(crate) fn dropped() {
+        count(-1);
     }
 }
 
@@ -173,6 +279,7 @@ impl<T: Send + Sync + 'static> PcArc<T> {
             unsafe { sys::percpuref_sys_kill(counter) };
             return Err(e);
         }
+        live::made();
         Ok(PcArc { inner, _owns: PhantomData })
     }
 
@@ -198,12 +305,14 @@ impl<T: Send + Sync + 'static> Clone for PcArc<T> {
     fn clone(&self) -> Self {
         // SAFETY: we hold a reference, so the value is alive: a get is allowed.
         unsafe { sys::percpuref_sys_get(counter_of(self.inner)) };
+        live::made();
         PcArc { inner: self.inner, _owns: PhantomData }
     }
 }
 
 impl<T: Send + Sync + 'static> Drop for PcArc<T> {
     fn drop(&mut self) {
+        live::dropped();
         // SAFETY: drops the reference this PcArc holds; `self.inner` is not
         // used afterwards.  A put releases (C: acquire-release), so every
         // access made through this PcArc happens before the value's drop.
@@ -274,6 +383,7 @@ impl<T: Send + Sync + 'static> Owner<T> {
     pub fn share(&self) -> PcArc<T> {
         // SAFETY: the owner's reference keeps the value alive.
         unsafe { sys::percpuref_sys_get(counter_of(self.inner)) };
+        live::made();
         PcArc { inner: self.inner, _owns: PhantomData }
     }
 
@@ -394,6 +504,58 @@ mod tests {
         drop(second);
         flush_managed().unwrap();
         assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    /// Run by `leaked_clones_abort_before_the_count_wraps` in a child
+    /// process: two threads forget clones; the guard must abort before
+    /// twice the limit (the child exits 0 if it does not).
+    #[test]
+    #[ignore]
+    fn leak_clones_past_the_limit() {
+        let owner = Owner::new(0u64).unwrap();
+        let shared = owner.share();
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..live::LIMIT {
+                        std::mem::forget(shared.clone());
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn leaked_clones_abort_before_the_count_wraps() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "--nocapture", "tests::leak_clones_past_the_limit"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "the leak ran to its end: {:?}", out.status);
+        assert!(
+            stderr.contains("past the limit") && stderr.contains("aborting"),
+            "stderr: {}",
+            stderr
+        );
+    }
+
+    #[test]
+    fn live_handles_are_counted_across_threads() {
+        // Made on one thread, dropped on another: what each hands in
+        // balances, so many more than the limit may come and go (a bounded
+        // channel: at most 1024 live at once).
+        let owner = Owner::new(0u64).unwrap();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1024);
+        let maker = owner.share();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                for _ in 0..2 * live::LIMIT {
+                    tx.send(maker.clone()).unwrap();
+                }
+            });
+            s.spawn(move || rx.iter().for_each(drop));
+        });
     }
 
     #[test]
