@@ -46,6 +46,8 @@ extern "C" {
     pub fn percpuref_sys_put(r: *mut percpu_ref);
     pub fn percpuref_sys_kill(r: *mut percpu_ref);
     pub fn percpuref_sys_is_dying(r: *mut percpu_ref) -> bool;
+    /// The C layout of `percpu_ref` and the init flags (for the test below).
+    pub fn percpuref_sys_abi(out: *mut usize);
 }
 
 #[cfg(test)]
@@ -57,6 +59,31 @@ mod tests {
 
     unsafe extern "C" fn release(_: *mut percpu_ref) {
         RELEASED.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn layout_and_flags_match_the_headers() {
+        let mut c = [0usize; 7];
+        let r = std::mem::MaybeUninit::<percpu_ref>::uninit();
+        let base = r.as_ptr() as usize;
+        // SAFETY: only field addresses are taken; nothing is read.
+        let (count_ptr, data) = unsafe {
+            (
+                std::ptr::addr_of!((*r.as_ptr()).percpu_count_ptr) as usize - base,
+                std::ptr::addr_of!((*r.as_ptr()).data) as usize - base,
+            )
+        };
+        unsafe { percpuref_sys_abi(c.as_mut_ptr()) };
+        let rust = [
+            std::mem::size_of::<percpu_ref>(),
+            std::mem::align_of::<percpu_ref>(),
+            count_ptr,
+            data,
+            PERCPU_REF_INIT_ATOMIC as usize,
+            PERCPU_REF_INIT_DEAD as usize,
+            PERCPU_REF_ALLOW_REINIT as usize,
+        ];
+        assert_eq!(c, rust, "C (size, align, offsets, flags) against this crate");
     }
 
     #[test]

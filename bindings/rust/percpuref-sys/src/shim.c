@@ -5,6 +5,8 @@
  * function and nothing else: one call more per get or put, still no
  * shared cache line written in per-CPU mode.
  */
+#include <stddef.h>
+
 #include <percpuref/compiler.h>
 #include <percpuref/percpu_rcuref.h>
 #include <percpuref/percpu_ref.h>
@@ -37,4 +39,19 @@ PERCPUREF_API void percpuref_sys_kill(struct percpu_ref *ref)
 PERCPUREF_API bool percpuref_sys_is_dying(struct percpu_ref *ref)
 {
 	return percpu_ref_is_dying(ref);
+}
+
+/*
+ * The C side of what src/lib.rs declares, for its test to compare: the
+ * layout of struct percpu_ref and the init flags, in this order.
+ */
+PERCPUREF_API void percpuref_sys_abi(size_t out[7])
+{
+	out[0] = sizeof(struct percpu_ref);
+	out[1] = _Alignof(struct percpu_ref);
+	out[2] = offsetof(struct percpu_ref, percpu_count_ptr);
+	out[3] = offsetof(struct percpu_ref, data);
+	out[4] = PERCPU_REF_INIT_ATOMIC;
+	out[5] = PERCPU_REF_INIT_DEAD;
+	out[6] = PERCPU_REF_ALLOW_REINIT;
 }
