@@ -286,8 +286,8 @@ static void test_fence_cpus(void)
 #define CPUSET_ROOT "/sys/fs/cgroup/cpuset"
 
 static char cpuset_dir[2][128];
-static volatile int pinned_stop;
-static volatile pid_t pinned_tid;
+static int pinned_stop;		/* atomic: the pinned thread may end */
+static pid_t pinned_tid;	/* atomic: its thread id, once it runs */
 
 static bool cpuset_write(const char *dir, const char *file, const char *value)
 {
@@ -342,8 +342,9 @@ static void cpuset_cleanup(void)
 static void *pinned_thread(void *unused)
 {
 	(void)unused;
-	pinned_tid = (pid_t)syscall(SYS_gettid);
-	while (!pinned_stop)
+	/* Relaxed, both: flags; nothing else is handed over. */
+	__atomic_store_n(&pinned_tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELAXED);
+	while (!__atomic_load_n(&pinned_stop, __ATOMIC_RELAXED))
 		sched_yield();
 	return NULL;
 }
@@ -370,11 +371,11 @@ static int mode_fence_cpusets(void)
 		cpuset_cleanup();
 		return 3;
 	}
-	while (!pinned_tid)
+	while (!__atomic_load_n(&pinned_tid, __ATOMIC_RELAXED))
 		sched_yield();
-	split = cpuset_move(cpuset_dir[1], pinned_tid) && cpuset_move(cpuset_dir[0], self)
-		? percpuref_fence_by_migration() : -2;
-	pinned_stop = 1;
+	split = cpuset_move(cpuset_dir[1], __atomic_load_n(&pinned_tid, __ATOMIC_RELAXED)) &&
+		cpuset_move(cpuset_dir[0], self) ? percpuref_fence_by_migration() : -2;
+	__atomic_store_n(&pinned_stop, 1, __ATOMIC_RELAXED);
 	pthread_join(t, NULL);
 	/* Narrow: this thread in {0,1}, narrowed to {0} and widened again,
 	 * first without a fence in between (what the kernel does alone),
