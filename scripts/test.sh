@@ -7,7 +7,9 @@
 # The plain build also runs them under valgrind's leak check, the SPIN
 # models, and checks the installed library through pkg-config and CMake.
 # Then cargo test of the Rust bindings (unit tests and doctests), with
-# Debian's cargo (/usr/bin/cargo, whatever else is on PATH).  Then an
+# Debian's cargo and rustc (/usr/bin, whatever else is on PATH: cargo runs
+# the rustc it finds first, and a rustup one would hide that the crates
+# must build with the Rust 1.63 a fresh Debian 12 has).  Then an
 # aarch64 cross build runs the suite under qemu-user (the fallback path:
 # qemu-user has no rseq) and the aarch64 rseq sequence is compiled.
 # STRESS_SECONDS bounds each stress test (default here 8 s, 4 s under
@@ -38,7 +40,8 @@ for variant in plain address thread; do
 done
 
 echo "=== rust bindings"
-if ! (cd bindings/rust && CARGO_TARGET_DIR="$PWD/../../build/cargo" /usr/bin/cargo test --offline); then
+if ! (cd bindings/rust && CARGO_TARGET_DIR="$PWD/../../build/cargo" RUSTC=/usr/bin/rustc \
+      RUSTDOC=/usr/bin/rustdoc /usr/bin/cargo test --offline); then
   status=1
 fi
 
