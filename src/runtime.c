@@ -373,9 +373,8 @@ static int fence_setaffinity(const struct fence_cpus *set)
 }
 
 /*
- * Adds to @used the CPUs every thread of the process may run on.  False
- * when /proc is not there to list them (a chroot): then only the fencing
- * thread's own cpuset is known.
+ * Adds to @used the CPUs every thread of the process may run on.  False,
+ * errno set, when /proc cannot list them (a chroot, a full fd table).
  */
 static bool add_threads_cpus(struct fence_cpus *used)
 {
@@ -405,7 +404,9 @@ static bool add_threads_cpus(struct fence_cpus *used)
  * be given (its affinity widened to all CPUs, then read back); never a
  * count of ours, which may be too low (sysfs).  A CPU some thread may use
  * but this one may not (threads in different cpusets: cgroup v1, or v2's
- * threaded subtrees) cannot be fenced this way: the fence is refused.
+ * threaded subtrees), one that leaves this thread's cpuset during the
+ * fence, or CPUs that cannot be listed (no /proc) cannot be fenced this
+ * way: the fence is refused, and its caller turns the fast path off.
  * The thread's affinity is restored; one that covered its whole cpuset is
  * restored as "every CPU", so that a cpuset narrowed during the fence and
  * widened later widens it again (restoring the narrowed mask would have
@@ -426,7 +427,9 @@ int percpuref_fence_by_migration(void)
 		errno = err;
 		return -1;
 	}
-	add_threads_cpus(&used);
+	/* Without the list, a thread in another cpuset would go unseen. */
+	if (!add_threads_cpus(&used))
+		err = errno ? errno : ENOENT;
 	for (unsigned int cpu = 0; cpu < PERCPUREF_MAX_CPUS && !err; cpu++) {
 		if (!fence_cpu_isset(cpu, &reach)) {
 			if (fence_cpu_isset(cpu, &used))
@@ -437,13 +440,18 @@ int percpuref_fence_by_migration(void)
 		CPU_SET_S(cpu, FENCE_CPUS_SIZE, (cpu_set_t *)one.bits);
 		if (fence_setaffinity(&one) == 0)
 			visited++;
-		else if (errno != EINVAL)	/* EINVAL: went offline since */
+		/* EINVAL: the CPU went offline, or left this thread's cpuset
+		 * meanwhile; only one no thread may use can be skipped. */
+		else if (errno != EINVAL || fence_cpu_isset(cpu, &used))
 			err = errno;
 	}
 	if (!memcmp(&saved, &reach, sizeof(saved)) || fence_setaffinity(&saved))
 		fence_setaffinity(&every);
-	errno = err;
-	return err ? -1 : visited;
+	if (err) {
+		errno = err;
+		return -1;
+	}
+	return visited;
 }
 
 void percpuref_fence_without_membarrier(int err)

@@ -173,8 +173,10 @@ private:
 	}
 	template <class U> static constexpr bool has_unpublish(...) { return false; }
 
-	/* At zero, on the thread that reached it: T::unpublish(). */
-	static void unpublish(percpu_rcuref *counter) noexcept
+	/* At zero, on the thread that reached it: T::unpublish().  Not
+	 * named unpublish: T's lookup of that name, in a T that inherits it
+	 * from another base, would be ambiguous, and read as "none". */
+	static void unpublish_hook(percpu_rcuref *counter) noexcept
 	{
 		static_assert(noexcept(std::declval<T &>().unpublish()),
 			      "T::unpublish() runs inside a C callback: declare it noexcept");
@@ -195,7 +197,7 @@ private:
 		percpu_rcuref_func_t *hook = nullptr;
 
 		if constexpr (has_unpublish<T>(0))
-			hook = unpublish;
+			hook = unpublish_hook;
 		return percpu_rcuref_init(&counter_, hook, release, flags);
 	}
 

@@ -140,6 +140,13 @@ class private_node : public percpuref::rcu_refcounted<private_node> {
 	void unpublish() noexcept { unpublished++; }
 };
 
+/* unpublish() inherited from a mixin, beside the counted base. */
+struct unpublishes {
+	void unpublish() noexcept { unpublished++; }
+};
+struct mixin_node : percpuref::rcu_refcounted<mixin_node>, unpublishes {
+};
+
 static void test_private_unpublish()
 {
 	unpublished = 0;
@@ -147,6 +154,11 @@ static void test_private_unpublish()
 	own.kill();
 	percpu_rcuref_barrier();
 	is(unpublished, 1, "a private unpublish() the base is a friend of runs");
+	unpublished = 0;
+	auto mixed = percpuref::make_owner<mixin_node>();
+	mixed.kill();
+	percpu_rcuref_barrier();
+	is(unpublished, 1, "an unpublish() inherited from another base runs");
 }
 
 static void test_managed()

@@ -506,12 +506,19 @@ mod tests {
         assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 
+    /// Set in the child process only: `--include-ignored` runs the leak
+    /// in the test process itself otherwise, and it aborts.
+    const LEAK_CHILD: &str = "PERCPUREF_RUST_LEAK_CHILD";
+
     /// Run by `leaked_clones_abort_before_the_count_wraps` in a child
     /// process: two threads forget clones; the guard must abort before
     /// twice the limit (the child exits 0 if it does not).
     #[test]
     #[ignore]
     fn leak_clones_past_the_limit() {
+        if std::env::var_os(LEAK_CHILD).is_none() {
+            return;
+        }
         let owner = Owner::new(0u64).unwrap();
         let shared = owner.share();
         std::thread::scope(|s| {
@@ -529,6 +536,7 @@ mod tests {
     fn leaked_clones_abort_before_the_count_wraps() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--ignored", "--exact", "--nocapture", "tests::leak_clones_past_the_limit"])
+            .env(LEAK_CHILD, "1")
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
