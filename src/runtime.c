@@ -290,6 +290,24 @@ static void fork_child(void)
 			fork_hooks[rank]->child();
 }
 
+/*
+ * One migration fence at a time: one that read, through /proc, another's
+ * passing affinity (widened, or on a CPU out of its reach) refused
+ * spuriously, and a refusal turns the fast path off for good.  A leaf
+ * lock (rank MIGRATION, last): the fence takes no other library lock.
+ */
+static pthread_mutex_t migration_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void migration_fork_lock(void)
+{
+	pthread_mutex_lock(&migration_lock);
+}
+
+static void migration_fork_unlock(void)
+{
+	pthread_mutex_unlock(&migration_lock);
+}
+
 static const struct percpuref_fork_hooks urcu_fork_hooks = {
 	.rank = PERCPUREF_RANK_URCU,
 	.prepare = urcu_bp_before_fork,
@@ -297,9 +315,17 @@ static const struct percpuref_fork_hooks urcu_fork_hooks = {
 	.child = urcu_bp_after_fork_child,
 };
 
+static const struct percpuref_fork_hooks migration_fork_hooks = {
+	.rank = PERCPUREF_RANK_MIGRATION,
+	.prepare = migration_fork_lock,
+	.parent = migration_fork_unlock,
+	.child = migration_fork_unlock,
+};
+
 static __attribute__((constructor)) void runtime_register(void)
 {
 	percpuref_register_fork_hooks(&urcu_fork_hooks);
+	percpuref_register_fork_hooks(&migration_fork_hooks);
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
@@ -413,7 +439,7 @@ static bool add_threads_cpus(struct fence_cpus *used)
  * made it the thread's request for good).
  * Returns the number of CPUs run on, or -1 when the fence was refused.
  */
-int percpuref_fence_by_migration(void)
+static int fence_by_migration_locked(void)
 {
 	struct fence_cpus saved, every, reach, used = { { 0 } }, one;
 	int visited = 0, err = 0;
@@ -452,6 +478,16 @@ int percpuref_fence_by_migration(void)
 		return -1;
 	}
 	return visited;
+}
+
+int percpuref_fence_by_migration(void)
+{
+	int ret;
+
+	pthread_mutex_lock(&migration_lock);
+	ret = fence_by_migration_locked();
+	pthread_mutex_unlock(&migration_lock);
+	return ret;
 }
 
 void percpuref_fence_without_membarrier(int err)
