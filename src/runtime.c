@@ -400,26 +400,34 @@ static int fence_setaffinity(const struct fence_cpus *set)
 
 /*
  * Adds to @used the CPUs every thread of the process may run on.  False,
- * errno set, when /proc cannot list them (a chroot, a full fd table).
+ * errno set, when /proc cannot list them (a chroot, a full fd table), or
+ * lists ids of another pid namespace (a /proc mounted outside ours: every
+ * id would read as an exited thread); the caller's own id is the check.
  */
 static bool add_threads_cpus(struct fence_cpus *used)
 {
 	DIR *dir = opendir("/proc/self/task");
+	pid_t self = (pid_t)syscall(SYS_gettid);
+	bool self_listed = false;
 	struct fence_cpus one;
 	struct dirent *d;
+	int err;
 
 	if (!dir)
 		return false;
-	while ((d = readdir(dir))) {
+	for (errno = 0; (d = readdir(dir)); errno = 0) {
 		long tid = strtol(d->d_name, NULL, 10);
 
+		self_listed |= tid == self;
 		/* A thread that exited meanwhile (ESRCH) runs nowhere. */
 		if (tid > 0 && fence_getaffinity((pid_t)tid, &one) == 0)
 			for (size_t i = 0; i < sizeof(one.bits) / sizeof(one.bits[0]); i++)
 				used->bits[i] |= one.bits[i];
 	}
+	err = errno ? errno : self_listed ? 0 : ESRCH;	/* ESRCH: foreign ids */
 	closedir(dir);
-	return true;
+	errno = err;
+	return !err;
 }
 
 /*
