@@ -213,13 +213,14 @@ void percpuref_deferred_wake_owed(void)
 int percpuref_wait_deferred(void)
 {
 	unsigned long target;
-	int ret = 0;
+	int ret = 0, cancel;
 
 	/* Waiting for the thread while holding a batch lock (a callback) could
 	 * wait for a fork waiting for us, or for ourselves. */
 	if (percpuref_on_library_thread() || percpuref_holds_batch_lock())
 		return -EDEADLK;
 	target = __atomic_load_n(&nr_queued, __ATOMIC_RELAXED);
+	cancel = percpuref_cancel_disable();
 	pthread_mutex_lock(&deferred_lock);
 	while (nr_done < target) {
 		if (!ensure_thread()) {
@@ -229,6 +230,7 @@ int percpuref_wait_deferred(void)
 		pthread_cond_wait(&work_done, &deferred_lock);
 	}
 	pthread_mutex_unlock(&deferred_lock);
+	percpuref_cancel_restore(cancel);
 	return ret;
 }
 

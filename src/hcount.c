@@ -96,12 +96,16 @@ __attribute__((format(printf, 2, 3)))
 static void hc_warn(const char *fn, const char *fmt, ...)
 {
 	va_list ap;
+	int cancel;
 
+	/* Writes are cancellation points; no hcount call is one. */
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
 	fprintf(stderr, "percpuref: %s: ", fn);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
+	pthread_setcancelstate(cancel, NULL);
 }
 
 static inline void cpu_relax(void)

@@ -92,6 +92,29 @@ bool percpuref_holds_batch_lock(void);
 bool percpuref_on_library_thread(void);
 
 /*
+ * Cancellation.  No library function acts on a cancellation request, and
+ * the callbacks the library runs run with cancellation disabled: a thread
+ * cancelled at a condition wait, a join, a write to stderr or inside a
+ * callback would die holding a library lock, or with its operation half
+ * done (a kill's put never made).  Library threads never enable it; a
+ * caller's thread has it disabled around each such wait, fence, warning and
+ * callback (a pair costs ~10 ns), and acts on a pending request at its next
+ * cancellation point after the call returns.
+ */
+static inline int percpuref_cancel_disable(void)
+{
+	int old;
+
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	return old;
+}
+
+static inline void percpuref_cancel_restore(int old)
+{
+	pthread_setcancelstate(old, NULL);
+}
+
+/*
  * percpuref_synchronize_rcu - a liburcu-bp grace period that survives
  * membarrier being refused after start-up (liburcu-bp itself would abort):
  * see runtime.c.  Not inside a read-side section.

@@ -285,13 +285,14 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 int percpuref_wait_rcu(void)
 {
 	uint64_t target;
-	int ret = 0;
+	int ret = 0, cancel;
 
 	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
 		percpuref_warn("percpu_rcuref_barrier", "called from a callback; would wait "
 			       "for itself");
 		return -EDEADLK;
 	}
+	cancel = percpuref_cancel_disable();
 	pthread_mutex_lock(&managed_lock);
 	target = rcu_queued;
 	while (rcu_done < target) {
@@ -302,6 +303,7 @@ int percpuref_wait_rcu(void)
 		pthread_cond_wait(&progress, &managed_lock);
 	}
 	pthread_mutex_unlock(&managed_lock);
+	percpuref_cancel_restore(cancel);
 	return ret;
 }
 
@@ -664,13 +666,14 @@ PERCPUREF_API void percpu_ref_managed_get_stats(struct percpu_ref_managed_stats 
 PERCPUREF_API int percpu_ref_managed_flush(void)
 {
 	uint64_t target;
-	int ret = 0;
+	int ret = 0, cancel;
 
 	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
 		percpuref_warn(__func__, "called from a callback; would wait for itself");
 		return -EDEADLK;
 	}
 	managed_init();
+	cancel = percpuref_cancel_disable();
 	pthread_mutex_lock(&managed_lock);
 	/* A pass that starts after now: the open one (if any) may have
 	 * walked past refs pushed before the call. */
@@ -686,6 +689,7 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 		pthread_cond_wait(&progress, &managed_lock);
 	}
 	pthread_mutex_unlock(&managed_lock);
+	percpuref_cancel_restore(cancel);
 	/* The releases those passes deferred past a grace period. */
 	return ret ? ret : percpuref_wait_rcu();
 }
@@ -725,6 +729,7 @@ static bool drain(void)
 PERCPUREF_API void percpuref_shutdown(void)
 {
 	bool worked;
+	int cancel;
 
 	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
 		percpuref_warn(__func__, "called from a callback; would wait for itself");
@@ -736,7 +741,10 @@ PERCPUREF_API void percpuref_shutdown(void)
 		return;
 	}
 	/* Until quiet: a release may kill other refs (callback thread work),
-	 * whose releases may queue RCU work and restart the reclaimer. */
+	 * whose releases may queue RCU work and restart the reclaimer.  The
+	 * grace periods, joins and callbacks on this thread: see
+	 * percpuref_cancel_disable(). */
+	cancel = percpuref_cancel_disable();
 	do {
 		stop_thread();
 		worked = drain();
@@ -745,6 +753,7 @@ PERCPUREF_API void percpuref_shutdown(void)
 		worked |= thread.running || rcu_head;
 		pthread_mutex_unlock(&managed_lock);
 	} while (worked);
+	percpuref_cancel_restore(cancel);
 }
 
 static void scan_fork_prepare(void)

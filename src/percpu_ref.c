@@ -216,10 +216,12 @@ static __thread struct percpu_ref *finishing_switch_of;
 static void run_confirm(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 {
 	struct percpu_ref *outer = finishing_switch_of;
+	int cancel = percpuref_cancel_disable();
 
 	finishing_switch_of = ref;
 	confirm(ref);
 	finishing_switch_of = outer;
+	percpuref_cancel_restore(cancel);
 }
 
 /*
@@ -237,13 +239,25 @@ struct kill_confirm {
 };
 static __thread struct kill_confirm *kill_confirms;
 
+/* A release, or a confirm nothing follows, on whichever thread it falls to. */
+static void run_callback(struct percpu_ref *ref, percpu_ref_func_t *fn)
+{
+	int cancel = percpuref_cancel_disable();
+
+	fn(ref);
+	percpuref_cancel_restore(cancel);
+}
+
 static void run_kill_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 {
 	struct kill_confirm frame = { ref, kill_confirms };
+	/* The kill's put comes after it. */
+	int cancel = percpuref_cancel_disable();
 
 	kill_confirms = &frame;
 	confirm(ref);
 	kill_confirms = frame.outer;
+	percpuref_cancel_restore(cancel);
 }
 
 static bool confirming_kill_of(const struct percpu_ref *ref)
@@ -367,13 +381,22 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
  */
 static bool wait_switch_done(struct percpu_ref *ref)
 {
+	bool done = true;
+	int cancel;
+
+	if (!ref->data->confirm_switch)
+		return true;
+	cancel = percpuref_cancel_disable();
 	while (ref->data->confirm_switch) {
 		if (finishing_switch_of == ref ||
-		    (impl_of(ref->data)->async_switch && percpuref_holds_batch_lock()))
-			return false;
+		    (impl_of(ref->data)->async_switch && percpuref_holds_batch_lock())) {
+			done = false;
+			break;
+		}
 		pthread_cond_wait(&stripe_of(ref)->done, switch_lock_of(ref));
 	}
-	return true;
+	percpuref_cancel_restore(cancel);
+	return done;
 }
 
 PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
@@ -479,7 +502,7 @@ static void switch_work_fn(struct percpuref_deferred *work)
 	/* The callback thread fenced the readers before calling us. */
 	release = finish_atomic_switch(ref);
 	if (release)
-		release(ref);
+		run_callback(ref, release);
 }
 
 /*
@@ -628,7 +651,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
-		confirm_now(ref);
+		run_callback(ref, confirm_now);
 }
 
 /* What lock_for_sync_switch() leaves its caller with. */
@@ -694,7 +717,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 	/* Before @release, which may switch another ref synchronously. */
 	pthread_rwlock_unlock(&sync_switch_lock);
 	if (release)
-		release(ref);
+		run_callback(ref, release);
 }
 
 PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
@@ -1048,7 +1071,7 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	exited = impl->exited;
 	pthread_mutex_unlock(lock);
 	if (!exited && impl->data.release)
-		impl->data.release(impl->data.ref);
+		run_callback(impl->data.ref, impl->data.release);
 	pthread_mutex_lock(lock);
 	if (impl->exited) {
 		pthread_mutex_unlock(lock);
@@ -1186,7 +1209,7 @@ PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
 		return;
 	}
 	if (ref->data->release)
-		ref->data->release(ref);
+		run_callback(ref, ref->data->release);
 }
 
 PERCPUREF_API void __percpu_ref_count_misuse(struct percpu_ref *ref, unsigned long old,

@@ -346,6 +346,8 @@ static void runtime_init_once(void)
 {
 	const char *no_rseq = getenv("PERCPUREF_NO_RSEQ");
 	ptrdiff_t offset = 0;
+	/* Reading sysfs (stdio) is a cancellation point. */
+	int cancel = percpuref_cancel_disable();
 
 	/* Before the fast path can be used: it checks cpu_id against it. */
 	percpuref_nr_cpu_units = fault_cpu_units ? fault_cpu_units : read_possible_cpus();
@@ -364,6 +366,7 @@ static void runtime_init_once(void)
 	}
 	/* Relaxed: published to other threads with the first counter. */
 	publish_fast_path(offset, __ATOMIC_RELAXED);
+	percpuref_cancel_restore(cancel);
 }
 
 void percpuref_runtime_init(void)
@@ -490,11 +493,14 @@ static int fence_by_migration_locked(void)
 
 int percpuref_fence_by_migration(void)
 {
+	/* opendir() and readdir() may be cancellation points (POSIX). */
+	int cancel = percpuref_cancel_disable();
 	int ret;
 
 	pthread_mutex_lock(&migration_lock);
 	ret = fence_by_migration_locked();
 	pthread_mutex_unlock(&migration_lock);
+	percpuref_cancel_restore(cancel);
 	return ret;
 }
 
@@ -545,6 +551,7 @@ void percpuref_fence_readers(void)
 static void *library_thread_main(void *fn)
 {
 	library_thread = true;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	return ((void *(*)(void *))fn)(NULL);
 }
 
@@ -569,21 +576,21 @@ void percpuref_stop_thread(struct percpuref_thread *t, pthread_mutex_t *lock,
 			   pthread_cond_t *wake, pthread_cond_t *exited)
 {
 	pthread_t joinee = t->id;
+	int cancel = percpuref_cancel_disable();
 
 	if (t->stopping) {
 		while (t->running && t->stopping)
 			pthread_cond_wait(exited, lock);
 		pthread_mutex_unlock(lock);
-		return;
-	}
-	if (!t->running) {
+	} else if (!t->running) {
 		pthread_mutex_unlock(lock);
-		return;
+	} else {
+		t->stopping = true;
+		pthread_cond_signal(wake);
+		pthread_mutex_unlock(lock);
+		pthread_join(joinee, NULL);
 	}
-	t->stopping = true;
-	pthread_cond_signal(wake);
-	pthread_mutex_unlock(lock);
-	pthread_join(joinee, NULL);
+	percpuref_cancel_restore(cancel);
 }
 
 void *percpuref_zalloc(size_t size)
@@ -622,15 +629,18 @@ void percpuref_warn(const char *fn, const char *fmt, ...)
 {
 	char line[256];
 	va_list ap;
-	int n;
+	int n, cancel;
 
 	n = snprintf(line, sizeof(line), "percpuref: %s: ", fn);
 	va_start(ap, fmt);
 	if (n > 0 && (size_t)n < sizeof(line))
 		vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
 	va_end(ap);
-	/* One write so concurrent warnings never interleave mid-line. */
+	/* One write so concurrent warnings never interleave mid-line; a
+	 * write is a cancellation point. */
+	cancel = percpuref_cancel_disable();
 	fprintf(stderr, "%s\n", line);
+	percpuref_cancel_restore(cancel);
 	/* Relaxed: a statistic. */
 	__atomic_fetch_add(&warnings, 1, __ATOMIC_RELAXED);
 }
