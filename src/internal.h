@@ -89,29 +89,37 @@ void percpuref_batch_unlock(enum percpuref_lock_rank rank, pthread_mutex_t *lock
 bool percpuref_holds_batch_lock(void);
 
 /* True on a thread started by percpuref_start_thread(). */
-bool percpuref_on_library_thread(void);
+extern __thread bool percpuref_library_thread __attribute__((tls_model("initial-exec")));
+
+static inline bool percpuref_on_library_thread(void)
+{
+	return percpuref_library_thread;
+}
 
 /*
  * Cancellation.  No library function acts on a cancellation request, and
  * the callbacks the library runs run with cancellation disabled: a thread
  * cancelled at a condition wait, a join, a write to stderr or inside a
  * callback would die holding a library lock, or with its operation half
- * done (a kill's put never made).  Library threads never enable it; a
- * caller's thread has it disabled around each such wait, fence, warning and
- * callback (a pair costs ~10 ns), and acts on a pending request at its next
+ * done (a kill's put never made).  Library threads never enable it (and
+ * skip these calls: the callback thread runs two per kill); a caller's
+ * thread has it disabled around each such wait, fence, warning and callback
+ * (a pair costs ~10 ns), and acts on a pending request at its next
  * cancellation point after the call returns.
  */
 static inline int percpuref_cancel_disable(void)
 {
-	int old;
+	int old = PTHREAD_CANCEL_DISABLE;
 
-	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	if (!percpuref_library_thread)
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
 	return old;
 }
 
 static inline void percpuref_cancel_restore(int old)
 {
-	pthread_setcancelstate(old, NULL);
+	if (old != PTHREAD_CANCEL_DISABLE)
+		pthread_setcancelstate(old, NULL);
 }
 
 /*

@@ -110,7 +110,7 @@ static __thread unsigned int batch_ranks_held;
  * threads may be inside fork() at once (one waiting for a batch whose
  * callback forks). */
 static __thread unsigned int fork_skipped_ranks;
-static __thread bool library_thread;
+__thread bool percpuref_library_thread __attribute__((tls_model("initial-exec")));
 static unsigned long warnings;
 static long fault_countdown;
 /* Test hook: the CPU count source's answer (0: ask the kernel). */
@@ -335,7 +335,7 @@ static __attribute__((destructor)) void runtime_at_exit(void)
 {
 	unsigned int rank;
 
-	if (library_thread || urcu_bp_read_ongoing())
+	if (percpuref_library_thread || urcu_bp_read_ongoing())
 		return;
 	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
 		if (exit_hooks[rank])
@@ -550,14 +550,9 @@ void percpuref_fence_readers(void)
 
 static void *library_thread_main(void *fn)
 {
-	library_thread = true;
+	percpuref_library_thread = true;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	return ((void *(*)(void *))fn)(NULL);
-}
-
-bool percpuref_on_library_thread(void)
-{
-	return library_thread;
 }
 
 bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), const char *name)
