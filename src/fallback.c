@@ -181,19 +181,14 @@ static void wait_for_reader(struct percpuref_reader *r, unsigned long gp)
 {
 	struct timespec pause = { 0, 20000 };
 	unsigned int tries = 0;
-	int cancel;
 
-	if (!reader_blocks(r, gp))
-		return;
-	/* nanosleep() is a cancellation point; readers_lock is held. */
-	cancel = percpuref_cancel_disable();
+	/* Cancellation is off: percpuref_fence_readers(). */
 	while (reader_blocks(r, gp)) {
 		if (++tries < 100)
 			sched_yield();
 		else
 			nanosleep(&pause, NULL);
 	}
-	percpuref_cancel_restore(cancel);
 }
 
 void percpuref_readers_fence(void)

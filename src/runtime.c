@@ -493,14 +493,11 @@ static int fence_by_migration_locked(void)
 
 int percpuref_fence_by_migration(void)
 {
-	/* opendir() and readdir() may be cancellation points (POSIX). */
-	int cancel = percpuref_cancel_disable();
 	int ret;
 
 	pthread_mutex_lock(&migration_lock);
 	ret = fence_by_migration_locked();
 	pthread_mutex_unlock(&migration_lock);
-	percpuref_cancel_restore(cancel);
 	return ret;
 }
 
@@ -521,8 +518,16 @@ void percpuref_fence_without_membarrier(int err)
 	}
 }
 
+/*
+ * Both fences reach cancellation points: liburcu-bp's grace period polls,
+ * a refused fence sleeps, and opendir() and readdir() may be ones (POSIX).
+ * A caller's thread is then halfway through a switch, and on the fallback
+ * path holds readers_lock: see percpuref_cancel_disable().
+ */
 void percpuref_synchronize_rcu(void)
 {
+	int cancel = percpuref_cancel_disable();
+
 	/* Relaxed: liburcu-bp reads it the same way. */
 	if (__atomic_load_n(&urcu_bp_has_sys_membarrier, __ATOMIC_RELAXED) &&
 	    sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) != 0) {
@@ -535,10 +540,13 @@ void percpuref_synchronize_rcu(void)
 		percpuref_fence_without_membarrier(err);
 	}
 	urcu_bp_synchronize_rcu();
+	percpuref_cancel_restore(cancel);
 }
 
 void percpuref_fence_readers(void)
 {
+	int cancel = percpuref_cancel_disable();
+
 	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED)) {
 		if (__atomic_load_n(&membarrier_refused, __ATOMIC_RELAXED))
 			percpuref_fence_without_membarrier(EPERM);
@@ -546,6 +554,7 @@ void percpuref_fence_readers(void)
 			percpuref_fence_without_membarrier(errno);
 	}
 	percpuref_readers_fence();
+	percpuref_cancel_restore(cancel);
 }
 
 static void *library_thread_main(void *fn)

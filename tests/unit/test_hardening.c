@@ -19,9 +19,6 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -30,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -42,6 +38,7 @@
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
+#include "refuse_membarrier.h"
 #include "tap.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -809,27 +806,7 @@ static int mode_exit_in_reader(void)
 	exit(0);
 }
 
-/* ---- Finding 8: membarrier refused after start-up. ---- */
-
-static int refuse_membarrier(void)
-{
-	struct sock_filter filter[] = {
-		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-	};
-	struct sock_fprog prog = { sizeof(filter) / sizeof(filter[0]), filter };
-
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
-		return -1;
-	/* Every thread of the process, the library's included. */
-	return (int)syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC,
-			    &prog);
-}
+/* ---- Finding 8: membarrier refused after start-up (refuse_membarrier.h). ---- */
 
 static void rcu_count_release(struct percpu_rcuref *ref)
 {
