@@ -101,11 +101,13 @@ static inline bool percpuref_on_library_thread(void)
  * the callbacks the library runs run with cancellation disabled: a thread
  * cancelled at a condition wait, a join, a write to stderr or inside a
  * callback would die holding a library lock, or with its operation half
- * done (a kill's put never made).  Library threads never enable it (and
- * skip these calls: the callback thread runs two per kill); a caller's
- * thread has it disabled around each such wait, fence, warning and callback
- * (a pair costs ~10 ns), and acts on a pending request at its next
- * cancellation point after the call returns.
+ * done (a kill's put never made).  A caller's thread has it disabled
+ * around each such wait, fence, warning and callback (a pair costs ~10 ns),
+ * and acts on a pending request at its next cancellation point after the
+ * call returns.  Library threads keep it disabled, so they skip the disable
+ * (the callback thread runs a callback twice per kill); the restore is
+ * never skipped, as a callback may have enabled it, and the state it found
+ * must be back for the next callback, or the caller.
  */
 static inline int percpuref_cancel_disable(void)
 {
@@ -118,8 +120,7 @@ static inline int percpuref_cancel_disable(void)
 
 static inline void percpuref_cancel_restore(int old)
 {
-	if (old != PTHREAD_CANCEL_DISABLE)
-		pthread_setcancelstate(old, NULL);
+	pthread_setcancelstate(old, NULL);
 }
 
 /*

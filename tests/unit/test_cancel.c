@@ -264,6 +264,62 @@ static void count_release(struct percpu_ref *ref)
 	__atomic_fetch_add(&released, 1, __ATOMIC_SEQ_CST);
 }
 
+/* A callback that enables cancellation and leaves it so, and one that
+ * records the state it runs in. */
+static int state_seen = -1;
+
+static int cancel_state(void)
+{
+	int state;
+
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
+	pthread_setcancelstate(state, NULL);
+	return state;
+}
+
+static void enabling_callback(struct percpu_ref *ref)
+{
+	(void)ref;
+	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+}
+
+static void recording_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_store_n(&state_seen, cancel_state(), __ATOMIC_SEQ_CST);
+}
+
+/*
+ * A callback that changes the cancellation state: the library puts back the
+ * state it found, for the next callback on the callback thread and for the
+ * caller on the caller's thread.
+ */
+static void test_callback_changes_state(void)
+{
+	struct percpu_ref a, b, c;
+	int old;
+
+	if (percpu_ref_init(&a, enabling_callback, 0) || percpu_ref_init(&b, recording_release, 0))
+		bail_out("percpu_ref_init");
+	percpu_ref_kill(&a);	/* released on the callback thread */
+	percpu_ref_barrier();
+	percpu_ref_kill(&b);
+	percpu_ref_barrier();
+	is(state_seen, PTHREAD_CANCEL_DISABLE,
+	   "a release after one that enabled cancellation runs with it disabled");
+	percpu_ref_exit(&a);
+	percpu_ref_exit(&b);
+
+	if (percpu_ref_init(&c, noop_release, PERCPU_REF_INIT_ATOMIC))
+		bail_out("percpu_ref_init");
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	percpu_ref_kill_and_confirm(&c, enabling_callback);	/* at once, here */
+	is(cancel_state(), PTHREAD_CANCEL_DISABLE,
+	   "a caller gets back its own state after a confirm that enabled cancellation");
+	pthread_setcancelstate(old, NULL);
+	percpu_ref_exit(&c);
+}
+
 static void nothing(void *arg)
 {
 	(void)arg;
@@ -405,6 +461,8 @@ int main(int argc, char **argv)
 				 unblock_reclaimer);
 	ok(percpu_rcuref_barrier() == 0 && rcu_released == 2,
 	   "percpu_rcuref_barrier waiting: both released, the library still works");
+
+	test_callback_changes_state();
 
 	/* A shutdown joining the library's threads (both running). */
 	percpu_ref_switch_to_atomic(&ref, NULL);
