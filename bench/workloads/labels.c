@@ -215,7 +215,7 @@ static const struct labels_refops labels_kref_ops = {
 	.tryget = labels_kref_tryget,
 	.put = labels_kref_put,
 	.read_lock = urcu_bp_read_lock,
-	.read_unlock = urcu_bp_read_unlock,
+	.read_unlock = labels_rcu_read_unlock,
 };
 
 /* rcuref: the count dies once; labels are freed after a grace period anyway. */
@@ -249,7 +249,7 @@ static const struct labels_refops labels_rcuref_ops = {
 	.tryget = labels_rcuref_tryget,
 	.put = labels_rcuref_put,
 	.read_lock = urcu_bp_read_lock,
-	.read_unlock = urcu_bp_read_unlock,
+	.read_unlock = labels_rcu_read_unlock,
 };
 
 /*
@@ -309,7 +309,7 @@ static const struct labels_refops labels_pcpu_managed_ops = {
 	.put = labels_pcpu_put,
 	.exit = labels_pcpu_exit,
 	.read_lock = urcu_bp_read_lock,
-	.read_unlock = urcu_bp_read_unlock,
+	.read_unlock = labels_rcu_read_unlock,
 };
 
 /* The reclaimer holds the last reference of every dropped label: release
@@ -402,7 +402,7 @@ static const struct labels_refops labels_pcpu_atomic_ops = {
 	.put = labels_pcpu_put,
 	.exit = labels_pcpu_exit,
 	.read_lock = urcu_bp_read_lock,
-	.read_unlock = urcu_bp_read_unlock,
+	.read_unlock = labels_rcu_read_unlock,
 };
 
 /*
@@ -509,7 +509,7 @@ static const struct labels_refops labels_hazard_ops = {
 	.tryget = labels_kref_tryget,
 	.put = labels_hazard_kref_put,
 	.read_lock = urcu_bp_read_lock,
-	.read_unlock = urcu_bp_read_unlock,
+	.read_unlock = labels_rcu_read_unlock,
 };
 
 enum labels_kind_id {

@@ -28,7 +28,8 @@
  * Why our own reaper and not call_rcu: liburcu hands callbacks over through
  * queues ThreadSanitizer cannot see, so the sanitizer would report every
  * free as a race with the release.  The reaper takes released labels under
- * a mutex (a visible edge), waits urcu_bp_synchronize_rcu(), and frees.
+ * a mutex (a visible edge), waits urcu_bp_synchronize_rcu(), and frees; the
+ * readers' edge to that free is annotated (labels_rcu_read_unlock()).
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -383,7 +384,7 @@ struct labels_lineage *labels_lineage_find(struct labels_ns *ns, const char *nam
 	key.key = labels_key(key.size, key.vec);
 	urcu_bp_read_lock();
 	found = labels_set_find(ns, &key);
-	urcu_bp_read_unlock();
+	labels_rcu_read_unlock();
 	return found;	/* lineages live as long as the model */
 }
 
@@ -475,6 +476,15 @@ void labels_label_free(struct labels_label *l)
 	free(l);
 }
 
+/* labels_rcu_read_unlock() to the reaper's grace period, for TSan only. */
+static char labels_rcu_tsan_sync;
+
+void labels_rcu_read_unlock(void)
+{
+	percpuref_tsan_release(&labels_rcu_tsan_sync);
+	urcu_bp_read_unlock();
+}
+
 static void *labels_reaper(void *arg)
 {
 	struct labels_model *m = arg;
@@ -493,6 +503,7 @@ static void *labels_reaper(void *arg)
 		pthread_mutex_unlock(&m->dead_lock);
 		/* Every RCU reader that could still see these labels is done. */
 		urcu_bp_synchronize_rcu();
+		percpuref_tsan_acquire(&labels_rcu_tsan_sync);
 		while (list) {
 			struct labels_label *l = list;
 

@@ -242,6 +242,14 @@ void labels_label_release(struct labels_label *l);
  */
 void labels_label_unpublish(struct labels_label *l);
 void labels_label_free(struct labels_label *l);
+/*
+ * The end of a liburcu-bp read-side section.  ThreadSanitizer cannot see
+ * the grace period (liburcu is not instrumented), so it took the reaper's
+ * free of a label that a reader had just read (a failed get on a count
+ * gone to zero) for a race: a release here, an acquire after the grace
+ * period give it the edge, as the library does for percpu_rcuref.
+ */
+void labels_rcu_read_unlock(void);
 /* Waits until every label released so far has been freed. */
 void labels_reap_wait(struct labels_model *m);
 
