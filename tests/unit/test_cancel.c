@@ -18,10 +18,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <spawn.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,14 +27,9 @@
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
-#include "refuse_membarrier.h"
+#include "child.h"
+#include "sandbox.h"
 #include "tap.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#else
-#define UNDER_TSAN 0
-#endif
 
 static void on_alarm(int sig)
 {
@@ -336,8 +329,8 @@ static void nothing(void *arg)
 static int mode_fence_refused(void)
 {
 	static struct percpu_ref a, b;
-	struct rlimit before, full;
-	int lowest_free, ret, status;
+	struct rlimit before;
+	int ret;
 	pid_t pid;
 
 	if (percpu_ref_init(&a, noop_release, PERCPU_REF_ALLOW_REINIT) ||
@@ -348,13 +341,7 @@ static int mode_fence_refused(void)
 	/* pthread_cancel() loads the unwinder on first use: while files open. */
 	if (run_victim(nothing, NULL, NULL) || refuse_membarrier())
 		return 77;
-	lowest_free = dup(0);
-	if (lowest_free < 0 || getrlimit(RLIMIT_NOFILE, &before))
-		return 3;
-	close(lowest_free);
-	full = before;
-	full.rlim_cur = (rlim_t)lowest_free;
-	if (setrlimit(RLIMIT_NOFILE, &full))
+	if (!fill_fd_table(&before))
 		return 3;
 	ret = run_victim(call_switch_to_atomic_sync, &a, NULL);
 	setrlimit(RLIMIT_NOFILE, &before);
@@ -368,25 +355,12 @@ static int mode_fence_refused(void)
 		pid = fork();
 		if (pid == 0)
 			_exit(0);
-		if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		if (wait_child(pid) != 0)
 			return 3;
 	}
 	percpu_ref_exit(&a);
 	percpu_ref_exit(&b);
 	return 0;
-}
-
-/* Re-executes this test in @mode; its exit status, 128 + signal if killed. */
-static int run_mode(const char *mode)
-{
-	char *argv[] = { program_invocation_name, (char *)mode, NULL };
-	pid_t pid;
-	int status;
-
-	if (posix_spawn(&pid, argv[0], NULL, NULL, argv, environ) ||
-	    waitpid(pid, &status, 0) != pid)
-		return -1;
-	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 int main(int argc, char **argv)
@@ -486,11 +460,8 @@ int main(int argc, char **argv)
 
 	alarm(0);
 
-	/* Not under qemu-user: the filter would bind the emulator's own
-	 * system calls, and the child would need the emulator to start. */
 	{
-		const char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
-		int ret = emulator && *emulator ? 77 : run_mode("--fence-refused");
+		int ret = run_mode_without_membarrier("--fence-refused");
 
 		if (ret == 77)
 			printf("# skipped: cannot refuse membarrier here\n");

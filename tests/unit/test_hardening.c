@@ -38,14 +38,9 @@
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
-#include "refuse_membarrier.h"
+#include "child.h"
+#include "sandbox.h"
 #include "tap.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#else
-#define UNDER_TSAN 0
-#endif
 
 /* A child that has not finished by then is hung (the findings' symptom). */
 #define CHILD_DEADLINE_S 20
@@ -93,31 +88,6 @@ static void set_interval(unsigned long interval_ms)
 					       PERCPU_REF_SCAN_BATCHED };
 
 	percpu_ref_managed_set_config(&c);
-}
-
-/* Exit status of a child: its code, or 128 + the signal that ended it. */
-static int wait_child(pid_t pid)
-{
-	int status;
-
-	if (pid <= 0 || waitpid(pid, &status, 0) != pid)
-		return -1;
-	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-/* Re-executes this test in @mode; its exit status (see wait_child()). */
-static int run_mode(const char *mode)
-{
-	/* A cross build's tests run under an emulator (qemu-user), which
-	 * cannot exec a foreign binary by itself: it runs the child too. */
-	char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
-	char *argv[] = { emulator, program_invocation_name, (char *)mode, NULL };
-	char **args = emulator && *emulator ? argv : argv + 1;
-	pid_t pid;
-
-	if (posix_spawnp(&pid, args[0], NULL, NULL, args, environ))
-		return -1;
-	return wait_child(pid);
 }
 
 /* In a forked child: a deadline, so a hang ends as SIGALRM. */
@@ -264,15 +234,10 @@ static int mode_fence_cpus(void)
 	/* Threads it cannot list (a full fd table: /proc/self/task does not
 	 * open) may sit in another cpuset: refused, not done half. */
 	{
-		struct rlimit before, full;
-		int lowest_free = dup(0), err;
+		struct rlimit before;
+		int err;
 
-		if (lowest_free < 0 || getrlimit(RLIMIT_NOFILE, &before))
-			return 3;
-		close(lowest_free);
-		full = before;
-		full.rlim_cur = (rlim_t)lowest_free;
-		if (setrlimit(RLIMIT_NOFILE, &full))
+		if (!fill_fd_table(&before))
 			return 3;
 		visited = percpuref_fence_by_migration();
 		err = errno;
@@ -806,7 +771,7 @@ static int mode_exit_in_reader(void)
 	exit(0);
 }
 
-/* ---- Finding 8: membarrier refused after start-up (refuse_membarrier.h). ---- */
+/* ---- Finding 8: membarrier refused after start-up (sandbox.h). ---- */
 
 static void rcu_count_release(struct percpu_rcuref *ref)
 {
@@ -976,10 +941,7 @@ int main(int argc, char **argv)
 	test_release_exits_other();
 	is(run_mode("--exit-in-reader"), 0, "7: exit() inside a read-side section completes");
 	{
-		/* Under qemu-user the filter would bind the emulator's own
-		 * (host) system calls too: nothing of ours is tested there. */
-		const char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
-		int ret = emulator && *emulator ? 77 : run_mode("--seccomp");
+		int ret = run_mode_without_membarrier("--seccomp");
 
 		if (ret == 77)
 			printf("# skipped finding 8: cannot install a seccomp filter here\n");

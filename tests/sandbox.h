@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What a sandbox or a busy process refuses a library that is already
+ * running: membarrier(2) (a seccomp filter installed after start-up), and
+ * new file descriptors (a full fd table).
+ */
+#ifndef PERCPUREF_TESTS_SANDBOX_H
+#define PERCPUREF_TESTS_SANDBOX_H
+
+#include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "child.h"
+
+/*
+ * refuse_membarrier() - install a seccomp filter, on every thread of the
+ * process (the library's included), that fails membarrier(2) with EPERM.
+ * 0, or -1 where no filter can be installed.  x86_64 system calls only:
+ * other architectures' calls pass (tests skip there).
+ */
+static int refuse_membarrier(void)
+{
+	struct sock_filter filter[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	struct sock_fprog prog = { sizeof(filter) / sizeof(filter[0]), filter };
+
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+		return -1;
+	return (int)syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC,
+			    &prog);
+}
+
+/*
+ * run_mode() of a mode that calls refuse_membarrier(); 77 (skip) under
+ * qemu-user, where the filter would bind the emulator's own (host) system
+ * calls too, so nothing of ours would be tested.
+ */
+static inline int run_mode_without_membarrier(const char *mode)
+{
+	const char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
+
+	return emulator && *emulator ? 77 : run_mode(mode);
+}
+
+/*
+ * fill_fd_table() - lower the open-file limit to the lowest free
+ * descriptor, so that nothing more opens (EMFILE); *@before is the limit
+ * to restore (LeakSanitizer reads /proc at exit).  False if it cannot.
+ */
+static inline bool fill_fd_table(struct rlimit *before)
+{
+	struct rlimit full;
+	int lowest_free = dup(0);
+
+	if (lowest_free < 0 || getrlimit(RLIMIT_NOFILE, before))
+		return false;
+	close(lowest_free);
+	full = *before;
+	full.rlim_cur = (rlim_t)lowest_free;
+	return setrlimit(RLIMIT_NOFILE, &full) == 0;
+}
+
+#endif
