@@ -256,6 +256,7 @@ static void batch_fork_release(void)
 static void queue_fork_prepare(void)
 {
 	pthread_mutex_lock(&deferred_lock);
+	percpuref_wait_thread_started(&thread);
 }
 
 static void queue_fork_parent(void)

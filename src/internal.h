@@ -8,6 +8,7 @@
 #define PERCPUREF_INTERNAL_H
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -243,11 +244,29 @@ struct percpuref_thread {
 	pthread_t id;
 	bool running;
 	bool stopping;
+	bool starting;		/* started; its start-up not yet waited for */
+	void *(*fn)(void *);	/* what it runs; NULL: never started */
+	sem_t started;		/* posted once it runs library code */
 };
 
-/* Starts @t, named @name (at most 15 chars); false, after a warning naming
- * it, when pthread_create() fails.  @lock held. */
+/*
+ * Starts @t, named @name (at most 15 chars), running @fn; false, after a
+ * warning naming it, when pthread_create() fails.  The module's lock, the
+ * one its fork hooks take, held.  Does not wait for the thread's start-up:
+ * the module's fork prepare hook does (percpuref_wait_thread_started()).
+ */
 bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), const char *name);
+
+/*
+ * The module's lock held: waits until the thread last started from @t runs
+ * library code.  The module's fork prepare hook calls it, so that no fork
+ * lands in a thread's start-up: gcc 12's ASan takes allocator locks there
+ * that no fork hook takes, and a child that inherited one held hangs on
+ * its first allocation of that size, as do the threads its hooks start
+ * again.  A child's hooks start threads without waiting: its fork() itself
+ * never hangs there.
+ */
+void percpuref_wait_thread_started(struct percpuref_thread *t);
 
 /*
  * Called with @lock (the module's) held, returns with it released: asks @t

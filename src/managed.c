@@ -769,6 +769,7 @@ static void scan_fork_release(void)
 static void managed_fork_prepare(void)
 {
 	pthread_mutex_lock(&managed_lock);
+	percpuref_wait_thread_started(&thread);
 }
 
 static void managed_fork_parent(void)

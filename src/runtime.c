@@ -46,7 +46,11 @@
  * order down), and exit hooks.  Fork takes every rank in order (liburcu-bp's
  * own locks at their rank) and releases them in reverse, so the child never
  * inherits a lock held by a thread that does not exist there; batch locks a
- * forking thread holds itself (fork from a callback) are left to it.
+ * forking thread holds itself (fork from a callback) are left to it.  Our
+ * threads start under their module's lock, and the module's prepare hook,
+ * having taken it, waits until a thread it started runs our code: no fork
+ * lands in a thread's start-up, where a sanitizer runtime holds locks of
+ * its own that no hook takes (percpuref_wait_thread_started()).
  */
 #define _GNU_SOURCE
 #include <assert.h>
@@ -557,21 +561,50 @@ void percpuref_fence_readers(void)
 	percpuref_cancel_restore(cancel);
 }
 
-static void *library_thread_main(void *fn)
+static void *library_thread_main(void *arg)
 {
+	struct percpuref_thread *t = arg;
+	/* pthread_create() ordered the creator's store before us. */
+	void *(*fn)(void *) = t->fn;
+
 	percpuref_library_thread = true;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-	return ((void *(*)(void *))fn)(NULL);
+	/* The C library's and the sanitizers' start-up is behind us. */
+	sem_post(&t->started);
+	return fn(NULL);
+}
+
+/* Also consumes its post: the count is 0 again for the next start. */
+void percpuref_wait_thread_started(struct percpuref_thread *t)
+{
+	int saved_errno = errno, cancel;
+
+	if (!t->starting)
+		return;
+	/* sem_wait() is a cancellation point; a signal may interrupt it. */
+	cancel = percpuref_cancel_disable();
+	while (sem_wait(&t->started) && errno == EINTR)
+		;
+	percpuref_cancel_restore(cancel);
+	t->starting = false;
+	errno = saved_errno;
 }
 
 bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), const char *name)
 {
-	int err = pthread_create(&t->id, NULL, library_thread_main, (void *)fn);
+	int err;
 
+	/* The last thread's post, if no fork took it, is not this one's. */
+	percpuref_wait_thread_started(t);
+	if (!t->fn)
+		sem_init(&t->started, 0, 0);
+	t->fn = fn;
+	err = pthread_create(&t->id, NULL, library_thread_main, t);
 	if (err) {
 		percpuref_warn(name, "cannot start thread: %s", strerror(err));
 		return false;
 	}
+	t->starting = true;
 	pthread_setname_np(t->id, name);
 	return true;
 }
