@@ -11,8 +11,10 @@
 #define PERCPUREF_TESTS_TAP_H
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 static int tap_run, tap_failed;
 
@@ -56,6 +58,20 @@ static inline double stress_seconds(double dflt)
 	double v = env && *env ? atof(env) : 0;
 
 	return v > 0 ? v : dflt;
+}
+
+/* The monotonic clock, for deadlines and rates. */
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline double now_seconds(void)
+{
+	return (double)now_ns() / 1e9;
 }
 
 #endif

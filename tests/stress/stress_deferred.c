@@ -44,14 +44,6 @@ static long not_in_turn, lost, pushes;
 static int stop;
 static struct percpuref_deferred wake_item;
 
-static double seconds_since(const struct timespec *t)
-{
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (double)(now.tv_sec - t->tv_sec) + (now.tv_nsec - t->tv_nsec) / 1e9;
-}
-
 static void item_ran(struct percpuref_deferred *d)
 {
 	struct item *it = (struct item *)d;
@@ -71,7 +63,7 @@ static void wake_ran(struct percpuref_deferred *d)
 /* Waits until item @seq ran; false if that took LOST_AFTER_S. */
 static bool wait_ran(long seq)
 {
-	struct timespec waiting;
+	double waiting = 0;
 	unsigned long polls = 0;
 
 	/* Acquire: pairs with item_ran()'s release; the item is free. */
@@ -80,8 +72,8 @@ static bool wait_ran(long seq)
 		if (++polls % 65536)
 			continue;
 		if (polls == 65536)
-			clock_gettime(CLOCK_MONOTONIC, &waiting);
-		else if (seconds_since(&waiting) > LOST_AFTER_S)
+			waiting = now_seconds();
+		else if (now_seconds() - waiting > LOST_AFTER_S)
 			return false;
 	}
 	return true;

@@ -100,14 +100,6 @@ static long rnd_range(uint64_t *s, long lo, long hi)
 	return lo + (long)(rnd(s) % (uint64_t)(hi - lo + 1));
 }
 
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /*
  * root -> m0, m1, m2; each mi -> two leaves; the first leaf of m0 has a
  * child: 11 namespaces, depth 3.  Limits per level come from lim(level).
@@ -351,7 +343,7 @@ static void run(enum workload kind, unsigned int batch, double secs, uint64_t se
 	unsigned long bad = 0, ops = 0, refused = 0, errors = 0, priv = 0, sets = 0;
 	unsigned long mismatched = 0, unjust = 0, rounds = 0, failed_uncharge = 0;
 	unsigned long failed_destroy = 0, leftover = 0, failed_check = 0, build_failed = 0;
-	double end = now() + secs;
+	double end = now_seconds() + secs;
 	struct world w;
 	uint64_t rng = seed;
 	int k, i;
@@ -372,7 +364,7 @@ static void run(enum workload kind, unsigned int batch, double secs, uint64_t se
 		if (kind != FILL) {
 			struct timespec pause = { 0, 200 * 1000 };
 
-			while (now() < end) {
+			while (now_seconds() < end) {
 				bad += sample(&w);
 				nanosleep(&pause, NULL);
 			}
@@ -420,7 +412,7 @@ static void run(enum workload kind, unsigned int batch, double secs, uint64_t se
 			leftover += hcount_ns_count(w.ns[0], t) != 0;
 		failed_destroy += hcount_tree_destroy(w.tree) != 0;
 		rounds++;
-	} while (now() < end);
+	} while (now_seconds() < end);
 
 	printf("# %s/batch %u: %lu rounds, %lu ops, %lu refused, %lu private namespaces, "
 	       "%lu limit changes\n",
@@ -507,7 +499,7 @@ static void race_lower_and_charge(double secs)
 	struct hcount_tree *tree;
 	struct race r = { 0 };
 	pthread_t charger;
-	double end = now() + secs;
+	double end = now_seconds() + secs;
 
 	if (hcount_tree_create(&tree, 1, HCOUNT_NO_CACHE, &limit)) {
 		ok(0, "race: set-up");
@@ -521,7 +513,7 @@ static void race_lower_and_charge(double secs)
 		hcount_tree_destroy(tree);
 		return;
 	}
-	while (now() < end) {
+	while (now_seconds() < end) {
 		int set_rc;
 
 		/* Release: the reset below is done before the round starts. */

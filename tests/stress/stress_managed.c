@@ -24,7 +24,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
@@ -210,11 +209,10 @@ static void flip_config(unsigned int *seed)
 
 static long controller(double seconds)
 {
-	struct timespec start, now;
+	double start = now_seconds();
 	unsigned int seed = 42, i;
 	long ops = 0;
 
-	clock_gettime(CLOCK_MONOTONIC, &start);
 	do {
 		struct obj *o = &objs[rnd(&seed) % NR_STATIC];
 
@@ -250,8 +248,7 @@ static long controller(double seconds)
 			ops++;
 		}
 		sched_yield();
-		clock_gettime(CLOCK_MONOTONIC, &now);
-	} while ((double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
+	} while (now_seconds() - start < seconds);
 	return ops;
 }
 

@@ -22,7 +22,6 @@
 #include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
@@ -40,14 +39,6 @@ struct waiter {
 	unsigned int seed;
 };
 
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void waiter_release(struct percpu_ref *ref)
 {
 	struct waiter *w = (struct waiter *)ref;
@@ -59,9 +50,9 @@ static void waiter_release(struct percpu_ref *ref)
 static void *cycle(void *arg)
 {
 	struct waiter *w = arg;
-	double end = now() + w->seconds;
+	double end = now_seconds() + w->seconds;
 
-	while (now() < end && !w->lost) {
+	while (now_seconds() < end && !w->lost) {
 		unsigned int spin;
 		double deadline;
 
@@ -74,10 +65,10 @@ static void *cycle(void *arg)
 			break;
 		}
 		percpu_ref_put(&w->ref);	/* the manager's is the last one */
-		deadline = now() + RELEASE_TIMEOUT_S;
+		deadline = now_seconds() + RELEASE_TIMEOUT_S;
 		/* Acquire: pairs with waiter_release(). */
 		while (!__atomic_load_n(&w->released, __ATOMIC_ACQUIRE)) {
-			if (now() > deadline) {
+			if (now_seconds() > deadline) {
 				/* Still listed: left to the exit hook. */
 				w->lost = 1;
 				return NULL;

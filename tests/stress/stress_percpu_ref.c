@@ -15,7 +15,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <stddef.h>
-#include <time.h>
 
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
 
@@ -96,11 +95,10 @@ static void wait_released(struct obj *o)
 
 static long controller(double seconds)
 {
-	struct timespec start, now;
+	double start = now_seconds();
 	unsigned int seed = 42;
 	long ops = 0;
 
-	clock_gettime(CLOCK_MONOTONIC, &start);
 	do {
 		struct obj *o = &objs[rnd(&seed) % NR_REFS];
 
@@ -134,8 +132,7 @@ static long controller(double seconds)
 			break;
 		}
 		ops++;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-	} while ((double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
+	} while (now_seconds() - start < seconds);
 	return ops;
 }
 

@@ -45,7 +45,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "internal.h"
 #include "percpuref/managed.h"
@@ -70,14 +69,6 @@ static int stop_busted;			/* atomic */
 static uint64_t deadline_ns;
 static pthread_barrier_t start_barrier;
 static uint64_t switches;		/* atomic: runtime switch cycles done */
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* The kernel's udelay(): a busy wait, the thread stays on its CPU. */
 static void delay(void)

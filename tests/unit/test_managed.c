@@ -33,14 +33,6 @@ struct object {
 	uint64_t released_ns;
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void obj_release(struct percpu_ref *ref)
 {
 	struct object *o = caa_container_of(ref, struct object, ref);
