@@ -50,8 +50,17 @@
  * batch has run: a waiter never returns early, and items still being pushed
  * only make it wait longer.
  *
- * Fork: the thread holds batch_lock (rank DEFERRED_BATCH) from taking a
- * batch until its items have run and are counted, and fork takes it first
+ * Stopping (shutdown, exit()): the stopper waits for the items queued
+ * before its call, then sets thread.stopping; the thread exits after the
+ * batch it is running, whatever was pushed since, and the stopper starts a
+ * new thread if anything is left, or runs one batch itself if none can
+ * start (percpuref_deferred_stop()).  A stop that waited for an empty
+ * stack never came while another thread kept killing refs.
+ * tests/model/wakeup.pml checks that no push is stranded.
+ *
+ * Fork: a batch's runner (the thread, or a stopper that could not start
+ * one) holds batch_lock (rank DEFERRED_BATCH) from taking the batch until
+ * its items have run and are counted, and fork takes it first
  * (runtime.c), so a fork never falls inside a batch: in the child every
  * item is either done or still queued (a batch cut in half was lost, with
  * barrier and exit hanging for it: issue 8, finding 2).  The thread does
@@ -70,7 +79,7 @@ static pthread_mutex_t batch_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t work_queued = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
-/* Lock-free: pushed by any thread, taken whole by the thread (see above). */
+/* Lock-free: pushed by any thread, taken whole by a batch (run_batch()). */
 static struct percpuref_deferred *pending;
 static unsigned long nr_queued;		/* atomic: items ever queued */
 static unsigned long nr_done;		/* deferred_lock: items finished */
@@ -117,11 +126,37 @@ static bool pushed_while_going_to_sleep(void)
 	return true;
 }
 
-static void *deferred_thread(void *arg)
+/*
+ * deferred_lock held on entry and on return, dropped meanwhile.  Takes
+ * every pushed item and runs them after one fence, all under batch_lock
+ * (taken first: rank order), so that a fork waits for the batch.  Run by
+ * the thread, or by a stopper that cannot start one.
+ */
+static void run_batch(void)
 {
 	struct percpuref_deferred *batch, *next;
 	unsigned long n;
 
+	pthread_mutex_unlock(&deferred_lock);
+	percpuref_batch_lock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+	/* Empty only if another runner took the items first. */
+	batch = take_pending();
+	if (batch)
+		percpuref_fence_readers();
+	for (n = 0; batch; batch = next, n++) {
+		next = batch->next;	/* the function may free the item */
+		batch->fn(batch);
+	}
+
+	pthread_mutex_lock(&deferred_lock);
+	batch_fences += n != 0;
+	nr_done += n;
+	pthread_cond_broadcast(&work_done);
+	percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+}
+
+static void *deferred_thread(void *arg)
+{
 	(void)arg;
 	pthread_mutex_lock(&deferred_lock);
 	for (;;) {
@@ -131,28 +166,19 @@ static void *deferred_thread(void *arg)
 			pthread_cond_wait(&work_queued, &deferred_lock);
 			__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
 		}
-		/* Stopping: as before sleeping, so that a push that saw this
-		 * thread awake is taken, and a later one starts a new thread
-		 * once thread.running is false. */
-		if (queue_empty() && !pushed_while_going_to_sleep())
+		/* Stopping: as before sleeping (the Dekker pair), so that a
+		 * later push owes a wake-up, which starts a new thread once
+		 * thread.running is false; an earlier one stays queued, and
+		 * the stopper starts a thread for it, or runs it if none can
+		 * start (percpuref_deferred_stop()).
+		 * A stop waits for no batch queued after it was asked: while
+		 * another thread kept killing refs, this thread never found
+		 * the stack empty, and shutdown and exit() hung. */
+		if (thread.stopping) {
+			(void)pushed_while_going_to_sleep();
 			break;
-		/* In rank order: the batch lock, then the queue's.  Only this
-		 * thread takes items, so the stack is still non-empty. */
-		pthread_mutex_unlock(&deferred_lock);
-		percpuref_batch_lock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
-		batch = take_pending();
-
-		percpuref_fence_readers();
-		for (n = 0; batch; batch = next, n++) {
-			next = batch->next;	/* the function may free the item */
-			batch->fn(batch);
 		}
-
-		pthread_mutex_lock(&deferred_lock);
-		batch_fences++;
-		nr_done += n;
-		pthread_cond_broadcast(&work_done);
-		percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+		run_batch();
 	}
 	__atomic_store_n(&thread.running, false, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&work_done);
@@ -178,6 +204,7 @@ void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_d
 	struct percpuref_deferred *top = __atomic_load_n(&pending, __ATOMIC_RELAXED);
 
 	d->fn = fn;
+	percpuref_note_work();
 	/* Relaxed: a waiter that must see it is ordered after this call. */
 	__atomic_fetch_add(&nr_queued, 1, __ATOMIC_RELAXED);
 	do
@@ -234,13 +261,34 @@ int percpuref_wait_deferred(void)
 	return ret;
 }
 
-/* Stops the thread and waits for it (percpuref_stop_thread()). */
-void percpuref_deferred_stop(void)
+bool percpuref_deferred_stop(void)
 {
-	if (percpuref_wait_deferred())
-		return;
+	bool ran = false, running;
+
+	/* -EAGAIN (no thread could start): the items are run below. */
+	if (percpuref_wait_deferred() == -EDEADLK)
+		return false;
 	pthread_mutex_lock(&deferred_lock);
 	percpuref_stop_thread(&thread, &deferred_lock, &work_queued, &work_done);
+	pthread_mutex_lock(&deferred_lock);
+	/* Pushed before the thread's last look, by a caller that found it
+	 * awake (see deferred_thread()), or by the thread's own callbacks:
+	 * nobody else would start a thread for it.  Ordered: the thread read
+	 * the stack (seq_cst) before we joined.  If no thread can start, run
+	 * them here, as the stopping thread did before it stopped at once;
+	 * one batch, as others may keep pushing. */
+	if (!queue_empty() && !ensure_thread()) {
+		run_batch();
+		ran = true;
+	}
+	running = thread.running;
+	pthread_mutex_unlock(&deferred_lock);
+	return running || ran;
+}
+
+static void deferred_exit_hook(void)
+{
+	(void)percpuref_deferred_stop();
 }
 
 static void batch_fork_prepare(void)
@@ -306,7 +354,7 @@ static __attribute__((constructor)) void deferred_register(void)
 {
 	percpuref_register_fork_hooks(&batch_hooks);
 	percpuref_register_fork_hooks(&queue_hooks);
-	percpuref_register_exit_hook(PERCPUREF_RANK_DEFERRED_BATCH, percpuref_deferred_stop);
+	percpuref_register_exit_hook(PERCPUREF_RANK_DEFERRED_BATCH, deferred_exit_hook);
 }
 
 unsigned long percpuref_deferred_fences(void)

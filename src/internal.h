@@ -202,8 +202,11 @@ void percpuref_deferred_wake_owed(void);
  * on a library thread or under a batch lock (a callback), -EAGAIN if the
  * thread cannot start. */
 int percpuref_wait_deferred(void);
-/* Drain the queue and stop the thread (shutdown); it restarts on demand. */
-void percpuref_deferred_stop(void);
+/* Shutdown: waits for every item queued before the call, then stops the
+ * thread and, if items were queued meanwhile, starts a new one for them
+ * (threads start on demand), or runs them on the caller's thread if none
+ * can start.  True when a thread runs on return or items ran here. */
+bool percpuref_deferred_stop(void);
 /* Fences the callback thread waited for (one per batch). */
 unsigned long percpuref_deferred_fences(void);
 
@@ -245,13 +248,15 @@ struct percpuref_thread {
 	bool running;
 	bool stopping;
 	bool starting;		/* started; its start-up not yet waited for */
+	bool start_refused;	/* warned; not again until a start succeeds */
 	void *(*fn)(void *);	/* what it runs; NULL: never started */
 	sem_t started;		/* posted once it runs library code */
 };
 
 /*
  * Starts @t, named @name (at most 15 chars), running @fn; false, after a
- * warning naming it, when pthread_create() fails.  The module's lock, the
+ * warning naming it (once until a start succeeds: every push and wait
+ * tries again), when pthread_create() fails.  The module's lock, the
  * one its fork hooks take, held.  Does not wait for the thread's start-up:
  * the module's fork prepare hook does (percpuref_wait_thread_started()).
  */
@@ -278,6 +283,20 @@ void percpuref_wait_thread_started(struct percpuref_thread *t);
  */
 void percpuref_stop_thread(struct percpuref_thread *t, pthread_mutex_t *lock,
 			   pthread_cond_t *wake, pthread_cond_t *exited);
+
+/*
+ * Bounding a shutdown (percpuref_shutdown()) while other threads keep using
+ * the library: it drains until quiet, which such threads may never let it
+ * be.  Every place that queues work for a library thread calls
+ * percpuref_note_work(); a shutdown brackets itself with _begin() (which
+ * returns a mark) and _end(), and stops draining once
+ * percpuref_outside_work_since(mark) says a thread that is neither one of
+ * ours nor in a shutdown queued work meanwhile.  Lock-free, any lock held.
+ */
+unsigned long percpuref_shutdown_begin(void);
+bool percpuref_outside_work_since(unsigned long mark);
+void percpuref_shutdown_end(void);
+void percpuref_note_work(void);
 
 /* Memory for the library's own objects; fails on demand (see below). */
 void *percpuref_zalloc(size_t size);

@@ -214,6 +214,7 @@ void percpuref_managed_push(struct percpuref_mnode *node)
 
 	node->listed_ns = now_ns();
 	node->held_warned = false;
+	percpuref_note_work();
 	do
 		node->next = top;
 	/* Release: the node's next and everything written before the push
@@ -270,6 +271,7 @@ void percpuref_managed_kick(void)
 void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_fn fn)
 {
 	managed_init();
+	percpuref_note_work();
 	pthread_mutex_lock(&managed_lock);
 	d->fn = fn;
 	d->next = NULL;
@@ -573,12 +575,15 @@ static void *reclaimer_main(void *arg)
 	reclaimer_lower_priority();
 	pthread_mutex_lock(&managed_lock);
 	for (;;) {
+		/* Before the RCU queue: while another thread kept queueing
+		 * releases it was never empty, and a stop (shutdown, exit())
+		 * waited for ever.  The stopper runs what is queued (drain()). */
+		if (thread.stopping)
+			break;
 		if (rcu_head) {
 			run_rcu_batch();
 			continue;
 		}
-		if (thread.stopping)
-			break;
 		now = now_ns();
 		if (passes_done >= flush_target) {
 			if (!pass_open && !__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
@@ -703,12 +708,14 @@ static void stop_thread(void)
 
 /*
  * With the thread stopped, be the scanner: finish the open pass and run a
- * whole new one, then the RCU-deferred releases.  True if any work was done
- * (which may have queued more: callbacks can kill refs or make new ones).
+ * whole new one, then the RCU-deferred releases queued until then (one
+ * batch takes them all: other threads may keep queueing).  True if any
+ * work was done (which may have queued more: callbacks can kill refs or
+ * make new ones).
  */
 static bool drain(void)
 {
-	uint64_t target, done_before;
+	uint64_t target, rcu_target, done_before;
 	bool worked;
 
 	pthread_mutex_lock(&managed_lock);
@@ -719,7 +726,8 @@ static bool drain(void)
 		scan_once(true);
 		pthread_mutex_lock(&managed_lock);
 	}
-	while (rcu_head)
+	rcu_target = rcu_queued;
+	while (rcu_done < rcu_target)
 		run_rcu_batch();
 	worked = stats.released + rcu_done != done_before;
 	pthread_mutex_unlock(&managed_lock);
@@ -728,6 +736,7 @@ static bool drain(void)
 
 PERCPUREF_API void percpuref_shutdown(void)
 {
+	unsigned long outside;
 	bool worked;
 	int cancel;
 
@@ -740,19 +749,27 @@ PERCPUREF_API void percpuref_shutdown(void)
 			       "for itself");
 		return;
 	}
-	/* Until quiet: a release may kill other refs (callback thread work),
-	 * whose releases may queue RCU work and restart the reclaimer.  The
-	 * grace periods, joins and callbacks on this thread: see
-	 * percpuref_cancel_disable(). */
+	/* A round in pipeline order: the reclaimer stopped (its last
+	 * releases may kill refs), pending kills and switches (whose releases
+	 * may drop managed refs or queue RCU releases), a pass (whose releases
+	 * may queue RCU releases), the RCU releases; so the first round
+	 * finishes everything pending at the call.  Then
+	 * until quiet: a release may kill or drop other refs.  But not while
+	 * other threads queue work: they may never stop, and each round
+	 * would find more (exit() hung so); what they queue is left to the
+	 * threads, which start again for it.  The grace periods, joins and
+	 * callbacks on this thread: see percpuref_cancel_disable(). */
 	cancel = percpuref_cancel_disable();
+	outside = percpuref_shutdown_begin();
 	do {
 		stop_thread();
-		worked = drain();
-		percpuref_deferred_stop();
+		worked = percpuref_deferred_stop();
+		worked |= drain();
 		pthread_mutex_lock(&managed_lock);
 		worked |= thread.running || rcu_head;
 		pthread_mutex_unlock(&managed_lock);
-	} while (worked);
+	} while (worked && !percpuref_outside_work_since(outside));
+	percpuref_shutdown_end();
 	percpuref_cancel_restore(cancel);
 }
 

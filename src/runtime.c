@@ -115,6 +115,16 @@ static __thread unsigned int batch_ranks_held;
  * callback forks). */
 static __thread unsigned int fork_skipped_ranks;
 __thread bool percpuref_library_thread __attribute__((tls_model("initial-exec")));
+/*
+ * Work queued from outside while a shutdown drains (percpuref_note_work()):
+ * by a thread that is neither one of ours nor in a shutdown itself.  The
+ * callbacks a shutdown waits for run on our threads or on its own, so
+ * what they queue is its own cascade, which it follows to the end; a
+ * release run by a user's last put is that user's work.
+ */
+static unsigned int shutdowns_running;
+static unsigned long outside_work;
+static __thread bool in_shutdown;
 static unsigned long warnings;
 static long fault_countdown;
 /* Test hook: the CPU count source's answer (0: ask the kernel). */
@@ -284,6 +294,9 @@ static void fork_child(void)
 	if (percpuref_rseq_offset && !membarrier_refused && !membarrier_rseq_register())
 		publish_fast_path(0, __ATOMIC_RELAXED);
 	percpuref_rseq_after_fork_child();
+	/* Of the parent's shutdowns, only this thread's (a callback of its
+	 * that forked) goes on here. */
+	shutdowns_running = in_shutdown;
 	/* Only if the parent was set up (units counted): a child forked
 	 * before that sets itself up later, units and all. */
 	if (!percpuref_rseq_offset && percpuref_nr_cpu_units)
@@ -601,12 +614,45 @@ bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), con
 	t->fn = fn;
 	err = pthread_create(&t->id, NULL, library_thread_main, t);
 	if (err) {
-		percpuref_warn(name, "cannot start thread: %s", strerror(err));
+		if (!t->start_refused)
+			percpuref_warn(name, "cannot start thread: %s", strerror(err));
+		t->start_refused = true;
 		return false;
 	}
+	t->start_refused = false;
 	t->starting = true;
 	pthread_setname_np(t->id, name);
 	return true;
+}
+
+unsigned long percpuref_shutdown_begin(void)
+{
+	in_shutdown = true;
+	/* Seq_cst: work queued after this is counted, as far as the relaxed
+	 * read in percpuref_note_work() sees it soon; one counted late only
+	 * costs the shutdown another round. */
+	__atomic_fetch_add(&shutdowns_running, 1, __ATOMIC_SEQ_CST);
+	return __atomic_load_n(&outside_work, __ATOMIC_SEQ_CST);
+}
+
+bool percpuref_outside_work_since(unsigned long mark)
+{
+	/* Relaxed: a count; the shutdown's locks order what it drains. */
+	return __atomic_load_n(&outside_work, __ATOMIC_RELAXED) != mark;
+}
+
+void percpuref_shutdown_end(void)
+{
+	__atomic_fetch_sub(&shutdowns_running, 1, __ATOMIC_SEQ_CST);
+	in_shutdown = false;
+}
+
+void percpuref_note_work(void)
+{
+	/* Relaxed: a hint read on every queueing, written twice per shutdown. */
+	if (__atomic_load_n(&shutdowns_running, __ATOMIC_RELAXED) && !percpuref_library_thread &&
+	    !in_shutdown)
+		__atomic_fetch_add(&outside_work, 1, __ATOMIC_RELAXED);
 }
 
 void percpuref_stop_thread(struct percpuref_thread *t, pthread_mutex_t *lock,

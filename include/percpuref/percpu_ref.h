@@ -208,11 +208,17 @@ PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref);
 PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
 /*
  * percpuref_shutdown - stop the library's threads (reclaimer and callback
- * thread): finish every pending switch, run a last full scan so that every
- * managed ref whose only reference is the manager's is released, run
- * pending RCU-deferred releases, free the reclaimer's own memory.  Managed
- * refs still referenced stay managed; the threads start again on demand.
- * Also runs at process exit.  Not from a callback (warned, does nothing).
+ * thread) once the work pending at the call is done: every pending switch
+ * and the release it leads to (RCU-deferred ones included), a last full
+ * scan that releases every managed ref whose only reference is the
+ * manager's, every pending RCU-deferred release; free the reclaimer's own
+ * memory.  Then the same again for what callbacks queued meanwhile (a
+ * release that kills or drops other refs), until nothing is left; but if
+ * another thread queued work meanwhile, it returns after the round in
+ * which it saw that (such a thread may never stop), leaving what is still
+ * queued to the threads, which start again for it.  Managed refs still
+ * referenced stay managed; the threads start again on demand.  Also runs
+ * at process exit.  Not from a callback (warned, does nothing).
  */
 PERCPUREF_API void percpuref_shutdown(void);
 

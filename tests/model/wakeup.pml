@@ -18,17 +18,30 @@
  * deferred.c does; managed.c signals before it, which wakes a thread that
  * is certainly waiting too.
  *
- * Modelled: PUSHERS threads each push ITEMS items; the thread takes the
- * whole list at a time (with the mutex dropped, as both do while they run
- * a batch or a scan).  The condition variable has no spurious wake-ups:
- * those would only hide a lost one.  Each pusher waits until every item has
- * been taken, so a push left unseen leaves the thread asleep and the
- * pushers waiting for ever: an invalid end state.  The thread's sleep is a
- * valid end state once everything is taken.
+ * Stopping (the callback thread's, src/deferred.c): a stopper (shutdown,
+ * exit()) sets stopping, signals and joins the thread.  The thread, seeing
+ * stopping, sets the flag as before sleeping and exits at once, whatever is
+ * queued: waiting for an empty list hung shutdown and exit() while another
+ * thread kept pushing.  A push after the flag owes a wake-up, and its
+ * pusher, finding no thread running, starts one; a push before it may have
+ * found the thread awake and signalled nobody, so the stopper, once the
+ * thread is gone, starts a new thread if the list is not empty.  (The
+ * reclaimer's stopper scans the list itself afterwards: managed.c, drain().)
  *
- * Mutant (-DMUTANT_NO_RECHECK): the thread sleeps without re-reading the
+ * Modelled: PUSHERS threads each push ITEMS items and one stopper stops the
+ * thread once, at any point; the thread takes the whole list at a time
+ * (with the mutex dropped, as both do while they run a batch or a scan).
+ * A pusher reads "running" and then the flag, as deferred.c does.  The
+ * condition variable has no spurious wake-ups: those would only hide a
+ * lost one.  Each pusher waits until every item has been taken, so a push
+ * left unseen leaves the pushers waiting for ever: an invalid end state.
+ * The thread's sleep is a valid end state once everything is taken.
+ *
+ * Mutants: -DMUTANT_NO_RECHECK: the thread sleeps without re-reading the
  * list after setting the flag.  A push between its first read and the flag
  * finds the flag clear and signals nobody: SPIN finds the pushers stuck.
+ * -DMUTANT_NO_RESTART: the stopper does not look at the list after the
+ * join; a last push that found the stopping thread awake is stranded.
  */
 
 #define PUSHERS	2
@@ -39,6 +52,9 @@ byte taken;		/* items the thread took */
 bit flag;		/* kick_needed / thread_sleeping */
 bit locked;		/* the thread's mutex */
 bit waiting;		/* the thread is blocked in cond_wait */
+bit running = 1;	/* a thread runs (thread.running) */
+bit stopping;		/* thread.stopping */
+byte exits;		/* threads ended: what a join waits for */
 
 inline lock()
 {
@@ -50,16 +66,42 @@ inline unlock()
 	locked = 0
 }
 
+/* The mutex held (ensure_thread()). */
+inline ensure_thread()
+{
+	if
+	:: !running ->
+		running = 1;
+		stopping = 0;
+		flag = 0;
+		run library_thread()
+	:: else -> skip
+	fi
+}
+
 active proctype library_thread()
 {
 	lock();
 	do
-	:: list > 0 ->
+	:: stopping ->
+		/* As before sleeping (the flag taken back if the list is not
+		 * empty), then exit: the mutex is held until running is
+		 * clear; a join returns once the thread has ended. */
+		flag = 1;
+		if
+		:: list > 0 -> flag = 0
+		:: else -> skip
+		fi;
+		running = 0;
+		unlock();
+		exits++;
+		break
+	:: !stopping && list > 0 ->
 		/* A batch or a scan: the mutex dropped meanwhile. */
 		unlock();
 		atomic { taken = taken + list; list = 0 };
 		lock()
-	:: list == 0 ->
+	:: !stopping && list == 0 ->
 		flag = 1;
 #ifndef MUTANT_NO_RECHECK
 		if
@@ -80,12 +122,23 @@ end_asleep:		!waiting;
 active [PUSHERS] proctype pusher()
 {
 	byte i;
+	bit owed;
 
 	for (i : 1 .. ITEMS) {
 		atomic { list++ };
+		/* deferred.c: !thread.running || thread_sleeping. */
 		if
-		:: flag ->
+		:: !running -> owed = 1
+		:: else ->
+			if
+			:: flag -> owed = 1
+			:: else -> owed = 0
+			fi
+		fi;
+		if
+		:: owed ->
 			lock();
+			ensure_thread();
 			unlock();
 			waiting = 0	/* cond_signal */
 		:: else -> skip
@@ -93,4 +146,29 @@ active [PUSHERS] proctype pusher()
 	}
 	/* Every item must be taken: a lost wake-up blocks here. */
 	taken == PUSHERS * ITEMS
+}
+
+/* percpuref_stop_thread(), then percpuref_deferred_stop()'s look. */
+active proctype stopper()
+{
+	byte seen;
+
+	lock();
+	if
+	:: running && !stopping ->
+		stopping = 1;
+		seen = exits;
+		waiting = 0;	/* cond_signal */
+		unlock();
+		exits > seen	/* pthread_join */
+	:: else -> unlock()
+	fi;
+	lock();
+#ifndef MUTANT_NO_RESTART
+	if
+	:: list > 0 -> ensure_thread()
+	:: else -> skip
+	fi;
+#endif
+	unlock()
 }

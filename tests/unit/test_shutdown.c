@@ -7,18 +7,32 @@
  * managed ref dropped by its creator, a killed ref), then two threads call
  * shutdown together; every ref must be released and every call return.
  * Under a deadline: a hang fails the test instead of stalling the suite.
+ *
+ * Then shutdown and exit() while another thread keeps queueing work: each
+ * used to drain until no work was left, which never happened while that
+ * thread ran, so both hung for ever.  A child per kind of work (a managed
+ * ref dropped by its creator, a kill, a kill of a percpu_rcuref) starts a
+ * thread that makes and drops such refs in a loop, drops one more itself,
+ * calls percpuref_shutdown(), checks that this one was released, and calls
+ * exit(); a child that has not exited by its deadline fails.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
+#include "child.h"
 #include "percpuref/managed.h"
+#include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
 #include "tap.h"
 
 #define ROUNDS 300
 #define DEADLINE_S 120
+/* Per child: its shutdown and exit take well under a second when they return. */
+#define CHILD_DEADLINE_S 20
+#define CHILD_NOT_RELEASED 2
 
 static pthread_barrier_t round_start, round_end;
 static long made, released;	/* atomic */
@@ -64,10 +78,123 @@ static void *shut_down(void *starter)
 	return NULL;
 }
 
-int main(void)
+static const char *const busy_kinds[] = { "managed", "kill", "rcuref" };
+static const char *busy_kind;
+/* The ref dropped just before the shutdown; set once it was released (a
+ * busy ref gets its address only after that ref was freed). */
+static void *watched;
+static bool watched_released;	/* atomic */
+
+static void note_release(void *ref)
+{
+	if (ref == __atomic_load_n(&watched, __ATOMIC_SEQ_CST))
+		__atomic_store_n(&watched_released, true, __ATOMIC_SEQ_CST);
+}
+
+static void busy_free_ref(struct percpu_ref *ref)
+{
+	percpu_ref_exit(ref);
+	note_release(ref);
+	free(ref);
+}
+
+static void busy_free_rcuref(struct percpu_rcuref *ref)
+{
+	percpu_rcuref_exit(ref);
+	note_release(ref);
+	free(ref);
+}
+
+/* One ref of busy_kind, whose last reference is gone when this returns;
+ * the watched one if @watch. */
+static void drop_one(bool watch)
+{
+	if (!strcmp(busy_kind, "rcuref")) {
+		struct percpu_rcuref *ref = malloc(sizeof(*ref));
+
+		if (!ref || percpu_rcuref_init(ref, NULL, busy_free_rcuref, 0))
+			abort();
+		if (watch)
+			__atomic_store_n(&watched, ref, __ATOMIC_SEQ_CST);
+		percpu_rcuref_kill(ref);
+		return;
+	}
+	struct percpu_ref *ref = malloc(sizeof(*ref));
+	bool managed = !strcmp(busy_kind, "managed");
+
+	if (!ref || percpu_ref_init(ref, busy_free_ref, managed ? PERCPU_REF_REL_MANAGED : 0))
+		abort();
+	if (watch)
+		__atomic_store_n(&watched, ref, __ATOMIC_SEQ_CST);
+	if (managed)
+		percpu_ref_put(ref);
+	else
+		percpu_ref_kill(ref);
+}
+
+static void *keep_dropping(void *arg)
+{
+	(void)arg;
+	for (;;)
+		drop_one(false);
+	return NULL;
+}
+
+static struct percpu_ref slow_kill;
+static struct percpu_rcuref slow_rcu;
+
+static void slow_ref_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	usleep(20000);
+}
+
+static void slow_rcuref_release(struct percpu_rcuref *ref)
+{
+	(void)ref;
+	usleep(50000);
+}
+
+static int busy_child(const char *kind)
+{
+	struct percpu_ref_managed_config config;
+	pthread_t busy;
+
+	alarm(CHILD_DEADLINE_S);
+	busy_kind = kind;
+	/* Back-to-back scans: the reclaimer is always busy too. */
+	percpu_ref_managed_get_config(&config);
+	config.interval_ms = 0;
+	percpu_ref_managed_set_config(&config);
+	if (pthread_create(&busy, NULL, keep_dropping, NULL))
+		return 1;
+	usleep(50000);
+	/* Pending at the call: released by it, whatever the busy thread does;
+	 * behind a slow kill, so that a kill's switch is still queued at the
+	 * call, and for a percpu_rcuref behind a slow RCU release too: its
+	 * RCU release is queued only once the switch is done (a round that
+	 * ran the RCU releases before the switches left it to a thread). */
+	if (percpu_ref_init(&slow_kill, slow_ref_release, 0) ||
+	    percpu_rcuref_init(&slow_rcu, NULL, slow_rcuref_release, 0))
+		return 1;
+	percpu_ref_kill(&slow_kill);
+	if (!strcmp(kind, "rcuref"))
+		percpu_rcuref_kill(&slow_rcu);
+	drop_one(true);
+	percpuref_shutdown();
+	if (!__atomic_load_n(&watched_released, __ATOMIC_SEQ_CST))
+		return CHILD_NOT_RELEASED;
+	/* The exit hooks run percpuref_shutdown() again. */
+	exit(0);
+}
+
+int main(int argc, char **argv)
 {
 	pthread_t a, b;
+	size_t i;
 
+	if (argc > 1)
+		return busy_child(argv[1]);
 	alarm(DEADLINE_S);
 	pthread_barrier_init(&round_start, NULL, 2);
 	pthread_barrier_init(&round_end, NULL, 2);
@@ -79,5 +206,8 @@ int main(void)
 	/* Every ref unreferenced before a shutdown is released by it. */
 	is(__atomic_load_n(&released, __ATOMIC_SEQ_CST), __atomic_load_n(&made, __ATOMIC_SEQ_CST),
 	   "every ref released");
+	for (i = 0; i < sizeof(busy_kinds) / sizeof(busy_kinds[0]); i++)
+		is(run_mode(busy_kinds[i]), 0, "shutdown and exit return while another thread "
+		   "keeps dropping %s refs", busy_kinds[i]);
 	return done_testing();
 }

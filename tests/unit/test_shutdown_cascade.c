@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What percpuref_shutdown() finishes in a program with no other thread:
+ * everything pending at the call and everything its callbacks queue, to
+ * the end, also when the library cannot start a thread.
+ *
+ *  - A kill whose release drops the last user reference of a managed ref:
+ *    the release ran after the shutdown's pass, which nothing repeated, so
+ *    the managed ref outlived the shutdown.
+ *  - A managed ref whose release, run by the reclaimer while the shutdown
+ *    starts, kills another ref: the kill came after the shutdown had
+ *    finished the pending kills (a round that did those before stopping
+ *    the reclaimer).
+ *  - A chain of refs whose kills each kill the next, with thread
+ *    creation failing (pthread_create wrapped: the linker's --wrap) once
+ *    the callback thread runs: a stopped callback thread leaves what was
+ *    queued after the stop to a new one, which cannot start; the shutdown
+ *    must run the rest itself, and the refusal is warned once, not at
+ *    every try.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "percpuref/managed.h"
+#include "percpuref/percpu_ref.h"
+#include "tap.h"
+
+#define CHAIN 20
+
+static bool refuse_threads;	/* atomic */
+
+int __real_pthread_create(pthread_t *thread, const pthread_attr_t *attr,
+			  void *(*fn)(void *), void *arg);
+int __wrap_pthread_create(pthread_t *thread, const pthread_attr_t *attr,
+			  void *(*fn)(void *), void *arg)
+{
+	if (__atomic_load_n(&refuse_threads, __ATOMIC_SEQ_CST))
+		return EAGAIN;
+	return __real_pthread_create(thread, attr, fn, arg);
+}
+
+static struct percpu_ref managed, killer;
+static bool managed_released;
+
+static void managed_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	managed_released = true;
+}
+
+static void killer_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	/* Slow: the shutdown's pass is under way by now. */
+	usleep(20000);
+	percpu_ref_put(&managed);	/* the manager's is the only one left */
+}
+
+static struct percpu_ref reclaimed, cascaded;
+static bool reclaim_started, cascaded_released;	/* atomic */
+
+static void cascaded_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	usleep(20000);
+	__atomic_store_n(&cascaded_released, true, __ATOMIC_SEQ_CST);
+}
+
+static void reclaimed_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_store_n(&reclaim_started, true, __ATOMIC_SEQ_CST);
+	usleep(20000);	/* the shutdown is stopping the reclaimer meanwhile */
+	percpu_ref_kill(&cascaded);
+}
+
+static struct percpu_ref chain[CHAIN];
+static int chain_released;	/* atomic */
+static bool chain_go;		/* atomic: the shutdown is about to start */
+
+static void chain_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_fetch_add(&chain_released, 1, __ATOMIC_SEQ_CST);
+}
+
+/*
+ * The next kill from the confirmation, which always runs where the batch
+ * runs (a release may run on the killer's thread, in its put).  The chain
+ * starts with the shutdown and is slow enough to outlast the first batch,
+ * all that the shutdown waits for before it stops the thread.
+ */
+static void chain_confirm(struct percpu_ref *ref)
+{
+	long i = ref - chain;
+
+	while (!__atomic_load_n(&chain_go, __ATOMIC_SEQ_CST))
+		usleep(100);
+	usleep(2000);
+	if (i + 1 < CHAIN)
+		percpu_ref_kill_and_confirm(&chain[i + 1], chain_confirm);
+}
+
+int main(void)
+{
+	struct percpu_ref_managed_config config;
+	unsigned long warnings;
+	int i;
+
+	if (!ok(!percpu_ref_init(&managed, managed_release, PERCPU_REF_REL_MANAGED) &&
+		!percpu_ref_init(&killer, killer_release, 0), "refs initialised"))
+		return done_testing();
+	percpu_ref_kill(&killer);
+	percpuref_shutdown();
+	ok(managed_released, "a managed ref dropped by a kill's release is released by shutdown");
+	percpu_ref_exit(&managed);
+	percpu_ref_exit(&killer);
+
+	/* Scans every millisecond: the reclaimer releases it soon. */
+	percpu_ref_managed_get_config(&config);
+	config.interval_ms = 1;
+	percpu_ref_managed_set_config(&config);
+	if (!ok(!percpu_ref_init(&reclaimed, reclaimed_release, PERCPU_REF_REL_MANAGED) &&
+		!percpu_ref_init(&cascaded, cascaded_release, 0), "refs initialised"))
+		return done_testing();
+	percpu_ref_put(&reclaimed);
+	while (!__atomic_load_n(&reclaim_started, __ATOMIC_SEQ_CST))
+		usleep(100);
+	percpuref_shutdown();
+	ok(__atomic_load_n(&cascaded_released, __ATOMIC_SEQ_CST),
+	   "a ref killed by a release the reclaimer was running is released by shutdown");
+	percpu_ref_exit(&reclaimed);
+	percpu_ref_exit(&cascaded);
+
+	for (i = 0; i < CHAIN && !percpu_ref_init(&chain[i], chain_release, 0); i++)
+		;
+	if (!ok(i == CHAIN, "chain initialised"))
+		return done_testing();
+	percpu_ref_kill_and_confirm(&chain[0], chain_confirm);
+	__atomic_store_n(&refuse_threads, true, __ATOMIC_SEQ_CST);
+	warnings = percpuref_warning_count();
+	__atomic_store_n(&chain_go, true, __ATOMIC_SEQ_CST);
+	percpuref_shutdown();
+	is(__atomic_load_n(&chain_released, __ATOMIC_SEQ_CST), CHAIN,
+	   "with no thread to start, shutdown finishes a chain of kills itself");
+	/* Every kill and every round tries to start one again. */
+	is(percpuref_warning_count() - warnings, 1, "the refused start warned once");
+	__atomic_store_n(&refuse_threads, false, __ATOMIC_SEQ_CST);
+	for (i = 0; i < CHAIN; i++)
+		percpu_ref_exit(&chain[i]);
+	return done_testing();
+}
