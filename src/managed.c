@@ -753,12 +753,12 @@ PERCPUREF_API void percpuref_shutdown(void)
 	 * releases may kill refs), pending kills and switches (whose releases
 	 * may drop managed refs or queue RCU releases), a pass (whose releases
 	 * may queue RCU releases), the RCU releases; so the first round
-	 * finishes everything pending at the call.  Then
-	 * until quiet: a release may kill or drop other refs.  But not while
-	 * other threads queue work: they may never stop, and each round
-	 * would find more (exit() hung so); what they queue is left to the
-	 * threads, which start again for it.  The grace periods, joins and
-	 * callbacks on this thread: see percpuref_cancel_disable(). */
+	 * finishes everything pending at the call.  Then until quiet: a
+	 * release may kill or drop other refs.  But not while other threads
+	 * queue work: they may never stop, and each round would find more
+	 * (exit() hung so); what they queue is left to the threads, which
+	 * start again for it.  The grace periods, joins and callbacks on this
+	 * thread: see percpuref_cancel_disable(). */
 	cancel = percpuref_cancel_disable();
 	outside = percpuref_shutdown_begin();
 	do {

@@ -37,11 +37,24 @@
 static pthread_barrier_t round_start, round_end;
 static long made, released;	/* atomic */
 
+/* The ref a busy child drops just before its shutdown (below); set once
+ * it was released (a busy ref gets its address only after that ref was
+ * freed). */
+static void *watched;
+static bool watched_released;	/* atomic */
+
+static void note_release(void *ref)
+{
+	if (ref == __atomic_load_n(&watched, __ATOMIC_SEQ_CST))
+		__atomic_store_n(&watched_released, true, __ATOMIC_SEQ_CST);
+	__atomic_fetch_add(&released, 1, __ATOMIC_SEQ_CST);
+}
+
 static void free_ref(struct percpu_ref *ref)
 {
 	percpu_ref_exit(ref);
+	note_release(ref);
 	free(ref);
-	__atomic_fetch_add(&released, 1, __ATOMIC_SEQ_CST);
 }
 
 /* A managed ref the reclaimer releases, a killed one the callback thread
@@ -80,25 +93,8 @@ static void *shut_down(void *starter)
 
 static const char *const busy_kinds[] = { "managed", "kill", "rcuref" };
 static const char *busy_kind;
-/* The ref dropped just before the shutdown; set once it was released (a
- * busy ref gets its address only after that ref was freed). */
-static void *watched;
-static bool watched_released;	/* atomic */
 
-static void note_release(void *ref)
-{
-	if (ref == __atomic_load_n(&watched, __ATOMIC_SEQ_CST))
-		__atomic_store_n(&watched_released, true, __ATOMIC_SEQ_CST);
-}
-
-static void busy_free_ref(struct percpu_ref *ref)
-{
-	percpu_ref_exit(ref);
-	note_release(ref);
-	free(ref);
-}
-
-static void busy_free_rcuref(struct percpu_rcuref *ref)
+static void free_rcuref(struct percpu_rcuref *ref)
 {
 	percpu_rcuref_exit(ref);
 	note_release(ref);
@@ -112,7 +108,7 @@ static void drop_one(bool watch)
 	if (!strcmp(busy_kind, "rcuref")) {
 		struct percpu_rcuref *ref = malloc(sizeof(*ref));
 
-		if (!ref || percpu_rcuref_init(ref, NULL, busy_free_rcuref, 0))
+		if (!ref || percpu_rcuref_init(ref, NULL, free_rcuref, 0))
 			abort();
 		if (watch)
 			__atomic_store_n(&watched, ref, __ATOMIC_SEQ_CST);
@@ -122,7 +118,7 @@ static void drop_one(bool watch)
 	struct percpu_ref *ref = malloc(sizeof(*ref));
 	bool managed = !strcmp(busy_kind, "managed");
 
-	if (!ref || percpu_ref_init(ref, busy_free_ref, managed ? PERCPU_REF_REL_MANAGED : 0))
+	if (!ref || percpu_ref_init(ref, free_ref, managed ? PERCPU_REF_REL_MANAGED : 0))
 		abort();
 	if (watch)
 		__atomic_store_n(&watched, ref, __ATOMIC_SEQ_CST);
