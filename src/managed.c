@@ -284,16 +284,26 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 	pthread_mutex_unlock(&managed_lock);
 }
 
+int percpuref_managed_may_wait(const char *fn)
+{
+	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
+		percpuref_warn(fn, "called from a callback; would wait for itself");
+		return -EDEADLK;
+	}
+	/* The reclaimer's grace periods would wait for the caller's section. */
+	if (urcu_bp_read_ongoing()) {
+		percpuref_warn(fn, "called inside an RCU read-side section; would wait for "
+			       "itself");
+		return -EDEADLK;
+	}
+	return 0;
+}
+
 int percpuref_wait_rcu(void)
 {
 	uint64_t target;
 	int ret = 0, cancel;
 
-	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
-		percpuref_warn("percpu_rcuref_barrier", "called from a callback; would wait "
-			       "for itself");
-		return -EDEADLK;
-	}
 	cancel = percpuref_cancel_disable();
 	pthread_mutex_lock(&managed_lock);
 	target = rcu_queued;
@@ -671,12 +681,10 @@ PERCPUREF_API void percpu_ref_managed_get_stats(struct percpu_ref_managed_stats 
 PERCPUREF_API int percpu_ref_managed_flush(void)
 {
 	uint64_t target;
-	int ret = 0, cancel;
+	int ret = percpuref_managed_may_wait(__func__), cancel;
 
-	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
-		percpuref_warn(__func__, "called from a callback; would wait for itself");
-		return -EDEADLK;
-	}
+	if (ret)
+		return ret;
 	managed_init();
 	cancel = percpuref_cancel_disable();
 	pthread_mutex_lock(&managed_lock);
@@ -740,15 +748,8 @@ PERCPUREF_API void percpuref_shutdown(void)
 	bool worked;
 	int cancel;
 
-	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
-		percpuref_warn(__func__, "called from a callback; would wait for itself");
+	if (percpuref_managed_may_wait(__func__))
 		return;
-	}
-	if (urcu_bp_read_ongoing()) {
-		percpuref_warn(__func__, "called inside an RCU read-side section; would wait "
-			       "for itself");
-		return;
-	}
 	/* A round in pipeline order: the reclaimer stopped (its last
 	 * releases may kill refs), pending kills and switches (whose releases
 	 * may drop managed refs or queue RCU releases), a pass (whose releases

@@ -44,8 +44,12 @@ void percpuref_managed_kick(void);
  * started after this call (percpu_rcuref's deferred release).
  */
 void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_fn fn);
-/* Wait for every item queued before the call: 0, or -EDEADLK (warned) from
- * a callback, -EAGAIN if it cannot start. */
+/* 0 if the caller may wait for the reclaimer; -EDEADLK, warned as @fn,
+ * from a callback or inside an RCU read-side section (it would wait for
+ * itself). */
+int percpuref_managed_may_wait(const char *fn);
+/* Wait for every item queued before the call: 0, or -EAGAIN if the thread
+ * cannot start.  The caller checked percpuref_managed_may_wait(). */
 int percpuref_wait_rcu(void);
 /* TSAN only: read-side unlocks release here, grace periods acquire. */
 extern char percpuref_rcu_tsan_sync;
@@ -83,5 +87,9 @@ struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node);
 /* Calls @release of a node that percpuref_managed_finish() released and
  * that is unlinked; takes the switch lock itself afterwards. */
 void percpuref_managed_release(struct percpuref_mnode *node);
+
+/* percpu_ref.c: percpu_ref_exit(); false when it refused the exit (warned:
+ * the ref's own confirm, or its switch in flight), the ref left whole. */
+bool percpuref_ref_exit(struct percpu_ref *ref);
 
 #endif

@@ -19,6 +19,25 @@
  *    earliest in @release, after a grace period that started after
  *    @unpublish: any reader that could still see the pointer was in a
  *    read-side section that began before that, and has ended.
+ * Exit between zero and @release (the allowed cases in percpu_rcuref.h:
+ * its own @unpublish, the reclaimer's callbacks, a read-side section that
+ * keeps the grace period open): the state belongs to whoever holds the
+ * ref's place in the release pipeline, so an exit then only marks it.
+ * @phase, changed with atomic RMWs after zero() set it, says where the ref
+ * is: 0 (live, or in @release), ZEROING (zero() runs @unpublish), QUEUED
+ * (waiting for its grace period), plus EXITED.  zero() moves ZEROING ->
+ * QUEUED with a CAS that fails if an exit came, and then frees the state
+ * instead of queueing it; after_grace_period() swaps in 0 and frees it
+ * instead of calling @release if an exit came; percpu_rcuref_exit() frees
+ * it only when its fetch_or saw neither ZEROING nor QUEUED.  Each exit
+ * takes ref->state with an exchange, so of two exits only one gets it; of
+ * an exit and the pipeline, one RMW on each side decides, so exactly one
+ * frees the state.  What this cannot cover, and the header forbids: an exit
+ * from another thread before zero() set ZEROING (the put reaching zero
+ * there, or the reclaimer about to release a managed ref), or once
+ * after_grace_period() swapped in 0 (@release may already run, and may
+ * free the object).
+ *
  * The grace period runs on the reclaimer thread, not with liburcu's
  * call_rcu, so that the hand-off is a mutex ThreadSanitizer can see; the
  * grace period itself it cannot see, so read_unlock releases on
@@ -33,10 +52,17 @@
 #include "managed.h"
 #include "percpuref/percpu_rcuref.h"
 
+enum {
+	RCUREF_ZEROING = 1,	/* zero() is running @unpublish */
+	RCUREF_QUEUED = 2,	/* on the RCU queue, waiting for a grace period */
+	RCUREF_EXITED = 4,	/* exited meanwhile: the pipeline frees the state */
+};
+
 struct percpu_rcuref_state {
 	percpu_rcuref_func_t *unpublish;
 	percpu_rcuref_func_t *release;
 	struct percpu_rcuref *owner;
+	unsigned int phase;			/* RCUREF_*; atomic RMWs only */
 	struct percpuref_deferred rcu_work;	/* queued at zero */
 };
 
@@ -44,18 +70,40 @@ static void after_grace_period(struct percpuref_deferred *work)
 {
 	struct percpu_rcuref_state *st =
 		caa_container_of(work, struct percpu_rcuref_state, rcu_work);
+	percpu_rcuref_func_t *release = st->release;
+	struct percpu_rcuref *owner = st->owner;
 
-	/* @release may exit the ref, which frees st: nothing after. */
-	st->release(st->owner);
+	/* Acq_rel, against percpu_rcuref_exit()'s fetch_or: whichever comes
+	 * second frees st, after the other's last use of it.  From here on an
+	 * exit frees st at once (from @release, or racing it). */
+	if (__atomic_exchange_n(&st->phase, 0, __ATOMIC_ACQ_REL) & RCUREF_EXITED) {
+		free(st);
+		return;
+	}
+	release(owner);
 }
 
 static void zero(struct percpu_ref *ref)
 {
 	struct percpu_rcuref *r = caa_container_of(ref, struct percpu_rcuref, ref);
-	struct percpu_rcuref_state *st = r->state;
+	/* Relaxed: init and exit, its only writers, happen before zero. */
+	struct percpu_rcuref_state *st = __atomic_load_n(&r->state, __ATOMIC_RELAXED);
+	unsigned int zeroing = RCUREF_ZEROING;
 
+	/* Relaxed: an exit allowed to meet ZEROING runs after this on this
+	 * thread (from @unpublish), or after @unpublish returned, ordered by
+	 * whatever told its caller so (the CAS below then sees EXITED). */
+	__atomic_store_n(&st->phase, RCUREF_ZEROING, __ATOMIC_RELAXED);
 	if (st->unpublish)
 		st->unpublish(r);
+	/* Acq_rel, against percpu_rcuref_exit()'s fetch_or: an exit during
+	 * @unpublish (its own, or another thread's) makes the CAS fail, and
+	 * the state is ours to free; after it, exits leave it to the queue. */
+	if (!__atomic_compare_exchange_n(&st->phase, &zeroing, RCUREF_QUEUED, false,
+					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		free(st);
+		return;
+	}
 	/* The queue's mutex orders @unpublish before the grace period. */
 	percpuref_call_after_rcu(&st->rcu_work, after_grace_period);
 }
@@ -94,11 +142,18 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
 
 PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref)
 {
-	if (!ref)
-		return;
-	percpu_ref_exit(&ref->ref);
-	free(ref->state);
-	ref->state = NULL;
+	struct percpu_rcuref_state *st;
+
+	if (!ref || !percpuref_ref_exit(&ref->ref))
+		return;	/* refused (warned): the ref keeps its state */
+	/* Acq_rel: of two exits (from @release and another thread) one
+	 * gets the state. */
+	st = __atomic_exchange_n(&ref->state, NULL, __ATOMIC_ACQ_REL);
+	/* Acq_rel: pairs with zero()'s CAS and after_grace_period()'s
+	 * exchange; in ZEROING or QUEUED the one that sees EXITED frees st. */
+	if (st && !(__atomic_fetch_or(&st->phase, RCUREF_EXITED, __ATOMIC_ACQ_REL) &
+		    (RCUREF_ZEROING | RCUREF_QUEUED)))
+		free(st);
 }
 
 PERCPUREF_API void percpu_rcuref_kill(struct percpu_rcuref *ref)
@@ -130,7 +185,9 @@ PERCPUREF_API void percpu_rcuref_read_unlock(void)
 
 PERCPUREF_API int percpu_rcuref_barrier(void)
 {
-	int ret = percpu_ref_barrier();	/* kills still switching */
+	int ret = percpuref_managed_may_wait(__func__);
 
+	if (!ret)
+		ret = percpu_ref_barrier();	/* kills still switching */
 	return ret ? ret : percpuref_wait_rcu();
 }

@@ -399,25 +399,25 @@ static bool wait_switch_done(struct percpu_ref *ref)
 	return done;
 }
 
-PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
+bool percpuref_ref_exit(struct percpu_ref *ref)
 {
 	struct percpu_ref_data *data;
 	uintptr_t cpu0;
 
 	if (!ref)
-		return;
+		return true;
 	pthread_mutex_lock(switch_lock_of(ref));
 	data = ref->data;
 	if (!data) {	/* never initialised successfully, or exited */
 		pthread_mutex_unlock(switch_lock_of(ref));
-		return;
+		return true;
 	}
 	/* Its own confirm: the switch, or the kill's put, still uses it. */
 	if (finishing_switch_of == ref || confirming_kill_of(ref) || !wait_switch_done(ref)) {
-		percpuref_warn(__func__, "ref %p exited from its confirm callback or while its "
-			       "switch is in flight; ignored", (void *)ref);
+		percpuref_warn("percpu_ref_exit", "ref %p exited from its confirm callback or while "
+			       "its switch is in flight; ignored", (void *)ref);
 		pthread_mutex_unlock(switch_lock_of(ref));
-		return;
+		return false;
 	}
 	cpu0 = counter_of(ref);
 	if (cpu0)
@@ -434,6 +434,12 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 	pthread_mutex_unlock(switch_lock_of(ref));
 	if (data)
 		free(impl_of(data));
+	return true;
+}
+
+PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
+{
+	percpuref_ref_exit(ref);
 }
 
 /*

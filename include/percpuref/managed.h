@@ -63,7 +63,8 @@ PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_
  * @release has returned; for a percpu_rcuref, its RCU-deferred release).
  * Scans back to back, ignoring the interval, until a whole pass over the
  * list that started after the call has finished.  0; -EDEADLK (warned) from
- * a callback run by the reclaimer; -EAGAIN if the thread cannot start.
+ * a callback run by a library thread or inside an RCU read-side section (it
+ * would wait for itself); -EAGAIN if the thread cannot start.
  */
 PERCPUREF_API int percpu_ref_managed_flush(void);
 

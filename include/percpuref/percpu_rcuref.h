@@ -52,10 +52,21 @@ struct percpu_rcuref {
  */
 PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_func_t *unpublish,
 				     percpu_rcuref_func_t *release, unsigned int flags);
-/* percpu_rcuref_exit - free what init allocated; from @release, or for a
- * ref whose count never reached zero.  Likewise percpu_ref_reinit() of
+/*
+ * percpu_rcuref_exit - free what init allocated: for a ref whose count never
+ * reached zero, or from @release or after it.  Between zero and @release,
+ * only where no @release can be running: from the ref's own @unpublish,
+ * from any callback the reclaimer runs (every @release, a managed ref's
+ * @unpublish: docs/managed.md), or inside a read-side section that began
+ * before the ref's @unpublish returned (its grace period cannot end yet);
+ * the exit then stops the release: @release never runs.  Elsewhere, call
+ * percpu_rcuref_barrier() first.  A managed ref held only by the manager
+ * may be under release at any time: exit it from another thread only while
+ * holding a reference.  An exit the library refuses (from the ref's own
+ * kill confirm: warned) leaves the ref whole.  percpu_ref_reinit() of
  * &ref->ref: only from @release or after it, never between zero and
- * @release (the object is queued for its grace period then). */
+ * @release.
+ */
 PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref);
 /* Drop the initial reference (unmanaged refs); see percpu_ref_kill(). */
 PERCPUREF_API void percpu_rcuref_kill(struct percpu_rcuref *ref);
@@ -66,9 +77,11 @@ PERCPUREF_API int percpu_rcuref_switch_to_unmanaged(struct percpu_rcuref *ref);
 PERCPUREF_API void percpu_rcuref_read_lock(void);
 PERCPUREF_API void percpu_rcuref_read_unlock(void);
 /*
- * percpu_rcuref_barrier - wait until every release whose count reached zero
- * before the call has run (including kills still switching).  0, or
- * -EDEADLK (warned) from a callback.  Not inside a read-side section.
+ * percpu_rcuref_barrier - wait until the release of every ref whose
+ * @unpublish returned before the call has run, and of every kill still
+ * switching; a put still in @unpublish on another thread is not waited for.
+ * 0, or -EDEADLK (warned) from a callback or inside a read-side section (it
+ * would wait for itself).
  */
 PERCPUREF_API int percpu_rcuref_barrier(void);
 

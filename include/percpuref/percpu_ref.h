@@ -194,7 +194,10 @@ PERCPUREF_API int percpu_ref_barrier(void);
  * fails); reinit or resurrect gives the caller a new initial reference and
  * the manager its own again (count 2), back under management.  exit of a
  * managed ref, released or not, is allowed: the ref is never checked again
- * (the reclaimer frees the list node later); @release does not run.  A put
+ * (the reclaimer frees the list node later); @release does not run.  From
+ * another thread than the reclaimer, exit a ref held by the manager alone
+ * only while holding a reference, or after its @release ran: otherwise
+ * the reclaimer may be running @release already.  A put
  * that drops the manager's reference (more puts than gets) is misuse:
  * warned once, count pinned, never released.
  */

@@ -2,7 +2,9 @@
 /*
  * Unit tests of <percpuref/percpu_rcuref.h>: @unpublish at zero, @release
  * only after every read-side section that began before it has ended,
- * tryget failing from zero on, managed mode, and misuse of init.
+ * tryget failing from zero on, managed mode, exit at every point between
+ * zero and @release (from callbacks and from the caller), reinit from
+ * @release, and misuse of init, exit and the barrier.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -147,10 +149,195 @@ static void test_init_errors(void)
 	percpu_rcuref_exit(&o.ref);
 }
 
+/*
+ * Exits between zero and @release.  An exited ref's @release never runs,
+ * and the library frees its state itself once nothing queued uses it: an
+ * exit that freed it at once left @unpublish's caller or the RCU queue on
+ * freed memory (ASan and valgrind see that; a plain build mostly sees the
+ * exited ref released anyway).
+ */
+struct pair {
+	struct object a, b;
+	bool a_exits_b_in_release, exit_self_in_unpublish;
+	struct object *first_unpublished, *second_unpublished;	/* reclaimer only */
+};
+static struct pair *scan_pair;
+
+static void sibling_unpublish(struct percpu_rcuref *ref)
+{
+	struct object *o = caa_container_of(ref, struct object, ref);
+
+	obj_unpublish(ref);
+	if (!scan_pair->first_unpublished) {
+		scan_pair->first_unpublished = o;
+	} else {
+		scan_pair->second_unpublished = o;
+		percpu_rcuref_exit(&scan_pair->first_unpublished->ref);
+	}
+}
+
+static struct pair *pair_of_a(struct percpu_rcuref *ref)
+{
+	return caa_container_of(ref, struct pair, a.ref);
+}
+
+static void a_unpublish(struct percpu_rcuref *ref)
+{
+	struct pair *p = pair_of_a(ref);
+
+	obj_unpublish(ref);
+	if (p->exit_self_in_unpublish)
+		percpu_rcuref_exit(ref);
+}
+
+static void a_release(struct percpu_rcuref *ref)
+{
+	struct pair *p = pair_of_a(ref);
+
+	if (p->a_exits_b_in_release)
+		percpu_rcuref_exit(&p->b.ref);
+	obj_release(ref);
+}
+
+static void test_exit_between_zero_and_release(void)
+{
+	struct pair *p = calloc(1, sizeof(*p));
+	pthread_t t;
+
+	/* B queued behind A for the same grace period; A's @release exits B. */
+	p->a_exits_b_in_release = true;
+	percpu_rcuref_init(&p->a.ref, a_unpublish, a_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_rcuref_init(&p->b.ref, obj_unpublish, obj_release, PERCPU_REF_INIT_ATOMIC);
+	reader_state = 0;
+	pthread_create(&t, NULL, reader, NULL);
+	while (!__atomic_load_n(&reader_state, __ATOMIC_SEQ_CST))
+		usleep(1000);
+	percpu_rcuref_kill(&p->a.ref);	/* atomic: zero at once, queued */
+	percpu_rcuref_kill(&p->b.ref);
+	ok(__atomic_load_n(&p->b.unpublished, __ATOMIC_ACQUIRE), "B unpublished, queued behind A");
+	__atomic_store_n(&reader_state, 2, __ATOMIC_SEQ_CST);
+	pthread_join(t, NULL);
+	is(percpu_rcuref_barrier(), 0, "barrier: 0");
+	ok(released(&p->a) == 1 && released(&p->b) == 0,
+	   "A's @release exited B, queued in the same batch: B's @release never ran");
+	percpu_rcuref_exit(&p->a.ref);
+
+	/* The caller exits B inside a read-side section that began before
+	 * B's @unpublish: B's grace period cannot end meanwhile. */
+	memset(p, 0, sizeof(*p));
+	percpu_rcuref_init(&p->b.ref, obj_unpublish, obj_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_rcuref_read_lock();
+	percpu_rcuref_kill(&p->b.ref);
+	percpu_rcuref_exit(&p->b.ref);
+	percpu_rcuref_read_unlock();
+	percpu_rcuref_barrier();
+	is(released(&p->b), 0, "exited while queued, in a read-side section: @release never ran");
+
+	/* @unpublish exits its own ref. */
+	memset(p, 0, sizeof(*p));
+	p->exit_self_in_unpublish = true;
+	percpu_rcuref_init(&p->a.ref, a_unpublish, a_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_rcuref_kill(&p->a.ref);
+	percpu_rcuref_barrier();
+	ok(__atomic_load_n(&p->a.unpublished, __ATOMIC_ACQUIRE) && released(&p->a) == 0,
+	   "@unpublish exited its own ref: @release never ran");
+
+	/* Two managed refs released in one scan: the second @unpublish
+	 * exits the first, already queued for its grace period. */
+	memset(p, 0, sizeof(*p));
+	scan_pair = p;
+	percpu_rcuref_init(&p->a.ref, sibling_unpublish, obj_release, PERCPU_REF_REL_MANAGED);
+	percpu_rcuref_init(&p->b.ref, sibling_unpublish, obj_release, PERCPU_REF_REL_MANAGED);
+	percpu_rcuref_put(&p->a.ref);
+	percpu_rcuref_put(&p->b.ref);
+	is(percpu_ref_managed_flush(), 0, "flush: 0");
+	ok(p->first_unpublished && p->second_unpublished, "both unpublished in one scan");
+	is(released(p->first_unpublished), 0,
+	   "managed, exited from the next @unpublish of its scan: @release never ran");
+	is(released(p->second_unpublished), 1, "the other released");
+	percpu_rcuref_exit(&p->second_unpublished->ref);
+	percpu_rcuref_exit(&p->a.ref);
+	free(p);
+}
+
+/* An exit the library ignores (the kill of that ref is still finishing)
+ * leaves the ref whole: its @release still runs and a later exit frees it. */
+static void exit_from_confirm(struct percpu_ref *ref)
+{
+	percpu_rcuref_exit(caa_container_of(ref, struct percpu_rcuref, ref));
+}
+
+static void test_ignored_exit(void)
+{
+	struct object o = { 0 };
+
+	percpu_rcuref_init(&o.ref, obj_unpublish, obj_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_ref_kill_and_confirm(&o.ref.ref, exit_from_confirm);	/* warned, ignored */
+	percpu_rcuref_barrier();
+	is(released(&o), 1, "exit from its own kill's confirm ignored: released once");
+	ok(o.ref.state != NULL, "and the ref still has its state");
+	percpu_rcuref_exit(&o.ref);
+	ok(o.ref.state == NULL && o.ref.ref.data == NULL, "a later exit frees it");
+}
+
+/* @release may reinit the ref: the next zero goes through it again. */
+static int reinit_times;
+
+static void reinit_release(struct percpu_rcuref *ref)
+{
+	struct object *o = caa_container_of(ref, struct object, ref);
+
+	obj_release(ref);
+	if (reinit_times && reinit_times--) {
+		__atomic_store_n(&o->unpublished, 0, __ATOMIC_RELEASE);
+		percpu_ref_reinit(&ref->ref);
+	}
+}
+
+static void test_reinit_from_release(void)
+{
+	struct object o = { 0 };
+
+	reinit_times = 1;
+	percpu_rcuref_init(&o.ref, obj_unpublish, reinit_release,
+			   PERCPU_REF_INIT_ATOMIC | PERCPU_REF_ALLOW_REINIT);
+	percpu_rcuref_kill(&o.ref);
+	percpu_rcuref_barrier();
+	is(released(&o), 1, "released");
+	ok(percpu_rcuref_tryget(&o.ref), "reinitialised from @release: live again");
+	percpu_rcuref_put(&o.ref);
+	percpu_rcuref_kill(&o.ref);
+	percpu_rcuref_barrier();
+	ok(__atomic_load_n(&o.unpublished, __ATOMIC_ACQUIRE) && released(&o) == 2,
+	   "unpublished and released again after the reinit");
+	percpu_rcuref_exit(&o.ref);
+}
+
+/* A barrier or flush inside a read-side section would wait for a grace
+ * period that waits for the caller: refused, not a hang. */
+static void test_wait_inside_reader(void)
+{
+	struct object o = { 0 };
+
+	percpu_rcuref_init(&o.ref, obj_unpublish, obj_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_rcuref_kill(&o.ref);	/* queued for a grace period */
+	percpu_rcuref_read_lock();
+	is(percpu_rcuref_barrier(), -EDEADLK, "barrier inside a read-side section: -EDEADLK");
+	is(percpu_ref_managed_flush(), -EDEADLK, "flush inside a read-side section: -EDEADLK");
+	percpu_rcuref_read_unlock();
+	is(percpu_rcuref_barrier(), 0, "barrier after the section: 0");
+	is(released(&o), 1, "and the release ran");
+	percpu_rcuref_exit(&o.ref);
+}
+
 int main(void)
 {
 	test_kill_waits_for_readers();
 	test_managed();
 	test_init_errors();
+	test_exit_between_zero_and_release();
+	test_ignored_exit();
+	test_reinit_from_release();
+	test_wait_inside_reader();
 	return done_testing();
 }
