@@ -399,6 +399,10 @@ int __hcount_charge_slow(struct hcount_ns *ns, unsigned int type, long n, long m
 	struct hcount_ns *f;
 	bool drainable;
 
+	if (!ns) {
+		hc_warn("hcount_charge", "no namespace");
+		return -EINVAL;
+	}
 	if (type >= ns->nr_types || n <= 0 || max < 0) {
 		hc_warn("hcount_charge", "namespace %p: bad type %u, n %ld or max %ld",
 			(void *)ns, type, n, max);
@@ -423,6 +427,10 @@ int __hcount_uncharge_slow(struct hcount_ns *ns, unsigned int type, long n)
 	long own;
 	int ret;
 
+	if (!ns) {
+		hc_warn("hcount_uncharge", "no namespace");
+		return -EINVAL;
+	}
 	if (type >= ns->nr_types || n <= 0) {
 		hc_warn("hcount_uncharge", "namespace %p: bad type %u or n %ld", (void *)ns, type,
 			n);
@@ -461,7 +469,11 @@ int hcount_ns_set_limit(struct hcount_ns *ns, unsigned int type, long limit)
 	bool drainable, ok;
 	long old;
 
-	if (!ns || type >= ns->nr_types || limit <= 0) {
+	if (!ns) {
+		hc_warn("hcount_ns_set_limit", "no namespace");
+		return -EINVAL;
+	}
+	if (type >= ns->nr_types || limit <= 0) {
 		hc_warn("hcount_ns_set_limit", "namespace %p: bad type %u or limit %ld",
 			(void *)ns, type, limit);
 		return -EINVAL;
@@ -575,8 +587,10 @@ int hcount_tree_destroy(struct hcount_tree *tree)
 	struct hcount_ns *root;
 	unsigned int t;
 
-	if (!tree)
+	if (!tree) {
+		hc_warn("hcount_tree_destroy", "no tree");
 		return -EINVAL;
+	}
 	root = tree->root;
 	pthread_mutex_lock(&tree->mutex);
 	if (root->nr_children) {
@@ -728,8 +742,10 @@ int hcount_tree_check(struct hcount_tree *tree)
 {
 	int ret;
 
-	if (!tree)
+	if (!tree) {
+		hc_warn("hcount_tree_check", "no tree");
 		return -EINVAL;
+	}
 	pthread_mutex_lock(&tree->mutex);
 	ret = check_ns(tree->root);
 	pthread_mutex_unlock(&tree->mutex);

@@ -241,7 +241,7 @@ static inline int hcount_charge_max(struct hcount_ns *ns, unsigned int type, lon
 	struct hcount_slot *s;
 	long count, cached, lim;
 
-	if (percpuref_unlikely(!ns->fast || type >= ns->nr_types || n <= 0 || max < 0))
+	if (percpuref_unlikely(!ns || !ns->fast || type >= ns->nr_types || n <= 0 || max < 0))
 		return __hcount_charge_slow(ns, type, n, max);
 	s = &ns->slots[type];
 	__hcount_slot_lock(s);
@@ -279,7 +279,7 @@ static inline int hcount_uncharge(struct hcount_ns *ns, unsigned int type, long 
 	struct hcount_slot *s;
 	long own, cached;
 
-	if (percpuref_unlikely(!ns->fast || type >= ns->nr_types || n <= 0))
+	if (percpuref_unlikely(!ns || !ns->fast || type >= ns->nr_types || n <= 0))
 		return __hcount_uncharge_slow(ns, type, n);
 	s = &ns->slots[type];
 	__hcount_slot_lock(s);
@@ -304,38 +304,42 @@ static inline int hcount_uncharge(struct hcount_ns *ns, unsigned int type, long 
 
 /*
  * Read-outs: a relaxed snapshot of one field (exact when quiescent), or
- * -EINVAL for a bad type.  count: units charged to @ns (own units and all
+ * -EINVAL for a NULL namespace or a bad type (not warned).  count: units charged to @ns (own units and all
  * that its children hold); cached: units of @ns's cache; own: units charged
  * at @ns itself; limit: @ns's limit.
  */
 static inline long hcount_ns_count(const struct hcount_ns *ns, unsigned int type)
 {
-	return type < ns->nr_types ? __atomic_load_n(&ns->slots[type].count, __ATOMIC_RELAXED)
-				   : -EINVAL;
+	return ns && type < ns->nr_types
+		       ? __atomic_load_n(&ns->slots[type].count, __ATOMIC_RELAXED)
+		       : -EINVAL;
 }
 
 static inline long hcount_ns_cached(const struct hcount_ns *ns, unsigned int type)
 {
-	return type < ns->nr_types ? __atomic_load_n(&ns->slots[type].cached, __ATOMIC_RELAXED)
-				   : -EINVAL;
+	return ns && type < ns->nr_types
+		       ? __atomic_load_n(&ns->slots[type].cached, __ATOMIC_RELAXED)
+		       : -EINVAL;
 }
 
 static inline long hcount_ns_own(const struct hcount_ns *ns, unsigned int type)
 {
-	return type < ns->nr_types ? __atomic_load_n(&ns->slots[type].own, __ATOMIC_RELAXED)
-				   : -EINVAL;
+	return ns && type < ns->nr_types
+		       ? __atomic_load_n(&ns->slots[type].own, __ATOMIC_RELAXED)
+		       : -EINVAL;
 }
 
 static inline long hcount_ns_limit(const struct hcount_ns *ns, unsigned int type)
 {
-	return type < ns->nr_types ? __atomic_load_n(&ns->slots[type].limit, __ATOMIC_RELAXED)
-				   : -EINVAL;
+	return ns && type < ns->nr_types
+		       ? __atomic_load_n(&ns->slots[type].limit, __ATOMIC_RELAXED)
+		       : -EINVAL;
 }
 
-/* hcount_ns_parent - @ns's parent; NULL for the root. */
+/* hcount_ns_parent - @ns's parent; NULL for the root (and for NULL). */
 static inline struct hcount_ns *hcount_ns_parent(const struct hcount_ns *ns)
 {
-	return ns->parent;
+	return ns ? ns->parent : NULL;
 }
 
 PERCPUREF_END_DECLS

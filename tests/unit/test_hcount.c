@@ -342,6 +342,16 @@ static void test_misuse(unsigned int batch)
 	is(hcount_ns_destroy(root), -EINVAL, "misuse/%u: destroy the root", batch);
 	is(hcount_tree_destroy(tree), -EBUSY, "misuse/%u: destroy a tree with namespaces", batch);
 	is(hcount_ns_count(leaf, 2), -EINVAL, "misuse/%u: read-out of a bad type", batch);
+	is(hcount_charge(NULL, 0, 1), -EINVAL, "misuse/%u: charge a NULL namespace", batch);
+	is(hcount_charge_max(NULL, 0, 1, 5), -EINVAL, "misuse/%u: charge_max a NULL namespace",
+	   batch);
+	is(hcount_uncharge(NULL, 0, 1), -EINVAL, "misuse/%u: uncharge a NULL namespace", batch);
+	ok(hcount_ns_count(NULL, 0) == -EINVAL && hcount_ns_cached(NULL, 0) == -EINVAL &&
+		   hcount_ns_own(NULL, 0) == -EINVAL && hcount_ns_limit(NULL, 0) == -EINVAL,
+	   "misuse/%u: read-outs of a NULL namespace", batch);
+	ok(hcount_ns_parent(NULL) == NULL, "misuse/%u: parent of a NULL namespace", batch);
+	ok(hcount_tree_destroy(NULL) == -EINVAL && hcount_tree_check(NULL) == -EINVAL,
+	   "misuse/%u: destroy and check a NULL tree", batch);
 	ok(snap_same(all, 3, 2, &before), "misuse/%u: nothing changed", batch);
 	is(hcount_tree_check(tree), 0, "misuse/%u: invariant holds", batch);
 
