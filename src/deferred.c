@@ -6,7 +6,8 @@
  * This is call_rcu() built for our own readers: callers queue an item after
  * publishing the new mode flags; the thread takes the whole queue, waits one
  * reader fence for the batch (percpuref_fence_readers(): membarrier for rseq
- * readers, plus a liburcu-bp grace period once fallback readers exist) and
+ * readers, the fallback readers' own grace period in a process without
+ * rseq) and
  * runs the items in queue order.  One fence covers every item queued before
  * it started, as one grace period covers every call_rcu() before it.
  *
