@@ -108,6 +108,7 @@ fn check(ret: i32) -> Result<(), Error> {
 /// clone or drop; the shared word is written once per `CHECK_EVERY`.
 mod live {
     use std::cell::Cell;
+    use std::io::Write;
     use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 
     #[cfg(not(test))]
@@ -143,7 +144,10 @@ mod live {
         let live = HANDED_IN.fetch_add(delta, Relaxed) + delta;
 
         if delta > 0 && live >= LIMIT {
-            eprintln!(
+            // Not eprintln!, which panics when stderr fails: a caught panic
+            // would skip the abort and let the count go on to wrap.
+            let _ = writeln!(
+                std::io::stderr(),
                 "percpuref: {} live PcArc handles, past the limit of {} (the per-CPU count \
                  is 32 bits wide: leaked clones?); aborting",
                 live, LIMIT
@@ -197,8 +201,10 @@ unsafe extern "C" fn release<T>(counter: *mut sys::percpu_ref) {
     let inner = counter as *mut Inner<T>;
 
     sys::percpu_ref_exit(counter);
-    // A panic must not unwind into C.
-    if panic::catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(inner)))).is_err() {
+    // A panic must not unwind into C, nor may dropping its payload (which
+    // can panic again): the payload is leaked, the process aborted.
+    if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(inner)))) {
+        std::mem::forget(payload);
         std::process::abort();
     }
 }
@@ -512,40 +518,99 @@ mod tests {
 
     /// Run by `leaked_clones_abort_before_the_count_wraps` in a child
     /// process: two threads forget clones; the guard must abort before
-    /// twice the limit (the child exits 0 if it does not).
+    /// twice the limit (the child exits 0 if it does not).  With
+    /// `LEAK_CHILD=catch` each clone runs inside `catch_unwind`, and the
+    /// parent points stderr at /dev/full: a guard that panics while it
+    /// warns would be caught and never abort.
     #[test]
     #[ignore]
     fn leak_clones_past_the_limit() {
-        if std::env::var_os(LEAK_CHILD).is_none() {
-            return;
-        }
+        let catch = match std::env::var(LEAK_CHILD) {
+            Ok(mode) => mode == "catch",
+            Err(_) => return,
+        };
         let owner = Owner::new(0u64).unwrap();
         let shared = owner.share();
         std::thread::scope(|s| {
             for _ in 0..2 {
                 s.spawn(|| {
                     for _ in 0..live::LIMIT {
-                        std::mem::forget(shared.clone());
+                        if catch {
+                            let _ = panic::catch_unwind(|| std::mem::forget(shared.clone()));
+                        } else {
+                            std::mem::forget(shared.clone());
+                        }
                     }
                 });
             }
         });
     }
 
+    /// Runs the ignored test @name in a child process with `LEAK_CHILD`
+    /// set to @mode, stderr captured or, with @stderr_full, /dev/full.
+    fn run_child(name: &str, mode: &str, stderr_full: bool) -> std::process::Output {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child.args(["--ignored", "--exact", "--nocapture", name]).env(LEAK_CHILD, mode);
+        if stderr_full {
+            child.stderr(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap());
+        }
+        child.output().unwrap()
+    }
+
+    fn aborted(status: std::process::ExitStatus) -> bool {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal() == Some(6)
+    }
+
     #[test]
     fn leaked_clones_abort_before_the_count_wraps() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "--nocapture", "tests::leak_clones_past_the_limit"])
-            .env(LEAK_CHILD, "1")
-            .output()
-            .unwrap();
+        let out = run_child("tests::leak_clones_past_the_limit", "1", false);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "the leak ran to its end: {:?}", out.status);
+        assert!(aborted(out.status), "the leak was not aborted: {:?}", out.status);
         assert!(
             stderr.contains("past the limit") && stderr.contains("aborting"),
             "stderr: {}",
             stderr
         );
+        let out = run_child("tests::leak_clones_past_the_limit", "catch", true);
+        assert!(aborted(out.status), "stderr full, panics caught: {:?}", out.status);
+    }
+
+    /// A panic whose payload panics again when dropped.
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the payload's drop panics too");
+        }
+    }
+    struct Detonates;
+    impl Drop for Detonates {
+        fn drop(&mut self) {
+            std::panic::panic_any(Bomb);
+        }
+    }
+
+    /// Run by `a_panicking_drop_aborts` in a child process: the value's
+    /// drop, run by the release callback under the C put, panics with a
+    /// payload whose own drop panics.  Nothing may unwind into C: the
+    /// child must abort (it exits 0 if the panic reached this frame).
+    #[test]
+    #[ignore]
+    fn drop_panics_in_release() {
+        if std::env::var_os(LEAK_CHILD).is_none() {
+            return;
+        }
+        let owner = Owner::new(Detonates).unwrap();
+        let last = owner.share();
+        owner.kill();
+        wait_for_releases().unwrap();
+        let _ = panic::catch_unwind(AssertUnwindSafe(|| drop(last)));
+    }
+
+    #[test]
+    fn a_panicking_drop_aborts() {
+        let out = run_child("tests::drop_panics_in_release", "1", false);
+        assert!(aborted(out.status), "the panic unwound: {:?}", out.status);
     }
 
     #[test]
