@@ -15,11 +15,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 repeat=3 stat=median scale=1
+usage() { echo "usage: scripts/bench.sh [--quick | --full]" >&2; exit 2; }
+(($# <= 1)) || usage
 case "${1:-}" in
 "") ;;
 --quick) repeat=1 ;;
 --full) repeat=5 stat=best scale=2 ;;
-*) echo "usage: scripts/bench.sh [--quick | --full]" >&2; exit 2 ;;
+*) usage ;;
 esac
 scripts/deps.sh
 

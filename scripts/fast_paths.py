@@ -28,14 +28,28 @@ PATHS = [
 
 def run(bench, env_extra, args):
     env = dict(os.environ, **env_extra)
-    out = subprocess.run([bench] + args, env=env, check=True, capture_output=True, text=True)
+    try:
+        out = subprocess.run([bench] + args, env=env, capture_output=True, text=True)
+    except OSError as e:
+        sys.exit(f"fast_paths: {bench}: {e.strerror}")
+    if out.returncode != 0:
+        # The bench's own message says what was wrong with the arguments.
+        sys.stderr.write(out.stderr)
+        sys.exit(f"fast_paths: {bench} {' '.join(args)}: exit status {out.returncode}")
     return out.stdout
+
+
+def positive(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"want 1 or more, got {text}")
+    return n
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bench")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=positive, default=3)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--duration", default="0.5")
     a = ap.parse_args()
@@ -55,6 +69,9 @@ def main():
             for line in out.splitlines():
                 r = json.loads(line)
                 row = f"percpu {path}" if r["variant"] == "percpu" else r["variant"]
+                if r["ns_per_op"] is None:
+                    sys.exit(f"fast_paths: {path}: {r['variant']} at {r['threads']} threads "
+                             "finished no pair; give it a longer --duration")
                 ns.setdefault((row, r["threads"]), []).append(r["ns_per_op"])
 
     threads = sorted({t for _, t in ns})

@@ -341,6 +341,9 @@ static unsigned int parse_variants(const struct bench_workload *w, const char *a
 	*out = list = calloc(cap, sizeof(*list));
 	if (!list || !copy)
 		bench_die("out of memory");
+	/* strtok_r() would skip an empty name, as --threads does not. */
+	if (arg[0] == ',' || strstr(arg, ",,") || (arg[0] && arg[strlen(arg) - 1] == ','))
+		usage_error(w, "--variants: empty name in \"%s\"", arg);
 	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		const struct bench_variant *v = w->variants;
 
@@ -504,6 +507,10 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 		case ':':
 			usage_error(w, "%s needs a value", argv[optind - 1]);
 		case '?':
+			/* A short option inside a cluster ("-xyz"): optind has
+			 * not moved past it, optopt names it. */
+			if (optopt)
+				usage_error(w, "unknown option -%c", optopt);
 			usage_error(w, "unknown option %s", argv[optind - 1]);
 		default:
 			parse_workload_option(w, &w->options[c - OPT_WORKLOAD], optarg);
@@ -524,6 +531,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 static void plan_report(struct report *r, const struct cli *cli)
 {
 	const struct bench_workload *w = r->workload;
+	bool baseline_added = false;
 	unsigned int *threads;
 
 	if (cli->threads) {
@@ -552,6 +560,7 @@ static void plan_report(struct report *r, const struct cli *cli)
 		while (at < r->nthreads && threads[at] < r->baseline)
 			at++;
 		if (at == r->nthreads || threads[at] != r->baseline) {
+			baseline_added = true;
 			threads = realloc(threads, (r->nthreads + 1) * sizeof(*threads));
 			if (!threads)
 				bench_die("out of memory");
@@ -563,7 +572,9 @@ static void plan_report(struct report *r, const struct cli *cli)
 	}
 	if (!cli->oversubscribe && !w->oversubscribe &&
 	    threads[r->nthreads - 1] > r->topo->ncpus)
-		usage_error(w, "--threads %u: only %u CPUs usable; --oversubscribe allows more",
+		usage_error(w, "%s %u: only %u CPUs usable; --oversubscribe allows more",
+			    baseline_added && r->baseline_row == r->nthreads - 1 ? "--baseline"
+									  : "--threads",
 			    threads[r->nthreads - 1], r->topo->ncpus);
 	r->threads = threads;
 
@@ -764,9 +775,12 @@ int main(int argc, char **argv)
 	report_table(table_out, &r);
 	if (json_out) {
 		report_json(json_out, &r);
-		if (json_out != stdout && fclose(json_out))
-			bench_die("%s: %m", cli.json);
+		/* A full disk or a closed pipe: the results did not get out. */
+		if (json_out != stdout && (ferror(json_out) | fclose(json_out)))
+			bench_die("%s: cannot write the results", cli.json);
 	}
+	if (fflush(stdout) || ferror(stdout))
+		bench_die("standard output: cannot write the results");
 	free_report(&r);
 	topology_free(&topo);
 	free(workloads);

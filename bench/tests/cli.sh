@@ -58,6 +58,10 @@ expect 2 micro --threads 1-+2 --variants private $short
 expect 2 micro --threads -18446744073709551615 --variants private $short
 expect 2 micro --threads "$over" $short
 expect 2 micro --variants no-such-variant
+# Empty names: strtok_r() alone skipped them and ran the rest.
+expect 2 micro --variants private,,kref --threads 1 $short
+expect 2 micro --variants private, --threads 1 $short
+expect 2 micro --variants ,private --threads 1 $short
 expect 2 micro --duration 0
 expect 2 micro --duration -1
 expect 2 micro --duration 1s
@@ -73,6 +77,24 @@ expect 2 micro --baseline
 expect 2 micro --baseline 4294967298 --threads 1 --variants private $short
 expect 2 micro --baseline +1 --threads 1 --variants private $short
 expect 2 micro extra-argument
+# An unknown short option inside a cluster is named, not the argument
+# before it; a --baseline row past the CPUs is blamed on --baseline.
+expect 2 micro --threads 1 -xyz
+grep -q 'unknown option -x$' "$tmp/err" || { echo "FAIL: -xyz: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+expect 2 micro --baseline "$over"
+grep -q "^percpuref-bench: --baseline $over:" "$tmp/err" ||
+	{ echo "FAIL: --baseline $over: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+# Results that cannot be written (a full disk) are an error, not exit 0.
+expect 1 micro --threads 1 --variants private $short --json /dev/full
+if "$bench" micro --threads 1 --variants private $short >/dev/full 2>"$tmp/err"; then
+	echo "FAIL: percpuref-bench micro >/dev/full: exit 0"
+	fails=$((fails + 1))
+else
+	echo "ok: percpuref-bench micro >/dev/full -> $?"
+fi
+# managed-latency with more threads than its default: their sums are
+# shared (ThreadSanitizer builds report a race if they are not).
+expect 0 managed-latency --threads 2 --interval-ms 1 --variants filtered $short
 expect 2 signal1 --workers 0
 expect 2 signal1 --workers -3
 expect 2 signal1 --workers 12abc
