@@ -11,7 +11,7 @@
  *                    the reclaimer's own figures as metrics: mean scan time,
  *                    fences per scan and time per ref.  100k faithful takes about a second per pass:
  *                    give it --duration 3.
- *   managed-latency  one thread makes a managed ref, sleeps a random part
+ *   managed-latency  each thread (one by default) makes a managed ref, sleeps a random part
  *                    of the interval, drops its reference and waits for
  *                    @release, with the reclaimer scanning every
  *                    --interval-ms.  Teardown reports the latency from the
@@ -197,7 +197,7 @@ PERCPUREF_BENCH_WORKLOAD(managed_scan);
 static long opt_interval_ms = 20;
 
 struct latency_state {
-	uint64_t sum_ns, max_ns, n;	/* the loop thread's; read after join */
+	uint64_t sum_ns, max_ns, n;	/* every loop thread's; read after join */
 };
 
 static void latency_setup(struct bench_run *run)
@@ -224,10 +224,13 @@ static void latency_loop(struct bench_thread *t)
 		while (!__atomic_load_n(&m.released_ns, __ATOMIC_ACQUIRE))
 			usleep(50);
 		ns = m.released_ns - put_ns;
-		s->sum_ns += ns;
-		s->n++;
-		if (ns > s->max_ns)
-			s->max_ns = ns;
+		/* Relaxed: sums of --threads loops, read after they joined. */
+		__atomic_fetch_add(&s->sum_ns, ns, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&s->n, 1, __ATOMIC_RELAXED);
+		for (uint64_t max = __atomic_load_n(&s->max_ns, __ATOMIC_RELAXED); ns > max;)
+			if (__atomic_compare_exchange_n(&s->max_ns, &max, ns, false,
+							__ATOMIC_RELAXED, __ATOMIC_RELAXED))
+				break;
 		percpu_ref_exit(&m.ref);
 		bench_count(t, 1);
 	}

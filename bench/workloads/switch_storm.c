@@ -89,10 +89,14 @@ static void storm_loop(struct bench_thread *t)
 	long i, j;
 
 	while (bench_running(t)) {
-		unsigned long target = l->released + (unsigned long)opt_batch;
+		unsigned long target = l->released;
+		long n = 0;
 
-		for (i = 0; i < opt_batch; i++) {
-			struct storm_ref *r = &l->refs[i];
+		/* Up to --batch refs; stop between two once measuring ended: a
+		 * batch of long bursts would outlast a short point (4096 bursts
+		 * of 10^6 pairs take seconds). */
+		do {
+			struct storm_ref *r = &l->refs[n++];
 
 			r->released = &l->released;
 			if (percpu_ref_init(&r->ref, storm_release, flags))
@@ -106,8 +110,9 @@ static void storm_loop(struct bench_thread *t)
 			if (kind == STORM_MANAGED && percpu_ref_switch_to_unmanaged(&r->ref))
 				bench_die("switch-storm: switch_to_unmanaged failed");
 			percpu_ref_kill(&r->ref);
-		}
-		l->lives += (unsigned long)opt_batch;
+		} while (n < opt_batch && bench_running(t));
+		target += (unsigned long)n;
+		l->lives += (unsigned long)n;
 		/* Acquire: pairs with storm_release().  Yield: the callback
 		 * thread that finishes the kills may need this CPU.  The time
 		 * spent so is waiting, not the cycle's work (worker_cpu). */
@@ -118,9 +123,9 @@ static void storm_loop(struct bench_thread *t)
 				sched_yield();
 			l->cpu_ns_waiting += bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - wait_start;
 		}
-		for (i = 0; i < opt_batch; i++)
+		for (i = 0; i < n; i++)
 			percpu_ref_exit(&l->refs[i].ref);
-		bench_count(t, (uint64_t)opt_batch);
+		bench_count(t, (uint64_t)n);
 	}
 }
 
