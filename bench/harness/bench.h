@@ -161,6 +161,12 @@ struct bench_workload {
 	 */
 	const char *(*validate)(void);
 	/*
+	 * Called once the rows are planned, before the first one runs, with
+	 * the largest thread count of any row: NULL if every row can run,
+	 * else why not, as validate().  NULL: no limit on the rows.
+	 */
+	const char *(*validate_rows)(unsigned int max_threads);
+	/*
 	 * Rows when --threads is not given, in its syntax ("1,2,4,8,16"),
 	 * counted in groups when group is set.  NULL: 1,2,4,...,max threads.
 	 */

@@ -533,6 +533,7 @@ static void plan_report(struct report *r, const struct cli *cli)
 	const struct bench_workload *w = r->workload;
 	bool baseline_added = false;
 	unsigned int *threads;
+	const char *why;
 
 	if (cli->threads) {
 		r->nthreads = parse_threads(w, "--threads", cli->threads, r->topo->ncpus,
@@ -577,6 +578,8 @@ static void plan_report(struct report *r, const struct cli *cli)
 									  : "--threads",
 			    threads[r->nthreads - 1], r->topo->ncpus);
 	r->threads = threads;
+	if (w->validate_rows && (why = w->validate_rows(threads[r->nthreads - 1])))
+		usage_error(w, "%s: %s", w->name, why);
 
 	if (cli->variants) {
 		r->nvariants = parse_variants(w, cli->variants, &r->variants);

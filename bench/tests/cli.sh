@@ -118,6 +118,9 @@ expect 2 signal1 --batch -1
 expect 2 signal1 --batch 0
 expect 2 signal1 --batch 99999999999999999999
 expect 2 signal1 --limit -1
+# A limit below the largest row's workers: refused before the first row
+# runs (it used to die at that row, the earlier rows' results lost).
+expect 2 signal1 --limit 1 --threads 1,2 --variants global $short
 expect 2 labels --profile root
 # Values setup() could not take, refused before the first point: a --work
 # that never lets a measurement stop, a --churn period past 64 bits, a

@@ -142,23 +142,28 @@ struct worker {
 	bench_die("signal1 %s, %u threads: " fmt, (run)->variant->name,       \
 		  (run)->nthreads, ##__VA_ARGS__)
 
+/* The task's limit: --limit, else RLIMIT_SIGPENDING; -1 if unreadable. */
+static long sigpending_limit(void)
+{
+	struct rlimit rl;
+
+	if (opt_limit)
+		return opt_limit;
+	if (getrlimit(RLIMIT_SIGPENDING, &rl))
+		return -1;
+	return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)HCOUNT_UNLIMITED
+		       ? HCOUNT_UNLIMITED : (long)rl.rlim_cur;
+}
+
 static void signal1_setup(struct bench_run *run)
 {
 	struct signal1_state *s = bench_zalloc(sizeof(*s));
 	unsigned int batch = run->variant->arg == SIGNAL1_CACHED ? (unsigned int)opt_batch
 								 : HCOUNT_NO_CACHE;
-	struct rlimit rl;
 	long limits[1];
 
-	if (getrlimit(RLIMIT_SIGPENDING, &rl))
-		signal1_die(run, "getrlimit(RLIMIT_SIGPENDING): %m");
-	s->rlimit = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)HCOUNT_UNLIMITED
-			    ? HCOUNT_UNLIMITED : (long)rl.rlim_cur;
-	if (opt_limit)
-		s->rlimit = opt_limit;
-	if (s->rlimit < (long)run->nthreads)
-		signal1_die(run, "RLIMIT_SIGPENDING %ld leaves no room for every worker",
-			    s->rlimit);
+	/* signal1_validate_rows() checked it against every row. */
+	s->rlimit = sigpending_limit();
 	s->nr_containers = (run->nthreads + opt_workers - 1) / opt_workers;
 	if (run->variant->arg >= SIGNAL1_REPORT) {
 		long ncpus = sysconf(_SC_NPROCESSORS_CONF);
@@ -388,6 +393,22 @@ static const char *signal1_validate(void)
 	return NULL;
 }
 
+/* Each worker keeps one signal pending: the limit must leave room for all. */
+static const char *signal1_validate_rows(unsigned int max_threads)
+{
+	static char why[96];
+	long limit = sigpending_limit();
+
+	if (limit < 0)
+		return "getrlimit(RLIMIT_SIGPENDING) failed";
+	if (limit < (long)max_threads) {
+		snprintf(why, sizeof(why), "a limit of %ld pending signals leaves no room for %u "
+			 "workers", limit, max_threads);
+		return why;
+	}
+	return NULL;
+}
+
 static const struct bench_option signal1_options[] = {
 	{ "workers", BENCH_OPT_LONG, &opt_workers,
 	  "threads per container; containers = threads / workers, rounded up" },
@@ -422,6 +443,7 @@ static const struct bench_workload signal1 = {
 	.thread_fini = signal1_thread_fini,
 	.teardown = signal1_teardown,
 	.validate = signal1_validate,
+	.validate_rows = signal1_validate_rows,
 	/* The report's container counts, most of them past the CPUs. */
 	.threads = "1,2,4,8,16,32,64",
 	.oversubscribe = true,
