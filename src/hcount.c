@@ -35,7 +35,10 @@
  *
  * Exactness.  Caches inflate count() of the levels above them, so a charge
  * that meets a full level f first retries without batches (a refill then
- * takes exactly what it needs), then drains below f and retries; if the
+ * takes exactly what it needs), then drains below f and retries (unless
+ * own(f) + n alone passes f's limit: no drain can help then, and a task
+ * refused again and again at its rlimit must not empty its descendants'
+ * caches each time); if the
  * retry is refused at a level at or below f the refusal is final, else it
  * drains below that higher level and retries again (at most depth times).
  * While a drain runs, tree->draining is set: refills take no batch and
@@ -196,8 +199,14 @@ static struct hcount_ns *chain_charge(struct hcount_ns *ns, unsigned int type, l
 		count = __hcount_get(&s->count);
 		cached = __hcount_get(&s->cached);
 		if (amt > lim - count) {
-			/* Relaxed: a child's creation precedes any refill from y. */
-			*drainable = __atomic_load_n(&y->nr_children, __ATOMIC_RELAXED) != 0;
+			/*
+			 * Relaxed: a child's creation precedes any refill from
+			 * y.  A drain only takes the caches below y out of its
+			 * count: it cannot help when y's own units and n pass
+			 * the limit already (usage(y) >= own(y)).
+			 */
+			*drainable = __atomic_load_n(&y->nr_children, __ATOMIC_RELAXED) != 0 &&
+				     n <= lim - __hcount_get(&s->own);
 			unlock_chain(ns, y, type);
 			return y;
 		}

@@ -309,6 +309,38 @@ static void test_caller_max(unsigned int batch)
 	hcount_tree_destroy(tree);
 }
 
+/*
+ * A refusal no drain could undo (max 0 at a namespace that owns nothing)
+ * leaves the caches below it alone: a task refused again and again at its
+ * rlimit used to empty its descendants' caches every time (one refusing
+ * thread cut a leaf's charges from 225 to 10 million a second).
+ */
+static void test_hopeless_refusal_keeps_caches(unsigned int batch)
+{
+	struct hcount_tree *tree;
+	struct hcount_ns *mid, *leaf;
+	long cached;
+
+	hcount_tree_create(&tree, 1, batch, NULL);
+	hcount_ns_create(&mid, hcount_tree_root(tree), NULL);
+	hcount_ns_create(&leaf, mid, NULL);
+	hcount_charge(leaf, 0, 1);
+	hcount_uncharge(leaf, 0, 1);	/* the unit stays in the leaf's cache */
+	cached = hcount_ns_cached(leaf, 0);
+	ok(cached > 0, "hopeless/%u: the leaf holds a cache", batch);
+	is(hcount_charge_max(mid, 0, 1, 0), -EDQUOT, "hopeless/%u: max 0 at mid refuses", batch);
+	is(hcount_ns_cached(leaf, 0), cached, "hopeless/%u: the leaf keeps its cache", batch);
+	hcount_charge(mid, 0, 1);
+	is(hcount_charge_max(mid, 0, 1, 1), -EDQUOT, "hopeless/%u: own 1 + 1 passes max 1",
+	   batch);
+	is(hcount_ns_cached(leaf, 0), cached, "hopeless/%u: the leaf still keeps it", batch);
+	is(hcount_tree_check(tree), 0, "hopeless/%u: invariant holds", batch);
+	hcount_uncharge(mid, 0, 1);
+	hcount_ns_destroy(leaf);
+	hcount_ns_destroy(mid);
+	hcount_tree_destroy(tree);
+}
+
 /* Misuse gets an error code and changes nothing. */
 static void test_misuse(unsigned int batch)
 {
@@ -580,6 +612,8 @@ int main(void)
 		test_exact_limit(batches[i]);
 		test_mid_limit(batches[i]);
 		test_caller_max(batches[i]);
+		if (batches[i] != HCOUNT_NO_CACHE)	/* no caches to keep */
+			test_hopeless_refusal_keeps_caches(batches[i]);
 		test_misuse(batches[i]);
 		test_set_limit(batches[i]);
 	}
