@@ -7,9 +7,9 @@
  * publishing the new mode flags; the thread takes the whole queue, waits one
  * reader fence for the batch (percpuref_fence_readers(): membarrier for rseq
  * readers, the fallback readers' own grace period in a process without
- * rseq) and
- * runs the items in queue order.  One fence covers every item queued before
- * it started, as one grace period covers every call_rcu() before it.
+ * rseq) and runs the items in queue order.  One fence covers every item
+ * queued before it started, as one grace period covers every call_rcu()
+ * before it.
  *
  * Why not liburcu's call_rcu: its worker hands items over through lock-free
  * queues the thread sanitizer cannot see (liburcu is not instrumented), it is

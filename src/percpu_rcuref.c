@@ -187,7 +187,8 @@ PERCPUREF_API int percpu_rcuref_barrier(void)
 {
 	int ret = percpuref_managed_may_wait(__func__);
 
-	if (!ret)
-		ret = percpu_ref_barrier();	/* kills still switching */
+	if (ret)
+		return ret;
+	ret = percpu_ref_barrier();	/* kills still switching */
 	return ret ? ret : percpuref_wait_rcu();
 }

@@ -531,7 +531,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 static void plan_report(struct report *r, const struct cli *cli)
 {
 	const struct bench_workload *w = r->workload;
-	bool baseline_added = false;
+	bool oversubscribe = cli->oversubscribe || w->oversubscribe;
 	unsigned int *threads;
 	const char *why;
 
@@ -561,7 +561,9 @@ static void plan_report(struct report *r, const struct cli *cli)
 		while (at < r->nthreads && threads[at] < r->baseline)
 			at++;
 		if (at == r->nthreads || threads[at] != r->baseline) {
-			baseline_added = true;
+			if (!oversubscribe && r->baseline > r->topo->ncpus)
+				usage_error(w, "--baseline %u: only %u CPUs usable; --oversubscribe "
+					    "allows more", r->baseline, r->topo->ncpus);
 			threads = realloc(threads, (r->nthreads + 1) * sizeof(*threads));
 			if (!threads)
 				bench_die("out of memory");
@@ -571,11 +573,8 @@ static void plan_report(struct report *r, const struct cli *cli)
 		}
 		r->baseline_row = at;
 	}
-	if (!cli->oversubscribe && !w->oversubscribe &&
-	    threads[r->nthreads - 1] > r->topo->ncpus)
-		usage_error(w, "%s %u: only %u CPUs usable; --oversubscribe allows more",
-			    baseline_added && r->baseline_row == r->nthreads - 1 ? "--baseline"
-									  : "--threads",
+	if (!oversubscribe && threads[r->nthreads - 1] > r->topo->ncpus)
+		usage_error(w, "--threads %u: only %u CPUs usable; --oversubscribe allows more",
 			    threads[r->nthreads - 1], r->topo->ncpus);
 	r->threads = threads;
 	if (w->validate_rows && (why = w->validate_rows(threads[r->nthreads - 1])))
@@ -778,9 +777,14 @@ int main(int argc, char **argv)
 	report_table(table_out, &r);
 	if (json_out) {
 		report_json(json_out, &r);
-		/* A full disk or a closed pipe: the results did not get out. */
-		if (json_out != stdout && (ferror(json_out) | fclose(json_out)))
-			bench_die("%s: cannot write the results", cli.json);
+		/* A full disk or a closed pipe: the results did not get out.
+		 * Standard output is checked below. */
+		if (json_out != stdout) {
+			bool failed = ferror(json_out);
+
+			if (fclose(json_out) || failed)
+				bench_die("%s: cannot write the results", cli.json);
+		}
 	}
 	if (fflush(stdout) || ferror(stdout))
 		bench_die("standard output: cannot write the results");

@@ -80,7 +80,8 @@ expect 2 micro extra-argument
 # An unknown short option inside a cluster is named, not the argument
 # before it; a --baseline row past the CPUs is blamed on --baseline.
 expect 2 micro --threads 1 -xyz
-grep -q 'unknown option -x$' "$tmp/err" || { echo "FAIL: -xyz: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+grep -q 'unknown option -x$' "$tmp/err" ||
+	{ echo "FAIL: -xyz: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
 expect 2 micro --baseline "$over"
 grep -q "^percpuref-bench: --baseline $over:" "$tmp/err" ||
 	{ echo "FAIL: --baseline $over: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }

@@ -11,10 +11,10 @@
  *                    the reclaimer's own figures as metrics: mean scan time,
  *                    fences per scan and time per ref.  100k faithful takes about a second per pass:
  *                    give it --duration 3.
- *   managed-latency  each thread (one by default) makes a managed ref, sleeps a random part
- *                    of the interval, drops its reference and waits for
- *                    @release, with the reclaimer scanning every
- *                    --interval-ms.  Teardown reports the latency from the
+ *   managed-latency  each thread (one by default) makes a managed ref,
+ *                    sleeps a random part of the interval, drops its
+ *                    reference and waits for @release, with the reclaimer
+ *                    scanning every --interval-ms.  Teardown reports the latency from the
  *                    last put to the release callback (mean, max) as
  *                    metrics; the table's ns/release includes the random
  *                    sleep.

@@ -304,9 +304,9 @@ static inline int hcount_uncharge(struct hcount_ns *ns, unsigned int type, long 
 
 /*
  * Read-outs: a relaxed snapshot of one field (exact when quiescent), or
- * -EINVAL for a NULL namespace or a bad type (not warned).  count: units charged to @ns (own units and all
- * that its children hold); cached: units of @ns's cache; own: units charged
- * at @ns itself; limit: @ns's limit.
+ * -EINVAL for a NULL namespace or a bad type (not warned).  count: units
+ * charged to @ns (own units and all that its children hold); cached: units
+ * of @ns's cache; own: units charged at @ns itself; limit: @ns's limit.
  */
 static inline long hcount_ns_count(const struct hcount_ns *ns, unsigned int type)
 {

@@ -52,6 +52,11 @@ static int released(struct object *o)
 	return __atomic_load_n(&o->released, __ATOMIC_ACQUIRE);
 }
 
+static int unpublished(struct object *o)
+{
+	return __atomic_load_n(&o->unpublished, __ATOMIC_ACQUIRE);
+}
+
 static int reader_state;	/* 1: in a read-side section; 2: may leave */
 
 static void *reader(void *arg)
@@ -63,6 +68,25 @@ static void *reader(void *arg)
 		usleep(1000);
 	percpu_rcuref_read_unlock();
 	return NULL;
+}
+
+/* Returns once another thread is inside a read-side section. */
+static pthread_t start_reader(void)
+{
+	pthread_t t;
+
+	__atomic_store_n(&reader_state, 0, __ATOMIC_SEQ_CST);
+	pthread_create(&t, NULL, reader, NULL);
+	while (!__atomic_load_n(&reader_state, __ATOMIC_SEQ_CST))
+		usleep(1000);
+	return t;
+}
+
+/* Lets it leave its section and waits for it. */
+static void stop_reader(pthread_t t)
+{
+	__atomic_store_n(&reader_state, 2, __ATOMIC_SEQ_CST);
+	pthread_join(t, NULL);
 }
 
 static void test_kill_waits_for_readers(void)
@@ -79,17 +103,14 @@ static void test_kill_waits_for_readers(void)
 	 * fallback path the switch's fence is a grace period, which would
 	 * wait for the reader too. */
 	percpu_ref_barrier();
-	ok(__atomic_load_n(&o.unpublished, __ATOMIC_ACQUIRE) == 0, "still referenced: not unpublished");
-	pthread_create(&t, NULL, reader, NULL);
-	while (!__atomic_load_n(&reader_state, __ATOMIC_SEQ_CST))
-		usleep(1000);
+	ok(unpublished(&o) == 0, "still referenced: not unpublished");
+	t = start_reader();
 	percpu_rcuref_put(&o.ref);	/* the last: unpublish at once */
-	ok(__atomic_load_n(&o.unpublished, __ATOMIC_ACQUIRE), "last put unpublished it at once");
+	ok(unpublished(&o), "last put unpublished it at once");
 	ok(!percpu_rcuref_tryget(&o.ref), "tryget fails from zero on");
 	usleep(50000);
 	is(released(&o), 0, "release waits for a reader that began before");
-	__atomic_store_n(&reader_state, 2, __ATOMIC_SEQ_CST);
-	pthread_join(t, NULL);
+	stop_reader(t);
 	is(percpu_rcuref_barrier(), 0, "barrier: 0");
 	is(released(&o), 1, "released once the reader left");
 	percpu_rcuref_exit(&o.ref);
@@ -105,7 +126,7 @@ static void test_managed(void)
 	is(released(&o), 0, "managed, referenced: kept");
 	percpu_rcuref_put(&o.ref);
 	percpu_ref_managed_flush();
-	ok(__atomic_load_n(&o.unpublished, __ATOMIC_ACQUIRE) && released(&o) == 1,
+	ok(unpublished(&o) && released(&o) == 1,
 	   "managed: unpublished and released by the time flush returns");
 	percpu_rcuref_exit(&o.ref);
 
@@ -123,7 +144,7 @@ static void test_managed(void)
 	is(released(&o), 0, "REL_MANAGED: the creator's reference keeps it");
 	percpu_rcuref_put(&o.ref);
 	percpu_ref_managed_flush();
-	ok(__atomic_load_n(&o.unpublished, __ATOMIC_ACQUIRE) && released(&o) == 1,
+	ok(unpublished(&o) && released(&o) == 1,
 	   "REL_MANAGED: unpublished and released after the creator's put");
 	percpu_rcuref_exit(&o.ref);
 }
@@ -208,15 +229,11 @@ static void test_exit_between_zero_and_release(void)
 	p->a_exits_b_in_release = true;
 	percpu_rcuref_init(&p->a.ref, a_unpublish, a_release, PERCPU_REF_INIT_ATOMIC);
 	percpu_rcuref_init(&p->b.ref, obj_unpublish, obj_release, PERCPU_REF_INIT_ATOMIC);
-	reader_state = 0;
-	pthread_create(&t, NULL, reader, NULL);
-	while (!__atomic_load_n(&reader_state, __ATOMIC_SEQ_CST))
-		usleep(1000);
+	t = start_reader();
 	percpu_rcuref_kill(&p->a.ref);	/* atomic: zero at once, queued */
 	percpu_rcuref_kill(&p->b.ref);
-	ok(__atomic_load_n(&p->b.unpublished, __ATOMIC_ACQUIRE), "B unpublished, queued behind A");
-	__atomic_store_n(&reader_state, 2, __ATOMIC_SEQ_CST);
-	pthread_join(t, NULL);
+	ok(unpublished(&p->b), "B unpublished, queued behind A");
+	stop_reader(t);
 	is(percpu_rcuref_barrier(), 0, "barrier: 0");
 	ok(released(&p->a) == 1 && released(&p->b) == 0,
 	   "A's @release exited B, queued in the same batch: B's @release never ran");
@@ -239,7 +256,7 @@ static void test_exit_between_zero_and_release(void)
 	percpu_rcuref_init(&p->a.ref, a_unpublish, a_release, PERCPU_REF_INIT_ATOMIC);
 	percpu_rcuref_kill(&p->a.ref);
 	percpu_rcuref_barrier();
-	ok(__atomic_load_n(&p->a.unpublished, __ATOMIC_ACQUIRE) && released(&p->a) == 0,
+	ok(unpublished(&p->a) && released(&p->a) == 0,
 	   "@unpublish exited its own ref: @release never ran");
 
 	/* Two managed refs released in one scan: the second @unpublish
@@ -256,7 +273,6 @@ static void test_exit_between_zero_and_release(void)
 	   "managed, exited from the next @unpublish of its scan: @release never ran");
 	is(released(p->second_unpublished), 1, "the other released");
 	percpu_rcuref_exit(&p->second_unpublished->ref);
-	percpu_rcuref_exit(&p->a.ref);
 	free(p);
 }
 
@@ -308,7 +324,7 @@ static void test_reinit_from_release(void)
 	percpu_rcuref_put(&o.ref);
 	percpu_rcuref_kill(&o.ref);
 	percpu_rcuref_barrier();
-	ok(__atomic_load_n(&o.unpublished, __ATOMIC_ACQUIRE) && released(&o) == 2,
+	ok(unpublished(&o) && released(&o) == 2,
 	   "unpublished and released again after the reinit");
 	percpu_rcuref_exit(&o.ref);
 }
