@@ -81,6 +81,8 @@ static void after_grace_period(struct percpuref_deferred *work)
 		return;
 	}
 	release(owner);
+	/* As after every callback (percpu_ref.c, run_callback()). */
+	percpuref_prepare_unload();
 }
 
 static void zero(struct percpu_ref *ref)

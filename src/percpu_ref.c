@@ -211,6 +211,14 @@ static __attribute__((constructor)) void switch_register(void)
 /* The ref whose switch this thread is finishing (callbacks run inside). */
 static __thread struct percpu_ref *finishing_switch_of;
 
+/*
+ * Every user callback runs through one of the three functions below, which
+ * then forget the rseq sequence it ran last (percpuref_prepare_unload()):
+ * a @release or confirm runs the fast path of its own object, on a thread
+ * whose owner never called into that object (ours, or the caller of a put
+ * or kill), and nobody else can clear it there before the object goes.
+ */
+
 /* The confirm callback of a switch this thread finishes.  Nested: the
  * callback may finish another ref's switch (switch_to_atomic_sync). */
 static void run_confirm(struct percpu_ref *ref, percpu_ref_func_t *confirm)
@@ -220,6 +228,7 @@ static void run_confirm(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 
 	finishing_switch_of = ref;
 	confirm(ref);
+	percpuref_prepare_unload();
 	finishing_switch_of = outer;
 	percpuref_cancel_restore(cancel);
 }
@@ -245,6 +254,7 @@ static void run_callback(struct percpu_ref *ref, percpu_ref_func_t *fn)
 	int cancel = percpuref_cancel_disable();
 
 	fn(ref);
+	percpuref_prepare_unload();
 	percpuref_cancel_restore(cancel);
 }
 
@@ -256,6 +266,7 @@ static void run_kill_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *
 
 	kill_confirms = &frame;
 	confirm(ref);
+	percpuref_prepare_unload();
 	kill_confirms = frame.outer;
 	percpuref_cancel_restore(cancel);
 }

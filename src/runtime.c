@@ -13,6 +13,18 @@
  * the one in use, else counts on the atomic count.  A process without rseq
  * uses the fallback readers of fallback.c instead, with two units per CPU.
  *
+ * Unloading.  Each sequence leaves its thread's rseq area pointing at its
+ * descriptor, which lies in the object the sequence was inlined into; the
+ * kernel clears it lazily, at the thread's next preemption, signal or
+ * rseq membarrier.  A thread that blocks right after a sequence still
+ * points into the object when it wakes, and dies by SIGSEGV if the object
+ * was unloaded meanwhile.  percpuref_prepare_unload() clears this thread's
+ * pointer.  The library calls it after every user callback it runs, on
+ * whichever thread (a callback's sequences are its own object's, and the
+ * thread's owner never called there), before anything can report the
+ * callback done: a barrier or flush that returned leaves no library
+ * thread pointing into the callbacks' object.
+ *
  * The reader fence (percpuref_fence_readers) is this library's grace period.
  * A switcher first stores the new mode flags into the ref's mode word, then:
  *  - rseq readers: MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ interrupts every
@@ -73,6 +85,15 @@
 PERCPUREF_API ptrdiff_t percpuref_rseq_offset;
 PERCPUREF_API unsigned int percpuref_nr_cpu_units;
 PERCPUREF_API uint64_t percpuref_this_cpu_params;
+/*
+ * The offset of the registered rseq areas the sequences have written: the
+ * last non-zero percpuref_rseq_offset, kept when the fast path is turned
+ * off, as the areas still point at the last sequences run
+ * (percpuref_prepare_unload()).  With no offset, params points the x86-64
+ * sequence at the library's own area, never registered then unless it was
+ * the one in use, which this names.
+ */
+static ptrdiff_t sequence_area_offset;
 
 /*
  * Publishes the fast path: @offset (0: none) into percpuref_rseq_offset and,
@@ -94,8 +115,40 @@ static void publish_fast_path(ptrdiff_t offset, int order)
 	/* Never 0 once set up: percpuref_this_cpu_add_after_setup(). */
 	assert((uint32_t)params != 0);
 #endif
+	if (offset)
+		__atomic_store_n(&sequence_area_offset, offset, __ATOMIC_RELAXED);
 	__atomic_store_n(&percpuref_this_cpu_params, params, order);
 	__atomic_store_n(&percpuref_rseq_offset, offset, order);
+}
+
+/*
+ * The kernel reads rseq_cs at this thread's next preemption, migration,
+ * signal or rseq membarrier, and reads the descriptor it points to and the
+ * signature before the abort handler that descriptor names; the ABI (include/uapi/linux/rseq.h) asks user space to
+ * clear it before the descriptor is unmapped, the kernel's rseq selftests
+ * before its code is.  Clearing it in each sequence costs
+ * a store per get and put (0.15 ns of a 1.24 ns pair here); librseq's
+ * rseq_prepare_unload() leaves it to the unloading code too.  Outside a
+ * sequence (a call never is inside one), so the kernel restarts nothing.
+ */
+PERCPUREF_API void percpuref_prepare_unload(void)
+{
+#if PERCPUREF_HAVE_RSEQ
+	/* Relaxed: this thread's sequences ran on counters created after the
+	 * set-up that published it, and whoever handed it a counter ordered
+	 * the creation before. */
+	ptrdiff_t offset = __atomic_load_n(&sequence_area_offset, __ATOMIC_RELAXED);
+	struct percpuref_rseq_area *area;
+
+	if (!offset)
+		return;
+	area = (struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() + offset);
+	/* Single-copy atomic, as the ABI asks: the kernel reads it at an
+	 * interrupt of this thread, which the signal fence orders the store
+	 * before, and before whatever the caller does next (an unmap). */
+	__atomic_store_n(&area->rseq_cs, 0, __ATOMIC_RELAXED);
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+#endif
 }
 
 /* liburcu-bp's: set when its readers may rely on its membarrier (ABI). */

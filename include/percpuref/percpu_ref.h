@@ -19,12 +19,14 @@
  * percpu_ref_reinit() (count == 0), when it was created with
  * PERCPU_REF_ALLOW_REINIT (or INIT_ATOMIC / INIT_DEAD, which imply it).
  *
- * Threads: nothing to do.  No call needs thread registration; any thread may
- * call any function.  Switching waits for "a grace period" of the readers of
- * per-CPU counters: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) for the
- * rseq fast path, or a grace period of the fallback readers in a process
- * without rseq (docs/percpu_ref.md).  percpuref_fast_path() says which
- * path this process uses.
+ * Threads: nothing to do, but before unloading code that called percpuref
+ * (percpuref_prepare_unload()).  No call needs thread registration; any
+ * thread may call any function.  Switching waits for "a grace period" of
+ * the readers of per-CPU counters:
+ * membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) for the rseq fast path,
+ * or a grace period of the fallback readers in a process without rseq
+ * (docs/percpu_ref.md).  percpuref_fast_path() says which path this
+ * process uses.
  *
  * Callbacks: @release runs on the thread whose put drops the last reference;
  * if that last reference was the one a switch holds while it waits, it runs
@@ -247,6 +249,27 @@ PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *s
  * this call chooses it if none exists yet.  Any thread.
  */
 PERCPUREF_API const char *percpuref_fast_path(void);
+
+/*
+ * percpuref_prepare_unload - forget the calling thread's last rseq
+ * sequence, so that the code it ran in can be unmapped.  Each get and put
+ * on the rseq fast path is inlined into the caller's object (a plugin, a
+ * JIT's code) and leaves the thread's rseq area pointing at a descriptor
+ * in that object; the kernel reads it at the thread's next preemption or
+ * signal, and kills the thread (SIGSEGV) once the object is gone.  The
+ * library's own functions do the same inside libpercpuref.so.  So, as the
+ * kernel's rseq ABI requires: every thread that called percpuref from an
+ * object that will be dlclose()d (or while libpercpuref.so itself may be)
+ * calls this after its last such call and before the unload (a thread
+ * that exited needs nothing).  The calls a callback makes are the
+ * library's to forget: it calls this after every callback, on whichever
+ * thread it ran (its own, or the one whose put released the ref).  One
+ * store; any thread, async-signal-safe.  Call it whatever
+ * percpuref_fast_path() says: a process may leave the rseq fast path at
+ * run time (a refused membarrier), with areas still pointing at earlier
+ * sequences, and the call still clears them.
+ */
+PERCPUREF_API void percpuref_prepare_unload(void);
 
 /* Out-of-line halves of the fast paths: fallback (no rseq) and misuse. */
 PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr);

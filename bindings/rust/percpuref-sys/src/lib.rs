@@ -39,6 +39,7 @@ extern "C" {
     pub fn percpu_ref_barrier() -> c_int;
     pub fn percpu_ref_managed_flush() -> c_int;
     pub fn percpuref_shutdown();
+    pub fn percpuref_prepare_unload();
 
     pub fn percpuref_sys_get(r: *mut percpu_ref);
     pub fn percpuref_sys_tryget(r: *mut percpu_ref) -> bool;

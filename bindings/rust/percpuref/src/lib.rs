@@ -433,6 +433,18 @@ pub fn flush_managed() -> Result<(), Error> {
     check(unsafe { sys::percpu_ref_managed_flush() })
 }
 
+/// Lets code that handled a `PcArc` be unloaded: a `cdylib` that uses this
+/// crate carries the C fast paths, and each clone or drop leaves the
+/// calling thread's rseq area pointing into it until the kernel next
+/// preempts the thread; if the library was `dlclose`d first, the thread
+/// dies by SIGSEGV.  Call it on every thread that used the library, after
+/// its last use and before the unload (the C library's
+/// `percpuref_prepare_unload()`; docs/percpu_ref.md).
+pub fn prepare_unload() {
+    // SAFETY: one store to the calling thread's own rseq area.
+    unsafe { sys::percpuref_prepare_unload() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,412 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Unloading code that ran the inline fast paths: each get and put leaves
+ * its thread's rseq area pointing at a descriptor in the object it was
+ * inlined into, and the kernel reads that pointer at the thread's next
+ * preemption or signal.  Once the object is unloaded, a thread still
+ * pointing there dies by SIGSEGV.  Each scenario loads tests/plugin's
+ * object, runs its fast paths on one thread (this one, a worker that then
+ * blocks, or each of the library's threads through a callback), unloads
+ * it and makes that thread enter the kernel again, in a child process: the
+ * child must exit 0.  Without percpuref_prepare_unload() on the user's
+ * threads, or without the library's own call after each callback it runs,
+ * the child dies.  Skipped without an rseq fast path.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "child.h"
+#include "percpuref/managed.h"
+#include "percpuref/percpu_rcuref.h"
+#include "tap.h"
+
+struct plugin {
+	void *handle;
+	void (*touch)(struct percpu_ref *ref);
+	void (*set_touched)(struct percpu_ref *ref);
+	percpu_ref_func_t *release;
+	percpu_rcuref_func_t *rcu_release;
+	int (*calls)(void);
+};
+
+/* Exit statuses of a child that could not run its scenario. */
+enum {
+	SETUP_FAILED = 2,
+	NOT_UNLOADED = 3,
+	CALLBACK_MISSING = 4,
+	NO_POINTER = 5,		/* the fast path left nothing to clear */
+	NOT_CLEARED = 6,
+};
+
+static struct plugin plugin;
+
+static void *plugin_symbol(const char *name)
+{
+	void *sym = dlsym(plugin.handle, name);
+
+	if (!sym) {
+		fprintf(stderr, "# %s: %s\n", name, dlerror());
+		exit(SETUP_FAILED);
+	}
+	return sym;
+}
+
+static void load_plugin(void)
+{
+	plugin.handle = dlopen(UNLOAD_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+	if (!plugin.handle) {
+		fprintf(stderr, "# dlopen: %s\n", dlerror());
+		exit(SETUP_FAILED);
+	}
+	plugin.touch = (void (*)(struct percpu_ref *))plugin_symbol("plugin_touch");
+	plugin.set_touched = (void (*)(struct percpu_ref *))plugin_symbol("plugin_set_touched");
+	plugin.release = (percpu_ref_func_t *)plugin_symbol("plugin_release");
+	plugin.rcu_release = (percpu_rcuref_func_t *)plugin_symbol("plugin_rcu_release");
+	plugin.calls = (int (*)(void))plugin_symbol("plugin_calls");
+}
+
+/* Unmaps the plugin: a scenario whose object stayed mapped proves nothing. */
+static void unload_plugin(void)
+{
+	void *again;
+
+	if (dlclose(plugin.handle)) {
+		fprintf(stderr, "# dlclose: %s\n", dlerror());
+		exit(SETUP_FAILED);
+	}
+	again = dlopen(UNLOAD_PLUGIN, RTLD_NOW | RTLD_NOLOAD);
+	if (again) {
+		fprintf(stderr, "# the plugin is still loaded\n");
+		exit(NOT_UNLOADED);
+	}
+}
+
+static void nothing(struct percpu_ref *ref)
+{
+	(void)ref;
+}
+
+static void rcu_nothing(struct percpu_rcuref *ref)
+{
+	(void)ref;
+}
+
+static void on_signal(int sig)
+{
+	(void)sig;
+}
+
+/* Enters the kernel in each way that makes it read this thread's area. */
+static void preempt_self(void)
+{
+	struct timespec ms = { 0, 1000000 };
+
+	signal(SIGUSR1, on_signal);
+	raise(SIGUSR1);
+	sched_yield();
+	nanosleep(&ms, NULL);
+}
+
+static void init_or_die(struct percpu_ref *ref, percpu_ref_func_t *release, unsigned int flags)
+{
+	if (percpu_ref_init(ref, release, flags))
+		exit(SETUP_FAILED);
+}
+
+/* Loads the plugin, whose callbacks will get and put @touched (a new
+ * per-CPU ref). */
+static void load_plugin_touching(struct percpu_ref *touched)
+{
+	init_or_die(touched, nothing, 0);
+	load_plugin();
+	plugin.set_touched(touched);
+}
+
+/* Kills @ref and frees it once released: 0, or the barrier's error. */
+static int kill_and_exit(struct percpu_ref *ref)
+{
+	int ret;
+
+	percpu_ref_kill(ref);
+	ret = percpu_ref_barrier();
+	percpu_ref_exit(ref);
+	return ret;
+}
+
+/* True when this thread's rseq area points into the plugin's object. */
+static bool points_into_plugin(void)
+{
+	struct percpuref_rseq_area *area = percpuref_this_rseq_area();
+	Dl_info info;
+
+	return area && area->rseq_cs &&
+	       dladdr((void *)(uintptr_t)area->rseq_cs, &info) &&
+	       info.dli_fname && !strcmp(info.dli_fname, UNLOAD_PLUGIN);
+}
+
+/* This thread ran the plugin's fast path, then unloads it.  Checks the
+ * premise of every scenario too: the fast path left the pointer in the
+ * plugin, and the call took it back. */
+static int scenario_main(void)
+{
+	struct percpu_ref ref;
+
+	init_or_die(&ref, nothing, 0);
+	load_plugin();
+	plugin.touch(&ref);
+	if (!points_into_plugin())
+		return NO_POINTER;
+	percpuref_prepare_unload();
+	if (percpuref_this_rseq_area()->rseq_cs != 0)
+		return NOT_CLEARED;
+	unload_plugin();
+	preempt_self();
+	return kill_and_exit(&ref);
+}
+
+static int wake_pipe[2];
+static pid_t worker_tid;	/* atomic: set once the worker cleared */
+
+/* Runs the fast path, then sleeps in the kernel across the unload.
+ * Nothing between the two wakes another thread: that could get this one
+ * preempted, and the kernel would clear the pointer itself. */
+static void *blocked_worker(void *arg)
+{
+	char c = 0;
+
+	plugin.touch(arg);
+	percpuref_prepare_unload();
+	__atomic_store_n(&worker_tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
+	if (read(wake_pipe[0], &c, 1) != 1)
+		return (void *)1;
+	return NULL;
+}
+
+/* Waits, up to 10 s, until thread @tid sleeps ('S' in its /proc stat):
+ * in read(). */
+static bool wait_until_sleeping(pid_t tid)
+{
+	struct timespec start, now;
+	char path[64], stat[256], *state;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (now = start; now.tv_sec - start.tv_sec < 10; clock_gettime(CLOCK_MONOTONIC, &now)) {
+		FILE *f = fopen(path, "r");
+		bool sleeping = false;
+
+		if (!f)
+			return false;
+		if (fgets(stat, sizeof(stat), f) && (state = strrchr(stat, ')')))
+			sleeping = state[1] == ' ' && state[2] == 'S';
+		fclose(f);
+		if (sleeping)
+			return true;
+		sched_yield();
+	}
+	return false;
+}
+
+static int scenario_blocked(void)
+{
+	struct percpu_ref ref;
+	pthread_t worker;
+	void *failed;
+	pid_t tid;
+	char c = 0;
+
+	init_or_die(&ref, nothing, 0);
+	load_plugin();
+	if (pipe(wake_pipe) || pthread_create(&worker, NULL, blocked_worker, &ref))
+		return SETUP_FAILED;
+	while (!(tid = __atomic_load_n(&worker_tid, __ATOMIC_ACQUIRE)))
+		sched_yield();
+	if (!wait_until_sleeping(tid))
+		return SETUP_FAILED;
+	unload_plugin();
+	if (write(wake_pipe[1], &c, 1) != 1 || pthread_join(worker, &failed) || failed)
+		return SETUP_FAILED;
+	return kill_and_exit(&ref);
+}
+
+static int kill_returned;	/* atomic: set by the killing thread */
+
+/* Holds the switch's reference until the kill's own put is done, so that
+ * the switch's put is the last one and @release runs on this thread. */
+static void confirm_after_kill(struct percpu_ref *ref)
+{
+	(void)ref;
+	while (!__atomic_load_n(&kill_returned, __ATOMIC_ACQUIRE))
+		sched_yield();
+}
+
+/* The callback thread runs the plugin's @release, sleeps, and is woken. */
+static int scenario_kill(void)
+{
+	struct percpu_ref touched, ref, wake;
+
+	load_plugin_touching(&touched);
+	init_or_die(&ref, plugin.release, 0);
+	percpu_ref_kill_and_confirm(&ref, confirm_after_kill);
+	if (plugin.calls() != 0)
+		return SETUP_FAILED;	/* released on this thread after all */
+	__atomic_store_n(&kill_returned, 1, __ATOMIC_RELEASE);
+	if (percpu_ref_barrier() || plugin.calls() != 1)
+		return CALLBACK_MISSING;
+	unload_plugin();
+	percpu_ref_exit(&ref);
+	init_or_die(&wake, nothing, 0);
+	return kill_and_exit(&wake) || kill_and_exit(&touched);
+}
+
+/* The callback thread runs the plugin's function as a kill's confirm; a
+ * reference held meanwhile keeps the release (a callback of its own) out
+ * of that batch. */
+static int scenario_confirm(void)
+{
+	struct percpu_ref touched, ref;
+
+	load_plugin_touching(&touched);
+	init_or_die(&ref, nothing, 0);
+	percpu_ref_get(&ref);
+	percpu_ref_kill_and_confirm(&ref, plugin.release);
+	if (percpu_ref_barrier() || plugin.calls() != 1)
+		return CALLBACK_MISSING;
+	unload_plugin();
+	if (kill_and_exit(&touched))
+		return SETUP_FAILED;
+	percpu_ref_put(&ref);
+	percpu_ref_exit(&ref);
+	return 0;
+}
+
+/* The confirm of a switch of an atomic ref runs at once, on this thread,
+ * and nothing follows it.  (A kill's confirm run at once is followed by
+ * the kill's own put, whose sequence in the library takes the pointer
+ * back anyway.) */
+static int scenario_confirm_now(void)
+{
+	struct percpu_ref touched, ref;
+
+	load_plugin_touching(&touched);
+	init_or_die(&ref, nothing, PERCPU_REF_INIT_ATOMIC);
+	percpu_ref_switch_to_atomic(&ref, plugin.release);
+	if (plugin.calls() != 1)
+		return CALLBACK_MISSING;
+	unload_plugin();
+	preempt_self();
+	return kill_and_exit(&ref) || kill_and_exit(&touched);
+}
+
+/* This thread's last put runs the plugin's @release: its only sequence
+ * of the plugin, which this thread's owner never called. */
+static int scenario_put(void)
+{
+	struct percpu_ref touched, ref;
+
+	load_plugin_touching(&touched);
+	init_or_die(&ref, plugin.release, PERCPU_REF_INIT_ATOMIC);
+	percpu_ref_get(&ref);
+	percpu_ref_kill(&ref);
+	if (percpu_ref_barrier() || plugin.calls() != 0)
+		return SETUP_FAILED;
+	percpu_ref_put(&ref);
+	if (plugin.calls() != 1)
+		return CALLBACK_MISSING;
+	unload_plugin();
+	preempt_self();
+	percpu_ref_exit(&ref);
+	return kill_and_exit(&touched);
+}
+
+/* The reclaimer runs the plugin's @release in a scan, sleeps, is woken. */
+static int scenario_managed(void)
+{
+	struct percpu_ref touched, ref, wake;
+
+	load_plugin_touching(&touched);
+	init_or_die(&ref, plugin.release, PERCPU_REF_REL_MANAGED);
+	percpu_ref_put(&ref);
+	if (percpu_ref_managed_flush() || plugin.calls() != 1)
+		return CALLBACK_MISSING;
+	unload_plugin();
+	percpu_ref_exit(&ref);
+	init_or_die(&wake, nothing, PERCPU_REF_REL_MANAGED);
+	percpu_ref_put(&wake);
+	percpu_ref_managed_flush();
+	percpu_ref_exit(&wake);
+	return kill_and_exit(&touched);
+}
+
+/* The reclaimer runs the plugin's @release after a grace period. */
+static int scenario_rcu(void)
+{
+	struct percpu_rcuref ref, wake;
+	struct percpu_ref touched;
+
+	load_plugin_touching(&touched);
+	if (percpu_rcuref_init(&ref, NULL, plugin.rcu_release, 0))
+		return SETUP_FAILED;
+	percpu_rcuref_kill(&ref);
+	if (percpu_rcuref_barrier() || plugin.calls() != 1)
+		return CALLBACK_MISSING;
+	unload_plugin();
+	percpu_rcuref_exit(&ref);
+	if (percpu_rcuref_init(&wake, NULL, rcu_nothing, 0))
+		return SETUP_FAILED;
+	percpu_rcuref_kill(&wake);
+	percpu_rcuref_barrier();
+	percpu_rcuref_exit(&wake);
+	return kill_and_exit(&touched);
+}
+
+static const struct {
+	const char *mode, *what;
+	int (*run)(void);
+} scenarios[] = {
+	{ "main", "the unloading thread ran the fast path", scenario_main },
+	{ "blocked", "a thread blocked in the kernel across the unload", scenario_blocked },
+	{ "kill", "the callback thread ran the plugin's @release", scenario_kill },
+	{ "put", "this thread's last put ran the plugin's @release", scenario_put },
+	{ "confirm", "the callback thread ran the plugin's confirm", scenario_confirm },
+	{ "confirm-now", "this thread's switch ran the plugin's confirm at once",
+	  scenario_confirm_now },
+	{ "managed", "the reclaimer released a managed ref into the plugin", scenario_managed },
+	{ "rcu", "the reclaimer ran an RCU-deferred @release", scenario_rcu },
+};
+#define NR_SCENARIOS (sizeof(scenarios) / sizeof(scenarios[0]))
+
+int main(int argc, char **argv)
+{
+	unsigned int i;
+
+	for (i = 0; i < NR_SCENARIOS; i++)
+		if (argc > 1 && !strcmp(argv[1], scenarios[i].mode))
+			return scenarios[i].run();
+	/* No rseq area for the kernel to read (valgrind, qemu-user, no rseq):
+	 * nothing could fail.  Under valgrind the children would even run
+	 * natively, on rseq, under this process's label. */
+	if (!strcmp(percpuref_fast_path(), "fallback")) {
+		printf("1..0 # SKIP no rseq fast path in this process\n");
+		return 0;
+	}
+	/* A few times each: a thread the kernel happened to preempt between
+	 * its last sequence and the unload was cleared by the kernel. */
+	for (i = 0; i < NR_SCENARIOS; i++) {
+		int status = 0, round;
+
+		for (round = 0; round < 5 && status == 0; round++)
+			status = run_mode(scenarios[i].mode);
+		is(status, 0, "%s: %s, unloaded, survives (%s)", scenarios[i].mode,
+		   scenarios[i].what, percpuref_fast_path());
+	}
+	return done_testing();
+}
