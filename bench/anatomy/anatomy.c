@@ -226,6 +226,16 @@ static long parse_positive(const char *flag, const char *s, long max)
 	return v;
 }
 
+/* 0 once standard output took the results, else 1 (a full disk, a
+ * closed pipe), saying so. */
+static int results_written(void)
+{
+	if (!fflush(stdout) && !ferror(stdout))
+		return 0;
+	fprintf(stderr, "anatomy: standard output: cannot write the results\n");
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	double best[NR_VARIANTS];
@@ -259,7 +269,7 @@ int main(int argc, char **argv)
 	if (strncmp(percpuref_fast_path(), "rseq", 4) || !percpuref_this_rseq_area()) {
 		printf("fast path %s: no rseq sequence to take apart\n", percpuref_fast_path());
 		percpu_ref_exit(&ref);
-		return 0;
+		return results_written();
 	}
 	for (size_t v = 0; v < NR_VARIANTS; v++)
 		best[v] = 1e300;
@@ -290,7 +300,7 @@ int main(int argc, char **argv)
 	if (!released)
 		return fprintf(stderr, "anatomy: a variant lost or doubled an add\n"), 1;
 	percpu_ref_exit(&ref);
-	return 0;
+	return results_written();
 }
 
 #else

@@ -167,6 +167,15 @@ static void list_workload(FILE *out, const struct bench_workload *w)
 	}
 }
 
+/* Exit 0 once standard output took everything: a closed pipe or a full
+ * disk lost the results (or the listing), and says so. */
+static int finish_stdout(void)
+{
+	if (fflush(stdout) || ferror(stdout))
+		bench_die("standard output: cannot write the results");
+	return 0;
+}
+
 static void usage(FILE *out, const struct bench_workload *w)
 {
 	fprintf(out,
@@ -499,16 +508,25 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			cli->json = optarg;
 			break;
 		case OPT_LIST:
-			cli->list = true;
-			break;
 		case OPT_HELP:
+			/* Either stands alone after the workload's name. */
+			if (argc != 2)
+				usage_error(w, "%s takes no other argument", argv[optind - 1]);
+			if (c == OPT_LIST) {
+				cli->list = true;
+				break;
+			}
 			usage(stdout, w);
-			exit(0);
+			exit(finish_stdout());
 		case ':':
 			usage_error(w, "%s needs a value", argv[optind - 1]);
 		case '?':
 			/* A short option inside a cluster ("-xyz"): optind has
-			 * not moved past it, optopt names it. */
+			 * not moved past it, optopt names it.  A long option
+			 * given a value it takes none of ("--help=x"): optopt
+			 * is its OPT_ code. */
+			if (optopt >= OPT_THREADS)
+				usage_error(w, "%s takes no value", argv[optind - 1]);
 			if (optopt)
 				usage_error(w, "unknown option -%c", optopt);
 			usage_error(w, "unknown option %s", argv[optind - 1]);
@@ -720,6 +738,13 @@ static void free_report(struct report *r)
 	free((void *)r->threads);
 }
 
+/* --help, --version, --list and --topology stand alone. */
+static void no_more_arguments(int argc, char **argv)
+{
+	if (argc > 2)
+		usage_error(NULL, "%s takes no other argument (\"%s\")", argv[1], argv[2]);
+}
+
 int main(int argc, char **argv)
 {
 	struct topology topo;
@@ -732,25 +757,29 @@ int main(int argc, char **argv)
 	if (argc < 2)
 		usage_error(NULL, "no workload given");
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+		no_more_arguments(argc, argv);
 		usage(stdout, NULL);
-		return 0;
+		return finish_stdout();
 	}
 	if (!strcmp(argv[1], "--version")) {
+		no_more_arguments(argc, argv);
 		printf("percpuref-bench %s (fast path: %s)\n", PERCPUREF_BENCH_VERSION, r.fast_path);
-		return 0;
+		return finish_stdout();
 	}
 	if (!strcmp(argv[1], "--list")) {
+		no_more_arguments(argc, argv);
 		for (unsigned int i = 0; i < nworkloads; i++)
 			list_workload(stdout, workloads[i]);
-		return 0;
+		return finish_stdout();
 	}
 	if (!strcmp(argv[1], "--topology")) {
+		no_more_arguments(argc, argv);
 		topology_read(&topo);
 		report_topology(stdout, &topo);
 		topology_free(&topo);
 		/* Which per-CPU fast path this process (and so a run) uses. */
 		printf("fast path: %s\n", percpuref_fast_path());
-		return 0;
+		return finish_stdout();
 	}
 	r.workload = find_workload(argv[1]);
 	if (!r.workload)
@@ -759,7 +788,7 @@ int main(int argc, char **argv)
 	parse_cli(r.workload, argc - 1, argv + 1, &cli, &r);
 	if (cli.list) {
 		list_workload(stdout, r.workload);
-		return 0;
+		return finish_stdout();
 	}
 
 	topology_read(&topo);
@@ -775,6 +804,9 @@ int main(int argc, char **argv)
 	run_schedule(&r);
 	compute_results(&r);
 	report_table(table_out, &r);
+	/* With --json -, the table went to standard error. */
+	if (table_out != stdout && (fflush(table_out) || ferror(table_out)))
+		bench_die("standard error: cannot write the table");
 	if (json_out) {
 		report_json(json_out, &r);
 		/* A full disk or a closed pipe: the results did not get out.
@@ -786,8 +818,7 @@ int main(int argc, char **argv)
 				bench_die("%s: cannot write the results", cli.json);
 		}
 	}
-	if (fflush(stdout) || ferror(stdout))
-		bench_die("standard output: cannot write the results");
+	finish_stdout();
 	free_report(&r);
 	topology_free(&topo);
 	free(workloads);

@@ -86,12 +86,47 @@ expect 2 micro --baseline "$over"
 grep -q "^percpuref-bench: --baseline $over:" "$tmp/err" ||
 	{ echo "FAIL: --baseline $over: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
 # Results that cannot be written (a full disk) are an error, not exit 0.
+# expect_full ARGS...: BENCH ARGS with standard output on a full disk
+# must fail, saying so.
+expect_full() {
+	"$bench" "$@" >/dev/full 2>"$tmp/err"
+	got=$?
+	if [ "$got" -ne 1 ] || ! grep -q 'cannot write' "$tmp/err"; then
+		echo "FAIL: percpuref-bench $* >/dev/full: exit $got, want 1 and a message"
+		fails=$((fails + 1))
+	else
+		echo "ok: percpuref-bench $* >/dev/full -> $got"
+	fi
+}
 expect 1 micro --threads 1 --variants private $short --json /dev/full
-if "$bench" micro --threads 1 --variants private $short >/dev/full 2>"$tmp/err"; then
-	echo "FAIL: percpuref-bench micro >/dev/full: exit 0"
+expect_full micro --threads 1 --variants private $short
+# The stand-alone options take nothing else (they ignored it), and their
+# output counts as results (it was lost with exit 0).
+for opt in --help --version --list --topology; do
+	expect 2 $opt extra
+	expect_full $opt
+done
+expect_full micro --list
+expect_full micro --help
+# ... and so do a workload's --list and --help, whichever comes first (the
+# other arguments were ignored: --json wrote no file).
+expect 2 micro --help extra
+expect 2 micro extra --help
+expect 2 micro --help --duration 1
+expect 2 micro --list --json "$tmp/list.json"
+expect 2 micro --threads 1 --list
+# A value given to an option that takes none is named as such (it was
+# "unknown option" and the low byte of the option's internal code).
+expect 2 micro --help=x
+grep -q 'takes no value' "$tmp/err" ||
+	{ echo "FAIL: --help=x: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+expect 2 micro --oversubscribe=1
+# With --json -, the table goes to standard error; losing it is an error.
+if "$bench" micro --threads 1 --variants private $short --json - >/dev/null 2>/dev/full; then
+	echo "FAIL: percpuref-bench micro --json - 2>/dev/full: exit 0"
 	fails=$((fails + 1))
 else
-	echo "ok: percpuref-bench micro >/dev/full -> $?"
+	echo "ok: percpuref-bench micro --json - 2>/dev/full -> $?"
 fi
 # managed-latency with more threads than its default: their sums are
 # shared (ThreadSanitizer builds report a race if they are not).
