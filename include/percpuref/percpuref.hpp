@@ -26,15 +26,19 @@
  * so lookups may race with the release; T may define `void unpublish()
  * noexcept`, called when the count reaches zero, to remove itself from
  * where readers find it: public, or private with rcu_refcounted<T> as a
- * friend; one the base cannot reach is not called).  make_owner / make_managed allocate T with new;
- * the release callback calls percpu_ref_exit / percpu_rcuref_exit and
- * deletes it, on the thread the C API names (last put, callback thread or
+ * friend; one the base cannot reach does not compile, unless T is final).
+ * Create T only with make_owner / make_managed, which allocate it with new
+ * and initialise its counter (a T built otherwise has none, and a ref_ptr
+ * to it is undefined); T's destructor must not throw (checked).  The
+ * release callback calls percpu_ref_exit / percpu_rcuref_exit and deletes
+ * it, on the thread the C API names (last put, callback thread or
  * reclaimer).  A C struct that embeds a counter can use ref_ptr too (not
  * owner / make_*, which allocate): specialise ref_traits<T> with
  * `static percpu_ref *counter(T &)` (or percpu_rcuref *).
  *
  * Errors: init and switch failures throw std::system_error with the
- * library's errno value (std::bad_alloc for ENOMEM).  Memory ordering is
+ * library's errno value (std::bad_alloc for ENOMEM); built without
+ * exceptions (-fno-exceptions), they abort.  Memory ordering is
  * the C API's: a put releases, the put (or reclaimer) that frees acquires.
  */
 #ifndef PERCPUREF_PERCPUREF_HPP
@@ -42,6 +46,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdlib>
 #include <new>
 #include <system_error>
 #include <type_traits>
@@ -72,15 +77,32 @@ inline int switch_to_managed(percpu_rcuref *r) noexcept
 
 [[noreturn]] inline void throw_errno(int err, const char *what)
 {
+#if defined(__cpp_exceptions)
 	if (err == -ENOMEM)
 		throw std::bad_alloc();
 	throw std::system_error(-err, std::generic_category(), what);
+#else
+	(void)err;
+	(void)what;
+	std::abort();
+#endif
 }
 
 } /* namespace detail */
 
 template <class T> class refcounted;
 template <class T> class rcu_refcounted;
+
+namespace detail {
+/* Whether T names a member unpublish at all, whatever its access: in a
+ * class deriving from T and from a base that has one, the name is
+ * ambiguous exactly when T has one too (lookup precedes access checks). */
+struct unpublish_probe_base { void unpublish(); };
+template <class U> struct unpublish_probe : U, unpublish_probe_base {};
+template <class U, class = void> struct names_unpublish : std::true_type {};
+template <class U>
+struct names_unpublish<U, std::void_t<decltype(&unpublish_probe<U>::unpublish)>> : std::false_type {};
+} /* namespace detail */
 
 namespace detail {
 /* The base that holds T's counter, and the way into its private init(). */
@@ -196,6 +218,10 @@ private:
 	{
 		percpu_rcuref_func_t *hook = nullptr;
 
+		if constexpr (!std::is_final_v<T>)
+			static_assert(has_unpublish<T>(0) || !detail::names_unpublish<T>::value,
+				      "T::unpublish() exists but rcu_refcounted<T> cannot call it: "
+				      "make it public or befriend rcu_refcounted<T>");
 		if constexpr (has_unpublish<T>(0))
 			hook = unpublish_hook;
 		return percpu_rcuref_init(&counter_, hook, release, flags);
@@ -346,6 +372,9 @@ private:
  */
 template <class T, class... Args> owner<T> make_owner(Args &&...args)
 {
+	/* The release deletes T inside the C library's put: nothing may
+	 * unwind from there. */
+	static_assert(std::is_nothrow_destructible_v<T>, "T's destructor must not throw");
 	T *obj = new T(std::forward<Args>(args)...);
 	int err = detail::access::init(obj, 0);
 
@@ -364,6 +393,7 @@ template <class T, class... Args> owner<T> make_owner(Args &&...args)
  */
 template <class T, class... Args> ref_ptr<T> make_managed(Args &&...args)
 {
+	static_assert(std::is_nothrow_destructible_v<T>, "T's destructor must not throw");
 	T *obj = new T(std::forward<Args>(args)...);
 	/* Atomic until managed: a failure before it is an exact atomic put. */
 	int err = detail::access::init(obj, PERCPU_REF_INIT_ATOMIC);
