@@ -93,7 +93,13 @@ int main(void)
 	for (int t = 0; t < TENANTS; t++)
 		CHECK(hcount_uncharge(tenants[t], SESSIONS, hcount_ns_own(tenants[t], SESSIONS)) == 0);
 
-	/* Concurrent servers: the limits hold and nothing is lost. */
+	/* Limits change at any time: tenant 0 may now hold 50. */
+	CHECK(hcount_ns_set_limit(tenants[0], SESSIONS, 50) == 0);
+	CHECK(open_all(tenants[0]) == 50);
+	CHECK(hcount_uncharge(tenants[0], SESSIONS, 50) == 0);
+
+	/* Concurrent servers: every charge is granted or refused, and nothing
+	 * is lost (the tree checks out, every count is back to 0). */
 	for (int t = 0; t < TENANTS; t++)
 		CHECK(pthread_create(&threads[t], NULL, server, tenants[t]) == 0);
 	for (int t = 0; t < TENANTS; t++)
