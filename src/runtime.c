@@ -124,12 +124,13 @@ static void publish_fast_path(ptrdiff_t offset, int order)
 /*
  * The kernel reads rseq_cs at this thread's next preemption, migration,
  * signal or rseq membarrier, and reads the descriptor it points to and the
- * signature before the abort handler that descriptor names; the ABI (include/uapi/linux/rseq.h) asks user space to
- * clear it before the descriptor is unmapped, the kernel's rseq selftests
- * before its code is.  Clearing it in each sequence costs
- * a store per get and put (0.15 ns of a 1.24 ns pair here); librseq's
- * rseq_prepare_unload() leaves it to the unloading code too.  Outside a
- * sequence (a call never is inside one), so the kernel restarts nothing.
+ * signature before the abort handler that descriptor names; the ABI
+ * (include/uapi/linux/rseq.h) asks user space to clear it before the
+ * descriptor is unmapped, the kernel's rseq selftests before its code is.
+ * Clearing it in each sequence costs a store per get and put (0.15 ns of a
+ * 1.24 ns pair here); librseq's rseq_prepare_unload() leaves it to the
+ * unloading code too.  Outside a sequence (a call never is inside one), so
+ * the kernel restarts nothing.
  */
 PERCPUREF_API void percpuref_prepare_unload(void)
 {

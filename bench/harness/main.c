@@ -167,12 +167,18 @@ static void list_workload(FILE *out, const struct bench_workload *w)
 	}
 }
 
-/* Exit 0 once standard output took everything: a closed pipe or a full
- * disk lost the results (or the listing), and says so. */
+/* Dies (status 1) unless @f, named @name, took everything written to
+ * it: a closed pipe or a full disk lost the results (or the listing). */
+static void check_written(FILE *f, const char *name)
+{
+	if (fflush(f) || ferror(f))
+		bench_die("%s: cannot write the results", name);
+}
+
+/* 0, once standard output took everything. */
 static int finish_stdout(void)
 {
-	if (fflush(stdout) || ferror(stdout))
-		bench_die("standard output: cannot write the results");
+	check_written(stdout, "standard output");
 	return 0;
 }
 
@@ -222,6 +228,14 @@ usage_error(const struct bench_workload *w, const char *fmt, ...)
 	fprintf(stderr, "\n");
 	usage(stderr, w);
 	exit(2);
+}
+
+/* --help, --list, --topology, --version (@opt) stand alone: @argc counts
+ * the program's, or the workload's, arguments from the name on. */
+static void stands_alone(const struct bench_workload *w, int argc, const char *opt)
+{
+	if (argc != 2)
+		usage_error(w, "%s takes no other argument", opt);
 }
 
 static int cmp_uint(const void *a, const void *b)
@@ -509,9 +523,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			break;
 		case OPT_LIST:
 		case OPT_HELP:
-			/* Either stands alone after the workload's name. */
-			if (argc != 2)
-				usage_error(w, "%s takes no other argument", argv[optind - 1]);
+			stands_alone(w, argc, argv[optind - 1]);
 			if (c == OPT_LIST) {
 				cli->list = true;
 				break;
@@ -738,13 +750,6 @@ static void free_report(struct report *r)
 	free((void *)r->threads);
 }
 
-/* --help, --version, --list and --topology stand alone. */
-static void no_more_arguments(int argc, char **argv)
-{
-	if (argc > 2)
-		usage_error(NULL, "%s takes no other argument (\"%s\")", argv[1], argv[2]);
-}
-
 int main(int argc, char **argv)
 {
 	struct topology topo;
@@ -757,23 +762,23 @@ int main(int argc, char **argv)
 	if (argc < 2)
 		usage_error(NULL, "no workload given");
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-		no_more_arguments(argc, argv);
+		stands_alone(NULL, argc, argv[1]);
 		usage(stdout, NULL);
 		return finish_stdout();
 	}
 	if (!strcmp(argv[1], "--version")) {
-		no_more_arguments(argc, argv);
+		stands_alone(NULL, argc, argv[1]);
 		printf("percpuref-bench %s (fast path: %s)\n", PERCPUREF_BENCH_VERSION, r.fast_path);
 		return finish_stdout();
 	}
 	if (!strcmp(argv[1], "--list")) {
-		no_more_arguments(argc, argv);
+		stands_alone(NULL, argc, argv[1]);
 		for (unsigned int i = 0; i < nworkloads; i++)
 			list_workload(stdout, workloads[i]);
 		return finish_stdout();
 	}
 	if (!strcmp(argv[1], "--topology")) {
-		no_more_arguments(argc, argv);
+		stands_alone(NULL, argc, argv[1]);
 		topology_read(&topo);
 		report_topology(stdout, &topo);
 		topology_free(&topo);
@@ -805,8 +810,8 @@ int main(int argc, char **argv)
 	compute_results(&r);
 	report_table(table_out, &r);
 	/* With --json -, the table went to standard error. */
-	if (table_out != stdout && (fflush(table_out) || ferror(table_out)))
-		bench_die("standard error: cannot write the table");
+	if (table_out != stdout)
+		check_written(table_out, "standard error");
 	if (json_out) {
 		report_json(json_out, &r);
 		/* A full disk or a closed pipe: the results did not get out.
