@@ -731,10 +731,34 @@ static void compute_results(struct report *r)
 		const struct result *base = &r->results[r->baseline_row * r->nvariants +
 							 i % r->nvariants];
 
-		res->efficiency = r->workload->no_efficiency ? -1 :
-				  (res->ops_per_sec / res->threads) /
-				  (base->ops_per_sec / base->threads);
+		if (r->workload->no_efficiency)
+			res->efficiency = -1;
+		else if (res->ops_per_sec > 0 && base->ops_per_sec > 0)
+			res->efficiency = (res->ops_per_sec / res->threads) /
+					  (base->ops_per_sec / base->threads);
+		else
+			res->efficiency = NAN;	/* shown as "-" */
 	}
+}
+
+/*
+ * Says on standard error how many measurements completed no operation in
+ * their window: an operation longer than --duration (managed-latency's
+ * release waits up to two scan intervals) counts nowhere, and its point's
+ * figures would be 0, or biased where other repetitions did count some.
+ */
+static void warn_empty_samples(const struct report *r)
+{
+	unsigned int points = r->nthreads * r->nvariants, empty = 0;
+
+	for (unsigned int i = 0; i < points; i++)
+		for (unsigned int k = 0; k < r->repeat; k++)
+			empty += r->results[i].samples[k].ops == 0;
+	if (empty)
+		fprintf(stderr, "percpuref-bench: %s: %u of %u measurements completed no %s "
+			"in their --duration of %g s (shown as -, or biasing their point): "
+			"give a longer --duration\n", r->workload->name, empty,
+			points * r->repeat, r->workload->op, r->duration);
 }
 
 static void free_report(struct report *r)
@@ -808,6 +832,7 @@ int main(int argc, char **argv)
 
 	run_schedule(&r);
 	compute_results(&r);
+	warn_empty_samples(&r);
 	report_table(table_out, &r);
 	/* With --json -, the table went to standard error. */
 	if (table_out != stdout)

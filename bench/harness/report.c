@@ -70,6 +70,16 @@ static void format_metric(char *buf, size_t len, double x)
 		snprintf(buf, len, "%.3g", x);
 }
 
+/* A column's figure, right-aligned in @width; "-" when not measured (a
+ * point that completed no operation, or a baseline that did not). */
+static void print_figure(FILE *out, int width, int precision, double x)
+{
+	if (isfinite(x))
+		fprintf(out, " %*.*f", width, precision, x);
+	else
+		fprintf(out, " %*s", width, "-");
+}
+
 static const struct metric *find_metric(const struct bench_metrics *m, const char *name)
 {
 	for (unsigned int i = 0; i < m->n; i++)
@@ -239,10 +249,12 @@ void report_table(FILE *out, const struct report *r)
 			if (group)
 				fprintf(out, " %*.0f", fig_w, res->ops_per_sec / res->groups);
 			else
-				fprintf(out, " %*.2f", fig_w, res->ns_per_op);
+				print_figure(out, fig_w, 2, res->ns_per_op);
 			fprintf(out, " %*.1f", rate_w, res->ops_per_sec / 1e6);
-			if (efficiency)
-				fprintf(out, " %4.0f%%", res->efficiency * 100);
+			if (efficiency) {
+				print_figure(out, 4, 0, res->efficiency * 100);
+				fputc('%', out);
+			}
 			fprintf(out, " |");
 		}
 		fputc('\n', out);

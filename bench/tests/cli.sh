@@ -131,6 +131,21 @@ fi
 # managed-latency with more threads than its default: their sums are
 # shared (ThreadSanitizer builds report a race if they are not).
 expect 0 managed-latency --threads 2 --interval-ms 1 --variants filtered $short
+# An operation longer than the window counts nowhere: its point shows "-"
+# and standard error says how many measurements completed none (the table
+# said "nan" and nothing said why).  A release waits for a scan every
+# 500 ms: a window of 2.4 ms (with its warm-up) sees one about once in
+# 40000 runs.
+"$bench" managed-latency --interval-ms 500 --duration 0.002 --variants filtered \
+	>"$tmp/out" 2>"$tmp/err"
+if grep -q '^ *1  1C1T .*| *- ' "$tmp/out" &&
+   grep -q 'managed-latency: 1 of 1 measurements completed no release' "$tmp/err"; then
+	echo "ok: a window that completed nothing: shown as -, and said"
+else
+	echo "FAIL: a window that completed nothing:"
+	sed 's/^/  /' "$tmp/out" "$tmp/err"
+	fails=$((fails + 1))
+fi
 expect 2 signal1 --workers 0
 expect 2 signal1 --workers -3
 expect 2 signal1 --workers 12abc
