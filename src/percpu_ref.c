@@ -1165,9 +1165,33 @@ fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
 	return true;
 }
 
+/*
+ * A ref without data (exited, or its init failed) has an atomic, dead mode
+ * word, so its gets and puts come here: warned and ignored, as every other
+ * call on it, instead of a load through the null data pointer.  A ref never
+ * passed to percpu_ref_init() is undefined, as in the kernel; zeroed
+ * memory, the likely case, has mode word 0, which the sequence takes for
+ * per-CPU mode: it faults once the runtime is set up, and before that
+ * comes here having written the rseq_cs field at the thread pointer's
+ * offset 0 (percpuref_this_cpu_add_after_setup()), so it stops the process
+ * with a message rather than going on with the thread's TLS damaged.
+ */
+static bool has_no_data(struct percpu_ref *ref, const char *fn)
+{
+	if (percpuref_likely(ref->data))
+		return false;
+	if (!mode_word(ref)) {
+		percpuref_warn(fn, "ref %p was never initialised (zeroed memory?); aborting",
+			       (void *)ref);
+		abort();
+	}
+	percpuref_warn(fn, "ref %p exited, or its init failed; ignored", (void *)ref);
+	return true;
+}
+
 PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr)
 {
-	if (!fallback_percpu_add(ref, nr))
+	if (!fallback_percpu_add(ref, nr) && !has_no_data(ref, "percpu_ref_get"))
 		__percpu_ref_atomic_add(ref, nr);
 }
 
@@ -1177,13 +1201,14 @@ PERCPUREF_API bool __percpu_ref_tryget_slow(struct percpu_ref *ref, unsigned lon
 		return true;
 	if (live && (mode_word(ref) & __PERCPU_REF_DEAD))
 		return false;
-	return __percpu_ref_atomic_add_not_zero(ref, nr);
+	return !has_no_data(ref, "percpu_ref_tryget") &&
+	       __percpu_ref_atomic_add_not_zero(ref, nr);
 }
 
 PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long nr)
 {
 	if (!fallback_percpu_add(ref, nr * PERCPU_REF_PUT_DELTA) &&
-	    __percpu_ref_atomic_sub_and_test(ref, nr))
+	    !has_no_data(ref, "percpu_ref_put") && __percpu_ref_atomic_sub_and_test(ref, nr))
 		__percpu_ref_release(ref);
 }
 

@@ -354,7 +354,8 @@ static inline void percpu_ref_get_many(struct percpu_ref *ref, unsigned long nr)
 	r = percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, nr);
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return;
-	if (r == PERCPUREF_THIS_CPU_FLAGGED)
+	/* No data: exited, or its init failed (the slow path warns). */
+	if (r == PERCPUREF_THIS_CPU_FLAGGED && percpuref_likely(ref->data))
 		__percpu_ref_atomic_add(ref, nr);
 	else
 		__percpu_ref_get_slow(ref, nr);
@@ -380,7 +381,7 @@ static inline bool percpu_ref_tryget_many(struct percpu_ref *ref, unsigned long 
 	r = percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, nr);
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return true;
-	if (r == PERCPUREF_THIS_CPU_FLAGGED)
+	if (r == PERCPUREF_THIS_CPU_FLAGGED && percpuref_likely(ref->data))
 		return __percpu_ref_atomic_add_not_zero(ref, nr);
 	return __percpu_ref_tryget_slow(ref, nr, false);
 }
@@ -432,7 +433,7 @@ static inline void percpu_ref_put_many(struct percpu_ref *ref, unsigned long nr)
 
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return;
-	if (r != PERCPUREF_THIS_CPU_FLAGGED)
+	if (r != PERCPUREF_THIS_CPU_FLAGGED || percpuref_unlikely(!ref->data))
 		__percpu_ref_put_slow(ref, nr);
 	else if (__percpu_ref_atomic_sub_and_test(ref, nr))
 		__percpu_ref_release(ref);

@@ -279,6 +279,27 @@ static void test_misuse(void)
 	percpu_ref_kill(&ref);
 	percpu_ref_switch_to_percpu(&ref);
 	ok(percpuref_warning_count() == warned + 2, "calls on an exited ref warn");
+	/* ... its gets and puts too, which loaded through the null data
+	 * pointer and crashed; and the same for a ref whose init failed. */
+	for (int failed = 0; failed < 2; failed++) {
+		const char *what = failed ? "a ref whose init failed" : "an exited ref";
+		bool zero;
+
+		if (failed)
+			is(percpu_ref_init(&ref, count_release, 1U << 7), -EINVAL,
+			   "init refused (unknown flag)");
+		zero = percpu_ref_is_zero(&ref);
+		reset();
+		warned = percpuref_warning_count();
+		percpu_ref_get(&ref);
+		percpu_ref_put(&ref);
+		ok(!percpu_ref_tryget(&ref), "tryget on %s fails", what);
+		ok(!percpu_ref_tryget_live(&ref), "tryget_live on %s fails", what);
+		ok(percpuref_warning_count() == warned + 3, "get, put and tryget on %s warn", what);
+		is(releases, 0, "a put on %s releases nothing", what);
+		ok(percpu_ref_is_zero(&ref) == zero && percpu_ref_is_dying(&ref),
+		   "%s still reads the same count, and dying", what);
+	}
 }
 
 static void test_alloc_failure(void)

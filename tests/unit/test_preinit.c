@@ -14,6 +14,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -78,6 +80,50 @@ static int refused_init_sets_up(void)
 }
 #endif
 
+/*
+ * In a child whose first library call this is: a get on a ref that was
+ * never initialised, in zeroed memory.  The sequence took mode word 0 for
+ * per-CPU mode, wrote rseq_cs through the zero params word, and the slow
+ * path then loaded through the null data pointer; it now stops with a
+ * message.  Returns only if it did not stop.
+ */
+static void zeroed_ref_get(void)
+{
+	struct percpu_ref ref;
+
+	memset(&ref, 0, sizeof(ref));
+	percpu_ref_get(&ref);
+}
+
+/* The child's stderr contains @needle, and it died of @sig. */
+static bool child_stopped_saying(void (*fn)(void), int sig, const char *needle)
+{
+	char out[512] = "";
+	int fds[2], status = -1;
+	ssize_t n, len = 0;
+	pid_t child;
+
+	if (pipe(fds))
+		return false;
+	child = fork();
+	if (child == 0) {
+		dup2(fds[1], STDERR_FILENO);
+		fn();
+		_exit(0);
+	}
+	close(fds[1]);
+	while (len < (ssize_t)sizeof(out) - 1 &&
+	       (n = read(fds[0], out + len, sizeof(out) - 1 - len)) > 0)
+		len += n;
+	close(fds[0]);
+	if (child < 0 || waitpid(child, &status, 0) != child)
+		return false;
+	for (char *nl = out; (nl = strchr(nl, '\n'));)
+		*nl = ' ';	/* one TAP comment line */
+	printf("# child status %#x, stderr: %s\n", status, out);
+	return WIFSIGNALED(status) && WTERMSIG(status) == sig && strstr(out, needle);
+}
+
 int main(void)
 {
 	uintptr_t flagged = 1;	/* a mode word with a flag: never commits */
@@ -105,6 +151,8 @@ int main(void)
 	   "a child forked before set-up: a refused percpu_ref_init() sets the runtime up "
 	   "before it writes the mode word, and fallback readers get units (child status %#x)",
 	   status);
+	ok(child_stopped_saying(zeroed_ref_get, SIGABRT, "was never initialised"),
+	   "a child whose first call is a get on a zeroed ref stops with a message");
 #endif
 
 	/* The thread's TCB head, where glibc keeps tcb, dtv, self. */
