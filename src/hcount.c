@@ -67,13 +67,14 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <percpuref/hcount.h>
+
+#include "internal.h"
 
 /*
  * Fault injection for the tests (declared extern there): when >= 0, the
@@ -93,22 +94,6 @@ static void *hc_alloc(size_t size)
 	}
 	size = (size + PERCPUREF_CACHELINE - 1) & ~(size_t)(PERCPUREF_CACHELINE - 1);
 	return aligned_alloc(PERCPUREF_CACHELINE, size);
-}
-
-__attribute__((format(printf, 2, 3)))
-static void hc_warn(const char *fn, const char *fmt, ...)
-{
-	va_list ap;
-	int cancel;
-
-	/* Writes are cancellation points; no hcount call is one. */
-	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
-	fprintf(stderr, "percpuref: %s: ", fn);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	pthread_setcancelstate(cancel, NULL);
 }
 
 static inline void cpu_relax(void)
@@ -409,12 +394,12 @@ int __hcount_charge_slow(struct hcount_ns *ns, unsigned int type, long n, long m
 	bool drainable;
 
 	if (!ns) {
-		hc_warn("hcount_charge", "no namespace");
+		percpuref_warn("hcount_charge", "no namespace");
 		return -EINVAL;
 	}
 	if (type >= ns->nr_types || n <= 0 || max < 0) {
-		hc_warn("hcount_charge", "namespace %p: bad type %u, n %ld or max %ld",
-			(void *)ns, type, n, max);
+		percpuref_warn("hcount_charge", "namespace %p: bad type %u, n %ld or max %ld",
+			       (void *)ns, type, n, max);
 		return -EINVAL;
 	}
 	if (!ns->batch)
@@ -437,20 +422,20 @@ int __hcount_uncharge_slow(struct hcount_ns *ns, unsigned int type, long n)
 	int ret;
 
 	if (!ns) {
-		hc_warn("hcount_uncharge", "no namespace");
+		percpuref_warn("hcount_uncharge", "no namespace");
 		return -EINVAL;
 	}
 	if (type >= ns->nr_types || n <= 0) {
-		hc_warn("hcount_uncharge", "namespace %p: bad type %u or n %ld", (void *)ns, type,
-			n);
+		percpuref_warn("hcount_uncharge", "namespace %p: bad type %u or n %ld", (void *)ns,
+			       type, n);
 		return -EINVAL;
 	}
 	if (!ns->batch) {
 		ret = nocache_uncharge(ns, type, n);
 		if (ret)
-			hc_warn("hcount_uncharge",
-				"namespace %p type %u: %ld units, more than charged", (void *)ns,
-				type, n);
+			percpuref_warn("hcount_uncharge",
+				       "namespace %p type %u: %ld units, more than charged",
+				       (void *)ns, type, n);
 		return ret;
 	}
 	s = slot(ns, type);
@@ -458,8 +443,9 @@ int __hcount_uncharge_slow(struct hcount_ns *ns, unsigned int type, long n)
 	own = __hcount_get(&s->own);
 	if (n > own) {
 		__hcount_slot_unlock(s);
-		hc_warn("hcount_uncharge", "namespace %p type %u: %ld units, only %ld charged",
-			(void *)ns, type, n, own);
+		percpuref_warn("hcount_uncharge",
+			       "namespace %p type %u: %ld units, only %ld charged", (void *)ns,
+			       type, n, own);
 		return -ERANGE;
 	}
 	__hcount_set(&s->own, own - n);
@@ -479,12 +465,12 @@ int hcount_ns_set_limit(struct hcount_ns *ns, unsigned int type, long limit)
 	long old;
 
 	if (!ns) {
-		hc_warn("hcount_ns_set_limit", "no namespace");
+		percpuref_warn("hcount_ns_set_limit", "no namespace");
 		return -EINVAL;
 	}
 	if (type >= ns->nr_types || limit <= 0) {
-		hc_warn("hcount_ns_set_limit", "namespace %p: bad type %u or limit %ld",
-			(void *)ns, type, limit);
+		percpuref_warn("hcount_ns_set_limit", "namespace %p: bad type %u or limit %ld",
+			       (void *)ns, type, limit);
 		return -EINVAL;
 	}
 	tree = ns->tree;
@@ -533,7 +519,7 @@ static bool limits_valid(const char *fn, unsigned int nr_types, const long *limi
 
 	for (t = 0; limits && t < nr_types; t++) {
 		if (limits[t] <= 0) {
-			hc_warn(fn, "type %u: limit %ld is not positive", t, limits[t]);
+			percpuref_warn(fn, "type %u: limit %ld is not positive", t, limits[t]);
 			return false;
 		}
 	}
@@ -570,7 +556,8 @@ int hcount_tree_create(struct hcount_tree **treep, unsigned int nr_types, unsign
 	struct hcount_tree *tree;
 
 	if (!treep || nr_types == 0 || nr_types > HCOUNT_TYPES_MAX || batch > HCOUNT_BATCH_MAX) {
-		hc_warn("hcount_tree_create", "bad nr_types %u or batch %u", nr_types, batch);
+		percpuref_warn("hcount_tree_create", "bad nr_types %u or batch %u", nr_types,
+			       batch);
 		return -EINVAL;
 	}
 	if (!limits_valid("hcount_tree_create", nr_types, root_limits))
@@ -597,15 +584,15 @@ int hcount_tree_destroy(struct hcount_tree *tree)
 	unsigned int t;
 
 	if (!tree) {
-		hc_warn("hcount_tree_destroy", "no tree");
+		percpuref_warn("hcount_tree_destroy", "no tree");
 		return -EINVAL;
 	}
 	root = tree->root;
 	pthread_mutex_lock(&tree->mutex);
 	if (root->nr_children) {
 		pthread_mutex_unlock(&tree->mutex);
-		hc_warn("hcount_tree_destroy", "tree %p: root still has %u children", (void *)tree,
-			root->nr_children);
+		percpuref_warn("hcount_tree_destroy", "tree %p: root still has %u children",
+			       (void *)tree, root->nr_children);
 		return -EBUSY;
 	}
 	for (t = 0; t < tree->nr_types; t++) {
@@ -613,8 +600,9 @@ int hcount_tree_destroy(struct hcount_tree *tree)
 
 		if (own) {
 			pthread_mutex_unlock(&tree->mutex);
-			hc_warn("hcount_tree_destroy", "tree %p type %u: %ld units still charged",
-				(void *)tree, t, own);
+			percpuref_warn("hcount_tree_destroy",
+				       "tree %p type %u: %ld units still charged", (void *)tree, t,
+				       own);
 			return -EBUSY;
 		}
 	}
@@ -631,13 +619,13 @@ int hcount_ns_create(struct hcount_ns **nsp, struct hcount_ns *parent, const lon
 	struct hcount_ns *ns;
 
 	if (!nsp || !parent) {
-		hc_warn("hcount_ns_create", "no %s", nsp ? "parent" : "result pointer");
+		percpuref_warn("hcount_ns_create", "no %s", nsp ? "parent" : "result pointer");
 		return -EINVAL;
 	}
 	tree = parent->tree;
 	if (parent->depth >= HCOUNT_DEPTH_MAX) {
-		hc_warn("hcount_ns_create", "parent %p is at the maximum depth %u", (void *)parent,
-			HCOUNT_DEPTH_MAX);
+		percpuref_warn("hcount_ns_create", "parent %p is at the maximum depth %u",
+			       (void *)parent, HCOUNT_DEPTH_MAX);
 		return -EINVAL;
 	}
 	if (!limits_valid("hcount_ns_create", tree->nr_types, limits))
@@ -665,8 +653,8 @@ int hcount_ns_destroy(struct hcount_ns *ns)
 	unsigned int t;
 
 	if (!ns || !ns->parent) {
-		hc_warn("hcount_ns_destroy", "namespace %p is %s", (void *)ns,
-			ns ? "the root" : "NULL");
+		percpuref_warn("hcount_ns_destroy", "namespace %p is %s", (void *)ns,
+			       ns ? "the root" : "NULL");
 		return -EINVAL;
 	}
 	tree = ns->tree;
@@ -674,8 +662,8 @@ int hcount_ns_destroy(struct hcount_ns *ns)
 	pthread_mutex_lock(&tree->mutex);
 	if (ns->nr_children) {
 		pthread_mutex_unlock(&tree->mutex);
-		hc_warn("hcount_ns_destroy", "namespace %p still has %u children", (void *)ns,
-			ns->nr_children);
+		percpuref_warn("hcount_ns_destroy", "namespace %p still has %u children",
+			       (void *)ns, ns->nr_children);
 		return -EBUSY;
 	}
 	for (t = 0; t < tree->nr_types; t++) {
@@ -683,8 +671,9 @@ int hcount_ns_destroy(struct hcount_ns *ns)
 
 		if (own) {
 			pthread_mutex_unlock(&tree->mutex);
-			hc_warn("hcount_ns_destroy",
-				"namespace %p type %u: %ld units still charged", (void *)ns, t, own);
+			percpuref_warn("hcount_ns_destroy",
+				       "namespace %p type %u: %ld units still charged", (void *)ns,
+				       t, own);
 			return -EBUSY;
 		}
 	}
@@ -711,15 +700,15 @@ static int check_ns(struct hcount_ns *ns)
 
 	for (c = ns->first_child; c; c = c->next_sibling) {
 		if (c->parent != ns || c->depth != ns->depth + 1 || *c->pprev != c) {
-			hc_warn("hcount_tree_check", "namespace %p: bad links to child %p",
-				(void *)ns, (void *)c);
+			percpuref_warn("hcount_tree_check", "namespace %p: bad links to child %p",
+				       (void *)ns, (void *)c);
 			return -EUCLEAN;
 		}
 		nr++;
 	}
 	if (nr != ns->nr_children) {
-		hc_warn("hcount_tree_check", "namespace %p: %u children listed, %u counted",
-			(void *)ns, nr, ns->nr_children);
+		percpuref_warn("hcount_tree_check", "namespace %p: %u children listed, %u counted",
+			       (void *)ns, nr, ns->nr_children);
 		return -EUCLEAN;
 	}
 	for (t = 0; t < ns->nr_types; t++) {
@@ -731,10 +720,10 @@ static int check_ns(struct hcount_ns *ns)
 			below += hcount_ns_count(c, t) + hcount_ns_cached(c, t);
 		if (own < 0 || cached < 0 || (cached && (!ns->parent || !ns->batch)) ||
 		    count > limit || count != own + below) {
-			hc_warn("hcount_tree_check",
-				"namespace %p type %u: count %ld, own %ld, children %ld, "
-				"cached %ld, limit %ld",
-				(void *)ns, t, count, own, below, cached, limit);
+			percpuref_warn("hcount_tree_check",
+				       "namespace %p type %u: count %ld, own %ld, children %ld, "
+				       "cached %ld, limit %ld",
+				       (void *)ns, t, count, own, below, cached, limit);
 			return -EUCLEAN;
 		}
 	}
@@ -752,7 +741,7 @@ int hcount_tree_check(struct hcount_tree *tree)
 	int ret;
 
 	if (!tree) {
-		hc_warn("hcount_tree_check", "no tree");
+		percpuref_warn("hcount_tree_check", "no tree");
 		return -EINVAL;
 	}
 	pthread_mutex_lock(&tree->mutex);
