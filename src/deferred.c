@@ -127,6 +127,18 @@ static bool pushed_while_going_to_sleep(void)
 	return true;
 }
 
+unsigned long percpuref_deferred_run(struct percpuref_deferred *first)
+{
+	struct percpuref_deferred *next;
+	unsigned long n;
+
+	for (n = 0; first; first = next, n++) {
+		next = first->next;	/* the function may free the item */
+		first->fn(first);
+	}
+	return n;
+}
+
 /*
  * deferred_lock held on entry and on return, dropped meanwhile.  Takes
  * every pushed item and runs them after one fence, all under batch_lock
@@ -135,7 +147,7 @@ static bool pushed_while_going_to_sleep(void)
  */
 static void run_batch(void)
 {
-	struct percpuref_deferred *batch, *next;
+	struct percpuref_deferred *batch;
 	unsigned long n;
 
 	pthread_mutex_unlock(&deferred_lock);
@@ -144,10 +156,7 @@ static void run_batch(void)
 	batch = take_pending();
 	if (batch)
 		percpuref_fence_readers();
-	for (n = 0; batch; batch = next, n++) {
-		next = batch->next;	/* the function may free the item */
-		batch->fn(batch);
-	}
+	n = percpuref_deferred_run(batch);
 
 	pthread_mutex_lock(&deferred_lock);
 	batch_fences += n != 0;

@@ -195,6 +195,10 @@ struct percpuref_deferred {
 	percpuref_deferred_fn fn;
 };
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn);
+/* Runs the items of the list @first in order (each @fn may free its item);
+ * returns how many ran.  The batches of both queues, this one and the
+ * reclaimer's RCU queue (managed.c), end with it. */
+unsigned long percpuref_deferred_run(struct percpuref_deferred *first);
 /* After dropping the locks held around percpuref_call_after_grace_period():
  * start or wake the thread if that call found it asleep (or not running). */
 void percpuref_deferred_wake_owed(void);

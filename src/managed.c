@@ -324,8 +324,8 @@ int percpuref_wait_rcu(void)
  * (taken first: rank order) so that a fork waits for the batch. */
 static void run_rcu_batch(void)
 {
-	struct percpuref_deferred *batch, *next;
-	uint64_t n = 0;
+	struct percpuref_deferred *batch;
+	uint64_t n;
 
 	pthread_mutex_unlock(&managed_lock);
 	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
@@ -338,10 +338,7 @@ static void run_rcu_batch(void)
 	percpuref_synchronize_rcu();
 	/* For TSAN: pairs with the release in percpu_rcuref_read_unlock(). */
 	percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
-	for (; batch; batch = next, n++) {
-		next = batch->next;	/* the function may free the item */
-		batch->fn(batch);
-	}
+	n = percpuref_deferred_run(batch);
 
 	pthread_mutex_lock(&managed_lock);
 	stats.rcu_grace_periods++;
