@@ -230,6 +230,11 @@ void *bench_zalloc(size_t size);
 
 /* bench_clock_ns - @clock's time in ns; 0 when the clock cannot be read. */
 uint64_t bench_clock_ns(clockid_t clock);
+/* bench_seconds - CLOCK_MONOTONIC in seconds. */
+static inline double bench_seconds(void)
+{
+	return bench_clock_ns(CLOCK_MONOTONIC) * 1e-9;
+}
 
 /*
  * bench_threads_cpu_ns - the CPU time, in ns, of this process's threads

@@ -637,14 +637,6 @@ static void plan_report(struct report *r, const struct cli *cli)
 	}
 }
 
-static double monotonic_seconds(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /*
  * Every repetition of every point.  A run planned longer than
  * PROGRESS_AFTER_S seconds, with stderr on a terminal, shows a progress
@@ -658,7 +650,7 @@ static void run_schedule(struct report *r)
 	unsigned int points = r->nthreads * r->nvariants, total = r->repeat * points, done = 0;
 	/* Each point: its window, its warm-up, and about as much again. */
 	bool progress = isatty(STDERR_FILENO) && total * r->duration * 1.2 > PROGRESS_AFTER_S;
-	double start = monotonic_seconds();
+	double start = bench_seconds();
 	time_t now = time(NULL);
 	struct tm tm;
 
@@ -668,7 +660,7 @@ static void run_schedule(struct report *r)
 			struct result *res = &r->results[i];
 
 			if (progress) {
-				double elapsed = monotonic_seconds() - start;
+				double elapsed = bench_seconds() - start;
 
 				fprintf(stderr, "\r%s: point %u of %u (%s, %u thread%s), %.0f s elapsed",
 					r->workload->name, done + 1, total, res->variant->name,

@@ -93,14 +93,6 @@ static void *thread_main(void *arg)
 	return NULL;
 }
 
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void sleep_until(double when)
 {
 	struct timespec ts = { .tv_sec = (time_t)when };
@@ -157,11 +149,11 @@ struct sample measure(const struct bench_workload *w, const struct bench_variant
 	}
 	pthread_barrier_wait(&start_barrier);
 
-	sleep_until(now() + duration / 5);
-	t0 = now();
+	sleep_until(bench_seconds() + duration / 5);
+	t0 = bench_seconds();
 	ops0 = snapshot(threads, nthreads);
 	sleep_until(t0 + duration);
-	s.seconds = now() - t0;
+	s.seconds = bench_seconds() - t0;
 	s.ops = snapshot(threads, nthreads) - ops0;
 	__atomic_store_n(&run.stop, true, __ATOMIC_RELAXED);
 
