@@ -41,17 +41,24 @@
  * caches each time); if the
  * retry is refused at a level at or below f the refusal is final, else it
  * drains below that higher level and retries again (at most depth times).
- * While a drain runs, tree->draining is set: refills take no batch and
- * uncharges give everything back up to the root, so no cache below f can
- * fill again behind the drain.  That needs every refill or give-back of a
- * namespace y below f to see the flag if it runs after the drain visited y.
- * Both read the flag while holding the lock of the namespace they start
- * from (y itself, or a descendant of y, which the post-order drain visits
- * before y); the drainer sets the flag before it takes any lock and takes
- * y's lock to visit y, so the lock's release/acquire orders the flag store
- * before that read.  A refill or give-back that ran before the visit left
- * its units in a cache the visit then moves.  So after the drain, count(f)
- * = usage below f + units of charges in progress, all of which succeed.
+ * The drain marks each namespace strictly below f (its slot's `draining`)
+ * when it visits it, under that slot's lock, and unmarks them all once the
+ * charge is decided.  A refill starting at a marked namespace takes no
+ * batch; a give-back moves all of a marked level's cache up, level after
+ * level, and stops only at an unmarked one.  So no cache below f fills
+ * again behind the drain: a refill reads the mark of the namespace x it
+ * starts from while holding x's lock, and holds the whole chain from x up
+ * while it writes.  If it locked x after the visit of x, the lock orders
+ * the mark before its read, and it adds no batch anywhere.  If before, the
+ * visit of x waits for it, and the post-order visits every ancestor of x
+ * below f later still, moving the batches it left there.  A give-back
+ * reads each level's mark under that level's lock, so it leaves units
+ * only at a level not visited yet (whose visit moves them) or above f.
+ * Marks stay within f's subtree: namespaces elsewhere see no drain (a
+ * single flag for the tree once sent every uncharge of every tenant to the
+ * root while any tenant was being refused).  So after the drain, count(f)
+ * = usage of f's subtree + units of charges and uncharges in progress; the
+ * charges among them succeed.
  *
  * No-cache mode: no locks.  A charge adds n to count() of each level from ns
  * to the root with a compare-and-swap that checks the limit, and subtracts
@@ -173,7 +180,7 @@ static struct hcount_ns *chain_charge(struct hcount_ns *ns, unsigned int type, l
 
 	__hcount_slot_lock(slot(ns, type));
 	/* Relaxed: ordered by ns's slot lock against the drainer (top comment). */
-	if (__atomic_load_n(&ns->tree->draining, __ATOMIC_RELAXED))
+	if (__atomic_load_n(&slot(ns, type)->draining, __ATOMIC_RELAXED))
 		surplus = false;
 	lim = lmin(__hcount_get(&slot(ns, type)->limit), max);
 	/* Walk up, locking, until a level can serve amt; check every level. */
@@ -229,18 +236,20 @@ static struct hcount_ns *chain_charge(struct hcount_ns *ns, unsigned int type, l
 
 /*
  * give_back_unlock - with @y's slot locked, move cache above the high-water
- * mark (2 * batch, trimmed to batch; everything when @all) to the parent,
- * hand over hand up the chain; returns with no slot locked.
+ * mark (2 * batch, trimmed to batch; everything from a level a drain runs
+ * above) to the parent, hand over hand up the chain; returns with no slot
+ * locked.
  */
-static void give_back_unlock(struct hcount_ns *y, unsigned int type, bool all)
+static void give_back_unlock(struct hcount_ns *y, unsigned int type)
 {
-	long hiwat = all ? 0 : 2 * (long)y->batch;
-	long keep = all ? 0 : (long)y->batch;
-
 	for (;;) {
 		struct hcount_slot *s = slot(y, type), *ps;
 		struct hcount_ns *p = y->parent;
 		long cached = __hcount_get(&s->cached);
+		/* Relaxed: ordered by y's slot lock against the drainer. */
+		bool all = __atomic_load_n(&s->draining, __ATOMIC_RELAXED);
+		long hiwat = all ? 0 : 2 * (long)y->batch;
+		long keep = all ? 0 : (long)y->batch;
 
 		if (!p || cached <= hiwat) {
 			__hcount_slot_unlock(s);
@@ -257,13 +266,17 @@ static void give_back_unlock(struct hcount_ns *y, unsigned int type, bool all)
 	}
 }
 
-/* Moves @y's whole cache into its parent's (the parent's count drops). */
-static void drain_one(struct hcount_ns *y, unsigned int type)
+/* Moves @y's whole cache into its parent's (the parent's count drops);
+ * for a drain (@mark), marks @y as below one, in the same lock hold. */
+static void drain_one(struct hcount_ns *y, unsigned int type, bool mark)
 {
 	struct hcount_slot *s = slot(y, type), *ps = slot(y->parent, type);
 	long cached;
 
 	__hcount_slot_lock(s);
+	if (mark)
+		/* Relaxed: read under this lock (top comment). */
+		__atomic_store_n(&s->draining, 1, __ATOMIC_RELAXED);
 	__hcount_slot_lock(ps);
 	cached = __hcount_get(&s->cached);
 	__hcount_set(&ps->count, __hcount_get(&ps->count) - cached);
@@ -281,24 +294,34 @@ static void drain_below(struct hcount_ns *f, unsigned int type)
 
 	for (c = f->first_child; c; c = c->next_sibling) {
 		drain_below(c, type);
-		drain_one(c, type);
+		drain_one(c, type, true);
 	}
 }
 
-/* Tree mutex held: start a drain episode (see the top comment). */
-static void drain_begin(struct hcount_tree *tree)
+/* Clears the marks drain_one() left strictly below @f.  Tree mutex. */
+static void unmark_below(struct hcount_ns *f, unsigned int type)
 {
-	/* Relaxed: slot locks order it against the readers (top comment). */
-	__atomic_store_n(&tree->draining, 1, __ATOMIC_RELAXED);
+	struct hcount_ns *c;
+
+	for (c = f->first_child; c; c = c->next_sibling) {
+		struct hcount_slot *s = slot(c, type);
+
+		unmark_below(c, type);
+		__hcount_slot_lock(s);
+		/* Relaxed: read under this lock; a stale mark would only
+		 * cost a batch-less refill or a full give-back. */
+		__atomic_store_n(&s->draining, 0, __ATOMIC_RELAXED);
+		__hcount_slot_unlock(s);
+	}
 }
 
-static void drain_end(struct hcount_tree *tree, struct hcount_ns *f, unsigned int type)
+/* Ends the drains below @f (the highest level drained); tree mutex. */
+static void drain_end(struct hcount_ns *f, unsigned int type)
 {
+	unmark_below(f, type);
 	/* f collected the caches below it; give back its excess as usual. */
 	__hcount_slot_lock(slot(f, type));
-	give_back_unlock(f, type, false);
-	/* Relaxed: a stale 1 only costs a batch-less refill. */
-	__atomic_store_n(&tree->draining, 0, __ATOMIC_RELAXED);
+	give_back_unlock(f, type);
 }
 
 /* The charge met a full level @f that has caches below it: drain, retry. */
@@ -311,7 +334,6 @@ static int charge_drain_retry(struct hcount_ns *ns, unsigned int type, long n, l
 	int ret;
 
 	pthread_mutex_lock(&tree->mutex);
-	drain_begin(tree);
 	for (;;) {
 		drain_below(f, type);
 		drained = f;
@@ -326,7 +348,7 @@ static int charge_drain_retry(struct hcount_ns *ns, unsigned int type, long n, l
 			break;
 		}
 	}
-	drain_end(tree, drained, type);
+	drain_end(drained, type);
 	pthread_mutex_unlock(&tree->mutex);
 	return ret;
 }
@@ -452,8 +474,7 @@ int __hcount_uncharge_slow(struct hcount_ns *ns, unsigned int type, long n)
 	__hcount_set(&s->count, __hcount_get(&s->count) - n);
 	if (ns->parent)
 		__hcount_set(&s->cached, __hcount_get(&s->cached) + n);
-	/* Relaxed: ordered by ns's slot lock against the drainer (top comment). */
-	give_back_unlock(ns, type, __atomic_load_n(&ns->tree->draining, __ATOMIC_RELAXED));
+	give_back_unlock(ns, type);
 	return 0;
 }
 
@@ -501,14 +522,13 @@ int hcount_ns_set_limit(struct hcount_ns *ns, unsigned int type, long limit)
 	if (ok || !drainable)
 		return ok ? 0 : -EBUSY;
 	pthread_mutex_lock(&tree->mutex);
-	drain_begin(tree);
 	drain_below(ns, type);
 	__hcount_slot_lock(s);
 	ok = __hcount_get(&s->count) <= limit;
 	if (ok)
 		__hcount_set(&s->limit, limit);
 	__hcount_slot_unlock(s);
-	drain_end(tree, ns, type);
+	drain_end(ns, type);
 	pthread_mutex_unlock(&tree->mutex);
 	return ok ? 0 : -EBUSY;
 }
@@ -679,9 +699,9 @@ int hcount_ns_destroy(struct hcount_ns *ns)
 	}
 	/* No children and no own units: count(ns) == 0; only the cache is left. */
 	for (t = 0; t < tree->nr_types && tree->batch; t++) {
-		drain_one(ns, t);
+		drain_one(ns, t, false);
 		__hcount_slot_lock(slot(p, t));
-		give_back_unlock(p, t, false);
+		give_back_unlock(p, t);
 	}
 	*ns->pprev = ns->next_sibling;
 	if (ns->next_sibling)
@@ -724,6 +744,13 @@ static int check_ns(struct hcount_ns *ns)
 				       "namespace %p type %u: count %ld, own %ld, children %ld, "
 				       "cached %ld, limit %ld",
 				       (void *)ns, t, count, own, below, cached, limit);
+			return -EUCLEAN;
+		}
+		/* Relaxed: quiescent, as the fields above. */
+		if (__atomic_load_n(&slot(ns, t)->draining, __ATOMIC_RELAXED)) {
+			percpuref_warn("hcount_tree_check",
+				       "namespace %p type %u: marked as below a drain, with none "
+				       "running", (void *)ns, t);
 			return -EUCLEAN;
 		}
 	}

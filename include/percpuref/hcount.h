@@ -32,7 +32,9 @@
  *   usage(ns) + n <= min(limit(ns), max)
  * and for every strict ancestor a,
  *   usage(a) + n <= limit(a)
- * otherwise it fails with -EDQUOT and changes nothing.  max is the
+ * otherwise it fails with -EDQUOT and changes no own() or limit (caches
+ * below a full level may have been drained into it, which moves cached()
+ * and count() but no usage).  max is the
  * inc_rlimit_ucounts() rule: a task's rlimit bounds the count of the
  * namespace it charges (all users of that namespace and its descendants),
  * not the counts of the ancestors.
@@ -55,9 +57,11 @@
  * No-cache mode (batch == HCOUNT_NO_CACHE): every charge walks to the root
  * adding n to each level's count with a compare-and-swap that checks the
  * limit, and undoes the levels below if one refuses (exactly what the kernel
- * does today; the baseline for benchmarks).  Counts still never pass limits,
- * but, as in the kernel, a charge may be refused because of the units of a
- * concurrent charge that is itself about to fail and undo them.
+ * does today; the baseline for benchmarks).  A charge is refused only where
+ * its units would pass a limit, but, as in the kernel, that may be because
+ * of the units of a concurrent charge that is itself about to fail and undo
+ * them; and a count may pass a limit that is being lowered for as long as
+ * such a charge holds its units there.
  *
  * Threads: any thread may call anything; nothing needs registering.  A
  * namespace must not be destroyed while another call may still use it (the
@@ -70,7 +74,8 @@
  * -ERANGE for uncharging more than own(ns) (warned), -EBUSY for destroying a
  * namespace that still has children or own units (warned) or lowering a
  * limit below the usage, -ENOMEM when allocation fails (nothing leaks).  An
- * error changes nothing.
+ * error changes no own() and no limit; a refused charge or lowering may
+ * have drained caches (see above).
  *
  * See docs/hcount.md for the cost of each call and the exactness argument.
  */
@@ -101,6 +106,14 @@ PERCPUREF_BEGIN_DECLS
  */
 struct hcount_slot {
 	int lock;
+	/*
+	 * Nonzero while a drain runs above this namespace (a refused charge
+	 * or a lowered limit emptying the caches below a level): refills from
+	 * here then take no batch, and uncharges give the cache back past
+	 * this level.  Set and cleared by the drain, under `lock`; read under
+	 * `lock` (docs/hcount.md, "Exactness").
+	 */
+	int draining;
 	long limit;
 	long count;
 	long cached;
@@ -126,13 +139,6 @@ struct hcount_ns {
 };
 
 struct hcount_tree {
-	/*
-	 * Nonzero while a drain runs (a refused charge or a lowered limit
-	 * emptying the caches below a level): refills then take no batch
-	 * and uncharges give everything back.  Written under `mutex`, read
-	 * under slot locks (docs/hcount.md, "Exactness").
-	 */
-	unsigned int draining;
 	unsigned int nr_types;
 	unsigned int batch;
 	struct hcount_ns *root;
@@ -191,10 +197,13 @@ PERCPUREF_API int hcount_ns_destroy(struct hcount_ns *ns);
 
 /*
  * hcount_ns_set_limit - set @ns's limit for @type (> 0, else -EINVAL).
- * Lowering it below the usage of @ns's subtree gives -EBUSY and changes
- * nothing; caches below @ns are drained first, so they never cause -EBUSY.
- * No-cache mode: a charge that overlaps the call may be refused against a
- * limit the call then does not keep.
+ * Lowering it below the usage of @ns's subtree gives -EBUSY and keeps the
+ * old limit; caches below @ns are drained first (they stay drained), so
+ * they never cause -EBUSY.  No-cache mode: a charge that overlaps the call
+ * may be refused against a limit the call then does not keep, and the
+ * units a concurrent charge holds for a moment before it fails higher up
+ * count as usage here, so the call may return -EBUSY although the usage
+ * itself never passed @limit (as the kernel's count would).
  */
 PERCPUREF_API int hcount_ns_set_limit(struct hcount_ns *ns, unsigned int type, long limit);
 
@@ -231,7 +240,8 @@ static inline void __hcount_slot_unlock(struct hcount_slot *s)
  * hcount_charge_max - charge @n (> 0) units of @type at @ns, refusing when
  * the usage of @ns would pass min(limit, @max) (@max >= 0, the caller's own
  * limit, e.g. its rlimit; 0 refuses everything) or an ancestor's would pass
- * its limit.  Returns 0, -EDQUOT (refused, nothing changed) or -EINVAL.
+ * its limit.  Returns 0, -EDQUOT (refused: no own() or limit changed) or
+ * -EINVAL.
  * Cache mode, units in the cache: one lock round trip on @ns's slot line.
  * Otherwise the slow path (refill from the parent chain; drain on refusal;
  * no-cache mode walks to the root with atomics).  Any thread.
@@ -272,7 +282,7 @@ static inline int hcount_charge(struct hcount_ns *ns, unsigned int type, long n)
  * Returns 0, -EINVAL, or -ERANGE when @n is above own(@ns) (nothing
  * changes).  Cache mode: the units go to @ns's cache, one lock round trip on
  * @ns's slot line, unless the cache passes 2 * batch (then all but batch go
- * to the parent) or a drain is running.  No-cache mode: walks to the root.
+ * to the parent) or a drain runs above @ns.  No-cache mode: walks to the root.
  */
 static inline int hcount_uncharge(struct hcount_ns *ns, unsigned int type, long n)
 {
@@ -291,7 +301,7 @@ static inline int hcount_uncharge(struct hcount_ns *ns, unsigned int type, long 
 	 * both are charged to the parent, whose count is a long.
 	 */
 	if (percpuref_likely(n <= own && cached + n <= 2 * (long)ns->batch &&
-			     !__atomic_load_n(&ns->tree->draining, __ATOMIC_RELAXED))) {
+			     !__atomic_load_n(&s->draining, __ATOMIC_RELAXED))) {
 		__hcount_set(&s->own, own - n);
 		__hcount_set(&s->count, __hcount_get(&s->count) - n);
 		__hcount_set(&s->cached, cached + n);

@@ -28,6 +28,11 @@
  * store may pass a later seq_cst load (qemu-user) could a store in
  * set_limit fail this; with one, 3 of 3 runs there did.
  *
+ * Then isolation, in cache mode: one thread is refused again and again at
+ * a level full of its child's usage (a drain each time) while another
+ * charges and uncharges within its own cache at a sibling tenant; the
+ * root's count must never move (drains mark only their own subtree).
+ *
  * After every run: hcount_tree_check() (the invariant), own units equal to
  * the units the threads hold, then everything uncharged and every namespace
  * destroyed, which must bring the root's count back to exactly zero.
@@ -538,6 +543,88 @@ static void race_lower_and_charge(double secs)
 	is(hcount_tree_destroy(tree), 0, "race: tree destroyed");
 }
 
+struct storm {
+	struct hcount_ns *full;		/* refused again and again */
+	int stop;			/* atomic */
+	long refused, other;		/* the refused thread's; read after join */
+};
+
+static void *storm_refused(void *arg)
+{
+	struct storm *st = arg;
+
+	while (!__atomic_load_n(&st->stop, __ATOMIC_RELAXED)) {
+		int rc = hcount_charge(st->full, 0, 1);
+
+		if (rc == -EDQUOT) {
+			/* Relaxed: a count the main thread polls. */
+			__atomic_fetch_add(&st->refused, 1, __ATOMIC_RELAXED);
+		} else {
+			st->other++;
+			if (!rc)
+				hcount_uncharge(st->full, 0, 1);
+		}
+	}
+	return NULL;
+}
+
+/*
+ * A tenant refused again and again at a level full of its child's usage
+ * drains below that level at every refusal.  Another tenant, charging and
+ * uncharging within its own cache, must still write no line but its own:
+ * while one thread is refused at A, the main thread charges and uncharges
+ * one unit at A's sibling B, and the root's count must never move.  With
+ * one drain flag for the whole tree, every uncharge in the tree gave its
+ * cache back to the root while any drain ran, and the next charge refilled
+ * it: the root's count moved tens of thousands of times a second.
+ */
+static void refusals_stay_local(double secs)
+{
+	long a_limit = 64, root_count, moved = 0, pairs = 0;
+	struct hcount_ns *root, *a, *a_child, *b;
+	struct storm st = { 0 };
+	struct hcount_tree *tree;
+	pthread_t refused;
+	double end = now_seconds() + secs;
+
+	if (hcount_tree_create(&tree, 1, HCOUNT_BATCH_DEFAULT, NULL)) {
+		ok(0, "isolation: set-up");
+		return;
+	}
+	root = hcount_tree_root(tree);
+	if (hcount_ns_create(&a, root, &a_limit) || hcount_ns_create(&a_child, a, NULL) ||
+	    hcount_ns_create(&b, root, NULL) || hcount_charge(a_child, 0, a_limit) ||
+	    hcount_charge(b, 0, 1) || hcount_charge(a, 0, 1) != -EDQUOT) {
+		ok(0, "isolation: set-up");
+		return;
+	}
+	/* After one refusal (one drain) A's caches are settled. */
+	root_count = hcount_ns_count(root, 0);
+	st.full = a;
+	if (pthread_create(&refused, NULL, storm_refused, &st)) {
+		ok(0, "isolation: set-up");
+		return;
+	}
+	while (now_seconds() < end || __atomic_load_n(&st.refused, __ATOMIC_RELAXED) < 100) {
+		hcount_uncharge(b, 0, 1);
+		hcount_charge(b, 0, 1);
+		moved += hcount_ns_count(root, 0) != root_count;
+		pairs++;
+	}
+	__atomic_store_n(&st.stop, 1, __ATOMIC_RELAXED);
+	pthread_join(refused, NULL);
+	printf("# isolation: %ld refusals at A, %ld pairs at B; the root's count moved %ld "
+	       "times\n", st.refused, pairs, moved);
+	ok(st.other == 0, "isolation: every charge at the full level was refused");
+	is(moved, 0, "isolation: refusals at A never move the root's count by B's pairs");
+	is(hcount_tree_check(tree), 0, "isolation: invariant");
+	hcount_uncharge(b, 0, 1);
+	hcount_uncharge(a_child, 0, a_limit);
+	ok(!hcount_ns_destroy(b) && !hcount_ns_destroy(a_child) && !hcount_ns_destroy(a) &&
+	   hcount_ns_count(root, 0) == 0 && !hcount_tree_destroy(tree),
+	   "isolation: everything given back");
+}
+
 int main(void)
 {
 	static const unsigned int batches[] = { HCOUNT_BATCH_DEFAULT, 1, HCOUNT_NO_CACHE };
@@ -553,5 +640,6 @@ int main(void)
 		run(FILL, batches[b], share, seed + 20 + b);
 	}
 	race_lower_and_charge(share);
+	refusals_stay_local(share);
 	return done_testing();
 }

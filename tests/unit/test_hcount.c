@@ -595,6 +595,9 @@ static void test_check(void)
 	is(hcount_tree_check(tree), -EUCLEAN, "check: a broken registry is caught");
 	root->nr_children--;
 	is(hcount_tree_check(tree), 0, "check: consistent again");
+	leaf->slots[0].draining = 1;
+	is(hcount_tree_check(tree), -EUCLEAN, "check: a drain's mark left behind is caught");
+	leaf->slots[0].draining = 0;
 	hcount_uncharge(leaf, 0, 3);
 	hcount_ns_destroy(leaf);
 	hcount_tree_destroy(tree);
