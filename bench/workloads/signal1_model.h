@@ -21,8 +21,13 @@
  * the cache; a cache that then holds more than the batch returns a batch up
  * the chain.  A charge that a level refuses drains every container's cache
  * back up the chain (exchange to zero, so each unit goes back once) and
- * charges the unit up the chain directly, so limits stay exact: only real
- * usage can refuse.
+ * charges the unit up the chain directly.  That makes a refusal exact when
+ * nothing runs beside it, but not under concurrency, which the patch does
+ * not address: another refill's batch sits on a level for a moment before
+ * it is taken back, and a drain does not stop a refill from filling a
+ * cache behind it, so a charge may be refused with room left.  signal1
+ * retries such a charge (at most SIG1_REPORT_RETRIES times in a row) and
+ * counts the refusals.
  *
  * percpu-counter (sig1_pcpu_charge/_uncharge): the next revision of that
  * series, a percpu_counter per level.  A charge adds one to this CPU's
@@ -48,6 +53,8 @@
 #include <percpuref/compiler.h>
 
 #define SIG1_REPORT_BATCH 16L
+/* Refusals of one charge in a row past which signal1 calls it a bug. */
+#define SIG1_REPORT_RETRIES 1000000U
 
 /* One level of the tree (a namespace's ucounts), alone on its lines. */
 struct sig1_level {
