@@ -35,9 +35,30 @@
 //! ```
 //!
 //! Where the value is dropped: on the thread whose drop of a [`PcArc`]
-//! releases the last reference, or on one of the library's threads (the
-//! callback thread finishing a kill, the reclaimer for managed values).
-//! Hence `T: Send + Sync + 'static` everywhere.
+//! releases the last reference, on the thread that calls [`Owner::kill`]
+//! (or drops the [`Owner`]) when no `PcArc` is left, or on one of the
+//! library's threads (the callback thread finishing a kill, the reclaimer
+//! for managed values).  Hence `T: Send + Sync + 'static` everywhere, and a
+//! `Drop` must not take a lock that the thread dropping the owner or a
+//! `PcArc` may hold.
+//!
+//! What a value's `Drop` must not do: panic (a panic cannot unwind into
+//! the C library that runs the release: the process aborts), or wait for
+//! [`wait_for_releases`] or [`flush_managed`] (they wait for the library's
+//! threads, which may be the one running it).  Values that hold
+//! `PcArc`s to each other in a cycle are never dropped, as `Arc`s.
+//!
+//! At exit: once the process starts exiting (`main` returned or
+//! `std::process::exit`), a value released from then on is leaked, not
+//! dropped, as Rust leaves values alive at exit; its memory goes with the
+//! process.  The C library finishes pending kills and releases idle
+//! managed values at exit, after the thread's thread-locals are gone and
+//! with whatever locks the exiting thread holds: dropping them there
+//! aborted on `std::thread::current()` and hung on a `Mutex` held by
+//! `main`.  A `Drop` already running on a library thread when the exit
+//! starts still runs, and the exit waits for it.  To have values dropped,
+//! drop the owners and `PcArc`s and call [`wait_for_releases`] and
+//! [`flush_managed`] before `main` returns.
 //!
 //! Like `Arc`, which aborts when its count would pass `isize::MAX`, the
 //! process aborts when more than 2^30 `PcArc`s are alive at once (all
@@ -187,6 +208,47 @@ mod live {
     }
 }
 
+/// Whether the process is exiting: set by an `atexit` handler that the
+/// first allocation registers.  `exit` runs the handlers in the reverse
+/// order of their registration, and glibc runs the destructors of the
+/// executable and of the loaded libraries, the C library's exit destructor
+/// among them (compiled into whichever of them uses this crate), from a
+/// handler registered before `main`: after this one, so the flag is set
+/// before that destructor releases anything.
+mod exiting {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Once;
+
+    static EXITING: AtomicBool = AtomicBool::new(false);
+    static REGISTER: Once = Once::new();
+
+    extern "C" {
+        fn atexit(handler: extern "C" fn()) -> i32;
+    }
+
+    extern "C" fn set() {
+        // Relaxed: the C exit destructor runs later on this thread; a
+        // library thread that misses it drops a value it released (the
+        // process is still whole until that destructor has waited for it).
+        EXITING.store(true, Ordering::Relaxed);
+    }
+
+    /// Registers the handler, once per process.
+    pub(crate) fn register() {
+        REGISTER.call_once(|| {
+            // SAFETY: `set` stores a flag and may run at any time; if the
+            // registration fails (no memory), values are dropped at exit,
+            // as before.
+            unsafe { atexit(set) };
+        });
+    }
+
+    pub(crate) fn now() -> bool {
+        // Relaxed: see set().
+        EXITING.load(Ordering::Relaxed)
+    }
+}
+
 /// The allocation: the counter first, so the release callback gets from the
 /// `percpu_ref` it is called with back to the whole (`repr(C)`).
 #[repr(C)]
@@ -201,6 +263,9 @@ unsafe extern "C" fn release<T>(counter: *mut sys::percpu_ref) {
     let inner = counter as *mut Inner<T>;
 
     sys::percpu_ref_exit(counter);
+    if exiting::now() {
+        return; // leaked: the process is exiting (see the crate's docs)
+    }
     // A panic must not unwind into C, nor may dropping its payload (which
     // can panic again): the payload is leaked, the process aborted.
     if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(inner)))) {
@@ -211,6 +276,7 @@ unsafe extern "C" fn release<T>(counter: *mut sys::percpu_ref) {
 
 /// Boxes @value with an initialised counter holding one reference.
 fn allocate<T>(value: T, flags: u32) -> Result<NonNull<Inner<T>>, Error> {
+    exiting::register();
     let inner = Box::into_raw(Box::new(Inner {
         counter: sys::percpu_ref { percpu_count_ptr: 0, data: ptr::null_mut() },
         value,
@@ -395,8 +461,10 @@ impl<T: Send + Sync + 'static> Owner<T> {
 
     /// Drops the initial reference: the count switches to atomic mode
     /// (after a grace period, on the library's callback thread) and the
-    /// value is dropped when the last `PcArc` goes.  The same as dropping
-    /// the owner.
+    /// value is dropped when the last `PcArc` goes: on the thread of that
+    /// drop, on the callback thread, or on this one, in this call, when no
+    /// `PcArc` is left (which of the last two depends on timing).  The same
+    /// as dropping the owner.
     pub fn kill(self) {
         drop(self);
     }
@@ -420,26 +488,32 @@ impl<T: Send + Sync + 'static> Deref for Owner<T> {
 
 /// Waits until every kill started before the call has switched and every
 /// value those kills released has been dropped.  For tests and shutdown;
-/// not from a value's `Drop` (it would wait for itself: `Err(EDEADLK)`).
+/// not from a value's `Drop`: on a library thread it would wait for
+/// itself, and returns `Err(EDEADLK)` (with a warning on stderr).
 pub fn wait_for_releases() -> Result<(), Error> {
     // SAFETY: no precondition beyond the call site, which the C checks.
     check(unsafe { sys::percpu_ref_barrier() })
 }
 
 /// Makes the reclaimer drop, now, every managed value no `PcArc` holds;
-/// returns once they are dropped.  Not from a value's `Drop`.
+/// returns once they are dropped.  Not from a value's `Drop` (as
+/// [`wait_for_releases`]).
 pub fn flush_managed() -> Result<(), Error> {
     // SAFETY: as above.
     check(unsafe { sys::percpu_ref_managed_flush() })
 }
 
-/// Lets code that handled a `PcArc` be unloaded: a `cdylib` that uses this
-/// crate carries the C fast paths, and each clone or drop leaves the
-/// calling thread's rseq area pointing into it until the kernel next
-/// preempts the thread; if the library was `dlclose`d first, the thread
-/// dies by SIGSEGV.  Call it on every thread that used the library, after
-/// its last use and before the unload (the C library's
-/// `percpuref_prepare_unload()`; docs/percpu_ref.md).
+/// Lets code that used this crate be unloaded: a `cdylib` that uses it
+/// carries the C library, fast paths included, and each call (a clone or
+/// drop of a `PcArc`, `Owner::new`, `share`, `kill`) leaves the calling
+/// thread's rseq area pointing into it until the kernel next preempts the
+/// thread; if the library was `dlclose`d first, the thread dies by
+/// SIGSEGV.  Call it on every thread that used the library, after its last
+/// use and before the unload (the C library's `percpuref_prepare_unload()`;
+/// docs/percpu_ref.md).  Note that `dlclose` does not unmap such a `cdylib`
+/// while a thread that cloned or dropped a `PcArc` lives: the live-handle
+/// count's thread-local has a destructor, for which glibc keeps the
+/// library loaded.
 pub fn prepare_unload() {
     // SAFETY: one store to the calling thread's own rseq area.
     unsafe { sys::percpuref_prepare_unload() }
@@ -450,6 +524,39 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+
+    /// At exit, a released value is leaked, not dropped: the C library's
+    /// exit destructor releases idle managed values after the exiting
+    /// thread's thread-locals are gone, and a `Drop` that asked for
+    /// `std::thread::current()` there panicked, which aborted the process.
+    /// The test runs itself again as a child that makes such a value,
+    /// drops its `PcArc` and exits; the child must exit with status 0.
+    #[test]
+    fn exit_leaks_instead_of_dropping() {
+        const CHILD: &str = "PERCPUREF_TEST_EXIT_CHILD";
+
+        if std::env::var_os(CHILD).is_some() {
+            struct NeedsThread;
+            impl Drop for NeedsThread {
+                fn drop(&mut self) {
+                    let _ = std::thread::current();
+                }
+            }
+            drop(PcArc::new_managed(NeedsThread).unwrap());
+            std::process::exit(0);
+        }
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "tests::exit_leaks_instead_of_dropping", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        assert!(
+            child.status.success(),
+            "child: {:?}\n{}",
+            child.status,
+            String::from_utf8_lossy(&child.stderr)
+        );
+    }
 
     /// Counts its drops.
     struct Tracked(Arc<AtomicUsize>);
