@@ -1076,18 +1076,21 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	struct percpu_ref_impl *impl = impl_of_node(node);
 	/* The ref's address only, never dereferenced: it may be exited. */
 	pthread_mutex_t *lock = switch_lock_of(impl->data.ref);
-	bool push = false, exited;
+	bool push = false, run;
 
 	/*
 	 * The impl is ours until mstate leaves RELEASING: an exit meanwhile
 	 * only marks it (percpu_ref_exit()).  An exit before the call (the
 	 * release callback of another ref of the batch) means the object may
-	 * be gone: its @release never runs then (finding 6).
+	 * be gone: its @release never runs then (finding 6).  Nor after a
+	 * reinit since the scan released it (the ref read zero, and whoever
+	 * reinits waits for that): the ref is live again, and a @release
+	 * that frees would free it under its new holder.
 	 */
 	pthread_mutex_lock(lock);
-	exited = impl->exited;
+	run = !impl->exited && (mode_word(impl->data.ref) & __PERCPU_REF_DEAD);
 	pthread_mutex_unlock(lock);
-	if (!exited && impl->data.release)
+	if (run && impl->data.release)
 		run_callback(impl->data.ref, impl->data.release);
 	pthread_mutex_lock(lock);
 	if (impl->exited) {

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <semaphore.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -523,6 +524,77 @@ static void node_release(struct percpu_ref *ref)
 	__atomic_fetch_add(&nodes_freed, 1, __ATOMIC_RELAXED);
 }
 
+/* test_reinit_before_release: the first release to run waits for the test. */
+static struct object *first_released;	/* atomic */
+static sem_t first_entered, first_go;
+
+static void first_waits_release(struct percpu_ref *ref)
+{
+	struct object *o = caa_container_of(ref, struct object, ref);
+	struct object *none = NULL;
+
+	/* Relaxed: the semaphores order what the test reads. */
+	if (__atomic_compare_exchange_n(&first_released, &none, o, false, __ATOMIC_RELAXED,
+					__ATOMIC_RELAXED)) {
+		sem_post(&first_entered);
+		sem_wait(&first_go);
+	}
+	obj_release(ref);
+}
+
+static void *flush_thread(void *arg)
+{
+	(void)arg;
+	percpu_ref_managed_flush();
+	return NULL;
+}
+
+/*
+ * A managed ref that a scan released, and whose @release waits behind
+ * another ref's in the same batch, reads zero: a caller may reinit it
+ * then, as the kernel's pattern is (wait for percpu_ref_is_zero(), then
+ * reinit).  The ref is live again and its stale @release must not run
+ * (it ran on the live ref, which a @release that frees would free under
+ * the caller); it stays managed, and goes at its next release.
+ */
+static void test_reinit_before_release(void)
+{
+	struct object a = { 0 }, b = { 0 }, *first, *pending;
+	pthread_t flusher;
+
+	sem_init(&first_entered, 0, 0);
+	sem_init(&first_go, 0, 0);
+	percpu_ref_init(&a.ref, first_waits_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_init(&b.ref, first_waits_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&a.ref);
+	percpu_ref_switch_to_managed(&b.ref);
+	percpu_ref_put(&a.ref);
+	percpu_ref_put(&b.ref);
+	if (pthread_create(&flusher, NULL, flush_thread, NULL)) {
+		ok(0, "reinit before release: set-up");
+		return;
+	}
+	sem_wait(&first_entered);
+	first = __atomic_load_n(&first_released, __ATOMIC_RELAXED);
+	pending = first == &a ? &b : &a;
+	ok(percpu_ref_is_zero(&pending->ref) && releases_of(pending) == 0,
+	   "reinit before release: the scan released both, one @release waits behind the other");
+	percpu_ref_reinit(&pending->ref);
+	sem_post(&first_go);
+	pthread_join(flusher, NULL);
+	is(releases_of(first), 1, "reinit before release: the first @release ran");
+	is(releases_of(pending), 0, "reinit before release: the stale @release never ran");
+	ok(pending->ref.data->managed && !percpu_ref_is_dying(&pending->ref) &&
+	   !percpu_ref_is_zero(&pending->ref), "reinit before release: live and managed");
+	percpu_ref_put(&pending->ref);
+	percpu_ref_managed_flush();
+	is(releases_of(pending), 1, "reinit before release: released once its reference went");
+	percpu_ref_exit(&a.ref);
+	percpu_ref_exit(&b.ref);
+	sem_destroy(&first_entered);
+	sem_destroy(&first_go);
+}
+
 static void test_callbacks(void)
 {
 	struct node_obj *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
@@ -886,6 +958,7 @@ int main(int argc, char **argv)
 	check_latency_bound(PERCPU_REF_SCAN_FAITHFUL, "faithful");
 	check_latency_bound(PERCPU_REF_SCAN_FILTERED, "filtered");
 	test_callbacks();
+	test_reinit_before_release();
 	test_misuse();
 	test_shutdown();
 #if defined(__SANITIZE_THREAD__)
