@@ -78,7 +78,6 @@ static int refused_init_sets_up(void)
 	percpu_ref_exit(&ref);
 	return 0;
 }
-#endif
 
 /*
  * In a child whose first library call this is: a get on a ref that was
@@ -123,6 +122,7 @@ static bool child_stopped_saying(void (*fn)(void), int sig, const char *needle)
 	printf("# child status %#x, stderr: %s\n", status, out);
 	return WIFSIGNALED(status) && WTERMSIG(status) == sig && strstr(out, needle);
 }
+#endif
 
 int main(void)
 {
