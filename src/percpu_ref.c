@@ -294,6 +294,7 @@ struct percpu_ref_impl {
 	struct percpuref_mnode mnode;
 	enum mnode_state mstate;
 	bool exited;			/* exit ran while the reclaimer owned it */
+	bool release_voided;		/* revived while its release was pending */
 	bool pinned;			/* manager's reference put by a user: leaked */
 	bool async_switch;		/* the switch in flight is the callback thread's */
 };
@@ -802,6 +803,10 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_DEAD);
+	/* Released by a scan whose @release has yet to run: it never will,
+	 * whatever becomes of the ref meanwhile (percpuref_managed_release()). */
+	if (impl_of(ref->data)->mstate == MNODE_RELEASING)
+		impl_of(ref->data)->release_voided = true;
 	/* The caller's new initial reference, and for a managed ref the
 	 * manager's own again; relaxed like any get (the count may be zero
 	 * here: reinit). */
@@ -1083,12 +1088,14 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	 * only marks it (percpu_ref_exit()).  An exit before the call (the
 	 * release callback of another ref of the batch) means the object may
 	 * be gone: its @release never runs then (finding 6).  Nor after a
-	 * reinit since the scan released it (the ref read zero, and whoever
-	 * reinits waits for that): the ref is live again, and a @release
-	 * that frees would free it under its new holder.
+	 * reinit or resurrect since the scan released it (the ref read zero,
+	 * and whoever reinits waits for that): the ref lives again, and its
+	 * next zero, managed or not, has a release of its own; this one would
+	 * free it under its new holders.  Only one that begins while the
+	 * callback runs can race it, as with any percpu_ref.
 	 */
 	pthread_mutex_lock(lock);
-	run = !impl->exited && (mode_word(impl->data.ref) & __PERCPU_REF_DEAD);
+	run = !impl->exited && !impl->release_voided;
 	pthread_mutex_unlock(lock);
 	if (run && impl->data.release)
 		run_callback(impl->data.ref, impl->data.release);
@@ -1098,6 +1105,7 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 		free(impl);
 		return;
 	}
+	impl->release_voided = false;
 	impl->mstate = MNODE_OFF;
 	/* Reinit from the release callback (or racing it): back on the list. */
 	if (is_managed(impl->data.ref) && !(mode_word(impl->data.ref) & __PERCPU_REF_DEAD))
@@ -1219,6 +1227,9 @@ PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long n
  * within what a per-CPU word's low half holds (percpu_ref.h). */
 PERCPUREF_API void __percpu_ref_get_sliced(struct percpu_ref *ref, unsigned long nr)
 {
+	/* One warning for the call, not one per slice. */
+	if (has_no_data(ref, "percpu_ref_get"))
+		return;
 	for (; nr > PERCPU_REF_PERCPU_MAX_NR; nr -= PERCPU_REF_PERCPU_MAX_NR)
 		percpu_ref_get_many(ref, PERCPU_REF_PERCPU_MAX_NR);
 	percpu_ref_get_many(ref, nr);
@@ -1226,6 +1237,8 @@ PERCPUREF_API void __percpu_ref_get_sliced(struct percpu_ref *ref, unsigned long
 
 PERCPUREF_API bool __percpu_ref_tryget_sliced(struct percpu_ref *ref, unsigned long nr)
 {
+	if (has_no_data(ref, "percpu_ref_tryget"))
+		return false;
 	/* One reference first: it keeps the count above zero for the rest. */
 	if (!percpu_ref_tryget(ref))
 		return false;
@@ -1235,6 +1248,8 @@ PERCPUREF_API bool __percpu_ref_tryget_sliced(struct percpu_ref *ref, unsigned l
 
 PERCPUREF_API void __percpu_ref_put_sliced(struct percpu_ref *ref, unsigned long nr)
 {
+	if (has_no_data(ref, "percpu_ref_put"))
+		return;
 	/* The slice that may release comes last. */
 	for (; nr > PERCPU_REF_PERCPU_MAX_NR; nr -= PERCPU_REF_PERCPU_MAX_NR)
 		percpu_ref_put_many(ref, PERCPU_REF_PERCPU_MAX_NR);

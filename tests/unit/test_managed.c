@@ -553,15 +553,21 @@ static void *flush_thread(void *arg)
  * A managed ref that a scan released, and whose @release waits behind
  * another ref's in the same batch, reads zero: a caller may reinit it
  * then, as the kernel's pattern is (wait for percpu_ref_is_zero(), then
- * reinit).  The ref is live again and its stale @release must not run
- * (it ran on the live ref, which a @release that frees would free under
- * the caller); it stays managed, and goes at its next release.
+ * reinit).  The ref lives again and its stale @release must never run (it
+ * ran on the live ref, which a @release that frees would free under the
+ * caller).  Managed, it stays so and goes at its next release.  With
+ * @unmanage, the caller takes it out of management and kills it while
+ * holding a reference: dead again before the stale @release's turn, which
+ * must still not run (it did, with the count at 1, after a first fix that
+ * asked whether the ref was still dead).
  */
-static void test_reinit_before_release(void)
+static void reinit_before_release(bool unmanage)
 {
+	const char *how = unmanage ? "reinit, unmanage, kill" : "reinit";
 	struct object a = { 0 }, b = { 0 }, *first, *pending;
 	pthread_t flusher;
 
+	first_released = NULL;
 	sem_init(&first_entered, 0, 0);
 	sem_init(&first_go, 0, 0);
 	percpu_ref_init(&a.ref, first_waits_release, PERCPU_REF_ALLOW_REINIT);
@@ -571,28 +577,46 @@ static void test_reinit_before_release(void)
 	percpu_ref_put(&a.ref);
 	percpu_ref_put(&b.ref);
 	if (pthread_create(&flusher, NULL, flush_thread, NULL)) {
-		ok(0, "reinit before release: set-up");
+		ok(0, "%s before release: set-up", how);
 		return;
 	}
 	sem_wait(&first_entered);
 	first = __atomic_load_n(&first_released, __ATOMIC_RELAXED);
 	pending = first == &a ? &b : &a;
 	ok(percpu_ref_is_zero(&pending->ref) && releases_of(pending) == 0,
-	   "reinit before release: the scan released both, one @release waits behind the other");
+	   "%s before release: the scan released both, one @release waits behind the other",
+	   how);
 	percpu_ref_reinit(&pending->ref);
+	if (unmanage) {
+		percpu_ref_get(&pending->ref);	/* held across the kill */
+		percpu_ref_switch_to_unmanaged(&pending->ref);
+		percpu_ref_kill(&pending->ref);
+		percpu_ref_barrier();
+	}
 	sem_post(&first_go);
 	pthread_join(flusher, NULL);
-	is(releases_of(first), 1, "reinit before release: the first @release ran");
-	is(releases_of(pending), 0, "reinit before release: the stale @release never ran");
-	ok(pending->ref.data->managed && !percpu_ref_is_dying(&pending->ref) &&
-	   !percpu_ref_is_zero(&pending->ref), "reinit before release: live and managed");
+	is(releases_of(first), 1, "%s before release: the first @release ran", how);
+	is(releases_of(pending), 0, "%s before release: the stale @release never ran", how);
+	if (unmanage) {
+		ok(!pending->ref.data->managed && percpu_ref_is_dying(&pending->ref) &&
+		   !percpu_ref_is_zero(&pending->ref), "%s: killed, held", how);
+	} else {
+		ok(pending->ref.data->managed && !percpu_ref_is_dying(&pending->ref) &&
+		   !percpu_ref_is_zero(&pending->ref), "%s: live and managed", how);
+	}
 	percpu_ref_put(&pending->ref);
 	percpu_ref_managed_flush();
-	is(releases_of(pending), 1, "reinit before release: released once its reference went");
+	is(releases_of(pending), 1, "%s before release: released once its reference went", how);
 	percpu_ref_exit(&a.ref);
 	percpu_ref_exit(&b.ref);
 	sem_destroy(&first_entered);
 	sem_destroy(&first_go);
+}
+
+static void test_reinit_before_release(void)
+{
+	reinit_before_release(false);
+	reinit_before_release(true);
 }
 
 static void test_callbacks(void)
