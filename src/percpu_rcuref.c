@@ -119,15 +119,16 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
 	if (!ref)
 		return -EINVAL;
 	ref->state = NULL;
-	if (!release) {
-		ref->ref.data = NULL;
+	/* As a refused percpu_ref_init() leaves it, whose gets and puts warn:
+	 * dead and atomic with no data, written once the runtime is set up. */
+	percpuref_runtime_init();
+	ref->ref.percpu_count_ptr = __PERCPU_REF_ATOMIC_DEAD;
+	ref->ref.data = NULL;
+	if (!release)
 		return -EINVAL;
-	}
 	st = percpuref_zalloc(sizeof(*st));
-	if (!st) {
-		ref->ref.data = NULL;
+	if (!st)
 		return -ENOMEM;
-	}
 	st->unpublish = unpublish;
 	st->release = release;
 	st->owner = ref;

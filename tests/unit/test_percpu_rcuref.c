@@ -149,15 +149,34 @@ static void test_managed(void)
 	percpu_rcuref_exit(&o.ref);
 }
 
+/*
+ * Gets, puts and a tryget on a ref whose init was refused: warned and
+ * ignored, as on a refused percpu_ref.  A refusal before the percpu_ref's
+ * own init left the mode word as it found it (0 in zeroed memory, which
+ * reads as per-CPU mode), and the get faulted.
+ */
+static void refused_ref_calls(struct object *o, const char *what)
+{
+	unsigned long warned = percpuref_warning_count();
+
+	percpu_rcuref_get(&o->ref);
+	percpu_rcuref_put(&o->ref);
+	ok(!percpu_rcuref_tryget(&o->ref), "%s: tryget fails", what);
+	is(percpuref_warning_count() - warned, 3, "%s: get, put and tryget warned", what);
+	percpu_rcuref_exit(&o->ref);	/* harmless */
+}
+
 static void test_init_errors(void)
 {
 	struct object o = { 0 };
 
 	is(percpu_rcuref_init(&o.ref, NULL, NULL, 0), -EINVAL, "no release: -EINVAL");
-	percpu_rcuref_exit(&o.ref);	/* harmless */
+	refused_ref_calls(&o, "no release");
 	is(percpu_rcuref_init(NULL, NULL, obj_release, 0), -EINVAL, "NULL ref: -EINVAL");
+	memset(&o, 0, sizeof(o));
 	percpuref_fault_fail_nth_alloc(1);
 	is(percpu_rcuref_init(&o.ref, NULL, obj_release, 0), -ENOMEM, "no memory: -ENOMEM");
+	refused_ref_calls(&o, "no memory");
 	percpuref_fault_fail_nth_alloc(2);
 	is(percpu_rcuref_init(&o.ref, NULL, obj_release, 0), -ENOMEM, "no memory later: -ENOMEM");
 	percpuref_fault_fail_nth_alloc(0);

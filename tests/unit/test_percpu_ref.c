@@ -296,6 +296,13 @@ static void test_misuse(void)
 		ok(!percpu_ref_tryget(&ref), "tryget on %s fails", what);
 		ok(!percpu_ref_tryget_live(&ref), "tryget_live on %s fails", what);
 		ok(percpuref_warning_count() == warned + 3, "get, put and tryget on %s warn", what);
+		/* Many at once: one warning per call, not per slice. */
+		percpu_ref_get_many(&ref, 64 * PERCPU_REF_PERCPU_MAX_NR);
+		percpu_ref_put_many(&ref, 64 * PERCPU_REF_PERCPU_MAX_NR);
+		ok(!percpu_ref_tryget_many(&ref, 64 * PERCPU_REF_PERCPU_MAX_NR),
+		   "tryget_many on %s fails", what);
+		is(percpuref_warning_count() - warned, 6,
+		   "get_many, put_many and tryget_many on %s warn once each", what);
 		is(releases, 0, "a put on %s releases nothing", what);
 		ok(percpu_ref_is_zero(&ref) == zero && percpu_ref_is_dying(&ref),
 		   "%s still reads the same count, and dying", what);
