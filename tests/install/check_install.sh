@@ -28,13 +28,26 @@ cc -o "$stage/consumer-static" "$src/tests/install/consumer.c" \
    $(pkg-config --cflags percpuref) "$libdir/libpercpuref.a" $(pkg-config --libs --static percpuref | sed 's/-lpercpuref//')
 "$stage/consumer-static"
 echo "ok - pkg-config: shared and static consumers"
+# The soname carries the minor version while the version is 0.x: a program
+# built against another minor version must not load this library.
+version=$(pkg-config --modversion percpuref)
+want_soname="libpercpuref.so.${version%.*}"
+soname=$(objdump -p "$libdir/libpercpuref.so" | sed -n 's/^ *SONAME *//p')
+loaded=$(ldd "$stage/consumer")
+if [ "$soname" != "$want_soname" ] || ! grep -q "$want_soname" <<<"$loaded"; then
+  echo "not ok - soname $soname, want $want_soname" >&2
+  exit 1
+fi
+echo "ok - soname $soname"
 
 cmake -S "$src/tests/install/cmake_consumer" -B "$stage/cmake-build" -G Ninja \
       -DCMAKE_PREFIX_PATH="$root" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$stage/cmake-build" >/dev/null
 "$stage/cmake-build/consumer_shared"
 "$stage/cmake-build/consumer_static"
-if ldd "$stage/cmake-build/consumer_static" | grep -q libpercpuref; then
+# grep -q on ldd's output, not on a pipe from it: with pipefail, a grep that
+# stops at its first match can make ldd die of SIGPIPE and the test read "no".
+if grep -q libpercpuref <<<"$(ldd "$stage/cmake-build/consumer_static")"; then
   echo "not ok - percpuref::percpuref_static links the shared library" >&2
   exit 1
 fi
@@ -54,7 +67,8 @@ for page in "$mandir"/*.3; do
     exit 1
   fi
   name=$(basename "$page" .3)
-  (cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page") | grep -q -- "$name" ||
+  rendered=$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")
+  grep -q -- "$name" <<<"$rendered" ||
     { echo "not ok - man -l $page does not render $name" >&2; exit 1; }
   pages=$((pages + 1))
 done
