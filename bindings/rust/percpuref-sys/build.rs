@@ -155,17 +155,53 @@ fn source_root(manifest: &Path) -> PathBuf {
     root
 }
 
+/// The pkg-config that describes the target's libraries, by the pkg-config
+/// crate's conventions: one named for the target (PKG_CONFIG_<target>,
+/// TARGET_PKG_CONFIG), else PKG_CONFIG or pkg-config when building for the
+/// host, or when cross-compiling with PKG_CONFIG_ALLOW_CROSS or
+/// PKG_CONFIG_SYSROOT_DIR set.  None otherwise: the host's pkg-config
+/// would give the host's directories to a cross build.
+fn target_pkg_config() -> Option<String> {
+    let target = env::var("TARGET").unwrap_or_default();
+    let host = env::var("HOST").unwrap_or_default();
+    for var in [
+        format!("PKG_CONFIG_{}", target),
+        format!("PKG_CONFIG_{}", target.replace('-', "_")),
+        "TARGET_PKG_CONFIG".to_string(),
+    ] {
+        if let Ok(pkg_config) = env::var(&var) {
+            return Some(pkg_config);
+        }
+    }
+    if target == host
+        || env::var_os("PKG_CONFIG_ALLOW_CROSS").is_some()
+        || env::var_os("PKG_CONFIG_SYSROOT_DIR").is_some()
+    {
+        return Some(env::var("PKG_CONFIG").unwrap_or_else(|_| "pkg-config".to_string()));
+    }
+    None
+}
+
 /// liburcu-bp and liburcu-cds, which the library uses: their flags from
 /// pkg-config (search paths included), then a test program compiled and
 /// linked with them, so that a missing header or library fails here with
-/// what to install, not at some later link.  Adds the include directories
-/// to @build; returns the directives for cargo, to print after the
-/// library's own (a static library's dependencies follow it on the link
-/// line).
+/// what to install, not at some later link.  A cross build with no
+/// pkg-config for its target gets the plain library names, unprobed.  Adds
+/// the include directories to @build; returns the directives for cargo, to
+/// print after the library's own (a static library's dependencies follow
+/// it on the link line).
 fn probe_urcu(build: &mut cc::Build, out_dir: &Path) -> Vec<String> {
     const HINT: &str = "install liburcu's development files and pkg-config (Debian, Ubuntu: \
                         apt-get install liburcu-dev pkg-config)";
-    let pkg_config = env::var("PKG_CONFIG").unwrap_or_else(|_| "pkg-config".to_string());
+    let pkg_config = match target_pkg_config() {
+        Some(pkg_config) => pkg_config,
+        None => {
+            return vec![
+                "cargo:rustc-link-lib=urcu-bp".to_string(),
+                "cargo:rustc-link-lib=urcu-cds".to_string(),
+            ]
+        }
+    };
     let output = Command::new(&pkg_config)
         .args(["--cflags", "--libs", "liburcu-bp", "liburcu-cds"])
         .output()
@@ -243,5 +279,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/shim.c");
     println!("cargo:rerun-if-changed=src/lib.rs");
     println!("cargo:rerun-if-env-changed=PERCPUREF_SOURCE_DIR");
-    println!("cargo:rerun-if-env-changed=PKG_CONFIG");
+    for var in ["PKG_CONFIG", "PKG_CONFIG_PATH", "PKG_CONFIG_LIBDIR", "PKG_CONFIG_SYSROOT_DIR",
+                "PKG_CONFIG_ALLOW_CROSS", "TARGET_PKG_CONFIG"] {
+        println!("cargo:rerun-if-env-changed={}", var);
+    }
 }

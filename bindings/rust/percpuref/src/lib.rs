@@ -48,17 +48,18 @@
 //! threads, which may be the one running it).  Values that hold
 //! `PcArc`s to each other in a cycle are never dropped, as `Arc`s.
 //!
-//! At exit: once the process starts exiting (`main` returned or
-//! `std::process::exit`), a value released from then on is leaked, not
-//! dropped, as Rust leaves values alive at exit; its memory goes with the
-//! process.  The C library finishes pending kills and releases idle
-//! managed values at exit, after the thread's thread-locals are gone and
-//! with whatever locks the exiting thread holds: dropping them there
-//! aborted on `std::thread::current()` and hung on a `Mutex` held by
-//! `main`.  A `Drop` already running on a library thread when the exit
-//! starts still runs, and the exit waits for it.  To have values dropped,
-//! drop the owners and `PcArc`s and call [`wait_for_releases`] and
-//! [`flush_managed`] before `main` returns.
+//! At exit (`main` returned, or `std::process::exit`): values whose last
+//! reference went before the exit are dropped first, on the library's
+//! threads, as if [`wait_for_releases`] and [`flush_managed`] were called
+//! (a managed value whose `PcArc`s are all gone, an owner's value killed
+//! with no `PcArc` left); the exit waits for their `Drop`s.  A value
+//! released after that (by a thread still running, or by the C library's
+//! own exit destructor) is leaked, not dropped, as Rust leaves values alive
+//! at exit.  That destructor runs on the exiting thread after its
+//! thread-locals are gone and with whatever locks it holds: dropping
+//! values there aborted on `std::thread::current()`.  So, as with `Arc`, a
+//! `Drop` must not need a lock that the thread calling `exit` holds: the
+//! exit waits for it.
 //!
 //! Like `Arc`, which aborts when its count would pass `isize::MAX`, the
 //! process aborts when more than 2^30 `PcArc`s are alive at once (all
@@ -209,7 +210,8 @@ mod live {
 }
 
 /// Whether the process is exiting: set by an `atexit` handler that the
-/// first allocation registers.  `exit` runs the handlers in the reverse
+/// first allocation registers, once it has dropped what was released
+/// before the exit.  `exit` runs the handlers in the reverse
 /// order of their registration, and glibc runs the destructors of the
 /// executable and of the loaded libraries, the C library's exit destructor
 /// among them (compiled into whichever of them uses this crate), from a
@@ -226,7 +228,20 @@ mod exiting {
         fn atexit(handler: extern "C" fn()) -> i32;
     }
 
-    extern "C" fn set() {
+    /// Drops what was released before the exit, on the library's threads
+    /// (their thread-locals are alive), then marks the exit.  Each call
+    /// may be refused (EDEADLK: `exit` called from a value's `Drop` on a
+    /// library thread, or inside a read-side section), which leaves those
+    /// values to the flag.  A `Drop` run here may release more values: a
+    /// few rounds take most chains, and what is left is leaked.
+    extern "C" fn drop_released_then_mark() {
+        for _ in 0..4 {
+            let killed = super::wait_for_releases();
+            let flushed = super::flush_managed();
+            if killed.is_err() || flushed.is_err() {
+                break;
+            }
+        }
         // Relaxed: the C exit destructor runs later on this thread; a
         // library thread that misses it drops a value it released (the
         // process is still whole until that destructor has waited for it).
@@ -236,10 +251,10 @@ mod exiting {
     /// Registers the handler, once per process.
     pub(crate) fn register() {
         REGISTER.call_once(|| {
-            // SAFETY: `set` stores a flag and may run at any time; if the
-            // registration fails (no memory), values are dropped at exit,
-            // as before.
-            unsafe { atexit(set) };
+            // SAFETY: the handler calls the library and stores a flag; it
+            // may run at any time.  If the registration fails (no memory),
+            // the C exit destructor drops values, as before.
+            unsafe { atexit(drop_released_then_mark) };
         });
     }
 
@@ -525,36 +540,41 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    /// At exit, a released value is leaked, not dropped: the C library's
-    /// exit destructor releases idle managed values after the exiting
-    /// thread's thread-locals are gone, and a `Drop` that asked for
-    /// `std::thread::current()` there panicked, which aborted the process.
-    /// The test runs itself again as a child that makes such a value,
-    /// drops its `PcArc` and exits; the child must exit with status 0.
+    /// At exit, values whose last reference went before it are dropped,
+    /// on the library's threads: the C library's exit destructor released
+    /// them on the exiting thread after its thread-locals were gone, and a
+    /// `Drop` that asked for `std::thread::current()` there panicked,
+    /// which aborted the process.  The test runs itself again as a child
+    /// that makes a managed value and an owned one of that kind, drops the
+    /// last `PcArc` of one and kills the other, and exits; the child must
+    /// exit with status 0 having dropped both.
     #[test]
-    fn exit_leaks_instead_of_dropping() {
+    fn exit_drops_on_library_threads() {
         const CHILD: &str = "PERCPUREF_TEST_EXIT_CHILD";
 
         if std::env::var_os(CHILD).is_some() {
-            struct NeedsThread;
+            struct NeedsThread(&'static str);
             impl Drop for NeedsThread {
                 fn drop(&mut self) {
                     let _ = std::thread::current();
+                    eprintln!("dropped {}", self.0);
                 }
             }
-            drop(PcArc::new_managed(NeedsThread).unwrap());
+            drop(PcArc::new_managed(NeedsThread("managed")).unwrap());
+            Owner::new(NeedsThread("owned")).unwrap().kill();
             std::process::exit(0);
         }
         let child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "tests::exit_leaks_instead_of_dropping", "--test-threads=1"])
+            .args(["--exact", "tests::exit_drops_on_library_threads", "--test-threads=1"])
             .env(CHILD, "1")
             .output()
             .unwrap();
+        let stderr = String::from_utf8_lossy(&child.stderr);
+        assert!(child.status.success(), "child: {:?}\n{}", child.status, stderr);
         assert!(
-            child.status.success(),
-            "child: {:?}\n{}",
-            child.status,
-            String::from_utf8_lossy(&child.stderr)
+            stderr.contains("dropped managed") && stderr.contains("dropped owned"),
+            "child's stderr: {}",
+            stderr
         );
     }
 
