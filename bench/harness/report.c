@@ -247,14 +247,15 @@ void report_table(FILE *out, const struct report *r)
 			const struct result *res = &r->results[i * r->nvariants + v];
 
 			if (group)
-				fprintf(out, " %*.0f", fig_w, res->ops_per_sec / res->groups);
+				print_figure(out, fig_w, 0, res->ops_per_sec > 0 ?
+						 res->ops_per_sec / res->groups : NAN);
 			else
 				print_figure(out, fig_w, 2, res->ns_per_op);
 			fprintf(out, " %*.1f", rate_w, res->ops_per_sec / 1e6);
-			if (efficiency) {
-				print_figure(out, 4, 0, res->efficiency * 100);
-				fputc('%', out);
-			}
+			if (efficiency && isfinite(res->efficiency))
+				fprintf(out, " %4.0f%%", res->efficiency * 100);
+			else if (efficiency)
+				fprintf(out, " %5s", "-");
 			fprintf(out, " |");
 		}
 		fputc('\n', out);
