@@ -1182,21 +1182,35 @@ fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
  * call on it, instead of a load through the null data pointer.  A ref never
  * passed to percpu_ref_init() is undefined, as in the kernel; zeroed
  * memory, the likely case, has mode word 0, which the sequence takes for
- * per-CPU mode: it faults once the runtime is set up, and before that
- * comes here having written the rseq_cs field at the thread pointer's
- * offset 0 (percpuref_this_cpu_add_after_setup()), so it stops the process
- * with a message rather than going on with the thread's TLS damaged.
+ * per-CPU mode and which faults once the runtime is set up.  On x86-64
+ * before set-up (params 0), whatever the mode word, the sequence comes
+ * here having written the rseq_cs field at the thread pointer's offset 0
+ * (percpuref_this_cpu_add_after_setup()), and the ref is not one the
+ * library wrote (percpu_ref_init() sets the runtime up first): stop the
+ * process with a message rather than go on with the thread's TLS damaged.
  */
+static bool sequence_ran_before_setup(void)
+{
+#if PERCPUREF_HAVE_RSEQ && defined(__x86_64__)
+	/* Relaxed: a ref the library wrote reached this thread ordered after
+	 * the set-up, as this_cpu.h requires of every caller. */
+	return !__atomic_load_n(&percpuref_this_cpu_params, __ATOMIC_RELAXED);
+#else
+	return false;	/* no such sequence; params stays 0 without rseq */
+#endif
+}
+
 static bool has_no_data(struct percpu_ref *ref, const char *fn)
 {
 	if (percpuref_likely(ref->data))
 		return false;
-	if (!mode_word(ref)) {
-		percpuref_warn(fn, "ref %p was never initialised (zeroed memory?); aborting",
-			       (void *)ref);
+	if (!mode_word(ref) || sequence_ran_before_setup()) {
+		percpuref_warn(fn, "ref %p was never initialised (zeroed memory, or an object "
+			       "percpu_ref_init() never saw?); aborting", (void *)ref);
 		abort();
 	}
-	percpuref_warn(fn, "ref %p exited, or its init failed; ignored", (void *)ref);
+	percpuref_warn(fn, "ref %p exited, or its init failed, or was never initialised; ignored",
+		       (void *)ref);
 	return true;
 }
 

@@ -28,8 +28,11 @@
  * where readers find it: public, or private with rcu_refcounted<T> as a
  * friend; one the base cannot reach does not compile, unless T is final).
  * Create T only with make_owner / make_managed, which allocate it with new
- * and initialise its counter (a T built otherwise has none, and a ref_ptr
- * to it is undefined); T's destructor must not throw (checked).  The
+ * and initialise its counter.  A T built otherwise has none: the base
+ * leaves the counter as an exited one, so a ref_ptr to it warns and does
+ * nothing (the try_acquire calls fail), and on x86-64, if no library call
+ * set the runtime up before, the first stops the process with a message.  T's
+ * destructor must not throw (checked).  The
  * release callback calls percpu_ref_exit / percpu_rcuref_exit and deletes
  * it, on the thread the C API names (last put, callback thread or
  * reclaimer).  A C struct that embeds a counter can use ref_ptr too (not
@@ -132,7 +135,8 @@ public:
 	percpu_ref *percpuref_counter() noexcept { return &counter_; }
 
 protected:
-	refcounted() noexcept : counter_() {}
+	/* Exited ref's state until make_* initialises it: see the top. */
+	refcounted() noexcept : counter_{ __PERCPU_REF_ATOMIC_DEAD, nullptr } {}
 	~refcounted() = default;
 
 private:
@@ -169,7 +173,7 @@ public:
 	percpu_rcuref *percpuref_counter() noexcept { return &counter_; }
 
 protected:
-	rcu_refcounted() noexcept : counter_() {}
+	rcu_refcounted() noexcept : counter_{ { __PERCPU_REF_ATOMIC_DEAD, nullptr }, nullptr } {}
 	~rcu_refcounted() = default;
 
 private:

@@ -6,7 +6,8 @@
  * rcu_refcounted object is unpublished at zero (a private unpublish()
  * too) and freed after, a managed
  * object is freed by the reclaimer only once no ref_ptr is left, and
- * ref_traits serves a C struct.  Exact counts are read from the atomic
+ * ref_traits serves a C struct, and an object not made by make_* is
+ * refused with warnings, not a crash.  Exact counts are read from the atomic
  * count once a kill has switched the ref to atomic mode.
  */
 #include <utility>
@@ -216,6 +217,36 @@ static void test_traits()
 	percpu_ref_exit(&obj.ref);
 }
 
+/* From the library (src/internal.h, not a public header). */
+extern "C" unsigned long percpuref_warning_count(void);
+
+/*
+ * An object not made by make_owner / make_managed has no counter: the
+ * bases leave it in the state of an exited ref, so a ref_ptr to it warns
+ * and does nothing instead of adding through a null pointer (it crashed).
+ */
+static void test_not_made()
+{
+	destroyed = unpublished = 0;
+	conn stack_conn(4);
+	unsigned long warned = percpuref_warning_count();
+	{
+		ref_ptr<conn> r = ref_ptr<conn>::acquire(&stack_conn);	/* get */
+		ok(r.get() == &stack_conn, "acquire of an object make_owner never saw returns it");
+	}							/* put */
+	is((long)(percpuref_warning_count() - warned), 2, "its get and put are warned");
+	ok(!ref_ptr<conn>::try_acquire_live(&stack_conn), "try_acquire_live fails on it");
+
+	node stack_node;
+	{
+		percpuref::rcu_read_guard guard;
+		ok(!ref_ptr<node>::try_acquire(&stack_node), "try_acquire fails on an rcu_refcounted one");
+	}
+	/* tryget_live fails on a dead ref, exited or not, unwarned. */
+	is((long)(percpuref_warning_count() - warned), 3, "and try_acquire is warned");
+	is(destroyed + unpublished, 0, "and nothing is released or unpublished");
+}
+
 int main()
 {
 	test_owner_and_ref_ptr();
@@ -225,5 +256,6 @@ int main()
 	test_private_unpublish();
 	test_managed();
 	test_traits();
+	test_not_made();
 	return done_testing();
 }
