@@ -287,15 +287,41 @@ static void drain_one(struct hcount_ns *y, unsigned int type, bool mark)
 	__hcount_slot_unlock(s);
 }
 
+/*
+ * Walks of the namespaces strictly below @top, tree mutex held (the
+ * registry is stable).  Without recursion: a tree may be HCOUNT_DEPTH_MAX
+ * deep, and a walk that recursed once per level overflowed small thread
+ * stacks.  Post-order: every namespace after all of its descendants.
+ */
+static struct hcount_ns *leftmost_leaf(struct hcount_ns *ns)
+{
+	while (ns->first_child)
+		ns = ns->first_child;
+	return ns;
+}
+
+static struct hcount_ns *postorder_first(struct hcount_ns *top)
+{
+	return top->first_child ? leftmost_leaf(top->first_child) : NULL;
+}
+
+static struct hcount_ns *postorder_next(struct hcount_ns *ns, struct hcount_ns *top)
+{
+	if (ns->next_sibling)
+		return leftmost_leaf(ns->next_sibling);
+	return ns->parent == top ? NULL : ns->parent;
+}
+
+#define for_each_below_postorder(ns, top) \
+	for ((ns) = postorder_first(top); (ns); (ns) = postorder_next((ns), (top)))
+
 /* Post-order: every cache strictly below @f ends in f's cache.  Tree mutex. */
 static void drain_below(struct hcount_ns *f, unsigned int type)
 {
 	struct hcount_ns *c;
 
-	for (c = f->first_child; c; c = c->next_sibling) {
-		drain_below(c, type);
+	for_each_below_postorder(c, f)
 		drain_one(c, type, true);
-	}
 }
 
 /* Clears the marks drain_one() left strictly below @f.  Tree mutex. */
@@ -303,10 +329,9 @@ static void unmark_below(struct hcount_ns *f, unsigned int type)
 {
 	struct hcount_ns *c;
 
-	for (c = f->first_child; c; c = c->next_sibling) {
+	for_each_below_postorder(c, f) {
 		struct hcount_slot *s = slot(c, type);
 
-		unmark_below(c, type);
 		__hcount_slot_lock(s);
 		/* Relaxed: read under this lock; a stale mark would only
 		 * cost a batch-less refill or a full give-back. */
@@ -713,6 +738,7 @@ int hcount_ns_destroy(struct hcount_ns *ns)
 	return 0;
 }
 
+/* One namespace's links to its children and its counts; tree mutex. */
 static int check_ns(struct hcount_ns *ns)
 {
 	struct hcount_ns *c;
@@ -754,17 +780,27 @@ static int check_ns(struct hcount_ns *ns)
 			return -EUCLEAN;
 		}
 	}
-	for (c = ns->first_child; c; c = c->next_sibling) {
-		int ret = check_ns(c);
-
-		if (ret)
-			return ret;
-	}
 	return 0;
+}
+
+/*
+ * Pre-order, without recursion (see postorder_next()): a namespace's links
+ * to its children are checked before the walk enters them, so the climb
+ * back through ->parent follows checked links only.
+ */
+static struct hcount_ns *preorder_next(struct hcount_ns *ns)
+{
+	if (ns->first_child)
+		return ns->first_child;
+	for (; ns->parent; ns = ns->parent)
+		if (ns->next_sibling)
+			return ns->next_sibling;
+	return NULL;
 }
 
 int hcount_tree_check(struct hcount_tree *tree)
 {
+	struct hcount_ns *ns;
 	int ret;
 
 	if (!tree) {
@@ -772,7 +808,8 @@ int hcount_tree_check(struct hcount_tree *tree)
 		return -EINVAL;
 	}
 	pthread_mutex_lock(&tree->mutex);
-	ret = check_ns(tree->root);
+	for (ns = tree->root, ret = 0; ns && !ret; ns = preorder_next(ns))
+		ret = check_ns(ns);
 	pthread_mutex_unlock(&tree->mutex);
 	return ret;
 }

@@ -9,6 +9,8 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 
 #include <percpuref/hcount.h>
@@ -483,9 +485,27 @@ static void test_types(void)
 	hcount_tree_destroy(tree);
 }
 
-/* Depth is capped (drains recurse once per level). */
+/* The walks of a drain and of the check, from a thread with a small stack. */
+static void *drain_and_check_deep(void *chain)
+{
+	struct hcount_ns **ns = chain;
+	static intptr_t ok_both;
+
+	ok_both = hcount_ns_set_limit(ns[0], 0, 1) == 0 &&
+		  hcount_tree_check(ns[0]->tree) == 0;
+	return &ok_both;
+}
+
+/*
+ * Depth is capped.  Drains and the check walk the whole depth without
+ * recursing: a thread with a 32 KiB stack runs them at the deepest level
+ * (they recursed once per level and overflowed it).
+ */
 static void test_depth(void)
 {
+	pthread_attr_t attr;
+	pthread_t small_stack;
+	void *walked = NULL;
 	static struct hcount_ns *chain[HCOUNT_DEPTH_MAX + 1];
 	struct hcount_tree *tree;
 	struct hcount_ns *extra = NULL;
@@ -500,8 +520,15 @@ static void test_depth(void)
 	   "depth: one level more refused");
 	ok(extra == NULL, "depth: nothing returned");
 	is(hcount_charge(chain[HCOUNT_DEPTH_MAX], 0, 1), 0, "depth: charge at the bottom");
-	is(hcount_ns_set_limit(chain[0], 0, 1), 0, "depth: root limit 1 drains the whole chain");
-	is(hcount_tree_check(tree), 0, "depth: invariant holds");
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, 32768 > PTHREAD_STACK_MIN ? 32768 : PTHREAD_STACK_MIN);
+	if (pthread_create(&small_stack, &attr, drain_and_check_deep, chain) == 0)
+		pthread_join(small_stack, &walked);
+	pthread_attr_destroy(&attr);
+	ok(walked && *(intptr_t *)walked,
+	   "depth: on a 32 KiB stack, root limit 1 drains the whole chain and the check holds");
+	is(hcount_ns_count(chain[0], 0), 1, "depth: the unit is counted at the root, and only there");
+	is(hcount_ns_cached(chain[HCOUNT_DEPTH_MAX - 1], 0), 0, "depth: no cache left below");
 	hcount_uncharge(chain[HCOUNT_DEPTH_MAX], 0, 1);
 	for (d = HCOUNT_DEPTH_MAX; d > 0; d--)
 		hcount_ns_destroy(chain[d]);
