@@ -50,7 +50,8 @@
  * (the seed's and the 2024 series' contract: the creator keeps its initial
  * reference and drops it with a put, like every user); the ref is per-CPU
  * except while the reclaimer checks it, and kill and the mode calls refuse
- * it.  A check is a switch to atomic mode done in two halves under
+ * it (tested under the switch lock after any wait for a switch in flight,
+ * which drops the lock: lock_unmanaged()).  A check is a switch to atomic mode done in two halves under
  * the switch lock, percpuref_managed_begin() and, after a reader fence,
  * percpuref_managed_finish(): fold, then one CAS of the count from 2 (the
  * manager's reference and the switch's) to 0.  If it succeeds nobody else
@@ -630,14 +631,24 @@ static void set_managed(struct percpu_ref *ref, bool managed)
  * Takes the switch lock for a mode call or kill, unless @ref is unusable
  * (never initialised, exited) or managed (the reclaimer owns its mode and
  * initial reference then): those warn and return false without the lock.
+ * Returns with no switch in flight, except where wait_switch_done() may not
+ * wait (a callback), so that the caller's own wait does not drop the lock:
+ * the managed test holds only while the lock is held, and a
+ * switch_to_managed() that took it during the wait would otherwise be
+ * followed by a kill or a mode change on a managed ref.
  */
 static bool lock_unmanaged(struct percpu_ref *ref, const char *caller)
 {
 	if (!ref_usable(ref, caller))
 		return false;
 	pthread_mutex_lock(switch_lock_of(ref));
-	if (!is_managed(ref))
-		return true;
+	/* Tested before the wait too: a managed ref is refused at once, not
+	 * after the reclaimer's check of it. */
+	if (!is_managed(ref)) {
+		wait_switch_done(ref);
+		if (!is_managed(ref))
+			return true;
+	}
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_warn(caller, "ref %p is managed (the reclaimer owns its mode); ignored",
 		       (void *)ref);

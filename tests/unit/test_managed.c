@@ -136,6 +136,117 @@ static unsigned long held(struct percpu_ref *ref)
 }
 
 /* Every row of the transition table in docs/managed.md. */
+/*
+ * A mode call or kill that waits for a switch in flight, while a
+ * switch_to_managed() waits for the same switch.  Whichever takes the
+ * switch lock first, the end is one the rules allow: the mode call done
+ * before the ref became managed, or refused after.  The mode call checked
+ * "not managed" only before its wait (which drops the lock) and went on
+ * after it on a ref just made managed: the reclaimer never released the
+ * ref (a kill made it dead and managed; a sync switch made it atomic and
+ * folded its counters twice).
+ */
+enum racing_call { RACE_ATOMIC, RACE_ATOMIC_SYNC, RACE_PERCPU, RACE_KILL };
+
+static struct object *race_obj;
+static int race_gate;			/* atomic: the blocked confirm may return */
+static int race_managed_ret;
+
+static void blocking_confirm(struct percpu_ref *ref)
+{
+	(void)ref;
+	/* Acquire: pairs with the test thread's release store. */
+	while (!__atomic_load_n(&race_gate, __ATOMIC_ACQUIRE))
+		usleep(100);
+}
+
+static void *race_mode_call(void *arg)
+{
+	struct percpu_ref *ref = &race_obj->ref;
+
+	switch ((enum racing_call)(intptr_t)arg) {
+	case RACE_ATOMIC:
+		percpu_ref_switch_to_atomic(ref, NULL);
+		break;
+	case RACE_ATOMIC_SYNC:
+		percpu_ref_switch_to_atomic_sync(ref);
+		break;
+	case RACE_PERCPU:
+		percpu_ref_switch_to_percpu(ref);
+		break;
+	case RACE_KILL:
+		percpu_ref_kill(ref);
+		break;
+	}
+	return NULL;
+}
+
+static void *race_manage(void *arg)
+{
+	(void)arg;
+	race_managed_ret = percpu_ref_switch_to_managed(&race_obj->ref);
+	return NULL;
+}
+
+static void check_mode_call_vs_manage(enum racing_call call, const char *name)
+{
+	int i, bad = 0, managed_first = 0;
+
+	for (i = 0; i < 10 && !bad; i++) {
+		struct object *o = calloc(1, sizeof(*o));
+		pthread_t mode_thread, manage_thread;
+		unsigned long warned = percpuref_warning_count();
+		uintptr_t word;
+
+		race_obj = o;
+		percpu_ref_init(&o->ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+		__atomic_store_n(&race_gate, 0, __ATOMIC_RELAXED);
+		/* A switch in flight, held there by its confirm. */
+		percpu_ref_switch_to_atomic(&o->ref, blocking_confirm);
+		pthread_create(&mode_thread, NULL, race_mode_call, (void *)(intptr_t)call);
+		pthread_create(&manage_thread, NULL, race_manage, NULL);
+		usleep(2000);	/* both wait for the switch */
+		__atomic_store_n(&race_gate, 1, __ATOMIC_RELEASE);
+		pthread_join(mode_thread, NULL);
+		pthread_join(manage_thread, NULL);
+		percpu_ref_barrier();
+		word = __atomic_load_n(&o->ref.percpu_count_ptr, __ATOMIC_RELAXED);
+		if (race_managed_ret == 0) {
+			/* Managed, whatever ran first: per-CPU, live, and ours is
+			 * the only reference besides the manager's. */
+			bad = (word & (__PERCPU_REF_ATOMIC | __PERCPU_REF_DEAD)) != 0;
+			/* The mode call refused (warned): the manage came first. */
+			managed_first += percpuref_warning_count() != warned;
+			if (!bad)
+				percpu_ref_put(&o->ref);
+			percpu_ref_managed_flush();
+			percpu_ref_managed_flush();
+		} else {
+			/* Only a kill first refuses the manage: released by it. */
+			bad = call != RACE_KILL || !(word & __PERCPU_REF_DEAD);
+		}
+		bad = bad || releases_of(o) != 1;
+		if (bad)
+			printf("# %s: manage %d, mode word flags %#lx, releases %d\n", name,
+			     race_managed_ret, (unsigned long)(word & __PERCPU_REF_ATOMIC_DEAD),
+			     releases_of(o));
+		else {
+			percpu_ref_exit(&o->ref);
+			free(o);	/* else leaked: it is stuck */
+		}
+	}
+	ok(!bad, "%s racing switch_to_managed (a switch in flight): done before, or refused "
+	   "after; released once (%d runs, %d managed first)", name, i, managed_first);
+}
+
+static void test_mode_calls_vs_manage(void)
+{
+	check_mode_call_vs_manage(RACE_ATOMIC, "switch_to_atomic");
+	check_mode_call_vs_manage(RACE_ATOMIC_SYNC, "switch_to_atomic_sync");
+	check_mode_call_vs_manage(RACE_PERCPU, "switch_to_percpu");
+	check_mode_call_vs_manage(RACE_KILL, "kill");
+}
+
 static void test_transitions(void)
 {
 	struct object o = { 0 };
@@ -983,6 +1094,7 @@ int main(int argc, char **argv)
 	check_latency_bound(PERCPU_REF_SCAN_FILTERED, "filtered");
 	test_callbacks();
 	test_reinit_before_release();
+	test_mode_calls_vs_manage();
 	test_misuse();
 	test_shutdown();
 #if defined(__SANITIZE_THREAD__)
