@@ -141,8 +141,9 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* A setting from the environment: @name's value if it is a number no
- * larger than @max; otherwise warned and false. */
+/* A setting from the environment: @name's value if it is a number (decimal
+ * digits only: strtoul() alone takes blanks and a sign, and " -1" for
+ * ULONG_MAX) no larger than @max; otherwise warned and false. */
 static bool parse_ulong(const char *name, unsigned long max, unsigned long *value)
 {
 	const char *env = getenv(name);
@@ -153,7 +154,7 @@ static bool parse_ulong(const char *name, unsigned long max, unsigned long *valu
 		return false;
 	errno = 0;
 	v = strtoul(env, &end, 10);
-	if (errno || *end || *env == '-') {
+	if (errno || *end || *env < '0' || *env > '9') {
 		percpuref_warn("percpuref_managed", "%s=\"%s\" is not a number; ignored", name, env);
 		return false;
 	}

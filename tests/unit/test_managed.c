@@ -1067,6 +1067,10 @@ static void test_env(void)
 	is(run_env_child("7", "9", "faithful"), 0, "environment sets interval, max, strategy");
 	is(run_env_child("x", "-1", "fastest"), 7 | 3 << 3,
 	   "bad values: three warnings, defaults kept");
+	/* strtoul() skips blanks and takes a sign: " -1" read as ULONG_MAX. */
+	is(run_env_child(" 7", " -1", "faithful"), 3 | 2 << 3,
+	   "a number after blanks, or a sign, is refused too: two warnings, defaults kept");
+	is(run_env_child("+7", "9", "faithful"), 1 | 1 << 3, "a plus sign likewise");
 	is(percpu_ref_managed_set_config(&c), -EINVAL, "set_config: unknown strategy -EINVAL");
 	percpu_ref_managed_get_config(&c);
 	is(c.interval_ms, PERCPU_REF_MANAGED_INTERVAL_MS, "and nothing changed");
