@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* Built against the *installed* library through pkg-config by
- * check_install.sh: proves the headers, libraries and percpuref.pc install
- * and work together. */
+/* Built against the *installed* library through pkg-config and CMake by
+ * check_install.sh: proves the headers, libraries, percpuref.pc and the
+ * CMake package install and work together. */
+#include <percpuref/percpu_rcuref.h>
 #include <percpuref/percpu_ref.h>
 #include <stdio.h>
+#include <urcu-bp.h>
 
 static int released;
 
@@ -24,6 +26,11 @@ int main(void)
 	percpu_ref_kill(&ref);
 	percpu_ref_barrier();
 	percpu_ref_exit(&ref);
+	/* liburcu-bp directly, as percpu_rcuref.h allows: pkg-config's
+	 * --libs must name it (it was only in Requires.private). */
+	urcu_bp_read_lock();
+	urcu_bp_read_unlock();
+	urcu_bp_synchronize_rcu();
 	printf("installed percpuref: released=%d\n", released);
 	return released ? 0 : 1;
 }
