@@ -6,8 +6,9 @@ set -euo pipefail
 
 # cargo, rustc and librust-cc-dev: the Rust bindings (bindings/rust builds
 # offline from Debian's packaged crates); scdoc: the man pages; man-db:
-# the install test renders them with man -l.
-packages=(build-essential cmake ninja-build pkg-config liburcu-dev valgrind spin
+# the install test renders them with man -l; clang: the public headers
+# are checked with clang's warnings too (tests/compile).
+packages=(build-essential clang cmake ninja-build pkg-config liburcu-dev valgrind spin
           python3 python3-matplotlib cargo rustc librust-cc-dev scdoc man-db
           # aarch64: cross toolchain, Debian's arm64 liburcu and C++ runtime
           # (multiarch), qemu-user to run the tests (scripts/test.sh)

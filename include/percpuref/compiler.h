@@ -26,8 +26,17 @@
 #define percpuref_barrier() __asm__ __volatile__("" ::: "memory")
 
 #ifdef __cplusplus
-#define PERCPUREF_BEGIN_DECLS extern "C" {
-#define PERCPUREF_END_DECLS }
+/*
+ * The C headers' casts and NULLs are C's: clang++ reports them under
+ * -Wold-style-cast and -Wzero-as-null-pointer-constant, which C++ users
+ * build with (g++ does not), so their declarations are exempt.
+ */
+#define PERCPUREF_BEGIN_DECLS						\
+	_Pragma("GCC diagnostic push")					\
+	_Pragma("GCC diagnostic ignored \"-Wold-style-cast\"")		\
+	_Pragma("GCC diagnostic ignored \"-Wzero-as-null-pointer-constant\"") \
+	extern "C" {
+#define PERCPUREF_END_DECLS } _Pragma("GCC diagnostic pop")
 #else
 #define PERCPUREF_BEGIN_DECLS
 #define PERCPUREF_END_DECLS

@@ -139,7 +139,9 @@ static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
 
 	if (percpuref_unlikely(offset == 0))
 		return NULL;
-	return (struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() + offset);
+	/* Through void *: the offset is the area's, which is aligned (a cast
+	 * from char * trips -Wcast-align in users' builds). */
+	return (struct percpuref_rseq_area *)(void *)((char *)__builtin_thread_pointer() + offset);
 }
 
 #if PERCPUREF_HAVE_RSEQ && defined(__x86_64__)
