@@ -6,8 +6,13 @@
  * Choice (once, at runtime set-up).  glibc >= 2.35 exports __rseq_size and
  * __rseq_offset; a non-zero size means glibc registered an area for every
  * thread (or tried to: a thread whose registration failed reads cpu_id < 0
- * and takes the fallback per call).  The symbols are looked up with dlsym so
- * that neither the build nor the run needs a glibc that has them.  Where
+ * and takes the fallback per call).  The symbols are weak references, so
+ * that the build needs no glibc that has them and the run reads NULL
+ * where there are none; they also bind in a static executable, where
+ * dlsym (used until 0.3.1) finds no symbols, so that such programs took
+ * the fallback although glibc had registered its areas.  Built against
+ * glibc >= 2.35, the references carry its version, so the library then
+ * needs 2.35 to load (its pthread calls need 2.34 in any case).  Where
  * the size is missing or zero (glibc < 2.35, musl, the tunable
  * glibc.pthread.rseq=0, a kernel that refused glibc) the library registers
  * its own area: own_area, an initial-exec TLS variable, so its offset from
@@ -30,7 +35,6 @@
  * REGISTERING and takes the fallback for that call.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -99,15 +103,16 @@ static bool own_register(void)
 	return true;
 }
 
+/* glibc >= 2.35 (<sys/rseq.h>, declared here for older headers). */
+extern const unsigned int __rseq_size __attribute__((weak, visibility("default")));
+extern const ptrdiff_t __rseq_offset __attribute__((weak, visibility("default")));
+
 /* glibc's __rseq_offset when glibc registered areas, else NULL. */
 static const ptrdiff_t *glibc_rseq_offset(void)
 {
-	const unsigned int *size = dlsym(RTLD_DEFAULT, "__rseq_size");
-	const ptrdiff_t *offset = dlsym(RTLD_DEFAULT, "__rseq_offset");
-
-	if (!size || !offset || *size == 0)
+	if (!&__rseq_size || !&__rseq_offset || __rseq_size == 0)
 		return NULL;
-	return offset;
+	return &__rseq_offset;
 }
 
 ptrdiff_t percpuref_rseq_own_area_offset(void)
