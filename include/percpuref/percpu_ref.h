@@ -44,7 +44,8 @@
  * docs/percpu_ref.md ("What a callback may call").
  *
  * Misuse is reported with one line on stderr naming the function and the ref
- * ("percpuref: percpu_ref_kill_and_confirm: called twice on ref 0x..."), and
+ * ("percpuref: percpu_ref_kill_and_confirm: called more than once on ref
+ * 0x...; ignored"), and
  * the call then does the least harmful thing: a count that would drop below
  * zero, or a get on a released ref, saturates the count so the object stays
  * leaked and is never released twice (the kernel's refcount_t rule).
@@ -167,8 +168,9 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref);
  * percpu_ref_barrier - wait until every asynchronous switch (kill,
  * switch_to_atomic) started before the call has been confirmed, and the
  * releases those switches triggered have run.  For tests and shutdown.
- * Returns 0, or -EDEADLK (and warns) when called from a callback, which
- * would wait for itself.
+ * Returns 0, or -EDEADLK (and warns) when called from a callback on one
+ * of the library's threads or from shutdown, which would wait for itself;
+ * a @release run by a put on the putter's own thread may call it.
  */
 PERCPUREF_API int percpu_ref_barrier(void);
 
@@ -223,7 +225,8 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
  * which it saw that (such a thread may never stop), leaving what is still
  * queued to the threads, which start again for it.  Managed refs still
  * referenced stay managed; the threads start again on demand.  Also runs
- * at process exit.  Not from a callback (warned, does nothing).
+ * at process exit.  Not from a callback on one of the library's threads,
+ * nor from shutdown (warned, does nothing).
  */
 PERCPUREF_API void percpuref_shutdown(void);
 
