@@ -230,6 +230,16 @@ void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_d
 		wake_owed = true;
 }
 
+bool percpuref_deferred_start(void)
+{
+	bool running;
+
+	pthread_mutex_lock(&deferred_lock);
+	running = ensure_thread();
+	pthread_mutex_unlock(&deferred_lock);
+	return running;
+}
+
 void percpuref_deferred_wake_owed(void)
 {
 	bool running;
@@ -237,9 +247,7 @@ void percpuref_deferred_wake_owed(void)
 	if (!wake_owed)
 		return;
 	wake_owed = false;
-	pthread_mutex_lock(&deferred_lock);
-	running = ensure_thread();
-	pthread_mutex_unlock(&deferred_lock);
+	running = percpuref_deferred_start();
 	/* Outside the lock, so the woken thread does not wait for it.  The
 	 * thread set thread_sleeping under the lock and holds it until
 	 * cond_wait releases it: having taken the lock, we know it waits. */

@@ -202,6 +202,10 @@ unsigned long percpuref_deferred_run(struct percpuref_deferred *first);
 /* After dropping the locks held around percpuref_call_after_grace_period():
  * start or wake the thread if that call found it asleep (or not running). */
 void percpuref_deferred_wake_owed(void);
+/* Starts the thread if it is not running (a start refused earlier left
+ * queued items to the next try); false if it still cannot start.  Takes
+ * the queue's lock (rank DEFERRED: a switch lock may be held). */
+bool percpuref_deferred_start(void);
 /* Wait for every item queued before this call: 0, or -EDEADLK when called
  * on a library thread or under a batch lock (a callback), -EAGAIN if the
  * thread cannot start. */

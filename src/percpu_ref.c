@@ -88,6 +88,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "fallback.h"
 #include "internal.h"
@@ -405,6 +406,25 @@ static bool wait_switch_done(struct percpu_ref *ref)
 		    (impl_of(ref->data)->async_switch && percpuref_holds_batch_lock())) {
 			done = false;
 			break;
+		}
+		/*
+		 * An asynchronous switch is the callback thread's to finish,
+		 * and a refused start of that thread left it queued for the
+		 * next push or barrier, which may never come: start it, and
+		 * while it cannot start, try again every 50 ms (the exit of a
+		 * ref killed then hung for ever, though threads could start).
+		 */
+		if (impl_of(ref->data)->async_switch && !percpuref_deferred_start()) {
+			struct timespec until;
+
+			clock_gettime(CLOCK_REALTIME, &until);	/* the condvar's clock */
+			until.tv_nsec += 50 * 1000 * 1000;
+			if (until.tv_nsec >= 1000000000L) {
+				until.tv_sec++;
+				until.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&stripe_of(ref)->done, switch_lock_of(ref), &until);
+			continue;
 		}
 		pthread_cond_wait(&stripe_of(ref)->done, switch_lock_of(ref));
 	}

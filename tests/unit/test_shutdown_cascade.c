@@ -17,10 +17,13 @@
  *    queued after the stop to a new one, which cannot start; the shutdown
  *    must run the rest itself, and the refusal is warned once, not at
  *    every try.
+ *  - A switch whose thread could not start, and a mode call on the ref
+ *    once threads can start: the call must start the thread it waits for.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <unistd.h>
 
@@ -105,6 +108,15 @@ static void chain_confirm(struct percpu_ref *ref)
 		percpu_ref_kill_and_confirm(&chain[i + 1], chain_confirm);
 }
 
+static struct percpu_ref orphan;
+static bool orphan_released;	/* atomic */
+
+static void orphan_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_store_n(&orphan_released, true, __ATOMIC_SEQ_CST);
+}
+
 int main(void)
 {
 	struct percpu_ref_managed_config config;
@@ -152,5 +164,25 @@ int main(void)
 	__atomic_store_n(&refuse_threads, false, __ATOMIC_SEQ_CST);
 	for (i = 0; i < CHAIN; i++)
 		percpu_ref_exit(&chain[i]);
+
+	/* A switch to atomic whose callback thread could not start, then a
+	 * switch back once threads can start again: the second waited for
+	 * the first for ever (nothing started the thread); the deadline is
+	 * the failure. */
+	if (!ok(!percpu_ref_init(&orphan, orphan_release, PERCPU_REF_ALLOW_REINIT),
+		"ref initialised"))
+		return done_testing();
+	__atomic_store_n(&refuse_threads, true, __ATOMIC_SEQ_CST);
+	percpu_ref_switch_to_atomic(&orphan, NULL);
+	__atomic_store_n(&refuse_threads, false, __ATOMIC_SEQ_CST);
+	alarm(30);
+	percpu_ref_switch_to_percpu(&orphan);
+	alarm(0);
+	ok(!(__atomic_load_n(&orphan.percpu_count_ptr, __ATOMIC_RELAXED) & __PERCPU_REF_ATOMIC),
+	   "a mode call waiting for a switch whose thread could not start starts it once it can");
+	percpu_ref_kill(&orphan);
+	percpu_ref_barrier();
+	ok(__atomic_load_n(&orphan_released, __ATOMIC_SEQ_CST), "and the ref is released");
+	percpu_ref_exit(&orphan);
 	return done_testing();
 }
