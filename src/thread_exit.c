@@ -9,9 +9,18 @@
  * cancellation alike, before the pthread key destructors, and so before a
  * sanitizer runtime tears down its view of the thread (ThreadSanitizer
  * does that from a key destructor, after which it no longer sees the
- * thread's locks).  It is looked up weakly; where the C library lacks it
- * (musl) one pthread key with a per-thread table of hooks does the same,
- * after the other keys' destructors that ran first.  The handle is this
+ * thread's locks).  It is looked up weakly.  The hooks live in a
+ * per-thread table, run by one __cxa_thread_atexit_impl registration per
+ * thread and by one pthread key's destructor, whichever comes first (the
+ * other finds the table empty).  The key is the backstop: glibc runs the
+ * TLS destructors once, before the key destructors, so a thread whose
+ * first registration came from a key destructor (its first library call
+ * made there) registered on a list nobody runs again: its fallback unit
+ * was never given back, and the fence later read its freed TLS.  A key
+ * set from a key destructor has its own destructor run in the next round
+ * (PTHREAD_DESTRUCTOR_ITERATIONS); glibc leaks the 32-byte node of the
+ * late registration (tests/valgrind.supp).  Where the C library lacks the
+ * function (musl) the key alone runs them.  The handle is this
  * library's __dso_handle, which keeps a dlopen()ed library mapped until
  * every thread that registered here has run its hooks.  A fork child's
  * thread keeps its hooks with the rest of its TLS.
@@ -34,6 +43,7 @@ struct exit_hook {
 
 static __thread struct exit_hook hooks[MAX_HOOKS];
 static __thread unsigned int nr_hooks;
+static __thread bool cxa_registered;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t key;
 static bool key_ok;
@@ -54,13 +64,16 @@ static void make_key(void)
 
 bool percpuref_at_thread_exit(void (*fn)(void *), void *arg)
 {
-	if (__cxa_thread_atexit_impl)
-		return __cxa_thread_atexit_impl(fn, arg, &__dso_handle) == 0;
+	bool armed;
+
 	pthread_once(&key_once, make_key);
-	if (!key_ok || nr_hooks == MAX_HOOKS)
+	if (nr_hooks == MAX_HOOKS)
 		return false;
 	/* Any non-NULL value arms the destructor. */
-	if (pthread_setspecific(key, hooks) != 0)
+	armed = key_ok && pthread_setspecific(key, hooks) == 0;
+	if (__cxa_thread_atexit_impl && !cxa_registered)
+		cxa_registered = __cxa_thread_atexit_impl(run_hooks, NULL, &__dso_handle) == 0;
+	if (!armed && !cxa_registered)
 		return false;
 	hooks[nr_hooks].fn = fn;
 	hooks[nr_hooks].arg = arg;

@@ -118,6 +118,52 @@ static void test_thread_exit(enum exit_how how, const char *name)
 	percpu_ref_exit(&ref);
 }
 
+static pthread_key_t late_key;
+
+static void late_user(void *arg)
+{
+	(void)arg;
+	pairs();	/* the thread's first call */
+}
+
+static void *arm_late_user(void *arg)
+{
+	(void)arg;
+	pthread_setspecific(late_key, &late_key);
+	return NULL;
+}
+
+/*
+ * A thread whose first call comes from a pthread key destructor, after
+ * glibc ran the thread's TLS destructors (__cxa_thread_atexit_impl's list,
+ * which it runs once): its registration was never given back, so the
+ * fallback's units ran out for good, and the next fence read the exited
+ * thread's TLS (a crash once the stack was unmapped).
+ */
+static void test_first_call_in_key_destructor(void)
+{
+	pthread_t t[NR_THREADS];
+	unsigned int before;
+	int i;
+
+	releases = 0;
+	percpu_ref_init(&ref, count_release, 0);
+	pairs();
+	before = registered_threads();
+	pthread_key_create(&late_key, late_user);
+	for (i = 0; i < NR_THREADS; i++)
+		pthread_create(&t[i], NULL, arm_late_user, NULL);
+	for (i = 0; i < NR_THREADS; i++)
+		pthread_join(t[i], NULL);
+	pthread_key_delete(late_key);
+	is(registered_threads(), before,
+	   "first call in a key destructor: every registration given back");
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 1, "first call in a key destructor: count exact, released once");
+	percpu_ref_exit(&ref);
+}
+
 #ifndef __SANITIZE_THREAD__	/* TSan refuses threads in a threaded parent's child */
 static void *child_user(void *arg)
 {
@@ -232,6 +278,7 @@ int main(void)
 	test_thread_exit(BY_RETURN, "return");
 	test_thread_exit(BY_PTHREAD_EXIT, "pthread_exit");
 	test_thread_exit(BY_CANCEL, "cancellation");
+	test_first_call_in_key_destructor();
 #ifndef __SANITIZE_THREAD__
 	test_fork();
 #endif
