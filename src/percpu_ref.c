@@ -51,8 +51,9 @@
  * reference and drops it with a put, like every user); the ref is per-CPU
  * except while the reclaimer checks it, and kill and the mode calls refuse
  * it (tested under the switch lock after any wait for a switch in flight,
- * which drops the lock: lock_unmanaged()).  A check is a switch to atomic mode done in two halves under
- * the switch lock, percpuref_managed_begin() and, after a reader fence,
+ * which drops the lock: lock_unmanaged()).  A check is a switch to atomic
+ * mode done in two halves under the switch lock, percpuref_managed_begin()
+ * and, after a reader fence,
  * percpuref_managed_finish(): fold, then one CAS of the count from 2 (the
  * manager's reference and the switch's) to 0.  If it succeeds nobody else
  * held a reference and none can be taken any more (tryget sees 0; no one
@@ -411,8 +412,8 @@ static bool wait_switch_done(struct percpu_ref *ref)
 		 * An asynchronous switch is the callback thread's to finish,
 		 * and a refused start of that thread left it queued for the
 		 * next push or barrier, which may never come: start it, and
-		 * while it cannot start, try again every 50 ms (the exit of a
-		 * ref killed then hung for ever, though threads could start).
+		 * while it cannot start, try again every 50 ms (a call waiting
+		 * for such a switch hung for ever, though threads could start).
 		 */
 		if (impl_of(ref->data)->async_switch && !percpuref_deferred_start()) {
 			struct timespec until;
@@ -1207,6 +1208,19 @@ fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
 	return true;
 }
 
+/* Whether an inline sequence may have run before the runtime's set-up,
+ * writing through a params word of 0 (has_no_data()). */
+static bool sequence_ran_before_setup(void)
+{
+#if PERCPUREF_HAVE_RSEQ && defined(__x86_64__)
+	/* Relaxed: a ref the library wrote reached this thread ordered after
+	 * the set-up, as this_cpu.h requires of every caller. */
+	return !__atomic_load_n(&percpuref_this_cpu_params, __ATOMIC_RELAXED);
+#else
+	return false;	/* no such sequence; params stays 0 without rseq */
+#endif
+}
+
 /*
  * A ref without data (exited, or its init failed) has an atomic, dead mode
  * word, so its gets and puts come here: warned and ignored, as every other
@@ -1220,17 +1234,6 @@ fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
  * library wrote (percpu_ref_init() sets the runtime up first): stop the
  * process with a message rather than go on with the thread's TLS damaged.
  */
-static bool sequence_ran_before_setup(void)
-{
-#if PERCPUREF_HAVE_RSEQ && defined(__x86_64__)
-	/* Relaxed: a ref the library wrote reached this thread ordered after
-	 * the set-up, as this_cpu.h requires of every caller. */
-	return !__atomic_load_n(&percpuref_this_cpu_params, __ATOMIC_RELAXED);
-#else
-	return false;	/* no such sequence; params stays 0 without rseq */
-#endif
-}
-
 static bool has_no_data(struct percpu_ref *ref, const char *fn)
 {
 	if (percpuref_likely(ref->data))

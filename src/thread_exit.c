@@ -19,11 +19,11 @@
  * was never given back, and the fence later read its freed TLS.  A key
  * set from a key destructor has its own destructor run in the next round
  * (PTHREAD_DESTRUCTOR_ITERATIONS); glibc leaks the 32-byte node of the
- * late registration (tests/valgrind.supp).  Where the C library lacks the
- * function (musl) the key alone runs them.  The handle is this
- * library's __dso_handle, which keeps a dlopen()ed library mapped until
- * every thread that registered here has run its hooks.  A fork child's
- * thread keeps its hooks with the rest of its TLS.
+ * late registration (tests/valgrind.supp, tests/lsan.supp).  Where the C
+ * library lacks the function (musl) the key alone runs them.  The handle
+ * is this library's __dso_handle, which keeps a dlopen()ed library mapped
+ * until every thread that registered here has run its hooks.  A fork
+ * child's thread keeps its hooks with the rest of its TLS.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
