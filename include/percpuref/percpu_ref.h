@@ -344,7 +344,9 @@ static inline bool __percpu_ref_atomic_add_not_zero(struct percpu_ref *ref, unsi
  * percpu_ref_get_many - take @nr references.  The caller must already hold
  * one (or otherwise know the ref cannot be released meanwhile).  Per-CPU
  * mode: one non-atomic add on this CPU's counter.  Atomic mode: one atomic
- * add.  Any thread; not from a signal handler that interrupted a switch.
+ * add.  Any thread; from a signal handler only when it did not interrupt a
+ * switch and the thread has called the library before (a thread's first
+ * call may allocate: docs/percpu_ref.md, "Signal handlers").
  */
 static inline void percpu_ref_get_many(struct percpu_ref *ref, unsigned long nr)
 {
