@@ -51,9 +51,9 @@
  * reference and drops it with a put, like every user); the ref is per-CPU
  * except while the reclaimer checks it, and kill and the mode calls refuse
  * it (tested under the switch lock after any wait for a switch in flight,
- * which drops the lock: lock_unmanaged()).  A check is a switch to atomic
- * mode done in two halves under the switch lock, percpuref_managed_begin()
- * and, after a reader fence,
+ * which drops the lock: lock_unmanaged(); tests/model/modes.pml).  A check
+ * is a switch to atomic mode done in two halves under the switch lock,
+ * percpuref_managed_begin() and, after a reader fence,
  * percpuref_managed_finish(): fold, then one CAS of the count from 2 (the
  * manager's reference and the switch's) to 0.  If it succeeds nobody else
  * held a reference and none can be taken any more (tryget sees 0; no one
