@@ -56,7 +56,10 @@
  * batch it is running, whatever was pushed since, and the stopper starts a
  * new thread if anything is left, or runs one batch itself if none can
  * start (percpuref_deferred_stop()).  A stop that waited for an empty
- * stack never came while another thread kept killing refs.
+ * stack never came while another thread kept killing refs.  Every waiter
+ * does the same while no thread can start (percpuref_wait_deferred()): a
+ * barrier, an exit or a mode call waiting for an asynchronous switch runs
+ * the batches on its own thread rather than fail or wait for ever.
  * tests/model/wakeup.pml checks that no push is stranded.
  *
  * Fork: a batch's runner (the thread, or a stopper that could not start
@@ -258,7 +261,7 @@ void percpuref_deferred_wake_owed(void)
 int percpuref_wait_deferred(void)
 {
 	unsigned long target;
-	int ret = 0, cancel;
+	int cancel;
 
 	/* Waiting for the thread while holding a batch lock (a callback) could
 	 * wait for a fork waiting for us, or for ourselves. */
@@ -268,22 +271,25 @@ int percpuref_wait_deferred(void)
 	cancel = percpuref_cancel_disable();
 	pthread_mutex_lock(&deferred_lock);
 	while (nr_done < target) {
+		/* No thread can start (a sandbox that refuses clone, an
+		 * exhausted RLIMIT_NPROC): run the batches here, as a stopper
+		 * does.  Barriers returned -EAGAIN with the work undone, and
+		 * exit waited for it for ever (wait_switch_done()). */
 		if (!ensure_thread()) {
-			ret = -EAGAIN;
-			break;
+			run_batch();
+			continue;
 		}
 		pthread_cond_wait(&work_done, &deferred_lock);
 	}
 	pthread_mutex_unlock(&deferred_lock);
 	percpuref_cancel_restore(cancel);
-	return ret;
+	return 0;
 }
 
 bool percpuref_deferred_stop(void)
 {
 	bool ran = false, running;
 
-	/* -EAGAIN (no thread could start): the items are run below. */
 	if (percpuref_wait_deferred() == -EDEADLK)
 		return false;
 	pthread_mutex_lock(&deferred_lock);

@@ -206,9 +206,9 @@ void percpuref_deferred_wake_owed(void);
  * queued items to the next try); false if it still cannot start.  Takes
  * the queue's lock (rank DEFERRED: a switch lock may be held). */
 bool percpuref_deferred_start(void);
-/* Wait for every item queued before this call: 0, or -EDEADLK when called
- * on a library thread or under a batch lock (a callback), -EAGAIN if the
- * thread cannot start. */
+/* Wait for every item queued before this call, running the batches on the
+ * calling thread while no thread can start: 0, or -EDEADLK when called on a
+ * library thread or under a batch lock (a callback). */
 int percpuref_wait_deferred(void);
 /* Shutdown: waits for every item queued before the call, then stops the
  * thread and, if items were queued meanwhile, starts a new one for them

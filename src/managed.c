@@ -300,26 +300,6 @@ int percpuref_managed_may_wait(const char *fn)
 	return 0;
 }
 
-int percpuref_wait_rcu(void)
-{
-	uint64_t target;
-	int ret = 0, cancel;
-
-	cancel = percpuref_cancel_disable();
-	pthread_mutex_lock(&managed_lock);
-	target = rcu_queued;
-	while (rcu_done < target) {
-		if (!ensure_thread()) {
-			ret = -EAGAIN;
-			break;
-		}
-		pthread_cond_wait(&progress, &managed_lock);
-	}
-	pthread_mutex_unlock(&managed_lock);
-	percpuref_cancel_restore(cancel);
-	return ret;
-}
-
 /* managed_lock held on entry and on return, dropped meanwhile.  One grace
  * period for the whole queue, then the items in order, all under scan_lock
  * (taken first: rank order) so that a fork waits for the batch. */
@@ -346,6 +326,27 @@ static void run_rcu_batch(void)
 	rcu_done += n;
 	pthread_cond_broadcast(&progress);
 	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+}
+
+void percpuref_wait_rcu(void)
+{
+	uint64_t target;
+	int cancel;
+
+	cancel = percpuref_cancel_disable();
+	pthread_mutex_lock(&managed_lock);
+	target = rcu_queued;
+	while (rcu_done < target) {
+		/* No thread can start: run the queue here (the callers may
+		 * wait for a grace period), as for the callback thread's. */
+		if (!ensure_thread()) {
+			run_rcu_batch();
+			continue;
+		}
+		pthread_cond_wait(&progress, &managed_lock);
+	}
+	pthread_mutex_unlock(&managed_lock);
+	percpuref_cancel_restore(cancel);
 }
 
 /*
@@ -702,7 +703,9 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 	pthread_mutex_unlock(&managed_lock);
 	percpuref_cancel_restore(cancel);
 	/* The releases those passes deferred past a grace period. */
-	return ret ? ret : percpuref_wait_rcu();
+	if (!ret)
+		percpuref_wait_rcu();
+	return ret;
 }
 
 /* Stops the thread and waits for it (percpuref_stop_thread()). */

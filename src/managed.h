@@ -48,9 +48,10 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
  * from a callback or inside an RCU read-side section (it would wait for
  * itself). */
 int percpuref_managed_may_wait(const char *fn);
-/* Wait for every item queued before the call: 0, or -EAGAIN if the thread
- * cannot start.  The caller checked percpuref_managed_may_wait(). */
-int percpuref_wait_rcu(void);
+/* Wait for every item queued before the call, running the queue on the
+ * calling thread while no thread can start.  The caller checked
+ * percpuref_managed_may_wait(). */
+void percpuref_wait_rcu(void);
 /* TSAN only: read-side unlocks release here, grace periods acquire. */
 extern char percpuref_rcu_tsan_sync;
 

@@ -193,5 +193,7 @@ PERCPUREF_API int percpu_rcuref_barrier(void)
 	if (ret)
 		return ret;
 	ret = percpu_ref_barrier();	/* kills still switching */
-	return ret ? ret : percpuref_wait_rcu();
+	if (!ret)
+		percpuref_wait_rcu();
+	return ret;
 }

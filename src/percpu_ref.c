@@ -396,7 +396,7 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
  */
 static bool wait_switch_done(struct percpu_ref *ref)
 {
-	bool done = true;
+	bool done = true, ran_queue;
 	int cancel;
 
 	if (!ref->data->confirm_switch)
@@ -411,13 +411,20 @@ static bool wait_switch_done(struct percpu_ref *ref)
 		/*
 		 * An asynchronous switch is the callback thread's to finish,
 		 * and a refused start of that thread left it queued for the
-		 * next push or barrier, which may never come: start it, and
-		 * while it cannot start, try again every 50 ms (a call waiting
-		 * for such a switch hung for ever, though threads could start).
+		 * next push or barrier, which may never come (a call waiting
+		 * for such a switch hung for ever): start it, and if it cannot
+		 * start, run the queue here, the lock dropped as in the wait
+		 * (the switch's item takes it).  A library thread may not run
+		 * the queue: it tries again every 50 ms.
 		 */
 		if (impl_of(ref->data)->async_switch && !percpuref_deferred_start()) {
 			struct timespec until;
 
+			pthread_mutex_unlock(switch_lock_of(ref));
+			ran_queue = !percpuref_wait_deferred();
+			pthread_mutex_lock(switch_lock_of(ref));
+			if (ran_queue)
+				continue;
 			clock_gettime(CLOCK_REALTIME, &until);	/* the condvar's clock */
 			until.tv_nsec += 50 * 1000 * 1000;
 			if (until.tv_nsec >= 1000000000L) {

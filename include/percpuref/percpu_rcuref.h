@@ -81,7 +81,8 @@ PERCPUREF_API void percpu_rcuref_read_unlock(void);
  * @unpublish returned before the call has run, and of every kill still
  * switching; a put still in @unpublish on another thread is not waited for.
  * 0, or -EDEADLK (warned) from a callback or inside a read-side section (it
- * would wait for itself).
+ * would wait for itself).  While the library's threads cannot start, it
+ * runs their queues, grace period and callbacks, on the calling thread.
  */
 PERCPUREF_API int percpu_rcuref_barrier(void);
 

@@ -170,7 +170,10 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref);
  * releases those switches triggered have run.  For tests and shutdown.
  * Returns 0, or -EDEADLK (and warns) when called from a callback on one
  * of the library's threads or from shutdown, which would wait for itself;
- * a @release run by a put on the putter's own thread may call it.
+ * a @release run by a put on the putter's own thread may call it.  While
+ * the callback thread cannot start (pthread_create() refused), it runs the
+ * switches and their callbacks on the calling thread, as an exit or a mode
+ * call that waits for such a switch does.
  */
 PERCPUREF_API int percpu_ref_barrier(void);
 

@@ -19,6 +19,11 @@
  *    every try.
  *  - A switch whose thread could not start, and a mode call on the ref
  *    once threads can start: the call must start the thread it waits for.
+ *  - While no thread can start at all (a sandbox that refuses clone, an
+ *    exhausted RLIMIT_NPROC): percpu_ref_barrier() and
+ *    percpu_rcuref_barrier() returned -EAGAIN with the releases undone,
+ *    and percpu_ref_exit() of a ref whose switch was queued waited for
+ *    ever; each must finish the work on the calling thread.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,6 +33,7 @@
 
 #include "internal.h"
 #include "percpuref/managed.h"
+#include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
 #include "tap.h"
 
@@ -116,6 +122,62 @@ static void orphan_release(struct percpu_ref *ref)
 	__atomic_store_n(&orphan_released, true, __ATOMIC_SEQ_CST);
 }
 
+static struct percpu_ref stranded_kill, stranded_switch;
+static struct percpu_rcuref stranded_rcu;
+static bool stranded_released, stranded_confirmed, stranded_rcu_released;	/* atomic */
+
+static void stranded_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_store_n(&stranded_released, true, __ATOMIC_SEQ_CST);
+}
+
+static void stranded_confirm(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_store_n(&stranded_confirmed, true, __ATOMIC_SEQ_CST);
+}
+
+static void stranded_rcu_release(struct percpu_rcuref *ref)
+{
+	(void)ref;
+	__atomic_store_n(&stranded_rcu_released, true, __ATOMIC_SEQ_CST);
+}
+
+/* Every wait of the library with no thread able to start; the alarm is
+ * the deadline of the calls that hung. */
+static void test_no_thread_can_start(void)
+{
+	if (!ok(!percpu_ref_init(&stranded_kill, stranded_release, 0) &&
+		!percpu_ref_init(&stranded_switch, NULL, 0) &&
+		!percpu_rcuref_init(&stranded_rcu, NULL, stranded_rcu_release, 0),
+		"refs initialised"))
+		return;
+	percpuref_shutdown();	/* no library thread runs now */
+	__atomic_store_n(&refuse_threads, true, __ATOMIC_SEQ_CST);
+	alarm(30);
+
+	percpu_ref_kill(&stranded_kill);
+	is(percpu_ref_barrier(), 0, "no thread can start: percpu_ref_barrier() succeeds");
+	ok(__atomic_load_n(&stranded_released, __ATOMIC_SEQ_CST),
+	   "and the kill's release has run");
+
+	percpu_ref_switch_to_atomic(&stranded_switch, stranded_confirm);
+	percpu_ref_exit(&stranded_switch);
+	ok(__atomic_load_n(&stranded_confirmed, __ATOMIC_SEQ_CST),
+	   "percpu_ref_exit() of a ref whose switch is queued returns, the switch confirmed");
+
+	percpu_rcuref_kill(&stranded_rcu);
+	is(percpu_rcuref_barrier(), 0, "percpu_rcuref_barrier() succeeds");
+	ok(__atomic_load_n(&stranded_rcu_released, __ATOMIC_SEQ_CST),
+	   "and the release after the grace period has run");
+
+	alarm(0);
+	__atomic_store_n(&refuse_threads, false, __ATOMIC_SEQ_CST);
+	percpu_ref_exit(&stranded_kill);
+	percpu_rcuref_exit(&stranded_rcu);
+}
+
 int main(void)
 {
 	struct percpu_ref_managed_config config;
@@ -183,5 +245,7 @@ int main(void)
 	percpu_ref_barrier();
 	ok(__atomic_load_n(&orphan_released, __ATOMIC_SEQ_CST), "and the ref is released");
 	percpu_ref_exit(&orphan);
+
+	test_no_thread_can_start();
 	return done_testing();
 }
