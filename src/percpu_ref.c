@@ -300,6 +300,7 @@ struct percpu_ref_impl {
 	bool release_voided;		/* revived while its release was pending */
 	bool pinned;			/* manager's reference put by a user: leaked */
 	bool async_switch;		/* the switch in flight is the callback thread's */
+	const char *switch_caller;	/* the call that started it, for warnings */
 };
 
 static struct percpu_ref_impl *impl_of(struct percpu_ref_data *data)
@@ -500,7 +501,7 @@ static void fold_percpu_counts(struct percpu_ref *ref)
 	 * that reaches zero later orders after this through the RMW chain. */
 	count = __atomic_add_fetch(&ref->data->count, net - PERCPU_COUNT_BIAS, __ATOMIC_RELAXED);
 	if (count == 0 || count >= PERCPU_REF_UNDERFLOW_ZONE) {
-		percpuref_warn("percpu_ref_switch_to_atomic",
+		percpuref_warn(impl_of(ref->data)->switch_caller,
 			       "ref %p count %ld <= 0 after folding per-CPU counts; leaked",
 			       (void *)ref, (long)count);
 		__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
@@ -558,16 +559,19 @@ static void switch_work_fn(struct percpuref_deferred *work)
  * it, or has it finished asynchronously when @async, and then call
  * percpuref_deferred_wake_owed() after unlocking); false when the ref was
  * atomic already and @confirm must be called by the caller after unlocking.
+ * @caller names the call in the fold's warning.
  * A dead ref is always atomic, so only switch_to_atomic and kill start one
  * through switch_mode_locked().
  */
-static bool start_atomic_switch(struct percpu_ref *ref, percpu_ref_func_t *confirm, bool async)
+static bool start_atomic_switch(struct percpu_ref *ref, percpu_ref_func_t *confirm, bool async,
+				const char *caller)
 {
 	if (mode_word(ref) & __PERCPU_REF_ATOMIC)
 		return false;
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_ATOMIC);
 	ref->data->confirm_switch = confirm ? confirm : noop_confirm;
 	impl_of(ref->data)->async_switch = async;
+	impl_of(ref->data)->switch_caller = caller;
 	/* Held until the switch is confirmed; atomic since the flag is set. */
 	__atomic_fetch_add(&ref->data->count, 1, __ATOMIC_RELAXED);
 	if (async)
@@ -626,7 +630,7 @@ static percpu_ref_func_t *switch_mode_locked(struct percpu_ref *ref, bool force_
 	}
 	ref->data->force_atomic = force_atomic;
 	if (force_atomic || (mode_word(ref) & __PERCPU_REF_DEAD)) {
-		if (!start_atomic_switch(ref, confirm, true))
+		if (!start_atomic_switch(ref, confirm, true, caller))
 			return confirm;
 	} else {
 		switch_to_percpu_locked(ref, caller);
@@ -763,7 +767,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 		break;
 	}
 	ref->data->force_atomic = true;
-	if (!start_atomic_switch(ref, NULL, false)) {
+	if (!start_atomic_switch(ref, NULL, false, __func__)) {
 		pthread_rwlock_unlock(&sync_switch_lock);
 		pthread_mutex_unlock(switch_lock_of(ref));
 		return;
@@ -1045,7 +1049,7 @@ enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *n
 			return MANAGED_SKIP;
 		}
 	}
-	start_atomic_switch(ref, noop_confirm, false);
+	start_atomic_switch(ref, noop_confirm, false, "percpuref_reclaimer");
 	return MANAGED_CHECK;
 }
 

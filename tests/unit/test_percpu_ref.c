@@ -19,6 +19,35 @@
 #include "percpuref/percpu_ref.h"
 #include "tap.h"
 
+/* Runs @fn(@ref) with stderr sent to a temporary file; what it printed
+ * (at most @len - 1 bytes, less the last newlines) goes to @buf. */
+static void capture_stderr(void (*fn)(struct percpu_ref *), struct percpu_ref *ref, char *buf,
+			   size_t len)
+{
+	FILE *tmp = tmpfile();
+	int saved = dup(STDERR_FILENO);
+	size_t n;
+
+	fflush(stderr);
+	dup2(fileno(tmp), STDERR_FILENO);
+	fn(ref);
+	fflush(stderr);
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	rewind(tmp);
+	n = fread(buf, 1, len - 1, tmp);
+	while (n > 0 && buf[n - 1] == '\n')
+		n--;
+	buf[n] = '\0';
+	fclose(tmp);
+}
+
+static void kill_and_wait(struct percpu_ref *ref)
+{
+	percpu_ref_kill(ref);
+	percpu_ref_barrier();
+}
+
 static int releases, confirms;
 static struct percpu_ref *last_released, *last_confirmed;
 
@@ -221,6 +250,7 @@ static void test_misuse(void)
 {
 	struct percpu_ref ref;
 	unsigned long warned;
+	char msg[512];
 
 	reset();
 	percpu_ref_init(&ref, count_release, 0);
@@ -254,16 +284,26 @@ static void test_misuse(void)
 	is(releases, 1, "get+put on released ref never releases again");
 	percpu_ref_exit(&ref);
 
-	/* Too many puts while per-CPU: caught when folding at kill. */
+	/* Too many puts while per-CPU: caught when folding at kill, and
+	 * named after the call that started the switch (every fold warned
+	 * as percpu_ref_switch_to_atomic). */
 	reset();
 	percpu_ref_init(&ref, count_release, 0);
 	percpu_ref_put(&ref);
 	percpu_ref_put(&ref);
 	warned = percpuref_warning_count();
-	percpu_ref_kill(&ref);
-	percpu_ref_barrier();
+	capture_stderr(kill_and_wait, &ref, msg, sizeof(msg));
 	ok(percpuref_warning_count() >= warned + 1, "per-CPU underflow warned at fold");
+	ok(strstr(msg, "percpu_ref_kill_and_confirm: ") && strstr(msg, "after folding"),
+	   "the fold's warning names the kill: %s", msg);
 	is(releases, 0, "per-CPU underflow never releases");
+	percpu_ref_exit(&ref);
+	percpu_ref_init(&ref, count_release, 0);
+	percpu_ref_put(&ref);
+	percpu_ref_put(&ref);
+	capture_stderr(percpu_ref_switch_to_atomic_sync, &ref, msg, sizeof(msg));
+	ok(strstr(msg, "percpu_ref_switch_to_atomic_sync: ") && strstr(msg, "after folding"),
+	   "and the sync switch: %s", msg);
 	percpu_ref_exit(&ref);
 
 	/* reinit of a nonzero ref. */
