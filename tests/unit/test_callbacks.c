@@ -67,8 +67,8 @@ static void allowed_calls(enum kind k, int on_library)
 
 	if (on_library >= 0 && refused != on_library)
 		fail(k, "ran on an unexpected thread");
-	struct percpu_rcuref *rcu;
-	struct percpu_ref *m, fresh;
+	struct percpu_rcuref *rcu, kept;
+	struct percpu_ref *m, *u, fresh;
 
 	/* get, tryget, put on a live ref. */
 	percpu_ref_get(&other);
@@ -80,17 +80,39 @@ static void allowed_calls(enum kind k, int on_library)
 	percpu_ref_switch_to_atomic_sync(&other);
 	percpu_ref_switch_to_percpu(&other);
 
-	/* A new ref: init, use, kill (atomic: released at once), exit. */
+	/* A new ref: init, use, kill with a reference held and resurrect,
+	 * kill (atomic: released at once), reinit, kill again, exit. */
 	if (percpu_ref_init(&fresh, NULL, PERCPU_REF_INIT_ATOMIC)) {
 		fail(k, "init failed");
 	} else {
 		percpu_ref_get(&fresh);
+		percpu_ref_kill(&fresh);
+		percpu_ref_resurrect(&fresh);
+		if (percpu_ref_is_dying(&fresh))
+			fail(k, "resurrect left the ref dead");
 		percpu_ref_put(&fresh);
 		percpu_ref_kill(&fresh);
 		released = percpu_ref_is_zero(&fresh);
+		percpu_ref_reinit(&fresh);
+		if (percpu_ref_is_zero(&fresh) || percpu_ref_is_dying(&fresh))
+			fail(k, "reinit left the ref dead");
+		percpu_ref_kill(&fresh);
+		released &= percpu_ref_is_zero(&fresh);
 		percpu_ref_exit(&fresh);
 		if (!released)
 			fail(k, "a killed atomic ref did not reach zero");
+	}
+
+	/* A new ref managed and unmanaged again, then killed from per-CPU
+	 * mode (an asynchronous switch) and released by its own callback. */
+	u = calloc(1, sizeof(*u));
+	if (!u || percpu_ref_init(u, spawned_release, PERCPU_REF_ALLOW_REINIT)) {
+		fail(k, "init of the unmanaged ref failed");
+		free(u);
+	} else {
+		if (percpu_ref_switch_to_managed(u) || percpu_ref_switch_to_unmanaged(u))
+			fail(k, "switch_to_managed / _unmanaged failed");
+		percpu_ref_kill(u);
 	}
 
 	/* A new managed ref, left to the reclaimer. */
@@ -107,6 +129,10 @@ static void allowed_calls(enum kind k, int on_library)
 	/* RCU: a read-side section, and a new percpu_rcuref killed. */
 	percpu_rcuref_read_lock();
 	percpu_rcuref_read_unlock();
+	if (percpu_rcuref_init(&kept, NULL, spawned_rcu_release, 0))
+		fail(k, "rcuref init failed");
+	else
+		percpu_rcuref_exit(&kept);	/* never reached zero */
 	rcu = calloc(1, sizeof(*rcu));
 	if (!rcu || percpu_rcuref_init(rcu, NULL, spawned_rcu_release, PERCPU_REF_INIT_ATOMIC)) {
 		fail(k, "rcuref init failed");
@@ -225,8 +251,12 @@ static int spawned(void)
 	return __atomic_load_n(&spawned_releases, __ATOMIC_ACQUIRE);
 }
 
-/* @k ran once, cleanly, and what callbacks made since @before (two per
- * callback run) were released. */
+/* Refs a run of allowed_calls() leaves to be released: a managed ref, an
+ * unmanaged one killed, a percpu_rcuref killed. */
+#define MADE_PER_RUN 3
+
+/* @k ran once, cleanly, and what callbacks made since @before
+ * (MADE_PER_RUN per callback run) were released. */
 static void check(enum kind k, int before, int made)
 {
 	settle();
@@ -256,33 +286,33 @@ int main(void)
 	before = spawned();
 	percpu_ref_init(&a, user_release, PERCPU_REF_INIT_ATOMIC);
 	percpu_ref_put(&a);
-	check(USER_RELEASE, before, 2);
+	check(USER_RELEASE, before, MADE_PER_RUN);
 	percpu_ref_exit(&a);
 
 	before = spawned();
 	percpu_ref_init(&a, cb_release, 0);
 	percpu_ref_kill(&a);
-	check(CB_RELEASE, before, 2);
+	check(CB_RELEASE, before, MADE_PER_RUN);
 	percpu_ref_exit(&a);
 
 	before = spawned();
 	percpu_ref_init(&a, NULL, 0);
 	percpu_ref_switch_to_atomic(&a, cb_confirm);
-	check(CB_CONFIRM, before, 2);
+	check(CB_CONFIRM, before, MADE_PER_RUN);
 	percpu_ref_exit(&a);
 
 	before = spawned();
 	percpu_ref_init(&a, managed_release, PERCPU_REF_INIT_ATOMIC);
 	percpu_ref_switch_to_managed(&a);
 	percpu_ref_put(&a);
-	check(MANAGED_RELEASE, before, 2);
+	check(MANAGED_RELEASE, before, MADE_PER_RUN);
 	percpu_ref_exit(&a);
 
 	before = spawned();
 	percpu_rcuref_init(&r1, rcu_unpublish, rcu_release, 0);
 	percpu_rcuref_kill(&r1);
-	check(UNPUBLISH, before, 4);	/* the RCU release's two included */
-	check(RCU_RELEASE, before, 4);
+	check(UNPUBLISH, before, 2 * MADE_PER_RUN);	/* the RCU release's included */
+	check(RCU_RELEASE, before, 2 * MADE_PER_RUN);
 	percpu_rcuref_exit(&r1);
 
 	/* No scan before shutdown's own: the release runs on this thread. */
@@ -292,7 +322,7 @@ int main(void)
 	percpu_ref_switch_to_managed(&a);
 	percpu_ref_put(&a);
 	percpuref_shutdown();
-	check(SHUTDOWN_RELEASE, before, 2);
+	check(SHUTDOWN_RELEASE, before, MADE_PER_RUN);
 	set_interval(PERCPU_REF_MANAGED_INTERVAL_MS);
 	percpu_ref_exit(&a);
 
