@@ -512,7 +512,10 @@ pub fn wait_for_releases() -> Result<(), Error> {
 
 /// Makes the reclaimer drop, now, every managed value no `PcArc` holds;
 /// returns once they are dropped.  Not from a value's `Drop` (as
-/// [`wait_for_releases`]).
+/// [`wait_for_releases`]).  `Err(EAGAIN)` when the reclaimer's thread
+/// cannot start (thread creation refused): values may be left undropped.
+/// [`wait_for_releases`] needs no thread: while none can start it runs the
+/// kills' switches and drops on the calling thread.
 pub fn flush_managed() -> Result<(), Error> {
     // SAFETY: as above.
     check(unsafe { sys::percpu_ref_managed_flush() })
