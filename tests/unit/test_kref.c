@@ -15,6 +15,7 @@
 #include <percpuref/kref.h>
 
 #include "internal.h"
+#include "capture.h"
 #include "tap.h"
 
 static int released;
@@ -25,34 +26,12 @@ static void count_release(struct kref *kref)
 	released++;
 }
 
-/*
- * Runs @fn(@kref) with stderr sent to a temporary file; returns what it
- * printed (at most @len - 1 bytes) in @buf.
- */
-static void capture_stderr(void (*fn)(struct kref *), struct kref *kref, char *buf, size_t len)
-{
-	FILE *tmp = tmpfile();
-	int saved = dup(STDERR_FILENO);
-	size_t n;
-
-	fflush(stderr);
-	dup2(fileno(tmp), STDERR_FILENO);
-	fn(kref);
-	fflush(stderr);
-	dup2(saved, STDERR_FILENO);
-	close(saved);
-	rewind(tmp);
-	n = fread(buf, 1, len - 1, tmp);
-	buf[n] = '\0';
-	fclose(tmp);
-}
-
-static void do_get(struct kref *kref)
+static void do_get(void *kref)
 {
 	kref_get(kref);
 }
 
-static void do_put(struct kref *kref)
+static void do_put(void *kref)
 {
 	kref_put(kref, count_release);
 }

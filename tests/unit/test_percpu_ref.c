@@ -17,35 +17,18 @@
 
 #include "internal.h"
 #include "percpuref/percpu_ref.h"
+#include "capture.h"
 #include "tap.h"
 
-/* Runs @fn(@ref) with stderr sent to a temporary file; what it printed
- * (at most @len - 1 bytes, less the last newlines) goes to @buf. */
-static void capture_stderr(void (*fn)(struct percpu_ref *), struct percpu_ref *ref, char *buf,
-			   size_t len)
-{
-	FILE *tmp = tmpfile();
-	int saved = dup(STDERR_FILENO);
-	size_t n;
-
-	fflush(stderr);
-	dup2(fileno(tmp), STDERR_FILENO);
-	fn(ref);
-	fflush(stderr);
-	dup2(saved, STDERR_FILENO);
-	close(saved);
-	rewind(tmp);
-	n = fread(buf, 1, len - 1, tmp);
-	while (n > 0 && buf[n - 1] == '\n')
-		n--;
-	buf[n] = '\0';
-	fclose(tmp);
-}
-
-static void kill_and_wait(struct percpu_ref *ref)
+static void kill_and_wait(void *ref)
 {
 	percpu_ref_kill(ref);
 	percpu_ref_barrier();
+}
+
+static void switch_to_atomic_sync(void *ref)
+{
+	percpu_ref_switch_to_atomic_sync(ref);
 }
 
 static int releases, confirms;
@@ -295,15 +278,15 @@ static void test_misuse(void)
 	capture_stderr(kill_and_wait, &ref, msg, sizeof(msg));
 	ok(percpuref_warning_count() >= warned + 1, "per-CPU underflow warned at fold");
 	ok(strstr(msg, "percpu_ref_kill_and_confirm: ") && strstr(msg, "after folding"),
-	   "the fold's warning names the kill: %s", msg);
+	   "the fold's warning names the kill: %.*s", (int)strcspn(msg, "\n"), msg);
 	is(releases, 0, "per-CPU underflow never releases");
 	percpu_ref_exit(&ref);
 	percpu_ref_init(&ref, count_release, 0);
 	percpu_ref_put(&ref);
 	percpu_ref_put(&ref);
-	capture_stderr(percpu_ref_switch_to_atomic_sync, &ref, msg, sizeof(msg));
+	capture_stderr(switch_to_atomic_sync, &ref, msg, sizeof(msg));
 	ok(strstr(msg, "percpu_ref_switch_to_atomic_sync: ") && strstr(msg, "after folding"),
-	   "and the sync switch: %s", msg);
+	   "and the sync switch: %.*s", (int)strcspn(msg, "\n"), msg);
 	percpu_ref_exit(&ref);
 
 	/* reinit of a nonzero ref. */
