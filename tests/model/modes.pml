@@ -23,13 +23,14 @@
  *  - one caller makes one of the mode calls, chosen by SPIN: kill,
  *    switch_to_atomic, switch_to_atomic_sync (which finishes its own
  *    switch) or switch_to_percpu;
- *  - another calls switch_to_managed and then, or not, switch_to_unmanaged;
+ *  - another calls switch_to_managed, then, or not, puts the creator's
+ *    reference (the managed contract), then, or not, switch_to_unmanaged;
  *  - the reclaimer checks the ref SCANS times while they run (exact check:
  *    begin under the lock, fence, finish under the lock; the filter, which
  *    only skips, is filter.pml's) and once more after the creator has put
  *    its reference;
  *  - the creator puts its reference once the calls are done, unless the
- *    kill dropped it.
+ *    kill or the managing caller dropped it.
  * The count is the exact number of references (the fold is fold.pml's); a
  * put reaches the release only in atomic mode.  The fence is one step.
  *
@@ -54,6 +55,9 @@
  *  -DMUTANT_UNMANAGE_NO_WAIT: switch_to_unmanaged() without its wait: it
  *   puts the manager's reference while a check holds the ref atomic, and
  *   the check's CAS then releases the ref under the creator's reference.
+ *  -DMUTANT_UNMANAGE_DEAD: switch_to_unmanaged() without its test for a ref
+ *   the reclaimer released: after the creator dropped its reference, it
+ *   puts the manager's reference of a released ref, below zero.
  */
 
 #define NCALLERS	2	/* mode callers */
@@ -78,6 +82,7 @@ byte released;
 bit creator_holds = 1;		/* the initial reference */
 byte calls_done;
 bit creator_done;
+bit scans_done;
 bit reclaimer_done;
 
 inline lock()
@@ -239,9 +244,32 @@ proctype caller()
 	calls_done++
 }
 
+/* percpu_ref_switch_to_unmanaged(); uses is_managed. */
+inline switch_to_unmanaged()
+{
+	lock();
+#ifndef MUTANT_UNMANAGE_NO_WAIT
+	wait_switch_done();	/* a check in flight ends it */
+#endif
+#ifdef MUTANT_UNMANAGE_DEAD
+	is_managed = managed;
+#else
+	is_managed = managed && !dead;
+#endif
+	if
+	:: is_managed -> managed = 0
+	:: else
+	fi;
+	unlock();
+	if
+	:: is_managed -> put()	/* the manager's: per-CPU, no release */
+	:: else
+	fi
+}
+
 proctype manage_caller()
 {
-	bit is_managed;
+	bit is_managed, became;
 
 	/* percpu_ref_switch_to_managed(). */
 	lock();
@@ -253,28 +281,29 @@ proctype manage_caller()
 		count++;		/* tryget: the manager's reference */
 		force_atomic = 0;
 		to_percpu();
-		managed = 1
+		managed = 1;
+		became = 1
 	:: else
 	fi;
 	unlock();
-	/* percpu_ref_switch_to_unmanaged(), or not. */
 	if
-	:: true ->
-		lock();
-#ifndef MUTANT_UNMANAGE_NO_WAIT
-		wait_switch_done();	/* a check in flight ends it */
-#endif
-		is_managed = managed && !dead;
+	:: became ->
+		/* The managed contract: the creator drops its reference and
+		 * leaves the ref to the reclaimer.  Then misuse the library
+		 * must refuse: a switch to unmanaged once the reclaimer
+		 * released the ref. */
+		atomic { assert(creator_holds); creator_holds = 0; put() };
+		released || scans_done;
 		if
-		:: is_managed -> managed = 0
-		:: else
-		fi;
-		unlock();
-		if
-		:: is_managed -> put()	/* the manager's: per-CPU, no release */
+		:: released -> switch_to_unmanaged()
 		:: else
 		fi
-	:: true
+	:: true ->
+		/* Or the creator keeps it, and the ref goes back, or not. */
+		if
+		:: true -> switch_to_unmanaged()
+		:: true
+		fi
 	fi;
 	calls_done++
 }
@@ -336,6 +365,7 @@ proctype reclaimer()
 	for (s : 1 .. SCANS) {
 		check()
 	}
+	scans_done = 1;
 	creator_done;
 	check();
 	reclaimer_done = 1
