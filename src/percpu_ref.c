@@ -388,25 +388,43 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	return 0;
 }
 
+/* What wait_switch_done() found. */
+enum switch_wait {
+	SWITCH_NONE,		/* no switch in flight */
+	SWITCH_MAY_NOT_WAIT,	/* one in flight that the caller may not wait for */
+	SWITCH_REF_EXITED,	/* the ref was exited while the lock was dropped */
+};
+
 /*
- * Waits until no switch to atomic is in flight on @ref.  Lock held.  False
- * when that would wait for itself: inside the switch's own confirm callback,
- * or in a callback run under a batch lock for an asynchronous switch that
- * the callback thread has yet to finish (the thread running the callback,
- * or a fork waiting for it, holds up the callback thread).
+ * Waits until no switch to atomic is in flight on @ref.  Lock held, the
+ * ref usable.  SWITCH_MAY_NOT_WAIT when that would wait for itself: inside
+ * the switch's own confirm callback, or in a callback run under a batch
+ * lock for an asynchronous switch that the callback thread has yet to
+ * finish (the thread running the callback, or a fork waiting for it, holds
+ * up the callback thread).  The wait drops the lock, and the ref may be
+ * exited meanwhile (by its @release, which the wait itself may run when no
+ * thread can start: SIGSEGV on the NULL data): SWITCH_REF_EXITED.  A
+ * caller that holds the lock since an earlier wait finds SWITCH_NONE.
  */
-static bool wait_switch_done(struct percpu_ref *ref)
+static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 {
-	bool done = true, ran_queue;
+	enum switch_wait found = SWITCH_NONE;
+	bool ran_queue;
 	int cancel;
 
 	if (!ref->data->confirm_switch)
-		return true;
+		return SWITCH_NONE;
 	cancel = percpuref_cancel_disable();
-	while (ref->data->confirm_switch) {
+	for (;;) {
+		if (!ref->data) {
+			found = SWITCH_REF_EXITED;
+			break;
+		}
+		if (!ref->data->confirm_switch)
+			break;
 		if (finishing_switch_of == ref ||
 		    (impl_of(ref->data)->async_switch && percpuref_holds_batch_lock())) {
-			done = false;
+			found = SWITCH_MAY_NOT_WAIT;
 			break;
 		}
 		/*
@@ -438,12 +456,13 @@ static bool wait_switch_done(struct percpu_ref *ref)
 		pthread_cond_wait(&stripe_of(ref)->done, switch_lock_of(ref));
 	}
 	percpuref_cancel_restore(cancel);
-	return done;
+	return found;
 }
 
 bool percpuref_ref_exit(struct percpu_ref *ref)
 {
 	struct percpu_ref_data *data;
+	enum switch_wait wait;
 	uintptr_t cpu0;
 
 	if (!ref)
@@ -455,12 +474,20 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 		return true;
 	}
 	/* Its own confirm: the switch, or the kill's put, still uses it. */
-	if (finishing_switch_of == ref || confirming_kill_of(ref) || !wait_switch_done(ref)) {
+	wait = finishing_switch_of == ref || confirming_kill_of(ref) ? SWITCH_MAY_NOT_WAIT :
+		wait_switch_done(ref);
+	if (wait == SWITCH_MAY_NOT_WAIT) {
 		percpuref_warn("percpu_ref_exit", "ref %p exited from its confirm callback or while "
 			       "its switch is in flight; ignored", (void *)ref);
 		pthread_mutex_unlock(switch_lock_of(ref));
 		return false;
 	}
+	/* Exited during the wait: done, as a second exit. */
+	if (wait == SWITCH_REF_EXITED) {
+		pthread_mutex_unlock(switch_lock_of(ref));
+		return true;
+	}
+	data = ref->data;	/* the wait may have dropped the lock */
 	cpu0 = counter_of(ref);
 	if (cpu0)
 		percpuref_counter_free(cpu0);
@@ -612,7 +639,8 @@ static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 static percpu_ref_func_t *switch_mode_locked(struct percpu_ref *ref, bool force_atomic,
 					     percpu_ref_func_t *confirm, const char *caller)
 {
-	if (!wait_switch_done(ref)) {
+	/* Never SWITCH_REF_EXITED: the callers waited under this hold. */
+	if (wait_switch_done(ref) != SWITCH_NONE) {
 		/*
 		 * Inside the ref's own confirm callback: the ref is atomic and
 		 * folded already (the switch holds its reference until the
@@ -677,7 +705,11 @@ static bool lock_unmanaged(struct percpu_ref *ref, const char *caller)
 	/* Tested before the wait too: a managed ref is refused at once, not
 	 * after the reclaimer's check of it. */
 	if (!is_managed(ref)) {
-		wait_switch_done(ref);
+		if (wait_switch_done(ref) == SWITCH_REF_EXITED) {
+			pthread_mutex_unlock(switch_lock_of(ref));
+			percpuref_warn(caller, "ref %p was exited meanwhile; ignored", (void *)ref);
+			return false;
+		}
 		if (!is_managed(ref))
 			return true;
 	}
@@ -732,7 +764,8 @@ enum sync_switch_lock_outcome {
 static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref)
 {
 	for (;;) {
-		if (!wait_switch_done(ref))
+		/* Never SWITCH_REF_EXITED: lock_unmanaged() waited. */
+		if (wait_switch_done(ref) != SWITCH_NONE)
 			return SYNC_SWITCH_IN_FLIGHT;
 		if (!pthread_rwlock_tryrdlock(&sync_switch_lock))
 			return SYNC_SWITCH_READY;
@@ -799,7 +832,7 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	/* Refused means nothing done: no DEAD, no put (but see finding 10
 	 * in switch_mode_locked(): from its own confirm callback it works).
 	 * The wait first: a kill that waited with us may have killed it. */
-	if (!wait_switch_done(ref) && finishing_switch_of != ref) {
+	if (wait_switch_done(ref) != SWITCH_NONE && finishing_switch_of != ref) {
 		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "ref %p killed from a callback while its switch is in "
 			       "flight; ignored", (void *)ref);
@@ -828,10 +861,17 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 	pthread_mutex_lock(switch_lock_of(ref));
 	/* Refused means nothing changed: still dead, no reference added.
 	 * The wait first: a resurrect that waited with us may have done it. */
-	if (!wait_switch_done(ref)) {
+	switch (wait_switch_done(ref)) {
+	case SWITCH_NONE:
+		break;
+	case SWITCH_MAY_NOT_WAIT:
 		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "ref %p resurrected from a callback while its switch is "
 			       "in flight; ignored", (void *)ref);
+		return;
+	case SWITCH_REF_EXITED:
+		pthread_mutex_unlock(switch_lock_of(ref));
+		percpuref_warn(__func__, "ref %p was exited meanwhile; ignored", (void *)ref);
 		return;
 	}
 	if (!(mode_word(ref) & __PERCPU_REF_DEAD)) {
@@ -919,14 +959,18 @@ static void init_managed(struct percpu_ref *ref)
 PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
 {
 	const char *why = NULL;
+	enum switch_wait wait;
 	bool push = false;
 	int ret = -EINVAL;
 
 	if (!ref_usable(ref, __func__))
 		return -EINVAL;
 	pthread_mutex_lock(switch_lock_of(ref));
-	if (!wait_switch_done(ref))
+	wait = wait_switch_done(ref);
+	if (wait == SWITCH_MAY_NOT_WAIT)
 		why = "called from a callback while the ref's switch is in flight";
+	else if (wait == SWITCH_REF_EXITED)
+		why = "ref was exited meanwhile";
 	else if (is_managed(ref) && !(mode_word(ref) & __PERCPU_REF_DEAD))
 		why = "already managed", ret = -EALREADY;
 	else if (mode_word(ref) & __PERCPU_REF_DEAD)
@@ -953,8 +997,9 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref)
 		return -EINVAL;
 	pthread_mutex_lock(switch_lock_of(ref));
 	/* A check in flight ends with the ref per-CPU or released. */
-	wait_switch_done(ref);
-	if (!is_managed(ref))
+	if (wait_switch_done(ref) == SWITCH_REF_EXITED)
+		why = "ref was exited meanwhile";
+	else if (!is_managed(ref))
 		why = "ref is not managed";
 	else if (mode_word(ref) & __PERCPU_REF_DEAD)
 		why = "ref was released by the reclaimer";

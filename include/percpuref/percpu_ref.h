@@ -31,7 +31,9 @@
  * Callbacks: @release runs on the thread whose put drops the last reference;
  * if that last reference was the one a switch holds while it waits, it runs
  * on the library's callback thread ("percpuref-cb"), or on the caller's
- * thread for percpu_ref_switch_to_atomic_sync().  A managed ref is released
+ * thread for percpu_ref_switch_to_atomic_sync().  While that thread cannot
+ * start, a call that waits for its work (a barrier, an exit, a mode call)
+ * runs the work on the calling thread, under the caller's locks.  A managed ref is released
  * by the reclaimer thread only (docs/managed.md).  Confirm callbacks
  * (kill_and_confirm, switch_to_atomic) run on the callback thread, or on the
  * caller's thread when the ref was already atomic.  Callbacks may free the
@@ -347,9 +349,10 @@ static inline bool __percpu_ref_atomic_add_not_zero(struct percpu_ref *ref, unsi
  * percpu_ref_get_many - take @nr references.  The caller must already hold
  * one (or otherwise know the ref cannot be released meanwhile).  Per-CPU
  * mode: one non-atomic add on this CPU's counter.  Atomic mode: one atomic
- * add.  Any thread; from a signal handler only when it did not interrupt a
- * switch and the thread has called the library before (a thread's first
- * call may allocate: docs/percpu_ref.md, "Signal handlers").
+ * add.  Any thread; from a signal handler only when it interrupted no
+ * library call but a get or put, and the thread has called the library
+ * before (a thread's first call may allocate: docs/percpu_ref.md,
+ * "Signal handlers").
  */
 static inline void percpu_ref_get_many(struct percpu_ref *ref, unsigned long nr)
 {

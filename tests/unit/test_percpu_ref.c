@@ -528,6 +528,35 @@ static void test_fork(void)
 }
 #endif
 
+static void exit_self(struct percpu_ref *ref)
+{
+	percpu_ref_exit(ref);
+}
+
+/*
+ * An exit right after a kill waits for the kill's switch; the callback
+ * thread's release meanwhile exits the ref, and the waiter read the NULL
+ * data (SIGSEGV in the first rounds).  A fresh ref each round, kept: the
+ * waiter reads the ref after the release.
+ */
+static void test_exit_while_release_exits(void)
+{
+	enum { ROUNDS = 2000 };
+	static struct percpu_ref refs[ROUNDS];
+	int i;
+
+	for (i = 0; i < ROUNDS; i++) {
+		if (percpu_ref_init(&refs[i], exit_self, 0))
+			break;
+		percpu_ref_kill(&refs[i]);
+		percpu_ref_exit(&refs[i]);
+		if (refs[i].data)
+			break;
+	}
+	is(i, ROUNDS, "an exit racing the release that exits the ref returns, exited");
+	percpu_ref_barrier();
+}
+
 int main(void)
 {
 	test_init();
@@ -539,6 +568,7 @@ int main(void)
 	test_layout();
 	test_migration();
 	test_release_frees();
+	test_exit_while_release_exits();
 #ifndef __SANITIZE_THREAD__	/* TSan refuses threads in a threaded parent's child */
 	test_fork();
 #endif

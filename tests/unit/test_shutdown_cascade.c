@@ -122,7 +122,7 @@ static void orphan_release(struct percpu_ref *ref)
 	__atomic_store_n(&orphan_released, true, __ATOMIC_SEQ_CST);
 }
 
-static struct percpu_ref stranded_kill, stranded_switch;
+static struct percpu_ref stranded_kill, stranded_switch, self_exiting;
 static struct percpu_rcuref stranded_rcu;
 static bool stranded_released, stranded_confirmed, stranded_rcu_released;	/* atomic */
 
@@ -130,6 +130,11 @@ static void stranded_release(struct percpu_ref *ref)
 {
 	(void)ref;
 	__atomic_store_n(&stranded_released, true, __ATOMIC_SEQ_CST);
+}
+
+static void self_exiting_release(struct percpu_ref *ref)
+{
+	percpu_ref_exit(ref);
 }
 
 static void stranded_confirm(struct percpu_ref *ref)
@@ -166,6 +171,14 @@ static void test_no_thread_can_start(void)
 	percpu_ref_exit(&stranded_switch);
 	ok(__atomic_load_n(&stranded_confirmed, __ATOMIC_SEQ_CST),
 	   "percpu_ref_exit() of a ref whose switch is queued returns, the switch confirmed");
+
+	/* The exit runs the kill's release, which exits the ref: the wait
+	 * then read the exited ref's data (NULL: SIGSEGV). */
+	if (ok(!percpu_ref_init(&self_exiting, self_exiting_release, 0), "ref initialised")) {
+		percpu_ref_kill(&self_exiting);
+		percpu_ref_exit(&self_exiting);
+		ok(!self_exiting.data, "an exit whose wait ran a release that exited the ref returns");
+	}
 
 	percpu_rcuref_kill(&stranded_rcu);
 	is(percpu_rcuref_barrier(), 0, "percpu_rcuref_barrier() succeeds");
