@@ -454,8 +454,9 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 /*
  * One scan: up to max_per_scan refs (all with @unlimited), resuming the
  * open pass or opening one.  Called by the one scanner, no lock held.
+ * False (warned) if no pass could be opened for want of memory.
  */
-static void scan_once(bool unlimited)
+static bool scan_once(bool unlimited)
 {
 	struct percpuref_mnode *released = NULL, *next;
 	unsigned long checked = 0, fences = 0, nreleased = 0, limit, max;
@@ -480,13 +481,13 @@ static void scan_once(bool unlimited)
 			passes_done++;
 			pthread_cond_broadcast(&progress);
 			pthread_mutex_unlock(&managed_lock);
-			return;
+			return true;
 		}
 		pass_marker = percpuref_zalloc(sizeof(*pass_marker));
 		if (!pass_marker) {
 			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
 			percpuref_warn("percpuref_reclaimer", "no memory for a marker; scan skipped");
-			return;
+			return false;
 		}
 		pass_marker->marker = true;
 		pass_marker->next = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
@@ -550,6 +551,7 @@ static void scan_once(bool unlimited)
 	}
 	pthread_mutex_unlock(&managed_lock);
 	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+	return true;
 }
 
 /*
@@ -693,12 +695,20 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 	if (flush_target < target)
 		flush_target = target;
 	while (passes_done < target) {
-		if (!ensure_thread()) {
-			ret = -EAGAIN;
+		if (ensure_thread()) {
+			pthread_cond_signal(&wake);
+			pthread_cond_wait(&progress, &managed_lock);
+			continue;
+		}
+		/* No thread can start: be the scanner, as shutdown is (scan_lock
+		 * makes one scanner, should a thread start meanwhile). */
+		pthread_mutex_unlock(&managed_lock);
+		if (!scan_once(true)) {
+			ret = -ENOMEM;
+			pthread_mutex_lock(&managed_lock);
 			break;
 		}
-		pthread_cond_signal(&wake);
-		pthread_cond_wait(&progress, &managed_lock);
+		pthread_mutex_lock(&managed_lock);
 	}
 	pthread_mutex_unlock(&managed_lock);
 	percpuref_cancel_restore(cancel);
@@ -725,15 +735,17 @@ static void stop_thread(void)
 static bool drain(void)
 {
 	uint64_t target, rcu_target, done_before;
-	bool worked;
+	bool worked, scanned;
 
 	pthread_mutex_lock(&managed_lock);
 	target = passes_started + 1;
 	done_before = stats.released + rcu_done;
 	while (passes_done < target) {
 		pthread_mutex_unlock(&managed_lock);
-		scan_once(true);
+		scanned = scan_once(true);
 		pthread_mutex_lock(&managed_lock);
+		if (!scanned)
+			break;	/* no memory: the refs wait for a later scan */
 	}
 	rcu_target = rcu_queued;
 	while (rcu_done < rcu_target)

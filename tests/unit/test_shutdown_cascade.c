@@ -23,7 +23,8 @@
  *    exhausted RLIMIT_NPROC): percpu_ref_barrier() and
  *    percpu_rcuref_barrier() returned -EAGAIN with the releases undone,
  *    and percpu_ref_exit() of a ref whose switch was queued waited for
- *    ever; each must finish the work on the calling thread.
+ *    ever; percpu_ref_managed_flush() returned -EAGAIN with the managed
+ *    ref unreleased; each must finish the work on the calling thread.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -122,9 +123,22 @@ static void orphan_release(struct percpu_ref *ref)
 	__atomic_store_n(&orphan_released, true, __ATOMIC_SEQ_CST);
 }
 
-static struct percpu_ref stranded_kill, stranded_switch, self_exiting;
-static struct percpu_rcuref stranded_rcu;
+static struct percpu_ref stranded_kill, stranded_switch, self_exiting, stranded_managed;
+static struct percpu_rcuref stranded_rcu, stranded_managed_rcu;
 static bool stranded_released, stranded_confirmed, stranded_rcu_released;	/* atomic */
+static bool stranded_managed_released, stranded_managed_rcu_released;		/* atomic */
+
+static void stranded_managed_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_store_n(&stranded_managed_released, true, __ATOMIC_SEQ_CST);
+}
+
+static void stranded_managed_rcu_release(struct percpu_rcuref *ref)
+{
+	(void)ref;
+	__atomic_store_n(&stranded_managed_rcu_released, true, __ATOMIC_SEQ_CST);
+}
 
 static void stranded_release(struct percpu_ref *ref)
 {
@@ -155,7 +169,11 @@ static void test_no_thread_can_start(void)
 {
 	if (!ok(!percpu_ref_init(&stranded_kill, stranded_release, 0) &&
 		!percpu_ref_init(&stranded_switch, NULL, 0) &&
-		!percpu_rcuref_init(&stranded_rcu, NULL, stranded_rcu_release, 0),
+		!percpu_rcuref_init(&stranded_rcu, NULL, stranded_rcu_release, 0) &&
+		!percpu_ref_init(&stranded_managed, stranded_managed_release,
+				 PERCPU_REF_REL_MANAGED) &&
+		!percpu_rcuref_init(&stranded_managed_rcu, NULL, stranded_managed_rcu_release,
+				    PERCPU_REF_REL_MANAGED),
 		"refs initialised"))
 		return;
 	percpuref_shutdown();	/* no library thread runs now */
@@ -185,10 +203,30 @@ static void test_no_thread_can_start(void)
 	ok(__atomic_load_n(&stranded_rcu_released, __ATOMIC_SEQ_CST),
 	   "and the release after the grace period has run");
 
+	/* The manager's references are the last: a flush must release both,
+	 * the rcuref's release after a grace period. */
+	percpu_ref_put(&stranded_managed);
+	percpu_rcuref_put(&stranded_managed_rcu);
+	/* Its first allocation is the pass's marker: refused, the flush
+	 * returns (it scanned for ever, warning at each try). */
+	percpuref_fault_fail_nth_alloc(1);
+	is(percpu_ref_managed_flush(), -ENOMEM,
+	   "percpu_ref_managed_flush() with no memory for a pass fails");
+	percpuref_fault_fail_nth_alloc(0);
+	ok(!__atomic_load_n(&stranded_managed_released, __ATOMIC_SEQ_CST),
+	   "and has released nothing");
+	is(percpu_ref_managed_flush(), 0, "percpu_ref_managed_flush() succeeds");
+	ok(__atomic_load_n(&stranded_managed_released, __ATOMIC_SEQ_CST),
+	   "and the managed ref's release has run");
+	ok(__atomic_load_n(&stranded_managed_rcu_released, __ATOMIC_SEQ_CST),
+	   "and the managed rcuref's release has run");
+
 	alarm(0);
 	__atomic_store_n(&refuse_threads, false, __ATOMIC_SEQ_CST);
 	percpu_ref_exit(&stranded_kill);
 	percpu_rcuref_exit(&stranded_rcu);
+	percpu_ref_exit(&stranded_managed);
+	percpu_rcuref_exit(&stranded_managed_rcu);
 }
 
 int main(void)

@@ -512,10 +512,10 @@ pub fn wait_for_releases() -> Result<(), Error> {
 
 /// Makes the reclaimer drop, now, every managed value no `PcArc` holds;
 /// returns once they are dropped.  Not from a value's `Drop` (as
-/// [`wait_for_releases`]).  `Err(EAGAIN)` when the reclaimer's thread
-/// cannot start (thread creation refused): values may be left undropped.
-/// [`wait_for_releases`] needs no thread: while none can start it runs the
-/// kills' switches and drops on the calling thread.
+/// [`wait_for_releases`]).  Needs no thread: while none can start (thread
+/// creation refused) it scans on the calling thread and drops the values
+/// there, as [`wait_for_releases`] runs the kills' switches and drops.
+/// `Err(ENOMEM)` when a scan cannot start for want of memory.
 pub fn flush_managed() -> Result<(), Error> {
     // SAFETY: as above.
     check(unsafe { sys::percpu_ref_managed_flush() })
