@@ -32,6 +32,7 @@ static const char *const kind_name[] = { "release (putter's thread)", "release (
 static struct percpu_ref other;	/* live, per-CPU, ALLOW_REINIT: the test's */
 static int failed[NR_KINDS], ran[NR_KINDS];	/* atomic */
 static int spawned_releases;			/* atomic */
+static int released_unconfirmed;		/* atomic */
 
 static void fail(enum kind k, const char *what)
 {
@@ -44,6 +45,24 @@ static void spawned_release(struct percpu_ref *ref)
 	percpu_ref_exit(ref);
 	free(ref);
 	__atomic_fetch_add(&spawned_releases, 1, __ATOMIC_RELEASE);
+}
+
+/* A ref switched to atomic asynchronously: its confirm, then its release. */
+struct switched_ref {
+	struct percpu_ref ref;
+	bool confirmed;		/* written before the switch's put */
+};
+
+static void switched_confirm(struct percpu_ref *ref)
+{
+	((struct switched_ref *)ref)->confirmed = true;
+}
+
+static void switched_release(struct percpu_ref *ref)
+{
+	if (!((struct switched_ref *)ref)->confirmed)
+		__atomic_fetch_add(&released_unconfirmed, 1, __ATOMIC_RELAXED);
+	spawned_release(ref);
 }
 
 static void spawned_rcu_release(struct percpu_rcuref *ref)
@@ -69,6 +88,7 @@ static void allowed_calls(enum kind k, int on_library)
 		fail(k, "ran on an unexpected thread");
 	struct percpu_rcuref *rcu, kept;
 	struct percpu_ref *m, *u, fresh;
+	struct switched_ref *sw;
 
 	/* get, tryget, put on a live ref. */
 	percpu_ref_get(&other);
@@ -113,6 +133,18 @@ static void allowed_calls(enum kind k, int on_library)
 		if (percpu_ref_switch_to_managed(u) || percpu_ref_switch_to_unmanaged(u))
 			fail(k, "switch_to_managed / _unmanaged failed");
 		percpu_ref_kill(u);
+	}
+
+	/* A new ref switched to atomic asynchronously, never waited for, and
+	 * its initial reference dropped meanwhile: the switch finishes on the
+	 * callback thread, confirms, then releases it. */
+	sw = calloc(1, sizeof(*sw));
+	if (!sw || percpu_ref_init(&sw->ref, switched_release, 0)) {
+		fail(k, "init of the switched ref failed");
+		free(sw);
+	} else {
+		percpu_ref_switch_to_atomic(&sw->ref, switched_confirm);
+		percpu_ref_put(&sw->ref);
 	}
 
 	/* A new managed ref, left to the reclaimer. */
@@ -252,8 +284,8 @@ static int spawned(void)
 }
 
 /* Refs a run of allowed_calls() leaves to be released: a managed ref, an
- * unmanaged one killed, a percpu_rcuref killed. */
-#define MADE_PER_RUN 3
+ * unmanaged one killed, one switched to atomic, a percpu_rcuref killed. */
+#define MADE_PER_RUN 4
 
 /* @k ran once, cleanly, and what callbacks made since @before
  * (MADE_PER_RUN per callback run) were released. */
@@ -263,7 +295,10 @@ static void check(enum kind k, int before, int made)
 	is(__atomic_load_n(&ran[k], __ATOMIC_ACQUIRE), 1, "%s ran once", kind_name[k]);
 	is(__atomic_load_n(&failed[k], __ATOMIC_RELAXED), 0,
 	   "%s: every allowed call worked, the waits answered right", kind_name[k]);
-	is(spawned() - before, made, "%s: the managed refs and rcurefs made were released",
+	is(spawned() - before, made, "%s: the refs and rcurefs made were released",
+	   kind_name[k]);
+	is(__atomic_load_n(&released_unconfirmed, __ATOMIC_RELAXED), 0,
+	   "%s: the refs switched asynchronously were confirmed before their release",
 	   kind_name[k]);
 }
 
