@@ -117,6 +117,8 @@ static bool pass_open;
 static bool kick_needed = true;
 static struct percpuref_thread thread;
 static uint64_t passes_started, passes_done, flush_target;
+/* Passes that could not open for want of memory: a flush fails, -ENOMEM. */
+static uint64_t passes_refused;
 static uint64_t next_scan_ns;
 static struct percpuref_deferred *rcu_head, **rcu_tail = &rcu_head;
 static uint64_t rcu_queued, rcu_done;
@@ -486,6 +488,15 @@ static bool scan_once(bool unlimited)
 		pass_marker = percpuref_zalloc(sizeof(*pass_marker));
 		if (!pass_marker) {
 			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+			/* The flushes waiting fail rather than wait for memory,
+			 * and the thread goes back to its interval: with a flush
+			 * target left, it retried back to back, warning each
+			 * time, and the flush hung while memory was short. */
+			pthread_mutex_lock(&managed_lock);
+			passes_refused++;
+			flush_target = passes_done;
+			pthread_cond_broadcast(&progress);
+			pthread_mutex_unlock(&managed_lock);
 			percpuref_warn("percpuref_reclaimer", "no memory for a marker; scan skipped");
 			return false;
 		}
@@ -681,7 +692,7 @@ PERCPUREF_API void percpu_ref_managed_get_stats(struct percpu_ref_managed_stats 
 
 PERCPUREF_API int percpu_ref_managed_flush(void)
 {
-	uint64_t target;
+	uint64_t target, refused;
 	int ret = percpuref_managed_may_wait(__func__), cancel;
 
 	if (ret)
@@ -694,7 +705,12 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 	target = passes_started + 1;
 	if (flush_target < target)
 		flush_target = target;
+	refused = passes_refused;
 	while (passes_done < target) {
+		if (passes_refused != refused) {
+			ret = -ENOMEM;
+			break;
+		}
 		if (ensure_thread()) {
 			pthread_cond_signal(&wake);
 			pthread_cond_wait(&progress, &managed_lock);
@@ -703,11 +719,7 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 		/* No thread can start: be the scanner, as shutdown is (scan_lock
 		 * makes one scanner, should a thread start meanwhile). */
 		pthread_mutex_unlock(&managed_lock);
-		if (!scan_once(true)) {
-			ret = -ENOMEM;
-			pthread_mutex_lock(&managed_lock);
-			break;
-		}
+		scan_once(true);
 		pthread_mutex_lock(&managed_lock);
 	}
 	pthread_mutex_unlock(&managed_lock);

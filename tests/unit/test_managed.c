@@ -5,7 +5,7 @@
  * exactly once by the reclaimer under both strategies, the per-scan limit
  * and statistics, the release-latency bound (two scan intervals), release
  * callbacks that free, call the API and create managed refs, exit of a
- * listed ref, shutdown, fork, the environment variables, and a reclaimer
+ * listed ref, a flush with no memory for its pass, shutdown, fork, the environment variables, and a reclaimer
  * scanning back to back giving way to a busy thread.
  */
 #define _GNU_SOURCE
@@ -765,6 +765,38 @@ static void test_misuse(void)
 	percpu_ref_exit(&o.ref);
 }
 
+/*
+ * A pass whose marker cannot be allocated: the flush fails with -ENOMEM and
+ * the reclaimer goes back to its interval.  It retried at once, back to
+ * back while the flush's target stood, so the flush hung for as long as
+ * memory was short (here the retry found memory: the flush succeeded).
+ */
+static void test_flush_no_memory(void)
+{
+	struct object o = { 0 };
+	unsigned long warned;
+
+	/* No scan of the reclaimer's own: only the flushes' passes. */
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MAX_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+	percpu_ref_managed_flush();	/* the thread runs, no pass open */
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&o.ref);
+	percpu_ref_put(&o.ref);
+	warned = percpuref_warning_count();
+	percpuref_fault_fail_nth_alloc(1);	/* the next pass's marker */
+	is(percpu_ref_managed_flush(), -ENOMEM, "a flush whose pass gets no memory: -ENOMEM");
+	percpuref_fault_fail_nth_alloc(0);
+	is(releases_of(&o), 0, "nothing released");
+	usleep(50000);
+	is(percpuref_warning_count() - warned, 1, "one warning: the reclaimer did not retry");
+	is(percpu_ref_managed_flush(), 0, "the next flush succeeds");
+	is(releases_of(&o), 1, "and releases the ref");
+	percpu_ref_exit(&o.ref);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+}
+
 static void test_shutdown(void)
 {
 	struct object o = { 0 }, held = { 0 };
@@ -1100,6 +1132,7 @@ int main(int argc, char **argv)
 	test_reinit_before_release();
 	test_mode_calls_vs_manage();
 	test_misuse();
+	test_flush_no_memory();
 	test_shutdown();
 #if defined(__SANITIZE_THREAD__)
 	/* TSAN cannot start threads in the child of a threaded process. */

@@ -515,7 +515,7 @@ pub fn wait_for_releases() -> Result<(), Error> {
 /// [`wait_for_releases`]).  Needs no thread: while none can start (thread
 /// creation refused) it scans on the calling thread and drops the values
 /// there, as [`wait_for_releases`] runs the kills' switches and drops.
-/// `Err(ENOMEM)` when a scan cannot start for want of memory.
+/// `Err(ENOMEM)` when a pass cannot start for want of memory.
 pub fn flush_managed() -> Result<(), Error> {
     // SAFETY: as above.
     check(unsafe { sys::percpu_ref_managed_flush() })
