@@ -475,28 +475,36 @@ static bool scan_once(bool unlimited)
 	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
 	start = now_ns();
 	if (!cursor) {
+		/*
+		 * A pass starts, or is refused, in one managed_lock section
+		 * with its count: a flush (which takes its target under that
+		 * lock) then either sees the pass counted, or started after
+		 * the marker went on top of every ref pushed before it.  The
+		 * marker was pushed before the count: a flush in between
+		 * named this pass as one starting after it, and the ref it
+		 * had just pushed, above the marker, stayed unreleased.
+		 */
+		pthread_mutex_lock(&managed_lock);
 		if (!__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
 			/* An empty pass: nothing to check, a flush is satisfied. */
-			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
-			pthread_mutex_lock(&managed_lock);
 			passes_started++;
 			passes_done++;
 			pthread_cond_broadcast(&progress);
 			pthread_mutex_unlock(&managed_lock);
+			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
 			return true;
 		}
 		pass_marker = percpuref_zalloc(sizeof(*pass_marker));
 		if (!pass_marker) {
-			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
 			/* The flushes waiting fail rather than wait for memory,
 			 * and the thread goes back to its interval: with a flush
 			 * target left, it retried back to back, warning each
 			 * time, and the flush hung while memory was short. */
-			pthread_mutex_lock(&managed_lock);
 			passes_refused++;
 			flush_target = passes_done;
 			pthread_cond_broadcast(&progress);
 			pthread_mutex_unlock(&managed_lock);
+			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
 			percpuref_warn("percpuref_reclaimer", "no memory for a marker; scan skipped");
 			return false;
 		}
@@ -509,7 +517,6 @@ static bool scan_once(bool unlimited)
 						    true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			;
 		cursor = pass_marker;
-		pthread_mutex_lock(&managed_lock);
 		passes_started++;
 		pass_open = true;
 		pthread_mutex_unlock(&managed_lock);

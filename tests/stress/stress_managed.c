@@ -16,6 +16,15 @@
  * them in @release (poisoned first, so ASan catches any late access), and
  * one release in eight creates a new managed object itself.  Checked: every
  * object is freed exactly once, by the end.
+ *
+ * Flushes: a thread makes a managed ref of its own, drops its reference and
+ * flushes, again and again, during the above and then for a third of the
+ * time alone, the list held non-empty, with a thread reading the statistics
+ * as a monitor would.  Checked: every flush that returns 0 has released
+ * the ref.  A flush that took its target while a pass was opening named
+ * that pass, which began before the ref was pushed, and returned with the
+ * ref unreleased (about 1 in 20,000 flushes of the second phase; the
+ * statistics reader keeps managed_lock busy, widening the window).
  * Duration: STRESS_SECONDS (default 2).
  */
 #define _GNU_SOURCE
@@ -24,6 +33,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
@@ -51,6 +61,7 @@ struct heap_obj {
 static struct obj objs[NR_STATIC];
 static int stop;
 static long errors, created, freed, spawns;
+static long flushes, flush_misses;	/* the flusher's */
 
 /* Hand-off of heap objects, each with one user reference. */
 static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -175,6 +186,73 @@ static void *worker(void *arg)
 	return NULL;
 }
 
+static void flushed_release(struct percpu_ref *ref)
+{
+	struct obj *o = container_of(ref, struct obj, ref);
+
+	if (__atomic_exchange_n(&o->released, 1, __ATOMIC_SEQ_CST))
+		__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);	/* twice */
+}
+
+static void *flusher(void *arg)
+{
+	struct obj o = { 0 };
+	int ret;
+
+	(void)arg;
+	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
+		__atomic_store_n(&o.released, 0, __ATOMIC_SEQ_CST);
+		if (percpu_ref_init(&o.ref, flushed_release, PERCPU_REF_REL_MANAGED))
+			abort();
+		percpu_ref_put(&o.ref);	/* only the manager's is left */
+		ret = percpu_ref_managed_flush();
+		flushes++;
+		if (ret || !__atomic_load_n(&o.released, __ATOMIC_SEQ_CST))
+			flush_misses++;
+		/* Whatever the flush did, the ref goes before its exit. */
+		while (!__atomic_load_n(&o.released, __ATOMIC_SEQ_CST))
+			percpu_ref_managed_flush();
+		percpu_ref_exit(&o.ref);
+	}
+	return NULL;
+}
+
+static void *stats_reader(void *arg)
+{
+	struct percpu_ref_managed_stats stats;
+
+	(void)arg;
+	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED))
+		percpu_ref_managed_get_stats(&stats);
+	return NULL;
+}
+
+/* The flusher and a statistics reader alone, a held managed ref keeping
+ * the list non-empty (so every pass pushes a marker), scans back to back. */
+static void flush_phase(double seconds)
+{
+	struct percpu_ref_managed_config c = { 0, 0, PERCPU_REF_SCAN_FILTERED };
+	pthread_t flush_thread, stats_thread;
+	struct obj held = { 0 };
+	double start = now_seconds();
+
+	if (percpu_ref_init(&held.ref, flushed_release, PERCPU_REF_REL_MANAGED))
+		abort();
+	percpu_ref_managed_set_config(&c);
+	__atomic_store_n(&stop, 0, __ATOMIC_RELAXED);
+	pthread_create(&flush_thread, NULL, flusher, NULL);
+	pthread_create(&stats_thread, NULL, stats_reader, NULL);
+	while (now_seconds() - start < seconds)
+		usleep(10000);
+	__atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
+	pthread_join(flush_thread, NULL);
+	pthread_join(stats_thread, NULL);
+	percpu_ref_put(&held.ref);
+	while (!__atomic_load_n(&held.released, __ATOMIC_SEQ_CST))
+		percpu_ref_managed_flush();
+	percpu_ref_exit(&held.ref);
+}
+
 static void *producer(void *arg)
 {
 	struct heap_obj *h;
@@ -254,7 +332,7 @@ static long controller(double seconds)
 
 int main(void)
 {
-	pthread_t threads[NR_WORKERS], prod;
+	pthread_t threads[NR_WORKERS], prod, flush_thread;
 	struct percpu_ref_managed_stats stats;
 	struct heap_obj *h;
 	long control_ops, i, releases = 0, lives = 0;
@@ -272,11 +350,14 @@ int main(void)
 	for (i = 0; i < NR_WORKERS; i++)
 		pthread_create(&threads[i], NULL, worker, (void *)(uintptr_t)(i + 1));
 	pthread_create(&prod, NULL, producer, NULL);
-	control_ops = controller(stress_seconds(2));
+	pthread_create(&flush_thread, NULL, flusher, NULL);
+	control_ops = controller(stress_seconds(2) * 2 / 3);
 	__atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
 	for (i = 0; i < NR_WORKERS; i++)
 		pthread_join(threads[i], NULL);
 	pthread_join(prod, NULL);
+	pthread_join(flush_thread, NULL);
+	flush_phase(stress_seconds(2) / 3);
 	while ((h = ring_take()))
 		percpu_ref_put(&h->ref);
 
@@ -308,5 +389,6 @@ int main(void)
 	ok(once, "every life of %ld ended in exactly one release (%ld)", lives, releases);
 	is(freed, created, "every heap object freed exactly once");
 	is(errors, 0, "no tryget succeeded on a released ref, no double release, no stale object");
+	is(flush_misses, 0, "every one of %ld flushes released the ref dropped before it", flushes);
 	return done_testing();
 }

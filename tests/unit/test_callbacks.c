@@ -136,8 +136,9 @@ static void allowed_calls(enum kind k, int on_library)
 	}
 
 	/* A new ref switched to atomic asynchronously, never waited for, and
-	 * its initial reference dropped meanwhile: the switch finishes on the
-	 * callback thread, confirms, then releases it. */
+	 * its initial reference dropped at once: the switch confirms on the
+	 * callback thread, and the ref is released after that, by the switch
+	 * or by the put, whichever comes last. */
 	sw = calloc(1, sizeof(*sw));
 	if (!sw || percpu_ref_init(&sw->ref, switched_release, 0)) {
 		fail(k, "init of the switched ref failed");
