@@ -186,14 +186,6 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-static void flushed_release(struct percpu_ref *ref)
-{
-	struct obj *o = container_of(ref, struct obj, ref);
-
-	if (__atomic_exchange_n(&o->released, 1, __ATOMIC_SEQ_CST))
-		__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);	/* twice */
-}
-
 static void *flusher(void *arg)
 {
 	struct obj o = { 0 };
@@ -202,7 +194,7 @@ static void *flusher(void *arg)
 	(void)arg;
 	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
 		__atomic_store_n(&o.released, 0, __ATOMIC_SEQ_CST);
-		if (percpu_ref_init(&o.ref, flushed_release, PERCPU_REF_REL_MANAGED))
+		if (percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED))
 			abort();
 		percpu_ref_put(&o.ref);	/* only the manager's is left */
 		ret = percpu_ref_managed_flush();
@@ -236,7 +228,7 @@ static void flush_phase(double seconds)
 	struct obj held = { 0 };
 	double start = now_seconds();
 
-	if (percpu_ref_init(&held.ref, flushed_release, PERCPU_REF_REL_MANAGED))
+	if (percpu_ref_init(&held.ref, obj_release, PERCPU_REF_REL_MANAGED))
 		abort();
 	percpu_ref_managed_set_config(&c);
 	__atomic_store_n(&stop, 0, __ATOMIC_RELAXED);

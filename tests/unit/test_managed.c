@@ -5,8 +5,9 @@
  * exactly once by the reclaimer under both strategies, the per-scan limit
  * and statistics, the release-latency bound (two scan intervals), release
  * callbacks that free, call the API and create managed refs, exit of a
- * listed ref, a flush with no memory for its pass, shutdown, fork, the environment variables, and a reclaimer
- * scanning back to back giving way to a busy thread.
+ * listed ref, a flush with no memory for its pass, shutdown, fork, the
+ * environment variables, and a reclaimer scanning back to back giving way
+ * to a busy thread.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
