@@ -78,6 +78,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <percpuref/hcount.h>
 
@@ -115,20 +116,33 @@ static inline void cpu_relax(void)
 /*
  * Contended slot lock: spin on a plain load for a while, then yield, so a
  * holder that was preempted inside its few-instruction section gets the CPU
- * back (2-CPU machines, valgrind's serialised threads).
+ * back (2-CPU machines, valgrind's serialised threads); after
+ * SLOT_LOCK_YIELDS yields, sleep between tries.  sched_yield() gives the
+ * CPU only to threads of the caller's priority: a real-time waiter that
+ * preempted a holder of lower priority on its CPU spun for ever, yielding
+ * to nobody (tests/unit/test_hcount.c, "rt").  A sleep lets any holder run.
  */
+#define SLOT_LOCK_SPINS 128
+#define SLOT_LOCK_YIELDS 64
+
 void __hcount_slot_lock_contended(struct hcount_slot *s)
 {
-	unsigned int spins = 0;
+	struct timespec pause = { 0, 20000 };
+	unsigned int spins = 0, yields = 0;
 
 	do {
 		/* Relaxed: only a hint; the exchange below acquires. */
 		while (__atomic_load_n(&s->lock, __ATOMIC_RELAXED)) {
-			if (++spins < 128) {
+			if (++spins < SLOT_LOCK_SPINS) {
 				cpu_relax();
-			} else {
+				continue;
+			}
+			spins = 0;
+			if (yields < SLOT_LOCK_YIELDS) {
+				yields++;
 				sched_yield();
-				spins = 0;
+			} else {
+				nanosleep(&pause, NULL);
 			}
 		}
 		/* Acquire: pairs with the release in __hcount_slot_unlock(). */

@@ -101,7 +101,7 @@ PERCPUREF_BEGIN_DECLS
 
 /*
  * One namespace's state for one type, alone on its cache line.  In cache
- * mode every field is written under `lock` (a spin-then-yield lock); fields
+ * mode every field is written under `lock` (spins, yields, then sleeps); fields
  * are accessed with relaxed atomics so that the lockless read-outs below do
  * not race.  In no-cache mode `lock` is unused and count/own are updated with
  * atomic read-modify-writes.

@@ -4,17 +4,24 @@
  * slow paths, exact limits with caches in the way (drains), the caller's own
  * limit, no-cache mode, misuse (error code and no change), allocation
  * failure, conservation after destruction, and that hcount_tree_check()
- * notices a broken invariant.  Single-threaded; tests/stress/stress_hcount.c
- * does the concurrent part.
+ * notices a broken invariant, and that a contended slot lock gives the CPU
+ * to a preempted holder of lower real-time priority.  Single-threaded but
+ * for that last one; tests/stress/stress_hcount.c does the concurrent part.
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
+#include <semaphore.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <percpuref/hcount.h>
 
+#include "child.h"
 #include "tap.h"
 
 /* src/hcount.c: the allocation after this many more fails (-1: off). */
@@ -630,11 +637,103 @@ static void test_check(void)
 	hcount_tree_destroy(tree);
 }
 
-int main(void)
+/*
+ * A slot lock's holder preempted by a waiter of higher real-time priority
+ * on its CPU: the waiter must block for a while at last, or the holder
+ * never runs again.  The contended lock once only spun and called
+ * sched_yield(), which under SCHED_FIFO yields to no lower priority: the
+ * waiter spun for ever (a hang; the child's alarm ends it here).
+ */
+#define RT_CHILD_DEADLINE_S 10
+
+struct rt_waiter {
+	struct hcount_ns *ns;
+	sem_t go;
+	int charged;
+};
+
+static void *rt_waiter_charge(void *arg)
+{
+	struct rt_waiter *w = arg;
+
+	while (sem_wait(&w->go))
+		;
+	/* Preempts the holder, which holds the slot lock this needs. */
+	w->charged = hcount_charge(w->ns, 0, 1);
+	return NULL;
+}
+
+static int mode_rt_holder(void)
+{
+	struct sched_param low = { .sched_priority = 1 }, high = { .sched_priority = 2 };
+	struct hcount_tree *tree;
+	struct hcount_ns *leaf;
+	struct rt_waiter w = { .charged = -1 };
+	pthread_attr_t attr;
+	pthread_t waiter;
+	cpu_set_t mask, one;
+	int cpu, err;
+
+	/* Both threads on one CPU, so the waiter runs only by preempting. */
+	if (sched_getaffinity(0, sizeof(mask), &mask))
+		return 3;
+	for (cpu = 0; !CPU_ISSET(cpu, &mask); cpu++)
+		;
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	if (sched_setaffinity(0, sizeof(one), &one))
+		return 3;
+	/* No CAP_SYS_NICE nor RLIMIT_RTPRIO (a container): cannot test. */
+	err = pthread_setschedparam(pthread_self(), SCHED_FIFO, &low);
+	if (err == EPERM)
+		return 77;
+	if (err || hcount_tree_create(&tree, 1, HCOUNT_BATCH_DEFAULT, NULL) ||
+	    hcount_ns_create(&leaf, hcount_tree_root(tree), NULL) || sem_init(&w.go, 0, 0))
+		return 3;
+	w.ns = leaf;
+	pthread_attr_init(&attr);
+	pthread_attr_setinheritsched(&attr, PTHREAD_EXPLICIT_SCHED);
+	pthread_attr_setschedpolicy(&attr, SCHED_FIFO);
+	pthread_attr_setschedparam(&attr, &high);
+	if (pthread_create(&waiter, &attr, rt_waiter_charge, &w))
+		return 3;
+	pthread_attr_destroy(&attr);
+
+	__hcount_slot_lock(&leaf->slots[0]);
+	sem_post(&w.go);	/* the waiter runs here, until it gives way */
+	__hcount_slot_unlock(&leaf->slots[0]);
+	pthread_join(waiter, NULL);
+	if (w.charged || hcount_ns_count(leaf, 0) != 1)
+		return 4;
+	hcount_uncharge(leaf, 0, 1);
+	hcount_ns_destroy(leaf);
+	hcount_tree_destroy(tree);
+	sem_destroy(&w.go);
+	return 0;
+}
+
+static void test_rt_holder(void)
+{
+	int ret = run_mode("--rt-holder");
+
+	if (ret == 77) {
+		printf("# skipped: SCHED_FIFO refused (no CAP_SYS_NICE)\n");
+		return;
+	}
+	is(ret, 0, "rt: a waiter of higher priority lets the preempted holder unlock");
+}
+
+int main(int argc, char **argv)
 {
 	static const unsigned int batches[] = { HCOUNT_BATCH_DEFAULT, 1, HCOUNT_NO_CACHE };
 	unsigned int i;
 
+	if (argc > 1) {
+		alarm(RT_CHILD_DEADLINE_S);
+		if (!strcmp(argv[1], "--rt-holder"))
+			return mode_rt_holder();
+		return 2;
+	}
 	test_create_args();
 	test_batches();
 	test_deep_cache();
@@ -653,5 +752,6 @@ int main(void)
 	test_overflow();
 	test_enomem();
 	test_check();
+	test_rt_holder();
 	return done_testing();
 }
