@@ -312,10 +312,13 @@ void *percpuref_zalloc(size_t size);
 /*
  * Fault injection for tests: the @nth next allocation made through
  * percpuref_zalloc() or the per-CPU allocator fails (1 = the very next);
- * 0 disarms.  Exposed (default visibility) so tests linking the static
- * library can reach it; not part of the installed API.
+ * -1: every one fails until disarmed (memory short for a while); 0
+ * disarms.  percpuref_fault_refused_allocs(): allocations so refused
+ * since the process started.  Exposed (default visibility) so tests
+ * linking the static library can reach them; not part of the installed API.
  */
 PERCPUREF_API void percpuref_fault_fail_nth_alloc(long nth);
+PERCPUREF_API unsigned long percpuref_fault_refused_allocs(void);
 bool percpuref_fault_should_fail(void);
 /* The most CPUs the library counts: the kernel's largest NR_CPUS. */
 #define PERCPUREF_MAX_CPUS 8192u

@@ -97,6 +97,8 @@ static struct percpuref_mnode *list_head;
 /* Scanner state (scan_lock). */
 static struct percpuref_mnode *cursor;		/* NULL: no pass open */
 static struct percpuref_mnode *pass_marker;	/* the open pass's marker */
+/* The last pass to open got no memory: its refusal was warned already. */
+static bool marker_refused;
 
 /* Everything below: managed_lock. */
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
@@ -499,15 +501,24 @@ static bool scan_once(bool unlimited)
 			/* The flushes waiting fail rather than wait for memory,
 			 * and the thread goes back to its interval: with a flush
 			 * target left, it retried back to back, warning each
-			 * time, and the flush hung while memory was short. */
+			 * time, and the flush hung while memory was short.
+			 * One warning while memory stays short, not one per
+			 * try (the thread retried every interval: 0 ms is
+			 * allowed, and it flooded stderr). */
+			bool warn = !marker_refused;
+
+			marker_refused = true;
 			passes_refused++;
 			flush_target = passes_done;
 			pthread_cond_broadcast(&progress);
 			pthread_mutex_unlock(&managed_lock);
 			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
-			percpuref_warn("percpuref_reclaimer", "no memory for a marker; scan skipped");
+			if (warn)
+				percpuref_warn("percpuref_reclaimer", "no memory for a marker; scans "
+					       "skipped until memory returns");
 			return false;
 		}
+		marker_refused = false;
 		pass_marker->marker = true;
 		pass_marker->next = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
 		/* Acquire: pairs with the release CAS of the pushes below the
@@ -594,10 +605,18 @@ static void reclaimer_lower_priority(void)
 			       reclaimer_nice, strerror(errno));
 }
 
+/*
+ * The reclaimer's wait after a pass that got no memory, doubling from 1 ms
+ * while memory stays short, at least the interval: at interval 0 it
+ * retried back to back, a core busy failing to allocate.
+ */
+#define REFUSED_BACKOFF_MAX_MS 1024
+
 static void *reclaimer_main(void *arg)
 {
 	struct timespec until;
 	bool just_scanned = false;	/* no sleep since the last scan */
+	uint64_t refused_backoff_ms = 0;
 	uint64_t now;
 
 	(void)arg;
@@ -643,8 +662,17 @@ static void *reclaimer_main(void *arg)
 		}
 		next_scan_ns = now + config.interval_ms * UINT64_C(1000000);
 		pthread_mutex_unlock(&managed_lock);
-		scan_once(false);
+		if (scan_once(false))
+			refused_backoff_ms = 0;
+		else if (refused_backoff_ms < REFUSED_BACKOFF_MAX_MS)
+			refused_backoff_ms = refused_backoff_ms ? 2 * refused_backoff_ms : 1;
 		pthread_mutex_lock(&managed_lock);
+		if (refused_backoff_ms) {
+			uint64_t retry_ns = now_ns() + refused_backoff_ms * UINT64_C(1000000);
+
+			if (next_scan_ns < retry_ns)
+				next_scan_ns = retry_ns;
+		}
 		just_scanned = true;
 	}
 	thread.running = false;

@@ -181,6 +181,7 @@ static unsigned long outside_work;
 static __thread bool in_shutdown;
 static unsigned long warnings;
 static long fault_countdown;
+static unsigned long fault_refused;
 /* Test hook: the CPU count source's answer (0: ask the kernel). */
 static unsigned int fault_cpu_units;
 
@@ -749,10 +750,17 @@ PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n)
 	fault_cpu_units = n;
 }
 
-bool percpuref_fault_should_fail(void)
+PERCPUREF_API unsigned long percpuref_fault_refused_allocs(void)
+{
+	return __atomic_load_n(&fault_refused, __ATOMIC_RELAXED);
+}
+
+static bool fault_refuse(void)
 {
 	long left = __atomic_load_n(&fault_countdown, __ATOMIC_RELAXED);
 
+	if (left < 0)
+		return true;
 	while (left > 0) {
 		/* Relaxed CAS: only the count itself is shared. */
 		if (__atomic_compare_exchange_n(&fault_countdown, &left, left - 1, false,
@@ -760,6 +768,15 @@ bool percpuref_fault_should_fail(void)
 			return left == 1;
 	}
 	return false;
+}
+
+bool percpuref_fault_should_fail(void)
+{
+	if (!fault_refuse())
+		return false;
+	/* Relaxed: a statistic, read by the test that armed the fault. */
+	__atomic_fetch_add(&fault_refused, 1, __ATOMIC_RELAXED);
+	return true;
 }
 
 void percpuref_warn(const char *fn, const char *fmt, ...)

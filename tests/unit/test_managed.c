@@ -798,6 +798,37 @@ static void test_flush_no_memory(void)
 		   PERCPU_REF_SCAN_FILTERED);
 }
 
+/*
+ * Memory short for a while, interval 0: the reclaimer backs off (1 ms,
+ * doubling) and warns once.  It retried back to back, warning each time:
+ * thousands of lines and a busy core in a fraction of a second.
+ */
+static void test_scans_back_off_while_memory_short(void)
+{
+	struct object held = { 0 };
+	unsigned long warned, refused;
+
+	set_config(0, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FILTERED);
+	percpu_ref_init(&held.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&held.ref);	/* scans back to back */
+	is(percpu_ref_managed_flush(), 0, "short memory: the reclaimer scans");
+	warned = percpuref_warning_count();
+	refused = percpuref_fault_refused_allocs();
+	percpuref_fault_fail_nth_alloc(-1);
+	usleep(300000);
+	percpuref_fault_fail_nth_alloc(0);
+	refused = percpuref_fault_refused_allocs() - refused;
+	ok(refused >= 2 && refused <= 20, "short memory: %lu tries in 0.3 s (backing off from "
+	   "1 ms: about 9)", refused);
+	is(percpuref_warning_count() - warned, 1, "short memory: one warning");
+	percpu_ref_put(&held.ref);
+	is(percpu_ref_managed_flush(), 0, "short memory over: a flush succeeds");
+	is(releases_of(&held), 1, "and releases the ref");
+	percpu_ref_exit(&held.ref);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+}
+
 static void test_shutdown(void)
 {
 	struct object o = { 0 }, held = { 0 };
@@ -1134,6 +1165,7 @@ int main(int argc, char **argv)
 	test_mode_calls_vs_manage();
 	test_misuse();
 	test_flush_no_memory();
+	test_scans_back_off_while_memory_short();
 	test_shutdown();
 #if defined(__SANITIZE_THREAD__)
 	/* TSAN cannot start threads in the child of a threaded process. */
