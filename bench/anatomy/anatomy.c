@@ -26,6 +26,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,6 +227,10 @@ static long parse_positive(const char *flag, const char *s, long max)
 	return v;
 }
 
+#define USAGE                                                                              \
+	"usage: percpuref-anatomy [--pairs N (1..1e9, default 2e7)] [--rounds R (1..100, "  \
+	"default 7)]\n"
+
 /* 0 once standard output took the results, else 1 (a full disk, a
  * closed pipe), saying so. */
 static int results_written(void)
@@ -243,13 +248,22 @@ int main(int argc, char **argv)
 	cpu_set_t cpus, one;
 	int cpu;
 
+	bool pairs_given = false, rounds_given = false;
+
+	signal(SIGPIPE, SIG_IGN);	/* a closed pipe: exit 1, said */
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--pairs") && i + 1 < argc) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			printf("%s", USAGE);
+			return results_written();
+		} else if (!strcmp(argv[i], "--pairs") && i + 1 < argc && !pairs_given) {
 			pairs = parse_positive("--pairs", argv[++i], 1000000000L);
-		} else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) {
+			pairs_given = true;
+		} else if (!strcmp(argv[i], "--rounds") && i + 1 < argc && !rounds_given) {
 			rounds = parse_positive("--rounds", argv[++i], 100);
+			rounds_given = true;
 		} else {
-			fprintf(stderr, "usage: percpuref-anatomy [--pairs N] [--rounds R]\n");
+			/* Unknown, missing its value, or given twice. */
+			fprintf(stderr, "percpuref-anatomy: bad argument '%s'\n%s", argv[i], USAGE);
 			return 2;
 		}
 	}
@@ -289,8 +303,14 @@ int main(int argc, char **argv)
 	for (size_t v = 0; v < NR_VARIANTS; v++)
 		printf("%-42s %8.2f %6d %7d\n", variants[v].name, best[v], variants[v].loads,
 		       variants[v].stores);
-	printf("gap closed: %.0f%% of (old - unprotected)\n",
-	       100.0 * (best[4] - best[6]) / (best[4] - best[0]));
+	/* Too few pairs to time (--pairs 1): the old sequence measured no
+	 * slower than the lower bound, and the ratio would be noise or 0/0. */
+	if (best[4] > best[0])
+		printf("gap closed: %.0f%% of (old - unprotected)\n",
+		       100.0 * (best[4] - best[6]) / (best[4] - best[0]));
+	else
+		printf("gap closed: not measured (old %.2f <= unprotected %.2f ns: more "
+		       "--pairs)\n", best[4], best[0]);
 	/* Every variant returned what it took: the owner's reference is the
 	 * only one left, so the kill must release now. */
 	if (released)

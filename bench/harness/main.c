@@ -36,10 +36,12 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -461,13 +463,17 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 {
 	unsigned int nopts = 0;
 	struct option *longopts;
+	bool *given;
 	const char *why;
-	int c;
+	int c, index;
 
 	for (const struct bench_option *o = w->options; o && o->name; o++)
 		nopts++;
 	longopts = calloc(NCOMMON + nopts + 1, sizeof(*longopts));
-	if (!longopts)
+	/* By option code - OPT_THREADS: a flag given twice is refused (the
+	 * last one won, silently: "--json a --json b" never wrote a). */
+	given = calloc(NCOMMON + nopts, sizeof(*given));
+	if (!longopts || !given)
 		bench_die("out of memory");
 	memcpy(longopts, common_options, sizeof(common_options));
 	for (unsigned int i = 0; i < nopts; i++) {
@@ -484,7 +490,12 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 
 	/* ":" first: report errors ourselves, ':' for a missing value. */
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":", longopts, &index)) != -1) {
+		if (c >= OPT_THREADS) {
+			if (given[c - OPT_THREADS])
+				usage_error(w, "--%s given twice", longopts[index].name);
+			given[c - OPT_THREADS] = true;
+		}
 		switch (c) {
 		case OPT_THREADS:
 			cli->threads = optarg;
@@ -541,7 +552,8 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 				usage_error(w, "%s takes no value", argv[optind - 1]);
 			if (optopt)
 				usage_error(w, "unknown option -%c", optopt);
-			usage_error(w, "unknown option %s", argv[optind - 1]);
+			/* getopt_long takes unambiguous prefixes ("--dur"). */
+			usage_error(w, "unknown or ambiguous option %s", argv[optind - 1]);
 		default:
 			parse_workload_option(w, &w->options[c - OPT_WORKLOAD], optarg);
 			break;
@@ -550,6 +562,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 	if (optind < argc)
 		usage_error(w, "unexpected argument \"%s\"", argv[optind]);
 	free(longopts);
+	free(given);
 	if (w->validate && (why = w->validate()))
 		usage_error(w, "%s: %s", w->name, why);
 	if (w->group_size && (*w->group_size < 1 || *w->group_size > 1 << 16))
@@ -766,6 +779,34 @@ static void free_report(struct report *r)
 	free((void *)r->threads);
 }
 
+/*
+ * The --json file, checked before the run so that a bad path fails before a
+ * long run, but truncated only once there are results to write: a regular
+ * file (or a new one) is opened for appending now, which creates it and
+ * changes nothing, and is opened again for writing at the end (NULL).  An
+ * interrupted or failed run (Ctrl-C, a thread refused) once left the
+ * previous run's file empty.  Anything else (a pipe, /dev/null, a
+ * terminal) is opened for writing now, once: opening it twice could block
+ * on a FIFO or show its reader an early end.
+ */
+static FILE *open_json_early(const char *path)
+{
+	struct stat st;
+	FILE *f;
+
+	if (!stat(path, &st) && !S_ISREG(st.st_mode)) {
+		f = fopen(path, "w");
+		if (!f)
+			bench_die("%s: %m", path);
+		return f;
+	}
+	f = fopen(path, "a");
+	if (!f)
+		bench_die("%s: %m", path);
+	fclose(f);
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
 	struct topology topo;
@@ -774,6 +815,9 @@ int main(int argc, char **argv)
 	struct cli cli = { 0 };
 	FILE *table_out = stdout, *json_out = NULL;
 
+	/* A closed pipe ("| head -1") is a write error, exit 1 with a
+	 * message, as documented; SIGPIPE killed the process silently. */
+	signal(SIGPIPE, SIG_IGN);
 	load_workloads();
 	if (argc < 2)
 		usage_error(NULL, "no workload given");
@@ -814,12 +858,11 @@ int main(int argc, char **argv)
 
 	topology_read(&topo);
 	plan_report(&r, &cli);
-	/* Open the JSON file first: a bad path fails before a long run. */
 	if (cli.json && !strcmp(cli.json, "-")) {
 		json_out = stdout;
 		table_out = stderr;
-	} else if (cli.json && !(json_out = fopen(cli.json, "w"))) {
-		bench_die("%s: %m", cli.json);
+	} else if (cli.json) {
+		json_out = open_json_early(cli.json);
 	}
 
 	run_schedule(&r);
@@ -829,7 +872,9 @@ int main(int argc, char **argv)
 	/* With --json -, the table went to standard error. */
 	if (table_out != stdout)
 		check_written(table_out, "standard error");
-	if (json_out) {
+	if (cli.json) {
+		if (!json_out && !(json_out = fopen(cli.json, "w")))
+			bench_die("%s: %m", cli.json);
 		report_json(json_out, &r);
 		/* A full disk or a closed pipe: the results did not get out.
 		 * Standard output is checked below. */

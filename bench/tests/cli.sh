@@ -121,6 +121,44 @@ expect 2 micro --help=x
 grep -q 'takes no value' "$tmp/err" ||
 	{ echo "FAIL: --help=x: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
 expect 2 micro --oversubscribe=1
+# A flag given twice is an error: the last one won, silently ("--json a
+# --json b" never wrote a); the message names the flag, not its value.
+expect 2 micro --threads 1 --threads 2 --variants private $short
+grep -q -- '--threads given twice' "$tmp/err" ||
+	{ echo "FAIL: --threads twice: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+expect 2 micro --threads=1 --thr 1 --variants private $short
+expect 2 micro --json "$tmp/a.json" --json "$tmp/b.json" --threads 1 --variants private $short
+expect 2 micro --oversubscribe --oversubscribe --threads 1 --variants private $short
+expect 2 labels --profile nginx --profile unconfined --threads 1 --variants off $short
+# A prefix that fits two options is not called unknown only.
+expect 2 labels --s 1
+grep -q 'unknown or ambiguous option --s$' "$tmp/err" ||
+	{ echo "FAIL: --s: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+# managed-latency leaves once its window ends: it waited for a release a
+# scan interval away (--interval-ms 30000: 30 s for a 10 ms point).
+if timeout 15 "$bench" managed-latency --threads 1 --variants filtered --duration 0.01 \
+	--interval-ms 30000 >/dev/null 2>&1; then
+	echo "ok: managed-latency ends with its window"
+else
+	echo "FAIL: managed-latency --interval-ms 30000 --duration 0.01: exit $?"
+	fails=$((fails + 1))
+fi
+# A run that fails keeps the previous --json file: it was truncated before
+# the run, and a Ctrl-C, a kill or a refused thread left it empty.
+"$bench" micro --threads 1 --variants private $short --json "$tmp/keep.json" >/dev/null 2>&1
+before=$(cksum <"$tmp/keep.json")
+"$bench" micro --threads 1 --variants private --duration 5 --json "$tmp/keep.json" \
+	>/dev/null 2>&1 &
+pid=$!
+sleep 0.5
+kill -TERM "$pid"	# SIGINT is ignored by a background job of sh
+wait "$pid"
+if [ -s "$tmp/keep.json" ] && [ "$(cksum <"$tmp/keep.json")" = "$before" ]; then
+	echo "ok: an interrupted run kept the previous --json file"
+else
+	echo "FAIL: an interrupted run changed the previous --json file"
+	fails=$((fails + 1))
+fi
 # With --json -, the table goes to standard error; losing it is an error.
 if "$bench" micro --threads 1 --variants private $short --json - >/dev/null 2>/dev/full; then
 	echo "FAIL: percpuref-bench micro --json - 2>/dev/full: exit 0"

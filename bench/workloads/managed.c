@@ -207,6 +207,17 @@ static void latency_setup(struct bench_run *run)
 		  (enum percpu_ref_scan_strategy)run->variant->arg);
 }
 
+/* Sleeps @us in slices; false, early, once the measurement has ended. */
+static bool latency_sleep(struct bench_thread *t, long us)
+{
+	for (; us > 0; us -= 10000) {
+		if (!bench_running(t))
+			return false;
+		usleep((useconds_t)(us < 10000 ? us : 10000));
+	}
+	return true;
+}
+
 static void latency_loop(struct bench_thread *t)
 {
 	struct latency_state *s = t->run->state;
@@ -214,15 +225,26 @@ static void latency_loop(struct bench_thread *t)
 	uint64_t put_ns, ns;
 
 	while (bench_running(t)) {
+		bool stopped;
+
 		m.released_ns = 0;
 		if (percpu_ref_init(&m.ref, mref_release, PERCPU_REF_REL_MANAGED))
 			bench_die("managed-latency: init failed");
 		/* A random phase against the scan period. */
-		usleep((useconds_t)(rand() % (opt_interval_ms * 1000 + 1)));
+		stopped = !latency_sleep(t, rand() % (opt_interval_ms * 1000 + 1));
 		put_ns = bench_clock_ns(CLOCK_MONOTONIC);
 		percpu_ref_put(&m.ref);
-		while (!__atomic_load_n(&m.released_ns, __ATOMIC_ACQUIRE))
-			usleep(50);
+		/* The measurement ended: release it now, uncounted (waiting
+		 * out an --interval-ms of 60 s took a minute past the end). */
+		while (!__atomic_load_n(&m.released_ns, __ATOMIC_ACQUIRE)) {
+			stopped = stopped || !bench_running(t);
+			if (!stopped || percpu_ref_managed_flush())
+				usleep(50);
+		}
+		if (stopped) {
+			percpu_ref_exit(&m.ref);
+			break;
+		}
 		ns = m.released_ns - put_ns;
 		/* Relaxed: sums of --threads loops, read after they joined. */
 		__atomic_fetch_add(&s->sum_ns, ns, __ATOMIC_RELAXED);
