@@ -614,7 +614,11 @@ int hcount_tree_create(struct hcount_tree **treep, unsigned int nr_types, unsign
 {
 	struct hcount_tree *tree;
 
-	if (!treep || nr_types == 0 || nr_types > HCOUNT_TYPES_MAX || batch > HCOUNT_BATCH_MAX) {
+	if (!treep) {
+		percpuref_warn("hcount_tree_create", "no result pointer");
+		return -EINVAL;
+	}
+	if (nr_types == 0 || nr_types > HCOUNT_TYPES_MAX || batch > HCOUNT_BATCH_MAX) {
 		percpuref_warn("hcount_tree_create", "bad nr_types %u or batch %u", nr_types,
 			       batch);
 		return -EINVAL;

@@ -174,10 +174,10 @@ PERCPUREF_API int hcount_tree_destroy(struct hcount_tree *tree);
  */
 PERCPUREF_API int hcount_tree_check(struct hcount_tree *tree);
 
-/* hcount_tree_root - the tree's root namespace. */
+/* hcount_tree_root - the tree's root namespace; NULL for NULL. */
 static inline struct hcount_ns *hcount_tree_root(const struct hcount_tree *tree)
 {
-	return tree->root;
+	return tree ? tree->root : NULL;
 }
 
 /*

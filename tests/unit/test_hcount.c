@@ -21,6 +21,7 @@
 
 #include <percpuref/hcount.h>
 
+#include "capture.h"
 #include "child.h"
 #include "tap.h"
 
@@ -56,6 +57,11 @@ static int snap_same(struct hcount_ns **ns, int nr, unsigned int types, const st
 	return memcmp(&now, before, sizeof(now)) == 0;
 }
 
+static void create_without_result(void *ret)
+{
+	*(int *)ret = hcount_tree_create(NULL, 1, HCOUNT_BATCH_DEFAULT, NULL);
+}
+
 static void test_create_args(void)
 {
 	struct hcount_tree *tree = (struct hcount_tree *)&tree, *keep = tree;
@@ -71,6 +77,17 @@ static void test_create_args(void)
 	is(hcount_tree_create(&tree, 2, 16, zero), -EINVAL, "tree: zero root limit refused");
 	is(hcount_tree_create(&tree, 2, 16, neg), -EINVAL, "tree: negative root limit refused");
 	ok(tree == keep, "tree: *treep untouched on error");
+	{
+		char msg[256];
+		int ret;
+
+		/* It was warned as "bad nr_types 1 or batch 16", both valid. */
+		capture_stderr(create_without_result, &ret, msg, sizeof(msg));
+		msg[strcspn(msg, "\n")] = '\0';
+		is(ret, -EINVAL, "tree: no result pointer refused");
+		ok(strstr(msg, "no result pointer") != NULL, "tree: and said so: %s", msg);
+	}
+	ok(hcount_tree_root(NULL) == NULL, "no tree: no root (it dereferenced NULL)");
 
 	is(hcount_tree_create(&tree, 2, 16, good), 0, "tree: created");
 	ok(hcount_ns_parent(hcount_tree_root(tree)) == NULL, "root has no parent");
