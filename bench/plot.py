@@ -34,12 +34,14 @@ exit status 2.
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections import OrderedDict
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "*", "X", "<", ">", "h")
 REQUIRED = {"workload": str, "variant": str, "threads": int, "ops_per_sec": (int, float)}
+REFERENCE_REQUIRED = {"workload": str, "source": str}
 
 
 class InputError(Exception):
@@ -59,21 +61,34 @@ def check_record(rec, where):
     eff = rec.get("efficiency")
     if eff is not None and (not isinstance(eff, (int, float)) or isinstance(eff, bool)):
         raise InputError(f"{where}: field \"efficiency\" must be a number or null: {eff!r}")
+    # Python's json takes NaN and Infinity, which percpuref-bench never
+    # writes (null instead); an axis cannot be scaled to them.
+    for key in ("ops_per_sec", "efficiency"):
+        if rec.get(key) is not None and not math.isfinite(rec[key]):
+            raise InputError(f"{where}: field \"{key}\" is not finite: {rec[key]!r}")
     return rec
 
 
 def read_records(path):
     """All measurement objects of one file: JSON Lines, or one JSON array."""
+    name = "<stdin>" if path == "-" else path
     try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
     except OSError as e:
         raise InputError(f"{path}: {e.strerror}")
-    name = "<stdin>" if path == "-" else path
+    except UnicodeDecodeError:
+        raise InputError(f"{name}: not UTF-8 text (not percpuref-bench JSON?)")
     if text.lstrip().startswith("["):
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{name}:{e.lineno}: not valid JSON: {e.msg}")
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise InputError(f"{name}: not valid JSON: {getattr(e, 'msg', 'nested too deep')}")
+        if not isinstance(data, list) or not data:
+            raise InputError(f"{name}: no measurements in it")
         return [check_record(r, f"{name}: element {i}") for i, r in enumerate(data)]
     records = []
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -81,8 +96,9 @@ def read_records(path):
             continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{name}:{lineno}: not valid JSON: {e.msg}")
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise InputError(f"{name}:{lineno}: not valid JSON: "
+                             f"{getattr(e, 'msg', 'nested too deep')}")
         records.append(check_record(rec, f"{name}:{lineno}"))
     if not records:
         raise InputError(f"{name}: no measurements in it")
@@ -96,10 +112,32 @@ def read_reference(path):
             ref = json.load(f)
     except OSError as e:
         raise InputError(f"{path}: {e.strerror}")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text")
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}: not valid JSON: {e.msg}")
+    except RecursionError:
+        raise InputError(f"{path}: not valid JSON: nested too deep")
     if not isinstance(ref, dict) or ref.get("schema") != "percpuref-reference/1":
         raise InputError(f"{path}: not a percpuref-reference/1 file")
+    # What every reader of a reference uses (a key missing was a KeyError).
+    for key, kind in REFERENCE_REQUIRED.items():
+        if not isinstance(ref.get(key), kind):
+            raise InputError(f"{path}: field \"{key}\" missing or not a {kind.__name__}")
+    # A figures-only reference (creds) has no columns and rows.
+    for key in ("columns", "rows"):
+        if not isinstance(ref.setdefault(key, []), list):
+            raise InputError(f"{path}: field \"{key}\" is not a list")
+    for i, col in enumerate(ref["columns"]):
+        if not isinstance(col, dict) or not all(isinstance(col.get(k), str)
+                                                for k in ("key", "label")):
+            raise InputError(f"{path}: column {i} needs \"key\" and \"label\" strings")
+    for i, row in enumerate(ref["rows"]):
+        if not isinstance(row, dict) or not isinstance(row.get("values"), dict):
+            raise InputError(f"{path}: row {i} needs a \"values\" object")
+        if any(v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
+                                  or not math.isfinite(v)) for v in row["values"].values()):
+            raise InputError(f"{path}: row {i}: values must be finite numbers or null")
     return ref
 
 
@@ -288,6 +326,17 @@ def main(argv):
     except InputError as e:
         print(f"plot.py: {e}", file=sys.stderr)
         return 2
+    # matplotlib picks the format by the extension, and raised a ValueError
+    # for one it lacks ("-o x.txt") after drawing.
+    ext = os.path.splitext(args.output or ".png")[1].lower()
+    if args.output and ext not in ("", ".png", ".svg", ".pdf"):
+        print(f"plot.py: -o {args.output}: want a .png, .svg or .pdf name", file=sys.stderr)
+        return 2
+    for ref in references:
+        if ref["workload"] not in {rec["workload"] for rec in records}:
+            print(f"plot.py: --reference for {ref['workload']}, which no input measures",
+                  file=sys.stderr)
+            return 2
 
     import matplotlib
     matplotlib.use("Agg")
@@ -307,4 +356,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

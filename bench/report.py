@@ -29,9 +29,16 @@ from plot import InputError, read_records, read_reference
 CASES = ("labels", "creds", "signal1")
 
 
-def load_results(path):
+def load_results(path, case):
     """A case's measurements, or None when the case was not run."""
-    return read_records(path) if os.path.exists(path) else None
+    if not os.path.exists(path):
+        return None
+    recs = read_records(path)
+    # Another workload's file under this name made a silently wrong table.
+    other = next((r["workload"] for r in recs if r["workload"] != case), None)
+    if other is not None:
+        raise InputError(f"{path}: holds {other} measurements, not {case}")
+    return recs
 
 
 def pct(x):
@@ -108,7 +115,8 @@ def labels_section(recs, ref):
            f"This machine runs rows up to {cpus} threads; the report's rows need 16 to 192."]
     # The shape, at each side's largest row: how far below "off" each column ends.
     last_pub = published[max(published)]
-    last_here = max(t for t in configs if t <= cpus) if cpus else max(configs)
+    # Oversubscribed rows only (--threads above the CPUs): the largest row.
+    last_here = max((t for t in configs if t <= cpus), default=max(configs))
     gaps = []
     for col, here in cols:
         if col["variant"] == "off":
@@ -274,7 +282,7 @@ def main(argv):
               "creds": "creds: overlayfs mounter credential",
               "signal1": "signal1: ucounts RLIMIT_SIGPENDING charges (per container)"}
     try:
-        data = {c: load_results(os.path.join(args.results, f"{c}.json")) for c in CASES}
+        data = {c: load_results(os.path.join(args.results, f"{c}.json"), c) for c in CASES}
         refs = {c: read_reference(os.path.join(args.reference_dir, f"{c}.json")) for c in CASES}
     except InputError as e:
         print(f"report.py: {e}", file=sys.stderr)
@@ -293,7 +301,14 @@ def main(argv):
         if not recs:
             body = f"(not run: no {case}.json in {args.results})"
         else:
-            body = sections[case](recs, ref)
+            try:
+                body = sections[case](recs, ref)
+            except (KeyError, IndexError, TypeError, ValueError) as e:
+                # A field a section needs, missing or of the wrong kind in
+                # a file that passed the readers' common checks.
+                print(f"report.py: {case}: the results or the reference lack what this "
+                      f"table needs ({type(e).__name__}: {e})", file=sys.stderr)
+                return 2
         print(f"\n== seed vs measured: {titles[case]} ==\n{body}")
         md += [body, ""]
         if recs:
@@ -312,4 +327,12 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except BrokenPipeError:
+        # "| head": the tables did not all get out.  Quiet, and no second
+        # error when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -15,6 +15,7 @@ usage: fast_paths.py BENCH [--repeat N] [--threads LIST] [--duration S]
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -40,10 +41,10 @@ def run(bench, env_extra, args):
 
 
 def positive(text):
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"want 1 or more, got {text}")
-    return n
+    # Digits only: int() also takes " 1" and "1_0" (ten).
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"want a whole number, 1 or more, got {text!r}")
+    return int(text)
 
 
 def main():
@@ -93,4 +94,11 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:
+        # "| head": quiet, and no second error when stdout is flushed.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -55,7 +55,7 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 cmake --build "$dir" -j "$jobs"
 if ! STRESS_SECONDS=$(( STRESS_SECONDS < 4 ? STRESS_SECONDS : 4 )) \
      ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 \
-           -E '^(install_check|bench_cli|bench_topology|bench_bundle)$'; then
+           -E '^(install_check|bench_cli|bench_topology|bench_bundle|bench_py_tools)$'; then
   status=1
 fi
 echo "=== aarch64 rseq sequence (PERCPUREF_ARM64_RSEQ=ON): compiled, not run"

@@ -1,0 +1,97 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# py_tools.sh BENCH - bad input to bench/plot.py, bench/report.py and
+# scripts/fast_paths.py: a message and exit status 2 (1 for a closed pipe),
+# never a Python traceback; and a good input still works.  Each case below
+# once ended in a traceback (helper-51's attack), or, for report.py given
+# another workload's file, in a silently wrong table.
+set -u
+bench=$1
+here=$(dirname -- "$0")
+root=$here/../..
+python=/usr/bin/python3
+fails=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# expect STATUS TOOL ARGS...: want STATUS and no traceback on stderr.
+expect() {
+	want=$1
+	shift
+	"$python" "$@" >"$tmp/out" 2>"$tmp/err"
+	got=$?
+	if [ "$got" -ne "$want" ] || grep -q '^Traceback' "$tmp/err"; then
+		echo "FAIL: $*: exit $got, want $want (no traceback)"
+		sed 's/^/  stderr: /' "$tmp/err" | tail -3
+		fails=$((fails + 1))
+	else
+		echo "ok: $* -> $got: $(head -1 "$tmp/err")"
+	fi
+}
+
+short="--duration 0.02 --threads 1"
+"$bench" micro $short --variants private,kref --json "$tmp/micro.json" >/dev/null ||
+	{ echo "FAIL: percpuref-bench micro"; exit 1; }
+"$bench" labels $short --variants off,kref --json "$tmp/labels.json" >/dev/null ||
+	{ echo "FAIL: percpuref-bench labels"; exit 1; }
+plot=$root/bench/plot.py
+report=$root/bench/report.py
+
+# plot.py
+expect 0 "$plot" "$tmp/micro.json" -o "$tmp/micro.png"
+expect 2 "$plot" /bin/sh -o "$tmp/x.png"			# not UTF-8
+echo '[]' >"$tmp/empty.json"
+expect 2 "$plot" "$tmp/empty.json" -o "$tmp/x.png"		# wrote nothing, exit 0
+sed 's/"ops_per_sec":[^,]*/"ops_per_sec":NaN/' "$tmp/micro.json" >"$tmp/nan.json"
+expect 2 "$plot" "$tmp/nan.json" -o "$tmp/x.png"
+expect 2 "$plot" "$tmp/micro.json" -o "$tmp/x.txt"		# after drawing
+printf '{"schema":"percpuref-reference/1","workload":"micro","source":"s",' >"$tmp/ref.json"
+printf '"columns":[{"key":"k","label":"l"}],"rows":[{"threads":1}]}\n' >>"$tmp/ref.json"
+expect 2 "$plot" "$tmp/micro.json" -o "$tmp/x.png" --reference "$tmp/ref.json"
+expect 2 "$plot" "$tmp/micro.json" -o "$tmp/x.png" --reference "$root/bench/reference/labels.json"
+
+# report.py
+mkdir "$tmp/r"
+cp "$tmp/labels.json" "$tmp/r/labels.json"
+expect 0 "$report" --results "$tmp/r"
+cp "$tmp/micro.json" "$tmp/r/signal1.json"			# KeyError
+expect 2 "$report" --results "$tmp/r"
+# signal1's own name, but no "groups": what the table needs is missing.
+sed 's/"workload":"labels"/"workload":"signal1"/' "$tmp/labels.json" >"$tmp/r/signal1.json"
+expect 2 "$report" --results "$tmp/r"
+rm "$tmp/r/signal1.json"
+cp "$tmp/micro.json" "$tmp/r/labels.json"			# a wrong table, exit 0
+expect 2 "$report" --results "$tmp/r"
+cp "$tmp/labels.json" "$tmp/r/labels.json"
+cp /bin/sh "$tmp/r/creds.json"
+expect 2 "$report" --results "$tmp/r"
+rm "$tmp/r/creds.json"
+mkdir "$tmp/refs"
+printf '{"schema":"percpuref-reference/1"}\n' >"$tmp/refs/labels.json"
+cp "$root/bench/reference/creds.json" "$root/bench/reference/signal1.json" "$tmp/refs/"
+cp "$tmp/labels.json" "$tmp/r/labels.json"
+expect 2 "$report" --results "$tmp/r" --reference-dir "$tmp/refs"
+# Only oversubscribed rows: no row within the CPUs to compare (max() of
+# nothing).
+cpus=$("$bench" --topology | sed -n 's/^machine: .*; \([0-9]*\) of .*/\1/p')
+over=$((cpus + 1))
+"$bench" labels --threads "$over" --baseline "$over" --oversubscribe --variants off,kref \
+	--duration 0.02 --json "$tmp/r/labels.json" >/dev/null
+expect 0 "$report" --results "$tmp/r"
+# A closed pipe: exit 1, no traceback.
+"$python" "$report" --results "$tmp/r" 2>"$tmp/err" | head -c 1 >/dev/null
+if grep -q '^Traceback' "$tmp/err"; then
+	echo "FAIL: report.py | head: traceback"
+	fails=$((fails + 1))
+else
+	echo "ok: report.py | head: no traceback"
+fi
+
+# fast_paths.py: a number that int() takes and a user would not mean.
+expect 2 "$root/scripts/fast_paths.py" "$bench" --repeat 1_0
+expect 2 "$root/scripts/fast_paths.py" "$bench" --repeat " 1"
+
+if [ "$fails" -ne 0 ]; then
+	echo "$fails failure(s)"
+	exit 1
+fi
