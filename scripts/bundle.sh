@@ -130,6 +130,15 @@ for w in "${workloads[@]}"; do
 	fi
 done
 
+# A bad --threads fails here, before machine.txt and the first table are
+# overwritten (it failed in the first workload, with both already lost);
+# --oversubscribe: signal1 takes more threads than CPUs by design.
+if ((${#threads[@]})) &&
+	! "$bench" micro "${threads[@]}" --variants private --duration 0.001 --oversubscribe \
+		>/dev/null; then
+	echo "run.sh: bad ${threads[*]} (see above)" >&2
+	exit 2
+fi
 if ! mkdir -p -- "$out" 2>/dev/null || [[ ! -w $out ]]; then
 	echo "run.sh: --out $out is not a folder this user can write" >&2
 	exit 2

@@ -71,6 +71,12 @@ check "run.sh --quick --threads 1 micro anatomy" \
 for f in machine.txt micro.txt micro.json anatomy.txt; do
 	check "run.sh wrote $f" test -s "$tmp/res/$f"
 done
+# A bad --threads is refused before anything is written: it failed in
+# the first workload, machine.txt and micro.txt already overwritten.
+cp "$tmp/res/machine.txt" "$tmp/machine.before"
+check "run.sh --threads ,: exit 2" status_of 2 "$run" --threads , --out "$tmp/res" micro
+check "and machine.txt kept" cmp -s "$tmp/machine.before" "$tmp/res/machine.txt"
+check "and micro.txt kept" test -s "$tmp/res/micro.txt"
 check "micro.json has a row per variant" \
 	sh -c "[ \$(grep -c '\"variant\"' '$tmp/res/micro.json') -ge 4 ]"
 check "machine.txt names the fast path" grep -q "fast path" "$tmp/res/machine.txt"
