@@ -401,8 +401,19 @@ static __attribute__((constructor)) void runtime_register(void)
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
-/* Process exit: the modules' exit hooks, unless waiting for our threads
- * would hang (see percpuref_register_exit_hook()). */
+/*
+ * Process exit: the modules' exit hooks, unless waiting for our threads
+ * would hang (see percpuref_register_exit_hook()).  Run twice: registered
+ * with atexit() at the library's first use, so that exit() runs them
+ * before the destructors of the static objects that existed by then (C++
+ * globals, registered earlier, run later): a release still pending at
+ * exit (an owner killed as main() returns, a managed object dropped) may
+ * use them.  As an ELF destructor only, they ran after every static
+ * destructor, and such a release wrote into destroyed globals
+ * (tests/cxx/test_exit_order.cpp).  And as the ELF destructor still, for
+ * the work those later destructors queue (their kills start our threads
+ * again), and for a process where atexit() was refused.
+ */
 static __attribute__((destructor)) void runtime_at_exit(void)
 {
 	unsigned int rank;
@@ -420,6 +431,11 @@ static void runtime_init_once(void)
 	ptrdiff_t offset = 0;
 	/* Reading sysfs (stdio) is a cancellation point. */
 	int cancel = percpuref_cancel_disable();
+
+	/* Before anything can be pending: see runtime_at_exit(). */
+	if (atexit(runtime_at_exit))
+		percpuref_warn("percpuref", "atexit refused: releases pending at exit run after "
+			       "the static destructors");
 
 	/* Before the fast path can be used: it checks cpu_id against it. */
 	percpuref_nr_cpu_units = fault_cpu_units ? fault_cpu_units : read_possible_cpus();

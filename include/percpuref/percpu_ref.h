@@ -230,8 +230,10 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
  * which it saw that (such a thread may never stop), leaving what is still
  * queued to the threads, which start again for it.  Managed refs still
  * referenced stay managed; the threads start again on demand.  Also runs
- * at process exit.  Not from a callback on one of the library's threads,
- * nor from shutdown (warned, does nothing).
+ * at process exit: before the destructors of the static objects built
+ * before the library's first use (an atexit() handler registered then),
+ * and once more after all of them.  Not from a callback on one of the
+ * library's threads, nor from shutdown (warned, does nothing).
  */
 PERCPUREF_API void percpuref_shutdown(void);
 

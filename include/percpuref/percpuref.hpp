@@ -326,7 +326,11 @@ private:
  * owner<T> - the initial reference of an owned object.  kill() drops it
  * (percpu_ref_kill / percpu_rcuref_kill): new try_acquire_live() calls
  * fail once the kill is confirmed, and the object is freed when the last
- * ref_ptr goes.  The destructor kills an owner not killed yet.
+ * ref_ptr goes.  The destructor kills an owner not killed yet.  The kill is
+ * asynchronous: with no ref_ptr left, ~T runs after a reader fence on the
+ * library's callback thread (percpu_ref_barrier() waits for it); at exit()
+ * the library finishes it before the static objects built before its
+ * first use are destroyed (percpuref_shutdown()).
  */
 template <class T> class owner {
 public:
