@@ -49,7 +49,9 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <system_error>
 #include <type_traits>
@@ -58,7 +60,22 @@
 #include <percpuref/percpu_rcuref.h>
 #include <percpuref/percpu_ref.h>
 
+/*
+ * With and without exceptions the same templates compile to different code
+ * (throw_errno() throws, or aborts): an inline namespace per mode gives
+ * them different symbols, so a program that mixes the modes (a plugin
+ * built with -fno-exceptions) links both instead of keeping one for all,
+ * which made a catch (std::bad_alloc &) abort, or an abort-only unit
+ * throw, depending on the link order.
+ */
+#if defined(__cpp_exceptions)
+#define PERCPUREF_HPP_MODE eh
+#else
+#define PERCPUREF_HPP_MODE noeh
+#endif
+
 namespace percpuref {
+inline namespace PERCPUREF_HPP_MODE {
 
 /* The C calls for each kind of counter, by overload. */
 namespace detail {
@@ -68,6 +85,9 @@ inline bool tryget(percpu_ref *r) noexcept { return percpu_ref_tryget(r); }
 inline bool tryget(percpu_rcuref *r) noexcept { return percpu_rcuref_tryget(r); }
 inline bool tryget_live(percpu_ref *r) noexcept { return percpu_ref_tryget_live(r); }
 inline bool tryget_live(percpu_rcuref *r) noexcept { return percpu_ref_tryget_live(&r->ref); }
+/* Initialised and not exited: a get then counts. */
+inline bool counts(const percpu_ref *r) noexcept { return r->data != nullptr; }
+inline bool counts(const percpu_rcuref *r) noexcept { return r->ref.data != nullptr; }
 inline void put(percpu_ref *r) noexcept { percpu_ref_put(r); }
 inline void put(percpu_rcuref *r) noexcept { percpu_rcuref_put(r); }
 inline void kill(percpu_ref *r) noexcept { percpu_ref_kill(r); }
@@ -85,8 +105,9 @@ inline int switch_to_managed(percpu_rcuref *r) noexcept
 		throw std::bad_alloc();
 	throw std::system_error(-err, std::generic_category(), what);
 #else
-	(void)err;
-	(void)what;
+	/* Say why: a bare abort() left nothing to go on. */
+	std::fprintf(stderr, "percpuref.hpp: %s: %s; aborting (built without exceptions)\n",
+		     what, std::strerror(-err));
 	std::abort();
 #endif
 }
@@ -264,12 +285,17 @@ public:
 	/* Takes over a reference the caller already holds (no get). */
 	static ref_ptr adopt(T *obj) noexcept { return ref_ptr(obj); }
 
-	/* A new reference; the caller holds one or knows @obj is alive. */
+	/* A new reference; the caller holds one or knows @obj is alive.
+	 * Empty (warned) when @obj's counter does not count: inside T's
+	 * constructor, which runs before make_* initialises it, or after
+	 * its exit.  A ref_ptr kept from there once put a reference it never
+	 * got, freeing the object under the others. */
 	static ref_ptr acquire(T *obj) noexcept
 	{
-		if (obj)
-			detail::get(counter(obj));
-		return ref_ptr(obj);
+		if (!obj)
+			return ref_ptr();
+		detail::get(counter(obj));	/* warns if it does not count */
+		return ref_ptr(detail::counts(counter(obj)) ? obj : nullptr);
 	}
 
 	/* A new reference unless the count reached zero (empty then): for an
@@ -419,6 +445,9 @@ template <class T, class... Args> ref_ptr<T> make_managed(Args &&...args)
 	return ref_ptr<T>::adopt(obj);
 }
 
+} /* inline namespace PERCPUREF_HPP_MODE */
 } /* namespace percpuref */
+
+#undef PERCPUREF_HPP_MODE
 
 #endif
