@@ -65,13 +65,21 @@
  * Fork: a batch's runner (the thread, or a stopper that could not start
  * one) holds batch_lock (rank DEFERRED_BATCH) from taking the batch until
  * its items have run and are counted, and fork takes it first
- * (runtime.c), so a fork never falls inside a batch: in the child every
- * item is either done or still queued (a batch cut in half was lost, with
- * barrier and exit hanging for it: issue 8, finding 2).  The thread does
- * not exist in the child; the child starts its own if items are queued.
- * An item some other thread was pushing at the fork may be missing in the
- * child (its caller does not exist there): the child counts what is queued.
- * The price: fork waits for a batch in flight, callbacks included.
+ * (runtime.c), so a fork falls inside a batch only where the runner lets
+ * go of the lock: around a @release (percpuref_batch_pause()), which may
+ * wait for a lock the forking thread holds (a deadlock when fork waited
+ * for it).  The runner then keeps the items not started in batch_rest,
+ * and its role (batch_running: no second batch meanwhile, whose count
+ * could satisfy a waiter before the first batch ran), so in the child
+ * every item is done, queued, or in batch_rest, which the child queues
+ * again (a batch cut in half was lost, with barrier and exit hanging for
+ * it: issue 8, finding 2), but for the item whose @release was running:
+ * its switch was finished, and its release is the parent's thread's.  The
+ * thread does not exist in the child; the child starts its own if items
+ * are queued.  An item some other thread was pushing at the fork may be
+ * missing in the child (its caller does not exist there): the child counts
+ * what is queued.  The price: fork waits for a batch's fence and for its
+ * confirm callbacks, which run between halves of a switch.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -80,6 +88,11 @@
 #include "internal.h"
 
 static pthread_mutex_t batch_lock = PTHREAD_MUTEX_INITIALIZER;
+/* batch_lock: a runner owns the batch taken (released while it pauses in a
+ * @release), its items not started yet, and the wait for the runner. */
+static bool batch_running;
+static struct percpuref_deferred *batch_rest;
+static pthread_cond_t batch_idle = PTHREAD_COND_INITIALIZER;
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t work_queued = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
@@ -130,14 +143,16 @@ static bool pushed_while_going_to_sleep(void)
 	return true;
 }
 
-unsigned long percpuref_deferred_run(struct percpuref_deferred *first)
+unsigned long percpuref_deferred_run(struct percpuref_deferred **rest)
 {
-	struct percpuref_deferred *next;
+	struct percpuref_deferred *item;
 	unsigned long n;
 
-	for (n = 0; first; first = next, n++) {
-		next = first->next;	/* the function may free the item */
-		first->fn(first);
+	/* Taken off before it runs (it may free the item, or pause): a fork
+	 * child finds in *rest exactly the items not started. */
+	for (n = 0; (item = *rest); n++) {
+		*rest = item->next;
+		item->fn(item);
 	}
 	return n;
 }
@@ -150,16 +165,23 @@ unsigned long percpuref_deferred_run(struct percpuref_deferred *first)
  */
 static void run_batch(void)
 {
-	struct percpuref_deferred *batch;
 	unsigned long n;
 
 	pthread_mutex_unlock(&deferred_lock);
 	percpuref_batch_lock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+	/* One batch at a time, though its runner releases batch_lock while
+	 * it pauses in a @release: a second runner's batch would be counted
+	 * done before the first's, and a waiter could return early. */
+	while (batch_running)
+		pthread_cond_wait(&batch_idle, &batch_lock);
+	batch_running = true;
 	/* Empty only if another runner took the items first. */
-	batch = take_pending();
-	if (batch)
+	batch_rest = take_pending();
+	if (batch_rest)
 		percpuref_fence_readers();
-	n = percpuref_deferred_run(batch);
+	n = percpuref_deferred_run(&batch_rest);
+	batch_running = false;
+	pthread_cond_broadcast(&batch_idle);
 
 	pthread_mutex_lock(&deferred_lock);
 	batch_fences += n != 0;
@@ -320,8 +342,17 @@ static void batch_fork_prepare(void)
 	percpuref_batch_lock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
 }
 
-static void batch_fork_release(void)
+static void batch_fork_parent(void)
 {
+	percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+}
+
+static void batch_fork_child(void)
+{
+	/* A runner paused in a @release at the fork does not exist here; its
+	 * items not started went back on the queue (queue_fork_child()). */
+	batch_running = false;
+	pthread_cond_init(&batch_idle, NULL);
 	percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
 }
 
@@ -341,10 +372,14 @@ static void queue_fork_child(void)
 	/*
 	 * The thread is gone, and a condition variable it (or any parent
 	 * thread) waited on keeps those phantom waiters in the child, where a
-	 * signal could be spent on one of them: start both from scratch.  No
-	 * batch is in flight (batch_lock): what is queued is all that is left.
+	 * signal could be spent on one of them: start both from scratch.  A
+	 * batch is in flight only paused in a @release (batch_lock is ours):
+	 * the items it had not started go back under the pending ones, oldest
+	 * at the bottom of the stack, to run again after a fence of the
+	 * child's; the release in progress was the parent's thread's and goes
+	 * on there only.  What is queued now is all that is left.
 	 */
-	struct percpuref_deferred *d;
+	struct percpuref_deferred *d, **bottom = &pending, *rest = NULL;
 	unsigned long queued = 0;
 
 	pthread_cond_init(&work_queued, NULL);
@@ -352,6 +387,14 @@ static void queue_fork_child(void)
 	thread.running = false;
 	thread_sleeping = false;
 	thread.stopping = false;
+	while ((d = batch_rest)) {
+		batch_rest = d->next;
+		d->next = rest;
+		rest = d;
+	}
+	while (*bottom)
+		bottom = &(*bottom)->next;
+	*bottom = rest;
 	for (d = pending; d; d = d->next)
 		queued++;
 	nr_queued = nr_done + queued;
@@ -363,8 +406,8 @@ static void queue_fork_child(void)
 static const struct percpuref_fork_hooks batch_hooks = {
 	.rank = PERCPUREF_RANK_DEFERRED_BATCH,
 	.prepare = batch_fork_prepare,
-	.parent = batch_fork_release,
-	.child = batch_fork_release,
+	.parent = batch_fork_parent,
+	.child = batch_fork_child,
 };
 
 static const struct percpuref_fork_hooks queue_hooks = {

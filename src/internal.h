@@ -28,8 +28,9 @@
  * descending), so the child inherits none held by a thread it lacks.
  *
  * The two batch locks come first: a library thread holds one for a whole
- * unit of work (fence, callbacks, and the user's callbacks they call), so a
- * fork never cuts one in half.  The sync-switch lock next: every
+ * unit of work (fence, callbacks, and the user's confirm callbacks they
+ * call; around a user's @release it lets go, its state where a fork child
+ * finds it: percpuref_batch_pause()), so a fork never cuts one in half.  The sync-switch lock next: every
  * switch_to_atomic_sync() read-holds it over its fence, so a fork never
  * cuts one in half either; it is only tried under a switch lock (a fork
  * waiting for it makes the switch step back).  liburcu-bp's locks (its grace-period and
@@ -88,6 +89,20 @@ void percpuref_register_exit_hook(enum percpuref_lock_rank rank, void (*fn)(void
 void percpuref_batch_lock(enum percpuref_lock_rank rank, pthread_mutex_t *lock);
 void percpuref_batch_unlock(enum percpuref_lock_rank rank, pthread_mutex_t *lock);
 bool percpuref_holds_batch_lock(void);
+/*
+ * Around a user's @release run under a batch lock: the batch mutexes the
+ * thread holds are released meanwhile, so a fork need not wait for the
+ * callback (a @release that waits for a lock the forking thread holds
+ * deadlocked both: helper-52, a Rust Drop and std's Command).  The thread
+ * still counts as holding them (percpuref_holds_batch_lock()), and the
+ * batch's owner keeps the runner role (deferred.c's batch_running,
+ * managed.c's scan_running), so no other batch starts meanwhile.  What
+ * the batch has left to do must be where a fork child finds it (not on
+ * the runner's stack) whenever it pauses.  Nests; no-ops on a thread
+ * that holds no batch lock.
+ */
+void percpuref_batch_pause(void);
+void percpuref_batch_resume(void);
 
 /* True on a thread started by percpuref_start_thread(). */
 extern __thread bool percpuref_library_thread __attribute__((tls_model("initial-exec")));
@@ -195,10 +210,11 @@ struct percpuref_deferred {
 	percpuref_deferred_fn fn;
 };
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn);
-/* Runs the items of the list @first in order (each @fn may free its item);
- * returns how many ran.  The batches of both queues, this one and the
- * reclaimer's RCU queue (managed.c), end with it. */
-unsigned long percpuref_deferred_run(struct percpuref_deferred *first);
+/* Runs the items of the list *@rest in order, taking each off before it
+ * runs (each @fn may free its item, or pause its batch: *@rest is then what
+ * a fork child must run again); returns how many ran.  The batches of both
+ * queues, this one and the reclaimer's RCU queue (managed.c), end with it. */
+unsigned long percpuref_deferred_run(struct percpuref_deferred **rest);
 /* After dropping the locks held around percpuref_call_after_grace_period():
  * start or wake the thread if that call found it asleep (or not running). */
 void percpuref_deferred_wake_owed(void);

@@ -51,14 +51,20 @@
  * Threads and locks (the order is internal.h's): scan_lock, then one ref's
  * switch lock at a time, then managed_lock (innermost: nothing else is taken under
  * it).  Callbacks (@release, RCU-deferred releases) run on the reclaimer
- * thread (or shutdown's) with scan_lock held and no other lock, so they may
- * call any non-blocking API, free their object, and create, reinit or exit
- * managed refs.  A flush, barrier or shutdown from such a callback would
- * wait for itself: refused with -EDEADLK / a warning.  The thread starts on
- * first use, sleeps while the list is empty, is stopped by
- * percpuref_shutdown() (also an exit hook, so process exit joins it) and
- * starts again on demand.  After fork the child starts its own reclaimer
- * if the parent had one, so managed refs keep being released in the child.
+ * thread (or shutdown's) as the scanner (scan_running) but with no lock
+ * held, scan_lock released around each (percpuref_batch_pause()), so they
+ * may call any non-blocking API, free their object, and create, reinit or
+ * exit managed refs, and a fork does not wait for them (one that waited
+ * for a lock the forking thread held deadlocked both).  What the scan or
+ * RCU batch has left meanwhile is in scan_released and rcu_rest, where a
+ * fork child finds it and runs it (managed_fork_child()); the @release in
+ * progress is the parent's thread's only.  A flush, barrier or shutdown
+ * from such a callback would wait for itself: refused with -EDEADLK / a
+ * warning.  The thread starts on first use, sleeps while the list is
+ * empty, is stopped by percpuref_shutdown() (also an exit hook, so process
+ * exit joins it) and starts again on demand.  After fork the child starts
+ * its own reclaimer if the parent had one, so managed refs keep being
+ * released in the child.
  *
  * Giving way.  When the next scan is due the moment one ends (interval 0,
  * or scans longer than the interval) and no flush waits for a pass, the
@@ -95,6 +101,15 @@ static pthread_mutex_t managed_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct percpuref_mnode *list_head;
 
 /* Scanner state (scan_lock). */
+/* A scan or an RCU batch owns it, even paused in a @release (which it
+ * runs with scan_lock released: percpuref_batch_pause()). */
+static bool scan_running;
+static pthread_cond_t scan_idle = PTHREAD_COND_INITIALIZER;
+/* Refs a scan released whose @release has not run yet, and an RCU batch's
+ * items not started: where a fork child finds them (the runner's stack
+ * is not in the child). */
+static struct percpuref_mnode *scan_released;
+static struct percpuref_deferred *rcu_rest;
 static struct percpuref_mnode *cursor;		/* NULL: no pass open */
 static struct percpuref_mnode *pass_marker;	/* the open pass's marker */
 /* The last pass to open got no memory: its refusal was warned already. */
@@ -304,18 +319,52 @@ int percpuref_managed_may_wait(const char *fn)
 	return 0;
 }
 
+/*
+ * The scanner's role: scan_lock, and scan_running while scan_lock is
+ * released around a @release.  One scanner at a time: a second scan's pass
+ * could end (and satisfy a flush) before the first's releases ran.
+ */
+static void scanner_begin(void)
+{
+	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
+	while (scan_running)
+		pthread_cond_wait(&scan_idle, &scan_lock);
+	scan_running = true;
+}
+
+static void scanner_end(void)
+{
+	scan_running = false;
+	pthread_cond_broadcast(&scan_idle);
+	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+}
+
+/* The scanner's.  Runs the @release of every ref in scan_released, taking
+ * each off first; returns how many. */
+static unsigned long run_scan_releases(void)
+{
+	struct percpuref_mnode *node;
+	unsigned long n = 0;
+
+	for (; (node = scan_released); n++) {
+		scan_released = node->next;
+		percpuref_managed_release(node);
+	}
+	return n;
+}
+
 /* managed_lock held on entry and on return, dropped meanwhile.  One grace
- * period for the whole queue, then the items in order, all under scan_lock
- * (taken first: rank order) so that a fork waits for the batch. */
+ * period for the whole queue, then the items in order, as the scanner (the
+ * lock taken first: rank order), so that a fork finds the items not
+ * started in rcu_rest. */
 static void run_rcu_batch(void)
 {
-	struct percpuref_deferred *batch;
 	uint64_t n;
 
 	pthread_mutex_unlock(&managed_lock);
-	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
+	scanner_begin();
 	pthread_mutex_lock(&managed_lock);
-	batch = rcu_head;
+	rcu_rest = rcu_head;
 	rcu_head = NULL;
 	rcu_tail = &rcu_head;
 	pthread_mutex_unlock(&managed_lock);
@@ -323,13 +372,13 @@ static void run_rcu_batch(void)
 	percpuref_synchronize_rcu();
 	/* For TSAN: pairs with the release in percpu_rcuref_read_unlock(). */
 	percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
-	n = percpuref_deferred_run(batch);
+	n = percpuref_deferred_run(&rcu_rest);
 
 	pthread_mutex_lock(&managed_lock);
 	stats.rcu_grace_periods++;
 	rcu_done += n;
 	pthread_cond_broadcast(&progress);
-	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+	scanner_end();
 }
 
 void percpuref_wait_rcu(void)
@@ -462,7 +511,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
  */
 static bool scan_once(bool unlimited)
 {
-	struct percpuref_mnode *released = NULL, *next;
+	struct percpuref_mnode *released = NULL;
 	unsigned long checked = 0, fences = 0, nreleased = 0, limit, max;
 	unsigned long switched, skipped, nswitched = 0, nskipped = 0;
 	enum percpu_ref_scan_strategy strategy;
@@ -474,7 +523,9 @@ static bool scan_once(bool unlimited)
 	strategy = config.strategy;
 	pthread_mutex_unlock(&managed_lock);
 
-	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
+	scanner_begin();
+	/* Releases a fork child found pending (in the parent, none). */
+	(void)run_scan_releases();
 	start = now_ns();
 	if (!cursor) {
 		/*
@@ -493,7 +544,7 @@ static bool scan_once(bool unlimited)
 			passes_done++;
 			pthread_cond_broadcast(&progress);
 			pthread_mutex_unlock(&managed_lock);
-			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+			scanner_end();
 			return true;
 		}
 		pass_marker = percpuref_zalloc(sizeof(*pass_marker));
@@ -512,7 +563,7 @@ static bool scan_once(bool unlimited)
 			flush_target = passes_done;
 			pthread_cond_broadcast(&progress);
 			pthread_mutex_unlock(&managed_lock);
-			percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+			scanner_end();
 			if (warn)
 				percpuref_warn("percpuref_reclaimer", "no memory for a marker; scans "
 					       "skipped until memory returns");
@@ -553,11 +604,10 @@ static bool scan_once(bool unlimited)
 	}
 	elapsed = now_ns() - start;
 
-	/* Still under scan_lock: a fork must not strand a released node. */
-	for (; released; released = next, nreleased++) {
-		next = released->next;
-		percpuref_managed_release(released);
-	}
+	/* Where a fork child finds the ones not run yet: each @release runs
+	 * with scan_lock released, so a fork may come in between. */
+	scan_released = released;
+	nreleased = run_scan_releases();
 
 	pthread_mutex_lock(&managed_lock);
 	if (checked) {
@@ -579,7 +629,7 @@ static bool scan_once(bool unlimited)
 		pthread_cond_broadcast(&progress);
 	}
 	pthread_mutex_unlock(&managed_lock);
-	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+	scanner_end();
 	return true;
 }
 
@@ -839,8 +889,17 @@ static void scan_fork_prepare(void)
 	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
 }
 
-static void scan_fork_release(void)
+static void scan_fork_parent(void)
 {
+	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+}
+
+static void scan_fork_child(void)
+{
+	/* A scanner paused in a @release at the fork does not exist here;
+	 * what it had left is requeued (managed_fork_child()). */
+	scan_running = false;
+	pthread_cond_init(&scan_idle, NULL);
 	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
 }
 
@@ -866,9 +925,37 @@ static void managed_fork_child(void)
 	thread.running = false;
 	kick_needed = true;
 	thread.stopping = false;
-	flush_target = passes_done;
+	/* What a scanner paused in a @release at the fork had left (scan_lock
+	 * is ours too): the RCU items not started go before the queued ones,
+	 * and count as queued again; released refs whose @release has not
+	 * run, for the child's next scan (asked for here).  The @release in
+	 * progress was the parent's thread's, and goes on there only. */
+	if (rcu_rest) {
+		struct percpuref_deferred *last = rcu_rest;
+
+		while (last->next)
+			last = last->next;
+		last->next = rcu_head;
+		if (!rcu_head)
+			rcu_tail = &last->next;
+		rcu_head = rcu_rest;
+		rcu_rest = NULL;
+	}
+	/* Counted again from what is queued: a batch cut short here was
+	 * never counted done, its interrupted item included. */
+	rcu_queued = rcu_done;
+	for (struct percpuref_deferred *d = rcu_head; d; d = d->next)
+		rcu_queued++;
+	/* With no pass open, every pass started is done: a scan cut short
+	 * after its pass ended never counted it, and its pass_open would
+	 * keep an idle reclaimer scanning. */
+	if (!cursor) {
+		passes_done = passes_started;
+		pass_open = false;
+	}
+	flush_target = passes_done + (scan_released != NULL);
 	/* It blocks on scan_lock until the fork hooks release it. */
-	if (restart || rcu_head)
+	if (restart || rcu_head || scan_released)
 		ensure_thread();
 	pthread_mutex_unlock(&managed_lock);
 }
@@ -876,8 +963,8 @@ static void managed_fork_child(void)
 static const struct percpuref_fork_hooks scan_hooks = {
 	.rank = PERCPUREF_RANK_SCAN,
 	.prepare = scan_fork_prepare,
-	.parent = scan_fork_release,
-	.child = scan_fork_release,
+	.parent = scan_fork_parent,
+	.child = scan_fork_child,
 };
 
 static const struct percpuref_fork_hooks managed_hooks = {

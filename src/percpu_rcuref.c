@@ -80,9 +80,13 @@ static void after_grace_period(struct percpuref_deferred *work)
 		free(st);
 		return;
 	}
+	/* With the RCU batch's lock released, as every @release run by a
+	 * batch (percpu_ref.c, run_release()). */
+	percpuref_batch_pause();
 	release(owner);
 	/* As after every callback (percpu_ref.c, run_callback()). */
 	percpuref_prepare_unload();
+	percpuref_batch_resume();
 }
 
 static void zero(struct percpu_ref *ref)

@@ -261,6 +261,20 @@ static void run_callback(struct percpu_ref *ref, percpu_ref_func_t *fn)
 	percpuref_cancel_restore(cancel);
 }
 
+/*
+ * A @release.  Run by a batch (the callback thread's, a scan), it runs with
+ * the batch lock released (percpuref_batch_pause()): a fork waits for no
+ * release.  Nothing of the batch's is left on our stack meanwhile: the
+ * switch was finished, and the ref's impl (a managed release's) is ours
+ * until the call returns, in the child too, where it stays so.
+ */
+static void run_release(struct percpu_ref *ref, percpu_ref_func_t *release)
+{
+	percpuref_batch_pause();
+	run_callback(ref, release);
+	percpuref_batch_resume();
+}
+
 static void run_kill_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 {
 	struct kill_confirm frame = { ref, kill_confirms };
@@ -577,7 +591,7 @@ static void switch_work_fn(struct percpuref_deferred *work)
 	/* The callback thread fenced the readers before calling us. */
 	release = finish_atomic_switch(ref);
 	if (release)
-		run_callback(ref, release);
+		run_release(ref, release);
 }
 
 /*
@@ -811,7 +825,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 	/* Before @release, which may switch another ref synchronously. */
 	pthread_rwlock_unlock(&sync_switch_lock);
 	if (release)
-		run_callback(ref, release);
+		run_release(ref, release);
 }
 
 PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
@@ -1186,7 +1200,7 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	run = !impl->exited && !impl->release_voided;
 	pthread_mutex_unlock(lock);
 	if (run && impl->data.release)
-		run_callback(impl->data.ref, impl->data.release);
+		run_release(impl->data.ref, impl->data.release);
 	pthread_mutex_lock(lock);
 	if (impl->exited) {
 		pthread_mutex_unlock(lock);
@@ -1373,7 +1387,7 @@ PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
 		return;
 	}
 	if (ref->data->release)
-		run_callback(ref, ref->data->release);
+		run_release(ref, ref->data->release);
 }
 
 PERCPUREF_API void __percpu_ref_count_misuse(struct percpu_ref *ref, unsigned long old,

@@ -162,6 +162,10 @@ static const struct percpuref_fork_hooks *fork_hooks[PERCPUREF_NR_RANKS];
 static void (*exit_hooks[PERCPUREF_NR_RANKS])(void);
 /* Batch locks (by rank bit) this thread holds; see percpuref_batch_lock(). */
 static __thread unsigned int batch_ranks_held;
+/* Their mutexes, by rank, and how deeply the thread is inside user
+ * callbacks run with them released (percpuref_batch_pause()). */
+static __thread pthread_mutex_t *batch_mutexes[PERCPUREF_NR_RANKS];
+static __thread unsigned int batch_pauses;
 /* The batch locks' rank bits. */
 #define BATCH_RANKS (1u << PERCPUREF_RANK_DEFERRED_BATCH | 1u << PERCPUREF_RANK_SCAN)
 /* Ranks this thread left alone in fork_prepare(): per thread, as two
@@ -300,12 +304,37 @@ void percpuref_batch_lock(enum percpuref_lock_rank rank, pthread_mutex_t *lock)
 	assert(!(batch_ranks_held >> rank));
 	pthread_mutex_lock(lock);
 	batch_ranks_held |= 1u << rank;
+	batch_mutexes[rank] = lock;
 }
 
 void percpuref_batch_unlock(enum percpuref_lock_rank rank, pthread_mutex_t *lock)
 {
 	batch_ranks_held &= ~(1u << rank);
+	batch_mutexes[rank] = NULL;
 	pthread_mutex_unlock(lock);
+}
+
+void percpuref_batch_pause(void)
+{
+	unsigned int rank;
+
+	/* Nested (a release inside a release): the outermost pause did it. */
+	if (!batch_ranks_held || batch_pauses++)
+		return;
+	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
+		if (batch_ranks_held & (1u << rank))
+			pthread_mutex_unlock(batch_mutexes[rank]);
+}
+
+void percpuref_batch_resume(void)
+{
+	unsigned int rank;
+
+	if (!batch_ranks_held || --batch_pauses)
+		return;
+	for (rank = 0; rank < PERCPUREF_NR_RANKS; rank++)
+		if (batch_ranks_held & (1u << rank))
+			pthread_mutex_lock(batch_mutexes[rank]);
 }
 
 bool percpuref_holds_batch_lock(void)

@@ -2,8 +2,9 @@
 /*
  * fork() from a callback (docs/percpu_ref.md: allowed, the child may only
  * exec or _exit): the fork must return in the parent, and the library must
- * keep working there.  A callback on a library thread holds that thread's
- * batch lock, and fork takes the batch locks first, so the forking thread
+ * keep working there.  A callback on a library thread runs inside that
+ * thread's batch (a confirm holding its batch lock, a @release with it
+ * released), and fork takes the batch locks first, so the forking thread
  * must leave alone every batch lock, not only its own:
  *  - a managed ref's @release (reclaimer, scan lock held) that forks must
  *    not take the callback thread's batch lock, which ranks below it (a
@@ -16,12 +17,19 @@
  *    the forking thread's own; when they were one variable for the process,
  *    the user's fork kept the batch lock it took, and every later kill and
  *    barrier hung.
+ * And a user's fork while a @release run by a library thread waits for a
+ * lock the forking thread holds (cases 4-6): fork waited for the batch,
+ * callbacks included, the @release for the lock: a deadlock (helper-52: a
+ * Rust Drop, std's Command forking under a lock).  A @release now runs
+ * with its batch lock released; the fork child finds the rest of the batch
+ * requeued and runs it, and never the @release it interrupted.
  * Each case runs in a child of the test (a hang or a crash there fails that
  * case only, under a deadline).  Skipped under ThreadSanitizer (no threads
  * in the child of a threaded process) and valgrind (the grandchildren leak
  * what the vanished threads held, by design).
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +37,7 @@
 #include <unistd.h>
 
 #include "percpuref/managed.h"
+#include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
 #include "tap.h"
 
@@ -144,6 +153,130 @@ static int case_user_fork_meets_callback_fork(void)
 	return 0;
 }
 
+/* Cases 4-6: a @release that waits for the forking thread's lock. */
+static pthread_mutex_t user_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct percpu_rcuref rcu_waits, rcu_counts;
+static int releases;	/* atomic: release_counts() */
+
+static void take_user_lock(void)
+{
+	__atomic_store_n(&in_release, 1, __ATOMIC_SEQ_CST);
+	pthread_mutex_lock(&user_lock);
+	pthread_mutex_unlock(&user_lock);
+	__atomic_fetch_add(&releases, 1, __ATOMIC_SEQ_CST);
+}
+
+static void release_waits(struct percpu_ref *ref)
+{
+	(void)ref;
+	take_user_lock();
+}
+
+static void release_counts(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_fetch_add(&releases, 1, __ATOMIC_SEQ_CST);
+}
+
+static void rcu_release_waits(struct percpu_rcuref *ref)
+{
+	(void)ref;
+	take_user_lock();
+}
+
+static void rcu_release_counts(struct percpu_rcuref *ref)
+{
+	(void)ref;
+	__atomic_fetch_add(&releases, 1, __ATOMIC_SEQ_CST);
+}
+
+/*
+ * With user_lock held: waits until a library thread is inside a @release
+ * that waits for it, forks, and in the child waits (@wait) for the rest of
+ * the work: exactly one release must have run there (the other ref's,
+ * before the fork or in the child), none of the waiting one.  Then lets
+ * the parent's @release go on, waits again, and wants @total releases.
+ */
+static int fork_under_user_lock(int (*wait)(void), int total)
+{
+	int status;
+	pid_t pid;
+
+	wait_for(&in_release, 1);
+	usleep(20000);		/* the @release now waits for user_lock */
+	pid = fork();		/* waited for the @release's batch: a hang */
+	if (pid == 0) {
+		alarm(CASE_DEADLINE_S / 2);	/* a hang here fails the case */
+		if (wait())
+			_exit(4);
+		_exit(__atomic_load_n(&releases, __ATOMIC_SEQ_CST) == 1 ? 0 : 5);
+	}
+	pthread_mutex_unlock(&user_lock);
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return 3;
+	/* 10 + the child's status, or 100 + its signal (114: it hung). */
+	if (!WIFEXITED(status) || WEXITSTATUS(status))
+		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	if (wait() || __atomic_load_n(&releases, __ATOMIC_SEQ_CST) != total)
+		return 6;
+	return 0;
+}
+
+/* Case 4: a kill's @release, on the callback thread.  A first batch holds
+ * the thread (its confirm waits for @gate_open) while the two kills queue,
+ * so that their puts are not the last ones: a kill whose switch finished
+ * first released on the killer's own thread, which holds user_lock. */
+static struct percpu_ref gate;
+static int gate_open;
+
+static void gate_confirm(struct percpu_ref *ref)
+{
+	(void)ref;
+	wait_for(&gate_open, 1);
+}
+
+static int case_kill_release_waits_for_forker(void)
+{
+	if (percpu_ref_init(&gate, NULL, 0) || percpu_ref_init(&killed, release_waits, 0) ||
+	    percpu_ref_init(&later, release_counts, 0))
+		return 2;
+	percpu_ref_kill_and_confirm(&gate, gate_confirm);
+	percpu_ref_kill(&killed);
+	percpu_ref_kill(&later);	/* the same batch, or the next */
+	pthread_mutex_lock(&user_lock);
+	__atomic_store_n(&gate_open, 1, __ATOMIC_SEQ_CST);
+	return fork_under_user_lock(percpu_ref_barrier, 2);
+}
+
+/* Case 5: a managed @release, on the reclaimer (a scan). */
+static int case_managed_release_waits_for_forker(void)
+{
+	set_interval_0();
+	if (percpu_ref_init(&managed, release_waits, PERCPU_REF_REL_MANAGED) ||
+	    percpu_ref_init(&later, release_counts, PERCPU_REF_REL_MANAGED))
+		return 2;
+	pthread_mutex_lock(&user_lock);
+	percpu_ref_put(&managed);	/* the manager's are the last ones */
+	percpu_ref_put(&later);
+	return fork_under_user_lock(percpu_ref_managed_flush, 2);
+}
+
+/* Case 6: a percpu_rcuref's @release, after its grace period (an RCU
+ * batch on the reclaimer), the waiting one killed last: the batch's other
+ * item usually ran before the fork, and nothing is left to requeue.  The
+ * child once counted the cut batch as queued still, and its barrier
+ * waited for it for ever. */
+static int case_rcu_release_waits_for_forker(void)
+{
+	if (percpu_rcuref_init(&rcu_waits, NULL, rcu_release_waits, 0) ||
+	    percpu_rcuref_init(&rcu_counts, NULL, rcu_release_counts, 0))
+		return 2;
+	pthread_mutex_lock(&user_lock);
+	percpu_rcuref_kill(&rcu_counts);
+	percpu_rcuref_kill(&rcu_waits);
+	return fork_under_user_lock(percpu_rcuref_barrier, 2);
+}
+
 /* Runs @fn in a child under a deadline: its exit status, or 128 + signal. */
 static int run_case(int (*fn)(void))
 {
@@ -178,5 +311,12 @@ int main(void)
 	   "a confirm callback and a managed release fork at once");
 	is(run_case(case_user_fork_meets_callback_fork), 0,
 	   "a user's fork waits for a batch whose confirm forks; kills and barriers work after");
+	is(run_case(case_kill_release_waits_for_forker), 0,
+	   "a kill's release waits for a lock the forking thread holds: the fork goes on, the "
+	   "child runs the rest of the batch");
+	is(run_case(case_managed_release_waits_for_forker), 0,
+	   "the same with a managed release on the reclaimer");
+	is(run_case(case_rcu_release_waits_for_forker), 0,
+	   "the same with a percpu_rcuref release after its grace period");
 	return done_testing();
 }
