@@ -103,6 +103,15 @@ bool percpuref_holds_batch_lock(void);
  */
 void percpuref_batch_pause(void);
 void percpuref_batch_resume(void);
+/*
+ * Around a confirm callback: a switch is half done on the thread's stack
+ * (its item off the queue, its mark still set), so a @release nested in
+ * the callback (a put of another ref's last reference) pauses nothing: a
+ * fork child would inherit the switch half done, and its exit of that ref
+ * waited for ever (helper-54).  Strictly nested within pauses.
+ */
+void percpuref_batch_pin(void);
+void percpuref_batch_unpin(void);
 
 /* True on a thread started by percpuref_start_thread(). */
 extern __thread bool percpuref_library_thread __attribute__((tls_model("initial-exec")));

@@ -230,7 +230,9 @@ static void run_confirm(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 	int cancel = percpuref_cancel_disable();
 
 	finishing_switch_of = ref;
+	percpuref_batch_pin();
 	confirm(ref);
+	percpuref_batch_unpin();
 	percpuref_prepare_unload();
 	finishing_switch_of = outer;
 	percpuref_cancel_restore(cancel);
@@ -282,7 +284,9 @@ static void run_kill_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *
 	int cancel = percpuref_cancel_disable();
 
 	kill_confirms = &frame;
+	percpuref_batch_pin();
 	confirm(ref);
+	percpuref_batch_unpin();
 	percpuref_prepare_unload();
 	kill_confirms = frame.outer;
 	percpuref_cancel_restore(cancel);

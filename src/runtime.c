@@ -166,6 +166,8 @@ static __thread unsigned int batch_ranks_held;
  * callbacks run with them released (percpuref_batch_pause()). */
 static __thread pthread_mutex_t *batch_mutexes[PERCPUREF_NR_RANKS];
 static __thread unsigned int batch_pauses;
+/* Confirm callbacks on this thread's stack (percpuref_batch_pin()). */
+static __thread unsigned int batch_pins;
 /* The batch locks' rank bits. */
 #define BATCH_RANKS (1u << PERCPUREF_RANK_DEFERRED_BATCH | 1u << PERCPUREF_RANK_SCAN)
 /* Ranks this thread left alone in fork_prepare(): per thread, as two
@@ -318,8 +320,9 @@ void percpuref_batch_pause(void)
 {
 	unsigned int rank;
 
-	/* Nested (a release inside a release): the outermost pause did it. */
-	if (!batch_ranks_held || batch_pauses++)
+	/* Nested (a release inside a release): the outermost pause did it.
+	 * Pinned: a switch is half done on our stack, the lock stays. */
+	if (!batch_ranks_held || batch_pins || batch_pauses++)
 		return;
 	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
 		if (batch_ranks_held & (1u << rank))
@@ -330,11 +333,21 @@ void percpuref_batch_resume(void)
 {
 	unsigned int rank;
 
-	if (!batch_ranks_held || --batch_pauses)
+	if (!batch_ranks_held || batch_pins || --batch_pauses)
 		return;
 	for (rank = 0; rank < PERCPUREF_NR_RANKS; rank++)
 		if (batch_ranks_held & (1u << rank))
 			pthread_mutex_lock(batch_mutexes[rank]);
+}
+
+void percpuref_batch_pin(void)
+{
+	batch_pins++;
+}
+
+void percpuref_batch_unpin(void)
+{
+	batch_pins--;
 }
 
 bool percpuref_holds_batch_lock(void)

@@ -15,7 +15,10 @@
  *    refs >= kills, of managed refs >= refs dropped (the counters are bumped
  *    after the drop, so the values the child sees are lower bounds), of
  *    percpu_rcurefs >= kills - readers (a reader that held a reference at
- *    the fork never puts it in the child);
+ *    the fork never puts it in the child), each less one: a fork does not
+ *    wait for a @release a library thread runs, which is then the parent's
+ *    alone (the callback thread's for kills, the reclaimer's for the
+ *    others, one at a time; none of these releases nests another);
  *  - refs the main thread (the one thread the child keeps) holds come out
  *    exact: its ref counts as many as it took, releases when it drops them,
  *    and its managed refs are released exactly when unreferenced.
@@ -32,10 +35,13 @@
  * (seen as the child killed by SIGALRM: the library threads the child
  * restarts hung in ASan's own thread start-up, which allocates).  The main
  * thread forks only once every worker has started (ASan's start-up of a
- * thread allocates); under ASan it holds alloc_gate for writing around
+ * thread allocates); under ASan it closes the allocation gate around
  * fork(), and the workers allocate (calloc() and the inits that allocate)
- * holding it for reading.  The library's own threads allocate and free
- * only under the batch locks its fork hooks take, and fork waits until a
+ * inside it, and so does the one @release that frees
+ * (robj_release(): a library thread runs a @release with its batch lock
+ * released, so a fork may land in it).  The library's own threads
+ * otherwise allocate and free only under the batch locks its fork hooks
+ * take, and fork waits until a
  * library thread just started is past its start-up (ASan's allocates):
  * every other round the main thread stops them (percpuref_shutdown()) and
  * forks soon after, while the workers' kills and releases start them
@@ -84,44 +90,49 @@ static void worker_started(void)
 }
 
 #if defined(__SANITIZE_ADDRESS__)
-/* Read: a worker allocating; write: the main thread forking.  Writers
- * first, or two managers' back-to-back holds could starve the forker. */
-static pthread_rwlock_t alloc_gate;
-
-static void alloc_gate_init(void)
-{
-	pthread_rwlockattr_t attr;
-
-	pthread_rwlockattr_init(&attr);
-	pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-	pthread_rwlock_init(&alloc_gate, &attr);
-	pthread_rwlockattr_destroy(&attr);
-}
+/*
+ * Allocating threads (workers, and the @release that frees) against the
+ * main thread forking: an allocator is active, or a fork is coming (new
+ * allocators wait, the forker waits for the active ones).  Atomics and
+ * yields, no futex: the fork child inherits the gate closed, and its own
+ * reclaimer may wait on it before the main thread opens it there; a
+ * pthread rwlock kept the marks of the parent's waiters, and a thread
+ * waiting on one before the child reinitialised it waited for ever.
+ * Sequentially consistent: each side's store, then its load of the other
+ * side's (a Dekker pair).
+ */
+static unsigned int gate_forking, gate_active;
 
 static void allocating_begin(void)
 {
-	pthread_rwlock_rdlock(&alloc_gate);
+	for (;;) {
+		if (!__atomic_load_n(&gate_forking, __ATOMIC_SEQ_CST)) {
+			__atomic_fetch_add(&gate_active, 1, __ATOMIC_SEQ_CST);
+			if (!__atomic_load_n(&gate_forking, __ATOMIC_SEQ_CST))
+				return;
+			__atomic_fetch_sub(&gate_active, 1, __ATOMIC_SEQ_CST);
+		}
+		sched_yield();
+	}
 }
 
 static void allocating_end(void)
 {
-	pthread_rwlock_unlock(&alloc_gate);
+	__atomic_fetch_sub(&gate_active, 1, __ATOMIC_SEQ_CST);
 }
 
 static void fork_begin(void)
 {
-	pthread_rwlock_wrlock(&alloc_gate);
+	__atomic_store_n(&gate_forking, 1, __ATOMIC_SEQ_CST);
+	while (__atomic_load_n(&gate_active, __ATOMIC_SEQ_CST))
+		sched_yield();
 }
 
 static void fork_end(void)
 {
-	pthread_rwlock_unlock(&alloc_gate);
+	__atomic_store_n(&gate_forking, 0, __ATOMIC_SEQ_CST);
 }
 #else
-static void alloc_gate_init(void)
-{
-}
-
 static void allocating_begin(void)
 {
 }
@@ -295,8 +306,12 @@ static void robj_release(struct percpu_rcuref *ref)
 {
 	struct robj *o = caa_container_of(ref, struct robj, ref);
 
+	/* It frees, on the reclaimer, which a fork no longer waits for in
+	 * a @release: gated like the workers' allocations (ASan, above). */
+	allocating_begin();
 	percpu_rcuref_exit(ref);
 	free(o);
+	allocating_end();
 	bump(&rcu_releases);
 }
 
@@ -413,6 +428,9 @@ static int releases(struct own *o, int i)
 	return __atomic_load_n(&o->releases[i], __ATOMIC_ACQUIRE);
 }
 
+/* A @release a library thread was running at the fork (see above). */
+#define IN_PROGRESS 1
+
 /* Runs in the child: 0 when every check holds, else the first that failed. */
 static int child_checks(struct own *o, int held)
 {
@@ -422,11 +440,11 @@ static int child_checks(struct own *o, int held)
 	alarm(CHILD_DEADLINE_S);
 	if (percpu_ref_barrier() || percpu_rcuref_barrier() || percpu_ref_managed_flush())
 		return 2;
-	if (read_count(&kill_releases) < k)
+	if (read_count(&kill_releases) + IN_PROGRESS < k)
 		return 3;
-	if (read_count(&managed_releases) < d)
+	if (read_count(&managed_releases) + IN_PROGRESS < d)
 		return 4;
-	if (read_count(&rcu_releases) + READERS < rk)
+	if (read_count(&rcu_releases) + READERS + IN_PROGRESS < rk)
 		return 5;
 	if (releases(o, 2) != 1 || releases(o, 1) != 0)
 		return 6;
@@ -473,8 +491,11 @@ static int fork_once(unsigned int *seed, int round)
 		sched_yield();
 	fork_begin();
 	pid = fork();
-	if (pid == 0)
+	if (pid == 0) {
+		/* The child's @release that frees takes the gate too. */
+		fork_end();
 		_exit(child_checks(&o, held));
+	}
 	fork_end();
 	if (pid < 0 || waitpid(pid, &status, 0) != pid) {
 		ret = -1;
@@ -532,7 +553,6 @@ int main(void)
 	printf("# seed %u, %.1f s\n", seed, seconds);
 	fflush(stdout);		/* not again in every child */
 	percpu_ref_managed_set_config(&fast);
-	alloc_gate_init();
 	if (hcount_tree_create(&tree, 1, HCOUNT_BATCH_DEFAULT, NULL))
 		return 1;
 	for (i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)

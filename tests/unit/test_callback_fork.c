@@ -277,6 +277,75 @@ static int case_rcu_release_waits_for_forker(void)
 	return fork_under_user_lock(percpu_rcuref_barrier, 2);
 }
 
+/*
+ * Case 7: a confirm callback puts another ref's last reference, whose
+ * @release runs inside the confirm.  That @release keeps the batch lock
+ * (the switch the confirm belongs to is half done on the stack), so the
+ * fork waits for it: the child gets the switch whole.  Paused there, it
+ * let the fork in, and the child's exit of the confirmed ref waited for
+ * ever for a switch no thread would finish (helper-54).
+ */
+static struct percpu_ref nested;
+static int nested_in_release, nested_released, confirmed_released;
+
+static void nested_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_store_n(&nested_in_release, 1, __ATOMIC_SEQ_CST);
+	usleep(200000);		/* the main thread forks meanwhile */
+	__atomic_fetch_add(&nested_released, 1, __ATOMIC_SEQ_CST);
+}
+
+static void confirmed_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	__atomic_fetch_add(&confirmed_released, 1, __ATOMIC_SEQ_CST);
+}
+
+static void confirm_puts_last(struct percpu_ref *ref)
+{
+	(void)ref;
+	percpu_ref_put(&nested);
+}
+
+static int case_release_nested_in_confirm(void)
+{
+	int status;
+	pid_t pid;
+
+	if (percpu_ref_init(&killed, confirmed_release, 0) ||
+	    percpu_ref_init(&nested, nested_release, 0))
+		return 2;
+	percpu_ref_get(&nested);
+	percpu_ref_kill(&nested);	/* one reference left: ours */
+	if (percpu_ref_barrier())
+		return 4;
+	percpu_ref_kill_and_confirm(&killed, confirm_puts_last);
+	wait_for(&nested_in_release, 1);
+	pid = fork();
+	if (pid == 0) {
+		alarm(CASE_DEADLINE_S / 2);
+		if (percpu_ref_barrier())
+			_exit(4);
+		percpu_ref_exit(&killed);	/* waited for the half-done switch */
+		/* The fork waited for the confirm and the release inside it;
+		 * the confirmed ref's own release comes after, and may be
+		 * the one in progress at the fork. */
+		_exit(__atomic_load_n(&nested_released, __ATOMIC_SEQ_CST) == 1 &&
+			      __atomic_load_n(&confirmed_released, __ATOMIC_SEQ_CST) <= 1
+		      ? 0 : 5);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return 3;
+	if (!WIFEXITED(status) || WEXITSTATUS(status))
+		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	if (percpu_ref_barrier() || __atomic_load_n(&confirmed_released, __ATOMIC_SEQ_CST) != 1)
+		return 6;
+	percpu_ref_exit(&killed);
+	percpu_ref_exit(&nested);
+	return 0;
+}
+
 /* Runs @fn in a child under a deadline: its exit status, or 128 + signal. */
 static int run_case(int (*fn)(void))
 {
@@ -318,5 +387,7 @@ int main(void)
 	   "the same with a managed release on the reclaimer");
 	is(run_case(case_rcu_release_waits_for_forker), 0,
 	   "the same with a percpu_rcuref release after its grace period");
+	is(run_case(case_release_nested_in_confirm), 0,
+	   "a release nested in a confirm keeps the batch lock: the child gets the switch whole");
 	return done_testing();
 }
