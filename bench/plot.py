@@ -355,11 +355,18 @@ def main(argv):
     return 0
 
 
-if __name__ == "__main__":
+def run(main_fn):
+    """Exits with main_fn(argv)'s status; a closed pipe ("| head") is
+    exit 1 and Ctrl-C exit 130, without a traceback."""
     try:
-        sys.exit(main(sys.argv[1:]))
+        sys.exit(main_fn(sys.argv[1:]))
     except BrokenPipeError:
+        # Quiet, and no second error when Python flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    run(main)

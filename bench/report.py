@@ -24,7 +24,7 @@ import os
 import sys
 
 # The readers (and their checks) are plot.py's, beside this file.
-from plot import InputError, read_records, read_reference
+from plot import InputError, read_records, read_reference, run
 
 CASES = ("labels", "creds", "signal1")
 
@@ -327,12 +327,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except BrokenPipeError:
-        # "| head": the tables did not all get out.  Quiet, and no second
-        # error when Python flushes stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run(main)
