@@ -30,6 +30,7 @@ fn c_type(rust: &str) -> &'static str {
         "usize" => "size_t",
         "*mut usize" => "size_t *",
         "*mut c_void" => "void *",
+        "*const c_char" => "const char *",
         other => panic!("percpuref-sys: build.rs knows no C type for `{}` (src/lib.rs)", other),
     }
 }

@@ -9,7 +9,7 @@
 //! wrappers compiled from `src/shim.c`.
 #![allow(non_camel_case_types)]
 
-use std::os::raw::{c_int, c_uint, c_void};
+use std::os::raw::{c_char, c_int, c_uint, c_void};
 
 /// `struct percpu_ref`: the per-CPU counter pointer (with the mode flags in
 /// its low bits) and the shared data.  Must not move once initialised.
@@ -40,6 +40,8 @@ extern "C" {
     pub fn percpu_ref_managed_flush() -> c_int;
     pub fn percpuref_shutdown();
     pub fn percpuref_prepare_unload();
+    /// Also sets the library up (and so registers its exit handler).
+    pub fn percpuref_fast_path() -> *const c_char;
 
     pub fn percpuref_sys_get(r: *mut percpu_ref);
     pub fn percpuref_sys_tryget(r: *mut percpu_ref) -> bool;

@@ -212,11 +212,13 @@ mod live {
 /// Whether the process is exiting: set by an `atexit` handler that the
 /// first allocation registers, once it has dropped what was released
 /// before the exit.  `exit` runs the handlers in the reverse
-/// order of their registration, and glibc runs the destructors of the
-/// executable and of the loaded libraries, the C library's exit destructor
-/// among them (compiled into whichever of them uses this crate), from a
-/// handler registered before `main`: after this one, so the flag is set
-/// before that destructor releases anything.
+/// order of their registration.  The C library's exit handler (its
+/// shutdown, which runs what is left on the exiting thread, whose
+/// thread-locals may be gone) is registered when the library is set up,
+/// and again run by its exit destructor, which glibc runs from a handler
+/// registered before `main`: this one is registered after both, once the
+/// library is set up, so it runs first and the flag is set before the
+/// library releases anything on the exiting thread.
 mod exiting {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Once;
@@ -248,13 +250,18 @@ mod exiting {
         EXITING.store(true, Ordering::Relaxed);
     }
 
-    /// Registers the handler, once per process.
+    /// Registers the handler, once per process, after the library's own
+    /// (see above).
     pub(crate) fn register() {
         REGISTER.call_once(|| {
-            // SAFETY: the handler calls the library and stores a flag; it
-            // may run at any time.  If the registration fails (no memory),
-            // the C exit destructor drops values, as before.
-            unsafe { atexit(drop_released_then_mark) };
+            // SAFETY: sets the library up, nothing else; the handler calls
+            // the library and stores a flag, and may run at any time.  If
+            // the registration fails (no memory), the C exit handlers drop
+            // values, as before.
+            unsafe {
+                super::sys::percpuref_fast_path();
+                atexit(drop_released_then_mark)
+            };
         });
     }
 
