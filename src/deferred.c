@@ -63,14 +63,15 @@
  * tests/model/wakeup.pml checks that no push is stranded.
  *
  * Fork: a batch's runner (the thread, or a stopper that could not start
- * one) holds batch_lock (rank DEFERRED_BATCH) from taking the batch until
- * its items have run and are counted, and fork takes it first
- * (runtime.c), so a fork falls inside a batch only where the runner lets
- * go of the lock: around a @release (percpuref_batch_pause()), which may
- * wait for a lock the forking thread holds (a deadlock when fork waited
- * for it).  The runner then keeps the items not started in batch_rest,
- * and its role (batch_running: no second batch meanwhile, whose count
- * could satisfy a waiter before the first batch ran), so in the child
+ * one) holds batch_lock (callback_batch.lock, rank DEFERRED_BATCH) from
+ * taking the batch until its items have run and are counted, and fork
+ * takes it first (runtime.c), so a fork falls inside a batch only where
+ * the runner lets go of the lock: around a @release
+ * (percpuref_batch_pause()), which may wait for a lock the forking thread
+ * holds (a deadlock when fork waited for it).  The runner then keeps the
+ * items not started in batch_rest, and its role (percpuref_batch_begin():
+ * no second batch meanwhile, whose count could satisfy a waiter before
+ * the first batch ran), so in the child
  * every item is done, queued, or in batch_rest, which the child queues
  * again (a batch cut in half was lost, with barrier and exit hanging for
  * it: issue 8, finding 2), but for the item whose @release was running:
@@ -87,12 +88,9 @@
 
 #include "internal.h"
 
-static pthread_mutex_t batch_lock = PTHREAD_MUTEX_INITIALIZER;
-/* batch_lock: a runner owns the batch taken (released while it pauses in a
- * @release), its items not started yet, and the wait for the runner. */
-static bool batch_running;
+static struct percpuref_batch callback_batch = PERCPUREF_BATCH_INIT(PERCPUREF_RANK_DEFERRED_BATCH);
+/* The runner's (callback_batch): the items of its batch not started. */
 static struct percpuref_deferred *batch_rest;
-static pthread_cond_t batch_idle = PTHREAD_COND_INITIALIZER;
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t work_queued = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
@@ -168,26 +166,18 @@ static void run_batch(void)
 	unsigned long n;
 
 	pthread_mutex_unlock(&deferred_lock);
-	percpuref_batch_lock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
-	/* One batch at a time, though its runner releases batch_lock while
-	 * it pauses in a @release: a second runner's batch would be counted
-	 * done before the first's, and a waiter could return early. */
-	while (batch_running)
-		pthread_cond_wait(&batch_idle, &batch_lock);
-	batch_running = true;
+	percpuref_batch_begin(&callback_batch);
 	/* Empty only if another runner took the items first. */
 	batch_rest = take_pending();
 	if (batch_rest)
 		percpuref_fence_readers();
 	n = percpuref_deferred_run(&batch_rest);
-	batch_running = false;
-	pthread_cond_broadcast(&batch_idle);
 
 	pthread_mutex_lock(&deferred_lock);
 	batch_fences += n != 0;
 	nr_done += n;
 	pthread_cond_broadcast(&work_done);
-	percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+	percpuref_batch_end(&callback_batch);
 }
 
 static void *deferred_thread(void *arg)
@@ -339,21 +329,18 @@ static void deferred_exit_hook(void)
 
 static void batch_fork_prepare(void)
 {
-	percpuref_batch_lock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+	percpuref_batch_fork_prepare(&callback_batch);
 }
 
 static void batch_fork_parent(void)
 {
-	percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+	percpuref_batch_fork_parent(&callback_batch);
 }
 
+/* The items not started went back on the queue (queue_fork_child()). */
 static void batch_fork_child(void)
 {
-	/* A runner paused in a @release at the fork does not exist here; its
-	 * items not started went back on the queue (queue_fork_child()). */
-	batch_running = false;
-	pthread_cond_init(&batch_idle, NULL);
-	percpuref_batch_unlock(PERCPUREF_RANK_DEFERRED_BATCH, &batch_lock);
+	percpuref_batch_fork_child(&callback_batch);
 }
 
 static void queue_fork_prepare(void)

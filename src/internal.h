@@ -30,7 +30,8 @@
  * The two batch locks come first: a library thread holds one for a whole
  * unit of work (fence, callbacks, and the user's confirm callbacks they
  * call; around a user's @release it lets go, its state where a fork child
- * finds it: percpuref_batch_pause()), so a fork never cuts one in half.  The sync-switch lock next: every
+ * finds it: percpuref_batch_pause()), so a fork never cuts one in half.
+ * The sync-switch lock next: every
  * switch_to_atomic_sync() read-holds it over its fence, so a fork never
  * cuts one in half either; it is only tried under a switch lock (a fork
  * waiting for it makes the switch step back).  liburcu-bp's locks (its grace-period and
@@ -80,14 +81,31 @@ void percpuref_register_fork_hooks(const struct percpuref_fork_hooks *hooks);
 void percpuref_register_exit_hook(enum percpuref_lock_rank rank, void (*fn)(void));
 
 /*
- * The batch locks (ranks DEFERRED_BATCH and SCAN): taken through these so
+ * A batch (ranks DEFERRED_BATCH and SCAN): deferred.c's callback batches,
+ * managed.c's scans and RCU batches.  Its lock is taken through these so
  * the thread knows it holds one: a debug build asserts the rank order, a
- * fork from a callback leaves every batch lock alone, and a
- * callback run under one is refused the calls that would wait for a
- * library thread (percpuref_holds_batch_lock()).
+ * fork from a callback leaves every batch lock alone, and a callback run
+ * under one is refused the calls that would wait for a library thread
+ * (percpuref_holds_batch_lock()).  One runner at a time: begin() waits
+ * for the role (@running, under @lock), which the runner keeps while it
+ * pauses in a @release with @lock released (percpuref_batch_pause()); a
+ * second batch meanwhile could be counted done before the first, and a
+ * waiter return early.  Fork takes @lock only (fork_prepare()), so it
+ * waits for no @release; its child gives the role up (fork_child()).
  */
-void percpuref_batch_lock(enum percpuref_lock_rank rank, pthread_mutex_t *lock);
-void percpuref_batch_unlock(enum percpuref_lock_rank rank, pthread_mutex_t *lock);
+struct percpuref_batch {
+	pthread_mutex_t lock;
+	pthread_cond_t idle;	/* signalled when @running goes false */
+	bool running;
+	enum percpuref_lock_rank rank;
+};
+#define PERCPUREF_BATCH_INIT(r)                                                    \
+	{ PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, (r) }
+void percpuref_batch_begin(struct percpuref_batch *b);
+void percpuref_batch_end(struct percpuref_batch *b);
+void percpuref_batch_fork_prepare(struct percpuref_batch *b);
+void percpuref_batch_fork_parent(struct percpuref_batch *b);
+void percpuref_batch_fork_child(struct percpuref_batch *b);
 bool percpuref_holds_batch_lock(void);
 /*
  * Around a user's @release run under a batch lock: the batch mutexes the

@@ -94,17 +94,18 @@
 #include "percpuref/managed.h"
 
 
-static pthread_mutex_t scan_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Scans and RCU batches; its lock, scan.lock, is "scan_lock" in comments. */
+static struct percpuref_batch scan = PERCPUREF_BATCH_INIT(PERCPUREF_RANK_SCAN);
 static pthread_mutex_t managed_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Top of the managed list; see above for who writes it. */
 static struct percpuref_mnode *list_head;
 
-/* Scanner state (scan_lock). */
-/* A scan or an RCU batch owns it, even paused in a @release (which it
- * runs with scan_lock released: percpuref_batch_pause()). */
-static bool scan_running;
-static pthread_cond_t scan_idle = PTHREAD_COND_INITIALIZER;
+/*
+ * Scanner state (scan_lock): a scan or an RCU batch owns it (scan's
+ * runner role), even paused in a @release, which it runs with scan_lock
+ * released (percpuref_batch_pause()).
+ */
 /* Refs a scan released whose @release has not run yet, and an RCU batch's
  * items not started: where a fork child finds them (the runner's stack
  * is not in the child). */
@@ -319,26 +320,6 @@ int percpuref_managed_may_wait(const char *fn)
 	return 0;
 }
 
-/*
- * The scanner's role: scan_lock, and scan_running while scan_lock is
- * released around a @release.  One scanner at a time: a second scan's pass
- * could end (and satisfy a flush) before the first's releases ran.
- */
-static void scanner_begin(void)
-{
-	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
-	while (scan_running)
-		pthread_cond_wait(&scan_idle, &scan_lock);
-	scan_running = true;
-}
-
-static void scanner_end(void)
-{
-	scan_running = false;
-	pthread_cond_broadcast(&scan_idle);
-	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
-}
-
 /* The scanner's.  Runs the @release of every ref in scan_released, taking
  * each off first; returns how many. */
 static unsigned long run_scan_releases(void)
@@ -362,7 +343,7 @@ static void run_rcu_batch(void)
 	uint64_t n;
 
 	pthread_mutex_unlock(&managed_lock);
-	scanner_begin();
+	percpuref_batch_begin(&scan);
 	pthread_mutex_lock(&managed_lock);
 	rcu_rest = rcu_head;
 	rcu_head = NULL;
@@ -378,7 +359,7 @@ static void run_rcu_batch(void)
 	stats.rcu_grace_periods++;
 	rcu_done += n;
 	pthread_cond_broadcast(&progress);
-	scanner_end();
+	percpuref_batch_end(&scan);
 }
 
 void percpuref_wait_rcu(void)
@@ -523,7 +504,7 @@ static bool scan_once(bool unlimited)
 	strategy = config.strategy;
 	pthread_mutex_unlock(&managed_lock);
 
-	scanner_begin();
+	percpuref_batch_begin(&scan);
 	/* Releases a fork child found pending (in the parent, none). */
 	(void)run_scan_releases();
 	start = now_ns();
@@ -544,7 +525,7 @@ static bool scan_once(bool unlimited)
 			passes_done++;
 			pthread_cond_broadcast(&progress);
 			pthread_mutex_unlock(&managed_lock);
-			scanner_end();
+			percpuref_batch_end(&scan);
 			return true;
 		}
 		pass_marker = percpuref_zalloc(sizeof(*pass_marker));
@@ -563,7 +544,7 @@ static bool scan_once(bool unlimited)
 			flush_target = passes_done;
 			pthread_cond_broadcast(&progress);
 			pthread_mutex_unlock(&managed_lock);
-			scanner_end();
+			percpuref_batch_end(&scan);
 			if (warn)
 				percpuref_warn("percpuref_reclaimer", "no memory for a marker; scans "
 					       "skipped until memory returns");
@@ -629,7 +610,7 @@ static bool scan_once(bool unlimited)
 		pthread_cond_broadcast(&progress);
 	}
 	pthread_mutex_unlock(&managed_lock);
-	scanner_end();
+	percpuref_batch_end(&scan);
 	return true;
 }
 
@@ -886,21 +867,19 @@ PERCPUREF_API void percpuref_shutdown(void)
 
 static void scan_fork_prepare(void)
 {
-	percpuref_batch_lock(PERCPUREF_RANK_SCAN, &scan_lock);
+	percpuref_batch_fork_prepare(&scan);
 }
 
 static void scan_fork_parent(void)
 {
-	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+	percpuref_batch_fork_parent(&scan);
 }
 
+/* What a scanner paused in a @release had left is requeued
+ * (managed_fork_child()). */
 static void scan_fork_child(void)
 {
-	/* A scanner paused in a @release at the fork does not exist here;
-	 * what it had left is requeued (managed_fork_child()). */
-	scan_running = false;
-	pthread_cond_init(&scan_idle, NULL);
-	percpuref_batch_unlock(PERCPUREF_RANK_SCAN, &scan_lock);
+	percpuref_batch_fork_child(&scan);
 }
 
 static void managed_fork_prepare(void)

@@ -300,7 +300,7 @@ void percpuref_register_exit_hook(enum percpuref_lock_rank rank, void (*fn)(void
 	exit_hooks[rank] = fn;
 }
 
-void percpuref_batch_lock(enum percpuref_lock_rank rank, pthread_mutex_t *lock)
+static void batch_lock(enum percpuref_lock_rank rank, pthread_mutex_t *lock)
 {
 	/* Debug builds check the written order: no lower rank after. */
 	assert(!(batch_ranks_held >> rank));
@@ -309,11 +309,46 @@ void percpuref_batch_lock(enum percpuref_lock_rank rank, pthread_mutex_t *lock)
 	batch_mutexes[rank] = lock;
 }
 
-void percpuref_batch_unlock(enum percpuref_lock_rank rank, pthread_mutex_t *lock)
+static void batch_unlock(enum percpuref_lock_rank rank, pthread_mutex_t *lock)
 {
 	batch_ranks_held &= ~(1u << rank);
 	batch_mutexes[rank] = NULL;
 	pthread_mutex_unlock(lock);
+}
+
+void percpuref_batch_begin(struct percpuref_batch *b)
+{
+	batch_lock(b->rank, &b->lock);
+	while (b->running)
+		pthread_cond_wait(&b->idle, &b->lock);
+	b->running = true;
+}
+
+void percpuref_batch_end(struct percpuref_batch *b)
+{
+	b->running = false;
+	pthread_cond_broadcast(&b->idle);
+	batch_unlock(b->rank, &b->lock);
+}
+
+void percpuref_batch_fork_prepare(struct percpuref_batch *b)
+{
+	batch_lock(b->rank, &b->lock);
+}
+
+void percpuref_batch_fork_parent(struct percpuref_batch *b)
+{
+	batch_unlock(b->rank, &b->lock);
+}
+
+void percpuref_batch_fork_child(struct percpuref_batch *b)
+{
+	/* A runner paused in a @release at the fork does not exist here
+	 * (what it had left is the module's to requeue), nor do the
+	 * parent's waiters on @idle. */
+	b->running = false;
+	pthread_cond_init(&b->idle, NULL);
+	batch_unlock(b->rank, &b->lock);
 }
 
 void percpuref_batch_pause(void)
