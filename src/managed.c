@@ -110,6 +110,9 @@ static struct percpuref_mnode *list_head;
  * items not started: where a fork child finds them (the runner's stack
  * is not in the child). */
 static struct percpuref_mnode *scan_released;
+/* The one whose @release is in progress; in a fork child, one whose
+ * @release the fork cut, to finish without it. */
+static struct percpuref_mnode *scan_releasing, *scan_cut;
 static struct percpuref_deferred *rcu_rest;
 static struct percpuref_mnode *cursor;		/* NULL: no pass open */
 static struct percpuref_mnode *pass_marker;	/* the open pass's marker */
@@ -327,9 +330,15 @@ static unsigned long run_scan_releases(void)
 	struct percpuref_mnode *node;
 	unsigned long n = 0;
 
+	if (scan_cut) {
+		percpuref_managed_release_done(scan_cut);
+		scan_cut = NULL;
+	}
 	for (; (node = scan_released); n++) {
 		scan_released = node->next;
+		scan_releasing = node;
 		percpuref_managed_release(node);
+		scan_releasing = NULL;
 	}
 	return n;
 }
@@ -865,20 +874,27 @@ PERCPUREF_API void percpuref_shutdown(void)
 	percpuref_cancel_restore(cancel);
 }
 
+/* This thread's fork took scan_lock: it is not the scanner, which may be
+ * paused in a @release (a callback that forks leaves the lock alone). */
+static __thread bool fork_took_scan_lock;
+
 static void scan_fork_prepare(void)
 {
 	percpuref_batch_fork_prepare(&scan);
+	fork_took_scan_lock = true;
 }
 
 static void scan_fork_parent(void)
 {
+	fork_took_scan_lock = false;
 	percpuref_batch_fork_parent(&scan);
 }
 
 /* What a scanner paused in a @release had left is requeued
- * (managed_fork_child()). */
+ * (managed_fork_child(), which runs first). */
 static void scan_fork_child(void)
 {
+	fork_took_scan_lock = false;
 	percpuref_batch_fork_child(&scan);
 }
 
@@ -908,7 +924,14 @@ static void managed_fork_child(void)
 	 * is ours too): the RCU items not started go before the queued ones,
 	 * and count as queued again; released refs whose @release has not
 	 * run, for the child's next scan (asked for here).  The @release in
-	 * progress was the parent's thread's, and goes on there only. */
+	 * progress was the parent's thread's, and goes on there only; the
+	 * child's next scan finishes its node without it (reinitialised
+	 * here, the ref never went back on the list).  Unless this thread is
+	 * the one running it (a callback that forked): it goes on here too. */
+	if (scan_releasing && fork_took_scan_lock) {
+		scan_cut = scan_releasing;
+		scan_releasing = NULL;
+	}
 	if (rcu_rest) {
 		struct percpuref_deferred *last = rcu_rest;
 
@@ -932,9 +955,9 @@ static void managed_fork_child(void)
 		passes_done = passes_started;
 		pass_open = false;
 	}
-	flush_target = passes_done + (scan_released != NULL);
+	flush_target = passes_done + (scan_released || scan_cut);
 	/* It blocks on scan_lock until the fork hooks release it. */
-	if (restart || rcu_head || scan_released)
+	if (restart || rcu_head || scan_released || scan_cut)
 		ensure_thread();
 	pthread_mutex_unlock(&managed_lock);
 }

@@ -88,6 +88,11 @@ struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node);
 /* Calls @release of a node that percpuref_managed_finish() released and
  * that is unlinked; takes the switch lock itself afterwards. */
 void percpuref_managed_release(struct percpuref_mnode *node);
+/* Its second half, without @release: the node is the ref's again (off
+ * the list, or back on it if reinitialised meanwhile), or freed if the ref
+ * was exited.  Alone in a fork child, for the @release the fork cut: that
+ * call was the parent's thread's. */
+void percpuref_managed_release_done(struct percpuref_mnode *node);
 
 /* percpu_ref.c: percpu_ref_exit(); false when it refused the exit (warned:
  * the ref's own confirm, or its switch in flight), the ref left whole. */

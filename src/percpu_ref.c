@@ -1187,7 +1187,7 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	struct percpu_ref_impl *impl = impl_of_node(node);
 	/* The ref's address only, never dereferenced: it may be exited. */
 	pthread_mutex_t *lock = switch_lock_of(impl->data.ref);
-	bool push = false, run;
+	bool run;
 
 	/*
 	 * The impl is ours until mstate leaves RELEASING: an exit meanwhile
@@ -1205,6 +1205,15 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	pthread_mutex_unlock(lock);
 	if (run && impl->data.release)
 		run_release(impl->data.ref, impl->data.release);
+	percpuref_managed_release_done(node);
+}
+
+void percpuref_managed_release_done(struct percpuref_mnode *node)
+{
+	struct percpu_ref_impl *impl = impl_of_node(node);
+	pthread_mutex_t *lock = switch_lock_of(impl->data.ref);
+	bool push = false;
+
 	pthread_mutex_lock(lock);
 	if (impl->exited) {
 		pthread_mutex_unlock(lock);

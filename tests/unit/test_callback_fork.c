@@ -346,6 +346,52 @@ static int case_release_nested_in_confirm(void)
 	return 0;
 }
 
+/*
+ * Case 8: a managed @release in progress at the fork, in the child: it
+ * never runs there, but the ref must live on.  Reinit, put the caller's
+ * reference, flush: the reclaimer releases it again.  The child's copy of
+ * the ref stayed "release pending" for good, and its reinit never went
+ * back on the managed list: nothing released it again.
+ */
+static int case_managed_reinit_after_fork(void)
+{
+	int status;
+	pid_t pid;
+
+	set_interval_0();
+	if (percpu_ref_init(&managed, release_waits,
+			    PERCPU_REF_REL_MANAGED | PERCPU_REF_ALLOW_REINIT))
+		return 2;
+	pthread_mutex_lock(&user_lock);
+	percpu_ref_put(&managed);	/* the manager's is the last one */
+	wait_for(&in_release, 1);
+	usleep(20000);		/* the @release now waits for user_lock */
+	pid = fork();
+	if (pid == 0) {
+		alarm(CASE_DEADLINE_S / 2);
+		pthread_mutex_unlock(&user_lock);	/* the child's copy */
+		if (!percpu_ref_is_zero(&managed))
+			_exit(5);
+		percpu_ref_reinit(&managed);
+		percpu_ref_put(&managed);
+		if (percpu_ref_managed_flush() || percpu_ref_managed_flush())
+			_exit(4);
+		if (__atomic_load_n(&releases, __ATOMIC_SEQ_CST) != 1)
+			_exit(6);
+		percpu_ref_exit(&managed);
+		_exit(0);
+	}
+	pthread_mutex_unlock(&user_lock);
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return 3;
+	if (!WIFEXITED(status) || WEXITSTATUS(status))
+		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	if (percpu_ref_managed_flush() || __atomic_load_n(&releases, __ATOMIC_SEQ_CST) != 1)
+		return 6;
+	percpu_ref_exit(&managed);
+	return 0;
+}
+
 /* Runs @fn in a child under a deadline: its exit status, or 128 + signal. */
 static int run_case(int (*fn)(void))
 {
@@ -389,5 +435,7 @@ int main(void)
 	   "the same with a percpu_rcuref release after its grace period");
 	is(run_case(case_release_nested_in_confirm), 0,
 	   "a release nested in a confirm keeps the batch lock: the child gets the switch whole");
+	is(run_case(case_managed_reinit_after_fork), 0,
+	   "a managed ref whose release the fork cut is reinitialised and released in the child");
 	return done_testing();
 }
