@@ -31,11 +31,12 @@
  * and initialise its counter.  A T built otherwise has none: the base
  * leaves the counter as an exited one, so a ref_ptr to it warns and does
  * nothing (the try_acquire calls fail), and on x86-64, if no library call
- * set the runtime up before, the first stops the process with a message.  T's
- * destructor must not throw (checked).  The
+ * set the runtime up before, the first stops the process with a message.
+ * T's destructor must be public and must not throw (both checked).  The
  * release callback calls percpu_ref_exit / percpu_rcuref_exit and deletes
  * it, on the thread the C API names (last put, callback thread or
- * reclaimer).  A C struct that embeds a counter can use ref_ptr too (not
+ * reclaimer).  The header includes managed.h, for make_managed's flush and
+ * settings.  A C struct that embeds a counter can use ref_ptr too (not
  * owner / make_*, which allocate): specialise ref_traits<T> with
  * `static percpu_ref *counter(T &)` (or percpu_rcuref *).
  *
@@ -47,6 +48,10 @@
 #ifndef PERCPUREF_PERCPUREF_HPP
 #define PERCPUREF_PERCPUREF_HPP
 
+#if __cplusplus < 201703L
+#error "percpuref.hpp needs C++17 or later (-std=c++17)"
+#endif
+
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
@@ -57,6 +62,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <percpuref/managed.h>
 #include <percpuref/percpu_rcuref.h>
 #include <percpuref/percpu_ref.h>
 
@@ -110,6 +116,18 @@ inline int switch_to_managed(percpu_rcuref *r) noexcept
 		     what, std::strerror(-err));
 	std::abort();
 #endif
+}
+
+/* make_* and the release delete T, the release inside the C library's
+ * put: T's destructor must be reachable from here, and nothing may
+ * unwind from it. */
+template <class T> constexpr void check_deletable() noexcept
+{
+	static_assert(std::is_destructible_v<T>,
+		      "T's destructor must be public: make_owner, make_managed and the release "
+		      "delete T");
+	static_assert(!std::is_destructible_v<T> || std::is_nothrow_destructible_v<T>,
+		      "T's destructor must not throw");
 }
 
 } /* namespace detail */
@@ -406,9 +424,7 @@ private:
  */
 template <class T, class... Args> owner<T> make_owner(Args &&...args)
 {
-	/* The release deletes T inside the C library's put: nothing may
-	 * unwind from there. */
-	static_assert(std::is_nothrow_destructible_v<T>, "T's destructor must not throw");
+	detail::check_deletable<T>();
 	T *obj = new T(std::forward<Args>(args)...);
 	int err = detail::access::init(obj, 0);
 
@@ -427,7 +443,7 @@ template <class T, class... Args> owner<T> make_owner(Args &&...args)
  */
 template <class T, class... Args> ref_ptr<T> make_managed(Args &&...args)
 {
-	static_assert(std::is_nothrow_destructible_v<T>, "T's destructor must not throw");
+	detail::check_deletable<T>();
 	T *obj = new T(std::forward<Args>(args)...);
 	/* Atomic until managed: a failure before it is an exact atomic put. */
 	int err = detail::access::init(obj, PERCPU_REF_INIT_ATOMIC);

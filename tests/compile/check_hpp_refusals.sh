@@ -4,8 +4,11 @@
 # message, and what it must still accept: an unpublish() that
 # rcu_refcounted<T> cannot call (private, no friend: it was skipped, and
 # readers found the freed object), a T whose destructor may throw (it
-# terminated the process inside the C library's put), and a build without
-# exceptions (it did not compile).  Usage: check_hpp_refusals.sh CXX INCLUDE_DIR
+# terminated the process inside the C library's put) or is private (the
+# message said "must not throw"), a standard before C++17 (a wall of
+# template errors), and what it must accept: a build without exceptions
+# (it did not compile), the managed API (make_managed's flush and
+# settings) with this header alone.  Usage: check_hpp_refusals.sh CXX INCLUDE_DIR
 set -u
 cxx=$1
 include=$2
@@ -50,6 +53,14 @@ struct conn : percpuref::refcounted<conn> {
 	~conn() noexcept(false) {}
 };
 auto o = percpuref::make_owner<conn>();' "destructor must not throw"
+check refused "private destructor" "" '
+class conn : public percpuref::refcounted<conn> {
+	~conn() = default;
+};
+auto o = percpuref::make_owner<conn>();' "destructor must be public"
+check refused "C++14" "-std=c++14" '' "percpuref.hpp needs C++17"
+check accepted "managed API through the header" "" '
+int flush() { return percpu_ref_managed_flush(); }'
 check accepted "-fno-exceptions" "-fno-exceptions" '
 struct conn : percpuref::refcounted<conn> {};
 auto o = percpuref::make_owner<conn>();'
