@@ -183,16 +183,23 @@ def output_path(base, workload, several):
     return f"{stem}-{workload}{ext or '.png'}"
 
 
+def domains_text(machine):
+    """"2 L3 domains", as the harness's machine line says it; "" if unknown."""
+    domains = machine.get("l3_domains")
+    source = machine.get("domain_source", "L3")
+    if not domains:
+        return ""
+    if source == "none":
+        return "1 domain (no L3 or package data)"
+    return f"{domains} {source} domain{'s' if domains != 1 else ''}"
+
+
 def subtitle(records):
     machine = records[0].get("machine") or {}
     parts = [machine.get("model", "")]
     if "cpus" in machine:
-        domains = machine.get("l3_domains")
-        if domains:
-            parts.append(f"{machine['cpus']} CPUs, {domains} {machine.get('domain_source', 'L3')} "
-                         f"domain{'s' if domains != 1 else ''}")
-        else:
-            parts.append(f"{machine['cpus']} CPUs")
+        domains = domains_text(machine)
+        parts.append(f"{machine['cpus']} CPUs" + (f", {domains}" if domains else ""))
     if records[0].get("duration_s") is not None:
         parts.append(f"{records[0]['duration_s']} s x {records[0].get('repeat', 1)} "
                      f"({records[0].get('stat', 'median')})")

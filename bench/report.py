@@ -24,7 +24,7 @@ import os
 import sys
 
 # The readers (and their checks) are plot.py's, beside this file.
-from plot import InputError, read_records, read_reference, run
+from plot import InputError, domains_text, read_records, read_reference, run
 
 CASES = ("labels", "creds", "signal1")
 
@@ -71,7 +71,7 @@ def by_variant_threads(recs):
 def machine_line(rec):
     m = rec.get("machine") or {}
     return (f"{m.get('model', '?')}: {m.get('cpus', '?')} usable CPUs of {m.get('cpus_online', '?')}, "
-            f"{m.get('l3_domains', '?')} {m.get('domain_source', 'L3')} domain(s), "
+            f"{domains_text(m) or '? domains'}, "
             f"{'SMT' if m.get('smt') else 'no SMT'}, kernel {m.get('kernel', '?')}; "
             f"percpuref fast path: {rec.get('fast_path', '?')}")
 

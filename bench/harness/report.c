@@ -40,9 +40,14 @@ static void center(FILE *out, const char *s, int width)
 
 static void print_machine(FILE *out, const struct topology *topo)
 {
-	fprintf(out, "machine: %s; %u of %u online CPUs usable, %u %s domain%s%s\n", topo->model,
-		topo->ncpus, topo->online, topo->ndomains, topo->domain_source,
-		topo->ndomains == 1 ? "" : "s", topo->smt ? ", SMT" : ", no SMT siblings");
+	fprintf(out, "machine: %s; %u of %u online CPUs usable, ", topo->model, topo->ncpus,
+		topo->online);
+	if (strcmp(topo->domain_source, "none") == 0)
+		fprintf(out, "1 domain (no L3 or package data)");
+	else
+		fprintf(out, "%u %s domain%s", topo->ndomains, topo->domain_source,
+			topo->ndomains == 1 ? "" : "s");
+	fprintf(out, "%s\n", topo->smt ? ", SMT" : ", no SMT siblings");
 }
 
 void report_topology(FILE *out, const struct topology *topo)

@@ -161,10 +161,15 @@ void topology_read(struct topology *topo)
 	if (sched_getaffinity(0, sizeof(allowed), &allowed))
 		bench_die("sched_getaffinity: %m");
 	snprintf(path, sizeof(path), "%s/online", sysfs);
-	if (!read_cpulist(path, &online))
-		online = allowed;
-	else if (sysfs == fake)
-		allowed = online;
+	if (read_cpulist(path, &online)) {
+		if (sysfs == fake)
+			allowed = online;
+	} else if (sysfs == fake) {
+		/* The made-up machine is the point: not the real one's CPUs. */
+		bench_die("PERCPUREF_BENCH_SYSFS: %s unreadable or not a CPU list", path);
+	} else {
+		online = allowed;	/* no sysfs (a sandbox): what we may use */
+	}
 	topo->online = CPU_COUNT(&online);
 	CPU_AND(&allowed, &allowed, &online);
 	info = calloc(CPU_COUNT(&allowed), sizeof(*info));

@@ -5,13 +5,9 @@
 # without the benchmarks), every library besides the C and C++ runtimes
 # resolved from the bundle, and the packed run.sh: its usage errors, and a
 # short run of two workloads that leaves the tables and JSON it promises.
-set -u
-bench=$1
+. "$(dirname -- "$0")/lib/preamble.sh"
 build=$(dirname "$(dirname "$bench")")
 bundle_sh=$(dirname "$0")/../../scripts/bundle.sh
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 
 check() { # check DESCRIPTION CONDITION...
 	what=$1
@@ -81,5 +77,4 @@ check "micro.json has a row per variant" \
 	sh -c "[ \$(grep -c '\"variant\"' '$tmp/res/micro.json') -ge 4 ]"
 check "machine.txt names the fast path" grep -q "fast path" "$tmp/res/machine.txt"
 
-[ "$fails" -eq 0 ] || { echo "$fails failed"; exit 1; }
-echo "all passed"
+finish

@@ -6,12 +6,7 @@
 # variant, with the fields docs/bench.md promises, a workload's metrics
 # included).  Runs are a few
 # milliseconds each, so the test suits every build, sanitizers included.
-set -u
-bench=$1
-python=/usr/bin/python3
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname -- "$0")/lib/preamble.sh"
 
 # expect STATUS ARGS...: run BENCH ARGS, want STATUS; 2 also wants the
 # usage on stderr and nothing on stdout (no table: nothing was measured).
@@ -393,4 +388,4 @@ else
 	fails=$((fails + 1))
 fi
 
-[ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
+finish

@@ -5,11 +5,7 @@
 # --topology` prints the order the harness would place threads in, with
 # '|' between domains.  The rule (docs/bench.md): fill one L3 domain before
 # the next; inside a domain, one CPU per core before any SMT sibling.
-set -u
-bench=$1
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname -- "$0")/lib/preamble.sh"
 
 # cpu DIR N SIBLINGS PACKAGE [L3]: CPU N of the fake tree DIR.
 cpu() {
@@ -69,4 +65,30 @@ echo 0-7 >"$pkg/online"
 check "$pkg" "8 of 8 online CPUs usable, 2 package domains, no SMT siblings" \
 	"0 2 4 6 | 1 3 5 7"
 
-[ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
+# No cache or package data at all: one domain, said as such (it read
+# "1 none domain").
+flat=$tmp/flat
+for c in 0 1; do
+	mkdir -p "$flat/cpu$c"
+done
+echo 0-1 >"$flat/online"
+check "$flat" "2 of 2 online CPUs usable, 1 domain (no L3 or package data)" "0 1"
+
+# A fake tree whose online list is malformed is refused: it fell back to
+# the real machine's CPUs without a word.
+bad=$tmp/bad
+cp -R "$flat" "$bad"
+echo "0-x" >"$bad/online"
+if out=$(PERCPUREF_BENCH_SYSFS=$bad "$bench" --topology 2>&1); then
+	echo "FAIL: $bad: malformed online list accepted:"
+	echo "$out" | sed 's/^/  /'
+	fails=$((fails + 1))
+elif echo "$out" | grep -qF "PERCPUREF_BENCH_SYSFS: $bad/online"; then
+	echo "ok: $bad: refused"
+else
+	echo "FAIL: $bad: want an error naming $bad/online, got:"
+	echo "$out" | sed 's/^/  /'
+	fails=$((fails + 1))
+fi
+
+finish
