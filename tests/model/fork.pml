@@ -38,6 +38,8 @@
  * node of the @release that goes on in the child is finished twice.
  * -DMUTANT_NAME_LATE: scan_releasing is set after the lock is released: a
  * fork in between finds a ref neither queued nor named, never finished.
+ * -DMUTANT_NO_CLEAR: the name stays after the node is finished: a later
+ * fork's child finishes it again (helper-55: on freed memory).
  */
 
 #define N	3
@@ -127,7 +129,11 @@ active proctype scanner()
 		lock(scan_lock);	/* percpuref_batch_resume() */
 #endif
 		finished[i] = 1;	/* percpuref_managed_release_done() */
+#ifndef MUTANT_NO_CLEAR
 		releasing = NONE
+#else
+		skip
+#endif
 	}
 	unlock(scan_lock)		/* percpuref_batch_end() */
 }

@@ -392,6 +392,85 @@ static int case_managed_reinit_after_fork(void)
 	return 0;
 }
 
+/*
+ * Case 9: a fork long after a managed @release returned, its ref exited
+ * and its memory reused: the child must find no cut node.  A scanner that
+ * left the finished node named would have the child finish it again, on
+ * freed memory (helper-55).
+ */
+struct heap_ref {
+	struct percpu_ref ref;
+	char pad[64];
+};
+
+static void release_counts_and_exits(struct percpu_ref *ref)
+{
+	__atomic_fetch_add(&releases, 1, __ATOMIC_SEQ_CST);
+	percpu_ref_exit(ref);
+}
+
+static int case_fork_after_release_done(void)
+{
+	struct heap_ref *obj = calloc(1, sizeof(*obj));
+	int status;
+	pid_t pid;
+
+	set_interval_0();
+	if (!obj || percpu_ref_init(&obj->ref, release_counts_and_exits, PERCPU_REF_REL_MANAGED))
+		return 2;
+	percpu_ref_put(&obj->ref);
+	if (percpu_ref_managed_flush() || __atomic_load_n(&releases, __ATOMIC_SEQ_CST) != 1)
+		return 4;
+	free(obj);		/* exited by its release: the node is freed too */
+	for (int i = 0; i < 64; i++)	/* the memory goes to others */
+		free(malloc(sizeof(*obj) + 256));
+	pid = fork();
+	if (pid == 0) {
+		alarm(CASE_DEADLINE_S / 2);
+		_exit(percpu_ref_managed_flush() || percpu_ref_managed_flush() ? 4 : 0);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return 3;
+	if (!WIFEXITED(status) || WEXITSTATUS(status))
+		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	return 0;
+}
+
+/*
+ * Case 10: the same with the ref alive and reinitialised before the fork,
+ * so on the managed list again: finished again in the child, its node
+ * would be pushed a second time (a cycle in the list, and the child's
+ * flush never ended), whatever the build.
+ */
+static int case_fork_after_reinit(void)
+{
+	int status;
+	pid_t pid;
+
+	set_interval_0();
+	if (percpu_ref_init(&managed, release_counts, PERCPU_REF_REL_MANAGED))
+		return 2;
+	percpu_ref_put(&managed);
+	if (percpu_ref_managed_flush() || __atomic_load_n(&releases, __ATOMIC_SEQ_CST) != 1)
+		return 4;
+	percpu_ref_reinit(&managed);	/* listed again, held by us */
+	if (percpu_ref_managed_flush())
+		return 4;
+	pid = fork();
+	if (pid == 0) {
+		alarm(CASE_DEADLINE_S / 2);
+		percpu_ref_put(&managed);
+		if (percpu_ref_managed_flush() || percpu_ref_managed_flush())
+			_exit(4);
+		_exit(__atomic_load_n(&releases, __ATOMIC_SEQ_CST) == 2 ? 0 : 5);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return 3;
+	if (!WIFEXITED(status) || WEXITSTATUS(status))
+		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	return __atomic_load_n(&releases, __ATOMIC_SEQ_CST) == 1 ? 0 : 6;
+}
+
 /* Runs @fn in a child under a deadline: its exit status, or 128 + signal. */
 static int run_case(int (*fn)(void))
 {
@@ -437,5 +516,9 @@ int main(void)
 	   "a release nested in a confirm keeps the batch lock: the child gets the switch whole");
 	is(run_case(case_managed_reinit_after_fork), 0,
 	   "a managed ref whose release the fork cut is reinitialised and released in the child");
+	is(run_case(case_fork_after_release_done), 0,
+	   "a fork after a managed release returned finds no cut node in the child");
+	is(run_case(case_fork_after_reinit), 0,
+	   "the same with the ref reinitialised before the fork: listed once in the child");
 	return done_testing();
 }
