@@ -49,8 +49,9 @@
 #define PERCPUREF_PERCPUREF_HPP
 
 #if __cplusplus < 201703L
+/* Nothing else: the rest would only bury this under template errors. */
 #error "percpuref.hpp needs C++17 or later (-std=c++17)"
-#endif
+#else
 
 #include <cerrno>
 #include <cstddef>
@@ -466,4 +467,5 @@ template <class T, class... Args> ref_ptr<T> make_managed(Args &&...args)
 
 #undef PERCPUREF_HPP_MODE
 
+#endif /* C++17 */
 #endif

@@ -59,6 +59,15 @@ class conn : public percpuref::refcounted<conn> {
 };
 auto o = percpuref::make_owner<conn>();' "destructor must be public"
 check refused "C++14" "-std=c++14" '' "percpuref.hpp needs C++17"
+# ... and that alone: the rest of the header added 20 to 40 errors.
+errors=$(printf '%s\n' "$prelude" |
+	 "$cxx" -std=c++14 -fsyntax-only -I"$include" -x c++ - 2>&1 | grep -c 'error:')
+if [ "$errors" = 1 ]; then
+	echo "ok - C++14: one error"
+else
+	echo "not ok - C++14: $errors errors, want 1"
+	status=1
+fi
 check accepted "managed API through the header" "" '
 int flush() { return percpu_ref_managed_flush(); }'
 check accepted "-fno-exceptions" "-fno-exceptions" '
