@@ -191,7 +191,8 @@ def domains_text(machine):
         return ""
     if source == "none":
         return "1 domain (no L3 or package data)"
-    return f"{domains} {source} domain{'s' if domains != 1 else ''}"
+    kind = f"{source} " if isinstance(source, str) and source else ""
+    return f"{domains} {kind}domain{'s' if domains != 1 else ''}"
 
 
 def subtitle(records):

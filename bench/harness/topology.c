@@ -43,7 +43,20 @@ struct cpu_info {
 	int rank;	/* 0 for the core's lowest usable CPU, 1 for the next... */
 };
 
-/* Parse a sysfs CPU list ("0-3,8,10-11") into @set; false if unreadable. */
+/* A CPU number at @p (digits only: strtol() would skip blanks and a
+ * newline, and take a sign), or -1. */
+static long parse_cpu(const char *p, char **end)
+{
+	if (*p < '0' || *p > '9')
+		return -1;
+	return strtol(p, end, 10);
+}
+
+/*
+ * Parse a sysfs CPU list ("0-3,8,10-11") into @set; false if unreadable,
+ * malformed ("0-", "1-0", "x") or empty: the callers then fall back, or
+ * refuse a made-up machine.
+ */
 static bool read_cpulist(const char *path, cpu_set_t *set)
 {
 	FILE *f = fopen(path, "r");
@@ -56,16 +69,19 @@ static bool read_cpulist(const char *path, cpu_set_t *set)
 	ok = fgets(buf, sizeof(buf), f) != NULL;
 	fclose(f);
 	for (p = buf; ok && *p && *p != '\n'; p = end + (*end == ',')) {
-		long lo = strtol(p, &end, 10), hi = lo;
+		long lo = parse_cpu(p, &end), hi = lo;
 
-		if (end == p || lo < 0)
+		if (lo < 0)
 			return false;
-		if (*end == '-')
-			hi = strtol(end + 1, &end, 10);
+		if (*end == '-') {
+			hi = parse_cpu(end + 1, &end);
+			if (hi < lo)
+				return false;
+		}
 		for (long c = lo; c <= hi && c < CPU_SETSIZE; c++)
 			CPU_SET(c, set);
 	}
-	return ok;
+	return ok && CPU_COUNT(set) > 0;
 }
 
 static int lowest_cpu(const cpu_set_t *set, int dflt)

@@ -74,21 +74,28 @@ done
 echo 0-1 >"$flat/online"
 check "$flat" "2 of 2 online CPUs usable, 1 domain (no L3 or package data)" "0 1"
 
-# A fake tree whose online list is malformed is refused: it fell back to
-# the real machine's CPUs without a word.
+# A fake tree whose online list is missing, malformed or empty is refused:
+# it fell back to the real machine's CPUs without a word ("0-" was CPU 0,
+# "1-0" and an empty line "no usable CPU").
 bad=$tmp/bad
 cp -R "$flat" "$bad"
-echo "0-x" >"$bad/online"
-if out=$(PERCPUREF_BENCH_SYSFS=$bad "$bench" --topology 2>&1); then
-	echo "FAIL: $bad: malformed online list accepted:"
-	echo "$out" | sed 's/^/  /'
-	fails=$((fails + 1))
-elif echo "$out" | grep -qF "PERCPUREF_BENCH_SYSFS: $bad/online"; then
-	echo "ok: $bad: refused"
-else
-	echo "FAIL: $bad: want an error naming $bad/online, got:"
-	echo "$out" | sed 's/^/  /'
-	fails=$((fails + 1))
-fi
+for list in "0-x" "0-" "1-0" "" "x" "0,,1" "-1" missing; do
+	if [ "$list" = missing ]; then
+		rm -f "$bad/online"
+	else
+		printf '%s\n' "$list" >"$bad/online"
+	fi
+	if out=$(PERCPUREF_BENCH_SYSFS=$bad "$bench" --topology 2>&1); then
+		echo "FAIL: online \"$list\" accepted:"
+		echo "$out" | sed 's/^/  /'
+		fails=$((fails + 1))
+	elif echo "$out" | grep -qF "PERCPUREF_BENCH_SYSFS: $bad/online"; then
+		echo "ok: online \"$list\" refused"
+	else
+		echo "FAIL: online \"$list\": want an error naming $bad/online, got:"
+		echo "$out" | sed 's/^/  /'
+		fails=$((fails + 1))
+	fi
+done
 
 finish
