@@ -632,14 +632,25 @@ static bool scan_once(bool unlimited)
  * fork (which takes it), a flush or a shutdown then waits for a thread that
  * gets CPU time only when nobody else wants it (stress_fork, at nice 19 on a
  * busy machine: 2 forks in 3 s instead of 11 to 47).  Refused (a sandbox):
- * warned, and it runs at the process's priority.
+ * warned, and it runs at the process's priority.  It only ever lowers the
+ * priority: a thread created at nice 19 stays there when asked for 7.
  */
 static void reclaimer_lower_priority(void)
 {
+	/* On Linux a thread id names one thread, not the process. */
+	id_t tid = (id_t)syscall(SYS_gettid);
+	int now;
+
 	if (!reclaimer_nice)
 		return;
-	/* On Linux a thread id names one thread, not the process. */
-	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), (int)reclaimer_nice))
+	/* Lower only: in a process that runs at a nicer value already (nice
+	 * 19, asked for 7), a privileged one raised the reclaimer above
+	 * every thread of its own. */
+	errno = 0;
+	now = getpriority(PRIO_PROCESS, tid);
+	if (!errno && now >= (int)reclaimer_nice)
+		return;
+	if (setpriority(PRIO_PROCESS, tid, (int)reclaimer_nice))
 		percpuref_warn("percpuref_managed", "cannot set the reclaimer's nice value to %lu "
 			       "(%s); it competes with the process's threads for CPU",
 			       reclaimer_nice, strerror(errno));
