@@ -96,6 +96,16 @@ static void zero(struct percpu_ref *ref)
 	struct percpu_rcuref_state *st = __atomic_load_n(&r->state, __ATOMIC_RELAXED);
 	unsigned int zeroing = RCUREF_ZEROING;
 
+	/* Reinitialised before its @release ran (the header forbids it): the
+	 * work item is queued still, and queueing it again linked the RCU
+	 * queue to itself.  Relaxed: the item is ours until the phase leaves
+	 * QUEUED, and no @release that follows can be made right here. */
+	if (__atomic_load_n(&st->phase, __ATOMIC_RELAXED) & RCUREF_QUEUED) {
+		percpuref_warn(__func__, "ref %p reached zero again before its @release ran "
+			       "(reinit between zero and @release?); not queued again",
+			       (void *)r);
+		return;
+	}
 	/* Relaxed: an exit allowed to meet ZEROING runs after this on this
 	 * thread (from @unpublish), or after @unpublish returned, ordered by
 	 * whatever told its caller so (the CAS below then sees EXITED). */

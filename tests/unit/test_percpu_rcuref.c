@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "capture.h"
 #include "internal.h"
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
@@ -348,6 +349,41 @@ static void test_reinit_from_release(void)
 	percpu_rcuref_exit(&o.ref);
 }
 
+/*
+ * Reinitialised between zero and @release, against the rule in
+ * percpu_rcuref.h, and at zero again while the first @release waits for
+ * its grace period: the second zero warns and queues nothing.  It queued
+ * the same work item a second time: the RCU queue linked it to itself,
+ * and its @release ran for ever (or the list lost what followed it).  A
+ * reader keeps the grace period open meanwhile.
+ */
+static void kill_again(void *arg)
+{
+	percpu_rcuref_kill(arg);
+}
+
+static void test_zero_again_before_release(void)
+{
+	struct object o = { 0 };
+	char out[512];
+	pthread_t t;
+
+	alarm(20);		/* a corrupt queue hangs the barrier below */
+	percpu_rcuref_init(&o.ref, obj_unpublish, plain_release,
+			   PERCPU_REF_INIT_ATOMIC | PERCPU_REF_ALLOW_REINIT);
+	t = start_reader();
+	percpu_rcuref_kill(&o.ref);	/* @release waits for the reader */
+	percpu_ref_reinit(&o.ref.ref);
+	capture_stderr(kill_again, &o.ref, out, sizeof(out));
+	ok(strstr(out, "reached zero again before its @release ran") != NULL,
+	   "zero again before @release: warned");
+	stop_reader(t);
+	is(percpu_rcuref_barrier(), 0, "barrier: 0");
+	is(released(&o), 1, "one @release, not two and not a loop");
+	percpu_rcuref_exit(&o.ref);
+	alarm(0);
+}
+
 /* A barrier or flush inside a read-side section would wait for a grace
  * period that waits for the caller: refused, not a hang. */
 static void test_wait_inside_reader(void)
@@ -374,5 +410,6 @@ int main(void)
 	test_ignored_exit();
 	test_reinit_from_release();
 	test_wait_inside_reader();
+	test_zero_again_before_release();
 	return done_testing();
 }
