@@ -8,7 +8,8 @@
  *                      or percpu_rcuref.  Copy = get (per-CPU, no shared
  *                      line), destruction = put, move = steal (no count
  *                      traffic).  Copyable, since references are: this is
- *                      the shared_ptr of the library.
+ *                      the shared_ptr of the library.  ref_ptr<const T>
+ *                      reads only, and converts from ref_ptr<T>.
  *   owner<T>           the initial reference of an object with an owner;
  *                      move-only, since there is one initial reference.
  *                      kill() (or destruction) drops it: the object is freed
@@ -336,6 +337,16 @@ public:
 			detail::get(counter(obj_));
 	}
 	ref_ptr(ref_ptr &&other) noexcept : obj_(std::exchange(other.obj_, nullptr)) {}
+
+	/* ref_ptr<const T> from ref_ptr<T>: a copy gets, a move steals.  Not
+	 * the other way, and not between other types (no counted base's
+	 * ref_ptr from a derived one: the release deletes the base). */
+	template <class U, class = std::enable_if_t<std::is_same_v<const U, T> &&
+						      !std::is_same_v<U, T>>>
+	ref_ptr(const ref_ptr<U> &other) noexcept : ref_ptr(acquire(other.get())) {}
+	template <class U, class = std::enable_if_t<std::is_same_v<const U, T> &&
+						      !std::is_same_v<U, T>>>
+	ref_ptr(ref_ptr<U> &&other) noexcept : obj_(other.release()) {}
 	ref_ptr &operator=(ref_ptr other) noexcept
 	{
 		swap(other);
@@ -362,7 +373,13 @@ public:
 
 private:
 	explicit ref_ptr(T *obj) noexcept : obj_(obj) {}
-	static auto counter(T *obj) noexcept { return ref_traits<T>::counter(*obj); }
+	/* The count is not part of T's value: a ref_ptr<const T> counts too. */
+	static auto counter(T *obj) noexcept
+	{
+		using object = std::remove_const_t<T>;
+
+		return ref_traits<object>::counter(const_cast<object &>(*obj));
+	}
 
 	T *obj_ = nullptr;
 };

@@ -10,6 +10,7 @@
  * refused with warnings, not a crash.  Exact counts are read from the atomic
  * count once a kill has switched the ref to atomic mode.
  */
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -279,6 +280,42 @@ static void test_acquire_in_constructor()
 	is(destroyed, 1, "clearing the registry puts nothing");
 }
 
+/*
+ * ref_ptr<const T>: a reference through which the object is read only,
+ * counted like any other (the count is not part of the object's value, as
+ * shared_ptr<const T>'s is not).  From a ref_ptr<T>: a copy gets, a move
+ * steals; never the other way.  It did not compile: ref_traits<const T>
+ * called the non-const percpuref_counter().
+ */
+static_assert(std::is_convertible_v<ref_ptr<conn>, ref_ptr<const conn>>,
+	      "ref_ptr<T> converts to ref_ptr<const T>");
+static_assert(!std::is_convertible_v<ref_ptr<const conn>, ref_ptr<conn>>,
+	      "but not back: that would drop the const");
+
+static void test_const()
+{
+	destroyed = 0;
+	auto own = percpuref::make_owner<conn>(9);
+	conn *raw = own.get();
+	ref_ptr<conn> mut = own.share();
+	ref_ptr<const conn> ro = mut;			/* get */
+	ref_ptr<const conn> taken = std::move(mut);	/* steals */
+	ok(!mut && ro == taken && ro->id == 9, "ref_ptr<const T> from a copy and a move");
+	const conn *cp = raw;
+	ref_ptr<const conn> more = ref_ptr<const conn>::acquire(cp);
+	ref_ptr<const conn> again = ref_ptr<const conn>::try_acquire_live(cp);
+	ok(more && again, "acquire and try_acquire_live on a const T*");
+	own.kill();
+	percpu_ref_barrier();
+	is(atomic_count(*raw), 4, "four references, each counted once");
+	ro.reset();
+	more.reset();
+	again.reset();
+	is(destroyed, 0, "alive while one is left");
+	taken.reset();
+	is(destroyed, 1, "the last const reference frees it");
+}
+
 int main()
 {
 	test_owner_and_ref_ptr();
@@ -290,5 +327,6 @@ int main()
 	test_traits();
 	test_not_made();
 	test_acquire_in_constructor();
+	test_const();
 	return done_testing();
 }
