@@ -98,9 +98,13 @@ static void zero(struct percpu_ref *ref)
 
 	/* Reinitialised before its @release ran (the header forbids it): the
 	 * work item is queued still, and queueing it again linked the RCU
-	 * queue to itself.  Relaxed: the item is ours until the phase leaves
-	 * QUEUED, and no @release that follows can be made right here. */
+	 * queue to itself.  Unpublished all the same, as the kernel's is:
+	 * the pending @release may free it.  Relaxed: in any use the header
+	 * allows, the exchange that took the item off (after_grace_period())
+	 * happens before this zero, which then reads 0. */
 	if (__atomic_load_n(&st->phase, __ATOMIC_RELAXED) & RCUREF_QUEUED) {
+		if (st->unpublish)
+			st->unpublish(r);
 		percpuref_warn(__func__, "ref %p reached zero again before its @release ran "
 			       "(reinit between zero and @release?); not queued again",
 			       (void *)r);

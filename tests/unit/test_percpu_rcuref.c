@@ -352,7 +352,7 @@ static void test_reinit_from_release(void)
 /*
  * Reinitialised between zero and @release, against the rule in
  * percpu_rcuref.h, and at zero again while the first @release waits for
- * its grace period: the second zero warns and queues nothing.  It queued
+ * its grace period: the second zero unpublishes, warns and queues nothing.  It queued
  * the same work item a second time: the RCU queue linked it to itself,
  * and its @release ran for ever (or the list lost what followed it).  A
  * reader keeps the grace period open meanwhile.
@@ -374,9 +374,13 @@ static void test_zero_again_before_release(void)
 	t = start_reader();
 	percpu_rcuref_kill(&o.ref);	/* @release waits for the reader */
 	percpu_ref_reinit(&o.ref.ref);
+	__atomic_store_n(&o.unpublished, 0, __ATOMIC_RELAXED);	/* republished */
 	capture_stderr(kill_again, &o.ref, out, sizeof(out));
 	ok(strstr(out, "reached zero again before its @release ran") != NULL,
 	   "zero again before @release: warned");
+	/* As the kernel's: readers must not find it while @release may free
+	 * it (helper-56: it stayed published). */
+	is(unpublished(&o), 1, "and unpublished again");
 	stop_reader(t);
 	is(percpu_rcuref_barrier(), 0, "barrier: 0");
 	is(released(&o), 1, "one @release, not two and not a loop");
