@@ -634,6 +634,8 @@ static bool scan_once(bool unlimited)
  * busy machine: 2 forks in 3 s instead of 11 to 47).  Refused (a sandbox):
  * warned, and it runs at the process's priority.  It only ever lowers the
  * priority: a thread created at nice 19 stays there when asked for 7.
+ * Created at its creator's nice value (Linux's is per thread): the thread
+ * whose call started it, usually the process's.
  */
 static void reclaimer_lower_priority(void)
 {
