@@ -61,7 +61,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "fallback.h"
@@ -179,7 +178,6 @@ static bool reader_blocks(struct percpuref_reader *r, unsigned long gp)
 /* Sections last a few instructions; a reader we wait for was preempted. */
 static void wait_for_reader(struct percpuref_reader *r, unsigned long gp)
 {
-	struct timespec pause = { 0, 20000 };
 	unsigned int tries = 0;
 
 	/* Cancellation is off: percpuref_fence_readers(). */
@@ -187,7 +185,7 @@ static void wait_for_reader(struct percpuref_reader *r, unsigned long gp)
 		if (++tries < 100)
 			sched_yield();
 		else
-			nanosleep(&pause, NULL);
+			percpuref_sleep_us(20);
 	}
 }
 

@@ -78,7 +78,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <percpuref/hcount.h>
 
@@ -127,7 +126,6 @@ static inline void cpu_relax(void)
 
 void __hcount_slot_lock_contended(struct hcount_slot *s)
 {
-	struct timespec pause = { 0, 20000 };
 	unsigned int spins = 0, yields = 0;
 
 	do {
@@ -142,7 +140,7 @@ void __hcount_slot_lock_contended(struct hcount_slot *s)
 				yields++;
 				sched_yield();
 			} else {
-				nanosleep(&pause, NULL);
+				percpuref_sleep_us(20);
 			}
 		}
 		/* Acquire: pairs with the release in __hcount_slot_unlock(). */

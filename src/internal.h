@@ -383,6 +383,9 @@ PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n);
  */
 PERCPUREF_API int percpuref_fence_by_migration(void);
 
+/* Sleeps @us microseconds (a pause while waiting for another thread). */
+void percpuref_sleep_us(unsigned long us);
+
 /* One-line diagnostic on stderr: "percpuref: <fn>: <message>". */
 void percpuref_warn(const char *fn, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

@@ -825,6 +825,8 @@ static void stop_thread(void)
 	percpuref_stop_thread(&thread, &managed_lock, &wake, &progress);
 }
 
+#define DRAIN_REFUSED_MAX_MS 100
+
 /*
  * With the thread stopped, be the scanner: finish the open pass and run a
  * whole new one, then the RCU-deferred releases queued until then (one
@@ -835,17 +837,27 @@ static void stop_thread(void)
 static bool drain(void)
 {
 	uint64_t target, rcu_target, done_before;
-	bool worked, scanned;
+	/* A pass refused for want of memory is tried again after 1, 10 and
+	 * 100 ms: at exit no later scan comes, and the refs' @release would
+	 * never run (it gave up at the first refusal).  Then it gives up:
+	 * the refs wait for a later scan, if any. */
+	unsigned int refused_ms = 1;
+	bool worked;
 
 	pthread_mutex_lock(&managed_lock);
 	target = passes_started + 1;
 	done_before = stats.released + rcu_done;
 	while (passes_done < target) {
 		pthread_mutex_unlock(&managed_lock);
-		scanned = scan_once(true);
+		if (!scan_once(true)) {
+			if (refused_ms > DRAIN_REFUSED_MAX_MS) {
+				pthread_mutex_lock(&managed_lock);
+				break;
+			}
+			percpuref_sleep_us(refused_ms * 1000UL);
+			refused_ms *= 10;
+		}
 		pthread_mutex_lock(&managed_lock);
-		if (!scanned)
-			break;	/* no memory: the refs wait for a later scan */
 	}
 	rcu_target = rcu_queued;
 	while (rcu_done < rcu_target)

@@ -76,6 +76,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fallback.h"
@@ -822,6 +823,13 @@ void percpuref_stop_thread(struct percpuref_thread *t, pthread_mutex_t *lock,
 		pthread_join(joinee, NULL);
 	}
 	percpuref_cancel_restore(cancel);
+}
+
+void percpuref_sleep_us(unsigned long us)
+{
+	struct timespec pause = { (time_t)(us / 1000000), (long)(us % 1000000) * 1000 };
+
+	nanosleep(&pause, NULL);
 }
 
 void *percpuref_zalloc(size_t size)

@@ -799,6 +799,41 @@ static void test_flush_no_memory(void)
 }
 
 /*
+ * percpuref_shutdown() (also run at exit) whose pass gets no memory for
+ * its marker the first time: it tries again, a few times, before it gives
+ * up.  It gave up at once, and at exit no later scan came: the ref's
+ * @release never ran.  Memory short for good: it gives up, warned, and
+ * returns.
+ */
+static void test_shutdown_no_memory(void)
+{
+	struct object o = { 0 }, kept = { 0 };
+	unsigned long refused;
+
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED);
+	percpu_ref_put(&o.ref);		/* only the manager's is left */
+	percpuref_fault_fail_nth_alloc(1);	/* the drain's marker */
+	percpuref_shutdown();
+	percpuref_fault_fail_nth_alloc(0);
+	is(releases_of(&o), 1, "shutdown: a refused marker is tried again, the ref released");
+	percpu_ref_exit(&o.ref);
+
+	percpu_ref_init(&kept.ref, obj_release, PERCPU_REF_REL_MANAGED);
+	percpu_ref_put(&kept.ref);
+	refused = percpuref_fault_refused_allocs();
+	percpuref_fault_fail_nth_alloc(-1);
+	percpuref_shutdown();		/* returns: no hang */
+	percpuref_fault_fail_nth_alloc(0);
+	refused = percpuref_fault_refused_allocs() - refused;
+	ok(refused >= 2 && refused <= 10, "no memory at all: shutdown tried %lu times, then "
+	   "gave up", refused);
+	is(releases_of(&kept), 0, "and left the ref for a later scan");
+	is(percpu_ref_managed_flush(), 0, "memory back: a flush releases it");
+	is(releases_of(&kept), 1, "once");
+	percpu_ref_exit(&kept.ref);
+}
+
+/*
  * Memory short for a while, interval 0: the reclaimer backs off (1 ms,
  * doubling) and warns once.  It retried back to back, warning each time:
  * thousands of lines and a busy core in a fraction of a second.
@@ -1184,6 +1219,7 @@ int main(int argc, char **argv)
 	test_misuse();
 	test_flush_no_memory();
 	test_scans_back_off_while_memory_short();
+	test_shutdown_no_memory();
 	test_shutdown();
 #if defined(__SANITIZE_THREAD__)
 	/* TSAN cannot start threads in the child of a threaded process. */
