@@ -61,6 +61,14 @@ struct heap_obj {
 static struct obj objs[NR_STATIC];
 static int stop;
 static long errors, created, freed, spawns;
+/*
+ * Heap objects made and not yet freed.  A release that makes one counts it
+ * before its own free, so 0 means none is left, nor any release that could
+ * make one.  The end waited for freed == created read as two loads: a
+ * release could make an object between them, and the final count raced
+ * with a release still running (ThreadSanitizer, stress_managed).
+ */
+static long live;
 static long flushes, flush_misses;	/* the flusher's */
 
 /* Hand-off of heap objects, each with one user reference. */
@@ -103,6 +111,9 @@ static void heap_release(struct percpu_ref *ref)
 	memset(h, 0xa5, sizeof(*h));
 	free(h);
 	__atomic_fetch_add(&freed, 1, __ATOMIC_RELAXED);
+	/* Release: the main thread's acquire load that reads 0 sees every
+	 * count before it. */
+	__atomic_fetch_sub(&live, 1, __ATOMIC_RELEASE);
 }
 
 static struct heap_obj *heap_obj_new(void)
@@ -113,6 +124,7 @@ static struct heap_obj *heap_obj_new(void)
 		abort();
 	h->magic = MAGIC;
 	__atomic_fetch_add(&created, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&live, 1, __ATOMIC_RELAXED);
 	return h;
 }
 
@@ -356,16 +368,16 @@ int main(void)
 	/* Nobody holds a user reference now: one flush per generation of
 	 * objects made by releases (each makes at most one). */
 	for (i = 0; i < 100 && percpu_ref_managed_flush() == 0 &&
-		    __atomic_load_n(&freed, __ATOMIC_RELAXED) !=
-			    __atomic_load_n(&created, __ATOMIC_RELAXED);
+		    __atomic_load_n(&live, __ATOMIC_ACQUIRE) != 0;
 	     i++)
 		;
 	percpu_ref_managed_get_stats(&stats);
 	printf("# %ld restarts; reclaimer: %lu scans, %lu refs checked, %lu released, "
 	       "%lu fences; %ld heap objects\n", control_ops, (unsigned long)stats.scans,
 	       (unsigned long)stats.refs_scanned, (unsigned long)stats.released,
-	       (unsigned long)stats.fences, created);
-	ok(control_ops > 10 && created > 100, "lives restarted and objects went through");
+	       (unsigned long)stats.fences, __atomic_load_n(&created, __ATOMIC_RELAXED));
+	ok(control_ops > 10 && __atomic_load_n(&created, __ATOMIC_RELAXED) > 100,
+	   "lives restarted and objects went through");
 	percpu_ref_barrier();	/* releases of the controller's kills */
 	for (i = 0; i < NR_STATIC; i++) {
 		long n = __atomic_load_n(&objs[i].releases, __ATOMIC_RELAXED);
@@ -379,7 +391,8 @@ int main(void)
 		percpu_ref_exit(&objs[i].ref);
 	}
 	ok(once, "every life of %ld ended in exactly one release (%ld)", lives, releases);
-	is(freed, created, "every heap object freed exactly once");
+	is(__atomic_load_n(&freed, __ATOMIC_RELAXED), __atomic_load_n(&created, __ATOMIC_RELAXED),
+	   "every heap object freed exactly once");
 	is(errors, 0, "no tryget succeeded on a released ref, no double release, no stale object");
 	is(flush_misses, 0, "every one of %ld flushes released the ref dropped before it", flushes);
 	return done_testing();
