@@ -106,6 +106,10 @@ void percpuref_batch_end(struct percpuref_batch *b);
 void percpuref_batch_fork_prepare(struct percpuref_batch *b);
 void percpuref_batch_fork_parent(struct percpuref_batch *b);
 void percpuref_batch_fork_child(struct percpuref_batch *b);
+/* In a child hook: whether this thread's fork took @b's lock, so that a
+ * runner paused in a @release at the fork was another thread (one that
+ * forks from its own callback leaves the lock alone). */
+bool percpuref_batch_fork_took(const struct percpuref_batch *b);
 bool percpuref_holds_batch_lock(void);
 /*
  * Around a user's @release run under a batch lock: the batch mutexes the

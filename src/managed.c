@@ -899,27 +899,20 @@ PERCPUREF_API void percpuref_shutdown(void)
 	percpuref_cancel_restore(cancel);
 }
 
-/* This thread's fork took scan_lock: it is not the scanner, which may be
- * paused in a @release (a callback that forks leaves the lock alone). */
-static __thread bool fork_took_scan_lock;
-
 static void scan_fork_prepare(void)
 {
 	percpuref_batch_fork_prepare(&scan);
-	fork_took_scan_lock = true;
 }
 
 static void scan_fork_parent(void)
 {
-	fork_took_scan_lock = false;
 	percpuref_batch_fork_parent(&scan);
 }
 
 /* What a scanner paused in a @release had left is requeued
- * (managed_fork_child(), which runs first). */
+ * (managed_fork_child()). */
 static void scan_fork_child(void)
 {
-	fork_took_scan_lock = false;
 	percpuref_batch_fork_child(&scan);
 }
 
@@ -953,7 +946,7 @@ static void managed_fork_child(void)
 	 * child's next scan finishes its node without it (reinitialised
 	 * here, the ref never went back on the list).  Unless this thread is
 	 * the one running it (a callback that forked): it goes on here too. */
-	if (scan_releasing && fork_took_scan_lock) {
+	if (scan_releasing && percpuref_batch_fork_took(&scan)) {
 		scan_cut = scan_releasing;
 		scan_releasing = NULL;
 	}

@@ -352,6 +352,11 @@ void percpuref_batch_fork_child(struct percpuref_batch *b)
 	batch_unlock(b->rank, &b->lock);
 }
 
+bool percpuref_batch_fork_took(const struct percpuref_batch *b)
+{
+	return !(fork_skipped_ranks & (1u << b->rank));
+}
+
 void percpuref_batch_pause(void)
 {
 	unsigned int rank;
