@@ -60,6 +60,22 @@ static bool fork_and_reap(void)
 	return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+/*
+ * Waits for a case's own child: 0 if it exited 0, else the case's failure
+ * code: 3 (no child), 10 + its exit status, or 100 + its signal (114: it
+ * hung).
+ */
+static int reap_case_child(pid_t pid)
+{
+	int status;
+
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return 3;
+	if (!WIFEXITED(status) || WEXITSTATUS(status))
+		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	return 0;
+}
+
 static void wait_for(int *flag, int value)
 {
 	while (__atomic_load_n(flag, __ATOMIC_SEQ_CST) < value)
@@ -199,7 +215,7 @@ static void rcu_release_counts(struct percpu_rcuref *ref)
  */
 static int fork_under_user_lock(int (*wait)(void), int total)
 {
-	int status;
+	int ret;
 	pid_t pid;
 
 	wait_for(&in_release, 1);
@@ -212,11 +228,8 @@ static int fork_under_user_lock(int (*wait)(void), int total)
 		_exit(__atomic_load_n(&releases, __ATOMIC_SEQ_CST) == 1 ? 0 : 5);
 	}
 	pthread_mutex_unlock(&user_lock);
-	if (pid < 0 || waitpid(pid, &status, 0) != pid)
-		return 3;
-	/* 10 + the child's status, or 100 + its signal (114: it hung). */
-	if (!WIFEXITED(status) || WEXITSTATUS(status))
-		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	if ((ret = reap_case_child(pid)))
+		return ret;
 	if (wait() || __atomic_load_n(&releases, __ATOMIC_SEQ_CST) != total)
 		return 6;
 	return 0;
@@ -310,7 +323,7 @@ static void confirm_puts_last(struct percpu_ref *ref)
 
 static int case_release_nested_in_confirm(void)
 {
-	int status;
+	int ret;
 	pid_t pid;
 
 	if (percpu_ref_init(&killed, confirmed_release, 0) ||
@@ -335,10 +348,8 @@ static int case_release_nested_in_confirm(void)
 			      __atomic_load_n(&confirmed_released, __ATOMIC_SEQ_CST) <= 1
 		      ? 0 : 5);
 	}
-	if (pid < 0 || waitpid(pid, &status, 0) != pid)
-		return 3;
-	if (!WIFEXITED(status) || WEXITSTATUS(status))
-		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	if ((ret = reap_case_child(pid)))
+		return ret;
 	if (percpu_ref_barrier() || __atomic_load_n(&confirmed_released, __ATOMIC_SEQ_CST) != 1)
 		return 6;
 	percpu_ref_exit(&killed);
@@ -355,7 +366,7 @@ static int case_release_nested_in_confirm(void)
  */
 static int case_managed_reinit_after_fork(void)
 {
-	int status;
+	int ret;
 	pid_t pid;
 
 	set_interval_0();
@@ -382,10 +393,8 @@ static int case_managed_reinit_after_fork(void)
 		_exit(0);
 	}
 	pthread_mutex_unlock(&user_lock);
-	if (pid < 0 || waitpid(pid, &status, 0) != pid)
-		return 3;
-	if (!WIFEXITED(status) || WEXITSTATUS(status))
-		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	if ((ret = reap_case_child(pid)))
+		return ret;
 	if (percpu_ref_managed_flush() || __atomic_load_n(&releases, __ATOMIC_SEQ_CST) != 1)
 		return 6;
 	percpu_ref_exit(&managed);
@@ -412,7 +421,7 @@ static void release_counts_and_exits(struct percpu_ref *ref)
 static int case_fork_after_release_done(void)
 {
 	struct heap_ref *obj = calloc(1, sizeof(*obj));
-	int status;
+	int ret;
 	pid_t pid;
 
 	set_interval_0();
@@ -429,10 +438,8 @@ static int case_fork_after_release_done(void)
 		alarm(CASE_DEADLINE_S / 2);
 		_exit(percpu_ref_managed_flush() || percpu_ref_managed_flush() ? 4 : 0);
 	}
-	if (pid < 0 || waitpid(pid, &status, 0) != pid)
-		return 3;
-	if (!WIFEXITED(status) || WEXITSTATUS(status))
-		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	if ((ret = reap_case_child(pid)))
+		return ret;
 	return 0;
 }
 
@@ -444,7 +451,7 @@ static int case_fork_after_release_done(void)
  */
 static int case_fork_after_reinit(void)
 {
-	int status;
+	int ret;
 	pid_t pid;
 
 	set_interval_0();
@@ -464,10 +471,8 @@ static int case_fork_after_reinit(void)
 			_exit(4);
 		_exit(__atomic_load_n(&releases, __ATOMIC_SEQ_CST) == 2 ? 0 : 5);
 	}
-	if (pid < 0 || waitpid(pid, &status, 0) != pid)
-		return 3;
-	if (!WIFEXITED(status) || WEXITSTATUS(status))
-		return WIFEXITED(status) ? 10 + WEXITSTATUS(status) : 100 + WTERMSIG(status);
+	if ((ret = reap_case_child(pid)))
+		return ret;
 	return __atomic_load_n(&releases, __ATOMIC_SEQ_CST) == 1 ? 0 : 6;
 }
 
