@@ -639,12 +639,13 @@ static bool scan_once(bool unlimited)
  */
 static void reclaimer_lower_priority(void)
 {
-	/* On Linux a thread id names one thread, not the process. */
-	id_t tid = (id_t)syscall(SYS_gettid);
+	id_t tid;
 	int now;
 
 	if (!reclaimer_nice)
 		return;
+	/* On Linux a thread id names one thread, not the process. */
+	tid = (id_t)syscall(SYS_gettid);
 	/* Lower only: in a process that runs at a nicer value already (nice
 	 * 19, asked for 7), a privileged one raised the reclaimer above
 	 * every thread of its own. */
