@@ -575,7 +575,12 @@ mod tests {
             std::process::exit(0);
         }
         let child = std::process::Command::new(std::env::current_exe().unwrap())
+            // --nocapture: a value dropped on this test's thread prints
+            // into libtest's capture, which exit() discards.  The owner's
+            // is, when the callback thread finishes the kill's switch
+            // before the kill's own put, which is then the last.
             .args(["--exact", "tests::exit_drops_on_library_threads", "--test-threads=1"])
+            .arg("--nocapture")
             .env(CHILD, "1")
             .output()
             .unwrap();
