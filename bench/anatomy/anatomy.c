@@ -89,51 +89,35 @@ failed:									\
 	fprintf(stderr, "anatomy: the sequence left the per-CPU path\n"); \
 	exit(1)
 
-/* Unprotected: cpu_id from the thread's area, add; area and base in
- * registers, the counter's address computed into one register. */
-static void unprotected(void)
-{
-	const volatile struct percpuref_rseq_area *rs = percpuref_this_rseq_area();
-	uintptr_t cpu0 = ref.percpu_count_ptr;
-
-	for (long i = 0; i < pairs; i++) {
-		__asm__ __volatile__("movl %c[cpu_id](%[rs]), %%eax\n\t"
-				     "shlq $16, %%rax\n\t"
-				     "addq %[cpu0], %%rax\n\t"
-				     "addq $1, (%%rax)\n\t"
-				     "movl %c[cpu_id](%[rs]), %%eax\n\t"
-				     "shlq $16, %%rax\n\t"
-				     "addq %[cpu0], %%rax\n\t"
-				     "addq %[put], (%%rax)\n\t"
-				     :
-				     : [rs] "r"(rs), [cpu0] "r"(cpu0),
-				       [put] "r"(PERCPU_REF_PUT_DELTA),
-				       [cpu_id] "i"(offsetof(struct percpuref_rseq_area, cpu_id))
-				     : "memory", "cc", "rax");
-	}
+/*
+ * Unprotected: cpu_id from the thread's area, add; area and base in
+ * registers.  @add adds its operand to the counter of the CPU whose offset
+ * is in %rax: through one register (the lower bound), or addressed (base,
+ * index) as every sequence up to 0.3.5 was, a form that alone costs
+ * several times the pair on some cores.
+ */
+#define ONE_REGISTER(delta) "addq %[cpu0], %%rax\n\taddq " delta ", (%%rax)\n\t"
+#define INDEXED(delta) "addq " delta ", (%[cpu0], %%rax)\n\t"
+#define UNPROTECTED(name, add)						\
+static void name(void)							\
+{									\
+	const volatile struct percpuref_rseq_area *rs = percpuref_this_rseq_area(); \
+	uintptr_t cpu0 = ref.percpu_count_ptr;				\
+									\
+	for (long i = 0; i < pairs; i++) {				\
+		__asm__ __volatile__("movl %c[cpu_id](%[rs]), %%eax\n\t" \
+				     "shlq $16, %%rax\n\t" add("$1")	\
+				     "movl %c[cpu_id](%[rs]), %%eax\n\t" \
+				     "shlq $16, %%rax\n\t" add("%[put]") \
+				     :					\
+				     : [rs] "r"(rs), [cpu0] "r"(cpu0),	\
+				       [put] "r"(PERCPU_REF_PUT_DELTA),	\
+				       [cpu_id] "i"(offsetof(struct percpuref_rseq_area, cpu_id)) \
+				     : "memory", "cc", "rax");		\
+	}								\
 }
-
-/* The same, the add addressed (base, index) as every sequence up to 0.3.5
- * was: on some cores that form alone costs several times the pair. */
-static void unprotected_indexed(void)
-{
-	const volatile struct percpuref_rseq_area *rs = percpuref_this_rseq_area();
-	uintptr_t cpu0 = ref.percpu_count_ptr;
-
-	for (long i = 0; i < pairs; i++) {
-		__asm__ __volatile__("movl %c[cpu_id](%[rs]), %%eax\n\t"
-				     "shlq $16, %%rax\n\t"
-				     "addq $1, (%[cpu0], %%rax)\n\t"
-				     "movl %c[cpu_id](%[rs]), %%eax\n\t"
-				     "shlq $16, %%rax\n\t"
-				     "addq %[put], (%[cpu0], %%rax)\n\t"
-				     :
-				     : [rs] "r"(rs), [cpu0] "r"(cpu0),
-				       [put] "r"(PERCPU_REF_PUT_DELTA),
-				       [cpu_id] "i"(offsetof(struct percpuref_rseq_area, cpu_id))
-				     : "memory", "cc", "rax");
-	}
-}
+UNPROTECTED(unprotected, ONE_REGISTER)
+UNPROTECTED(unprotected_indexed, INDEXED)
 
 /* + the mode word loaded per add (the base of the counter). */
 #define MODE_WORD "movq %[word], %%rcx\n\tshlq $16, %%rax\n\taddq %[delta], (%%rcx, %%rax)\n\t"
