@@ -22,8 +22,9 @@
  *  - refs the main thread (the one thread the child keeps) holds come out
  *    exact: its ref counts as many as it took, releases when it drops them,
  *    and its managed refs are released exactly when unreferenced (the one
- *    it dropped before the fork may be the one whose @release the fork cut,
- *    and then every worker's managed ref dropped by then is released).
+ *    it dropped before the fork may be the one whose @release the fork cut:
+ *    then that ref reached zero, and every worker's managed ref dropped by
+ *    then is released; not after a shutdown, which released it before).
  * The child does not touch the hcount tree: a slot lock or tree mutex held
  * by a worker at the fork stays held in the child (hcount has no fork hooks;
  * see docs/hcount.md).  Under ThreadSanitizer the test is skipped (no
@@ -434,7 +435,7 @@ static int releases(struct own *o, int i)
 #define IN_PROGRESS 1
 
 /* Runs in the child: 0 when every check holds, else the first that failed. */
-static int child_checks(struct own *o, int held)
+static int child_checks(struct own *o, int held, bool drained)
 {
 	unsigned long k = read_count(&kills), d = read_count(&dropped);
 	unsigned long rk = read_count(&rcu_kills);
@@ -448,10 +449,14 @@ static int child_checks(struct own *o, int held)
 		return 4;
 	if (read_count(&rcu_releases) + READERS + IN_PROGRESS < rk)
 		return 5;
-	/* o->freed was dropped before the fork: released once, unless its
-	 * @release is the one a fork cut, and then no worker's was. */
+	/* o->freed was dropped before the fork.  A shutdown before the fork
+	 * released it in the parent (its pass releases every ref only the
+	 * manager holds).  Otherwise it is released once, unless its @release
+	 * is the one a fork cut: then the ref did reach zero, and no worker's
+	 * @release was cut. */
 	if (releases(o, 1) != 0 || releases(o, 2) > 1 ||
-	    (releases(o, 2) == 0 && read_count(&managed_releases) < d))
+	    (releases(o, 2) == 0 && (drained || !percpu_ref_is_zero(&o->freed) ||
+				     read_count(&managed_releases) < d)))
 		return 6;
 	/* The main thread's references are all there, and only those. */
 	percpu_ref_kill(&o->plain);
@@ -475,6 +480,7 @@ static int fork_once(unsigned int *seed, int round)
 {
 	struct own o;
 	int held = 1 + (int)(rnd(seed) % 5), i, status, ret = 0;
+	bool drained = rnd(seed) % 2;
 	pid_t pid;
 
 	memset(&o, 0, sizeof(o));
@@ -486,7 +492,7 @@ static int fork_once(unsigned int *seed, int round)
 	percpu_ref_put(&o.freed);
 	/* Every other round the library's threads stop, and the workers start
 	 * them again while the fork may come. */
-	if (rnd(seed) % 2) {
+	if (drained) {
 		percpuref_shutdown();
 		usleep(rnd(seed) % 200);
 	} else {
@@ -499,7 +505,7 @@ static int fork_once(unsigned int *seed, int round)
 	if (pid == 0) {
 		/* The child's @release that frees takes the gate too. */
 		fork_end();
-		_exit(child_checks(&o, held));
+		_exit(child_checks(&o, held, drained));
 	}
 	fork_end();
 	if (pid < 0 || waitpid(pid, &status, 0) != pid) {
