@@ -550,11 +550,12 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    /// At exit, values whose last reference went before it are dropped,
-    /// on the library's threads: the C library's exit destructor released
-    /// them on the exiting thread after its thread-locals were gone, and a
-    /// `Drop` that asked for `std::thread::current()` there panicked,
-    /// which aborted the process.  The test runs itself again as a child
+    /// At exit, values whose last reference went before it are dropped
+    /// before the exit goes on: on the library's threads, or on the killing
+    /// thread when its put was the last, never by the C library's exit
+    /// destructor, which released them on the exiting thread after its
+    /// thread-locals were gone (a `Drop` that asked for
+    /// `std::thread::current()` there panicked, which aborted the process).  The test runs itself again as a child
     /// that makes a managed value and an owned one of that kind, drops the
     /// last `PcArc` of one and kills the other, and exits; the child must
     /// exit with status 0 having dropped both.
