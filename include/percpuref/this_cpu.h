@@ -120,9 +120,9 @@ extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
  * field of that own area).  0 until the runtime is set up, and never again
  * after: percpuref_this_cpu_add() tests for it before writing anything,
  * percpuref_this_cpu_add_after_setup() relies on its caller's mode word
- * having been written after set-up.  The pair is bound by loads, not by
- * instructions (docs/percpu_ref.md, "Where the time goes"): this word saves
- * two of the six loads of each get and put.  Written with the two
+ * having been written after set-up.  On the AMD guest the pair is bound by
+ * loads, not by instructions (docs/percpu_ref.md, "Where the time goes"):
+ * this word saves two of the six loads of each get and put.  Written with the two
  * variables (runtime.c): relaxed before the first counter exists, seq_cst
  * when a running process turns the fast path off.
  */
@@ -164,7 +164,7 @@ static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
  * the counter) and two stores (rseq_cs, the counter).  The area is addressed
  * %fs-relative, so the thread pointer is not loaded; a delta known at compile
  * time is an immediate.  The commit addresses the counter through one
- * register: addressed (base, index) it made a get+put cost 4.9-5.3 ns on
+ * register: addressed (base, index) it made a get+put cost 4.9-5.4 ns on
  * a 16-core Intel Xeon, 2.9 ns through one register, and the same either
  * way on AMD (docs/lent-16core.md).  @before_store: "" or a test that
  * leaves for no_unit when the params word allows no unit (shrq sets ZF),
