@@ -116,6 +116,7 @@ static struct percpuref_mnode *scan_releasing, *scan_cut;
 static struct percpuref_deferred *rcu_rest;
 static struct percpuref_mnode *cursor;		/* NULL: no pass open */
 static struct percpuref_mnode *pass_marker;	/* the open pass's marker */
+static unsigned long pass_walked;		/* nodes the open pass met */
 /* The last pass to open got no memory: its refusal was warned already. */
 static bool marker_refused;
 
@@ -147,6 +148,17 @@ static uint64_t rcu_queued, rcu_done;
 static uint64_t held_warn_ns;
 /* PERCPUREF_RECLAIMER_NICE: the thread's nice value.  Set once, likewise. */
 static unsigned long reclaimer_nice;
+
+/*
+ * Exited refs wait for a pass (percpuref_managed_exited()): exits that left
+ * their node to the reclaimer since the open pass began, and whether one of
+ * them asked for an early pass (both atomic, reset when a pass opens); the
+ * nodes the last complete pass met (atomic, written by the scanner).
+ */
+static unsigned long exited_since_pass, last_pass_walked;
+static bool early_pass_asked;
+/* At least this many exited nodes, and half the list, ask for a pass. */
+#define EARLY_PASS_MIN_EXITED 4096
 
 /*
  * TSAN cannot see a liburcu grace period.  Every percpu_rcuref read-side
@@ -289,6 +301,36 @@ void percpuref_managed_kick(void)
 	pthread_mutex_lock(&managed_lock);
 	if (ensure_thread())
 		pthread_cond_signal(&wake);
+	pthread_mutex_unlock(&managed_lock);
+}
+
+/*
+ * After an exit that left its listed node to the reclaimer.  Such nodes are
+ * freed by the next pass only, so a program that makes and exits managed
+ * refs fast held rate x interval of them (switch-storm's managed variant:
+ * 222 MB in 5 s at the default interval, docs/managed.md).  Once they are
+ * at least EARLY_PASS_MIN_EXITED and half the nodes the last pass met, the
+ * first exit to see it makes the next scan due now: memory stays within
+ * about half the list, and the pass's walk costs a bounded number of nodes
+ * per exit.  Relaxed: a count (its exact value at the threshold does not
+ * matter) and a flag that only keeps later exits off the lock; the pass
+ * that resets them takes managed_lock, as this does to ask.
+ */
+void percpuref_managed_exited(void)
+{
+	unsigned long exited = __atomic_add_fetch(&exited_since_pass, 1, __ATOMIC_RELAXED);
+
+	if (exited < EARLY_PASS_MIN_EXITED ||
+	    exited < __atomic_load_n(&last_pass_walked, __ATOMIC_RELAXED) / 2 ||
+	    __atomic_exchange_n(&early_pass_asked, true, __ATOMIC_RELAXED))
+		return;
+	managed_init();
+	pthread_mutex_lock(&managed_lock);
+	/* The thread's loop reads next_scan_ns under this lock. */
+	if (ensure_thread()) {
+		next_scan_ns = now_ns();
+		pthread_cond_signal(&wake);
+	}
 	pthread_mutex_unlock(&managed_lock);
 }
 
@@ -436,6 +478,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			free(node);
 			continue;
 		}
+		pass_walked++;
 		lock = percpuref_managed_lock_node(node);
 		switch (percpuref_managed_begin(node, filter, &others)) {
 		case MANAGED_CHECK:
@@ -571,6 +614,11 @@ static bool scan_once(bool unlimited)
 		cursor = pass_marker;
 		passes_started++;
 		pass_open = true;
+		pass_walked = 0;
+		/* Exits from here on are the next pass's to count: the nodes
+		 * exited before are below the marker, and this pass frees them. */
+		__atomic_store_n(&exited_since_pass, 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&early_pass_asked, false, __ATOMIC_RELAXED);
 		pthread_mutex_unlock(&managed_lock);
 	}
 	while (!end && (!max || checked < max)) {
@@ -613,6 +661,7 @@ static bool scan_once(bool unlimited)
 			stats.scan_ns_max = elapsed;
 	}
 	if (end) {
+		__atomic_store_n(&last_pass_walked, pass_walked, __ATOMIC_RELAXED);
 		passes_done++;
 		stats.passes++;
 		pass_open = false;
@@ -939,6 +988,9 @@ static void managed_fork_child(void)
 	thread.running = false;
 	kick_needed = true;
 	thread.stopping = false;
+	/* An ask the parent made is the parent's: the child's exits ask
+	 * again (the flag would keep them off until a pass opened). */
+	early_pass_asked = false;
 	/* What a scanner paused in a @release at the fork had left (scan_lock
 	 * is ours too): the RCU items not started go before the queued ones,
 	 * and count as queued again; released refs whose @release has not

@@ -38,6 +38,9 @@ pthread_mutex_t *percpuref_managed_lock_node(struct percpuref_mnode *node);
 void percpuref_managed_push(struct percpuref_mnode *node);
 /* managed.c: start the reclaimer if needed and wake it; no lock held. */
 void percpuref_managed_kick(void);
+/* managed.c: an exit left its listed node to the reclaimer (it frees such
+ * nodes in its next pass, which this may make due now); no lock held. */
+void percpuref_managed_exited(void);
 
 /*
  * @fn(@d) runs on the reclaimer thread after a liburcu-bp grace period that

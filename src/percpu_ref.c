@@ -480,6 +480,7 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 bool percpuref_ref_exit(struct percpu_ref *ref)
 {
 	struct percpu_ref_data *data;
+	bool left_to_reclaimer;
 	enum switch_wait wait;
 	uintptr_t cpu0;
 
@@ -516,11 +517,14 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 	ref->data = NULL;
 	/* A node the reclaimer still reaches is freed by the reclaimer. */
 	impl_of(data)->exited = true;
+	left_to_reclaimer = impl_of(data)->mstate == MNODE_LISTED;
 	if (impl_of(data)->mstate != MNODE_OFF)
 		data = NULL;
 	pthread_mutex_unlock(switch_lock_of(ref));
 	if (data)
 		free(impl_of(data));
+	if (left_to_reclaimer)
+		percpuref_managed_exited();
 	return true;
 }
 
