@@ -139,6 +139,8 @@ static bool pass_open;
 static bool kick_needed = true;
 static struct percpuref_thread thread;
 static uint64_t passes_started, passes_done, flush_target;
+/* The pass an early ask needs done (percpuref_managed_exited()). */
+static uint64_t early_target;
 /* Passes that could not open for want of memory: a flush fails, -ENOMEM. */
 static uint64_t passes_refused;
 static uint64_t next_scan_ns;
@@ -310,11 +312,15 @@ void percpuref_managed_kick(void)
  * refs fast held rate x interval of them (switch-storm's managed variant:
  * 222 MB in 5 s at the default interval, docs/managed.md).  Once they are
  * at least EARLY_PASS_MIN_EXITED and half the nodes the last pass met, the
- * first exit to see it makes the next scan due now: memory stays within
- * about half the list, and the pass's walk costs a bounded number of nodes
+ * first exit to see it asks for the next pass to open and end now: the
+ * thread scans back to back (giving way between scans) until it has, as
+ * for a flush but with no one waiting.  The next pass, not the open one:
+ * nodes exited during a pass may sit above its marker.  Memory stays
+ * within about half the list, and the walk costs a bounded number of nodes
  * per exit.  Relaxed: a count (its exact value at the threshold does not
- * matter) and a flag that only keeps later exits off the lock; the pass
- * that resets them takes managed_lock, as this does to ask.
+ * matter) and a flag that only keeps later exits off the lock until the
+ * next pass opens; an exit that read the count before that pass reset it
+ * asks once more, for the pass after, which frees what this one left.
  */
 void percpuref_managed_exited(void)
 {
@@ -326,11 +332,9 @@ void percpuref_managed_exited(void)
 		return;
 	managed_init();
 	pthread_mutex_lock(&managed_lock);
-	/* The thread's loop reads next_scan_ns under this lock. */
-	if (ensure_thread()) {
-		next_scan_ns = now_ns();
+	early_target = passes_started + 1;
+	if (ensure_thread())
 		pthread_cond_signal(&wake);
-	}
 	pthread_mutex_unlock(&managed_lock);
 }
 
@@ -594,6 +598,8 @@ static bool scan_once(bool unlimited)
 			marker_refused = true;
 			passes_refused++;
 			flush_target = passes_done;
+			/* An early ask too: retried back to back, it spun. */
+			early_target = passes_done;
 			pthread_cond_broadcast(&progress);
 			pthread_mutex_unlock(&managed_lock);
 			percpuref_batch_end(&scan);
@@ -747,7 +753,8 @@ static void *reclaimer_main(void *arg)
 				just_scanned = false;
 				continue;
 			}
-			if (now < next_scan_ns) {
+			/* Not yet due, and no exits asked for a pass. */
+			if (now < next_scan_ns && passes_done >= early_target) {
 				until.tv_sec = (time_t)(next_scan_ns / 1000000000u);
 				until.tv_nsec = (long)(next_scan_ns % 1000000000u);
 				pthread_cond_timedwait(&wake, &managed_lock, &until);
@@ -1027,6 +1034,7 @@ static void managed_fork_child(void)
 		pass_open = false;
 	}
 	flush_target = passes_done + (scan_released || scan_cut);
+	early_target = passes_done;	/* asked for by the parent's exits */
 	/* It blocks on scan_lock until the fork hooks release it. */
 	if (restart || rcu_head || scan_released || scan_cut)
 		ensure_thread();

@@ -45,7 +45,9 @@ struct percpu_ref_managed_config {
 };
 
 /* Defaults: the proposal's 5 s and 100 refs; filtered (no atomic window
- * for refs in use, one fence per scan for the others). */
+ * for refs in use, one fence per scan for the others).  Exits of many
+ * listed refs (4096, and half the list) bring a pass forward, scanned back
+ * to back, so that their memory comes back (docs/managed.md). */
 #define PERCPU_REF_MANAGED_INTERVAL_MS 5000UL
 #define PERCPU_REF_MANAGED_MAX_PER_SCAN 100UL
 /* Longest interval accepted (one day); a longer one is -EINVAL. */
