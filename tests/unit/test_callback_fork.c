@@ -421,7 +421,6 @@ static void release_counts_and_exits(struct percpu_ref *ref)
 static int case_fork_after_release_done(void)
 {
 	struct heap_ref *obj = calloc(1, sizeof(*obj));
-	int ret;
 	pid_t pid;
 
 	set_interval_0();
@@ -438,9 +437,7 @@ static int case_fork_after_release_done(void)
 		alarm(CASE_DEADLINE_S / 2);
 		_exit(percpu_ref_managed_flush() || percpu_ref_managed_flush() ? 4 : 0);
 	}
-	if ((ret = reap_case_child(pid)))
-		return ret;
-	return 0;
+	return reap_case_child(pid);
 }
 
 /*
