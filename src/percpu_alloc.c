@@ -19,9 +19,38 @@
  * which keeps memory flat under churn (memory is limitation 1 of the managed
  * refcount proposal; docs/percpu_ref.md).
  *
- * Concurrency: one mutex (alloc_lock) guards the chunk table, the
- * free list and the tail.  Counters are zeroed under it before the address is
- * returned; the caller publishes the address with its own ordering.
+ * Thread caches.  One mutex (alloc_lock) guards the chunk table, the shared
+ * free list and the tail.  Taken on every init and exit, it serialised
+ * threads that create and destroy refs (issue 9's switch-storm: sixteen
+ * threads spent most of their system time in the futex of this lock, whose
+ * holder also zeroed sixteen CPUs' copies of the slot, each a cache miss).
+ * So every thread keeps a cache of free slots (Bonwick's magazines): an
+ * allocation takes one from it, refilling it with CACHE_BATCH slots under one
+ * hold of the lock when it is empty; a free puts the slot in the freeing
+ * thread's cache, and gives CACHE_BATCH back under one hold once the cache
+ * holds 2 * CACHE_BATCH.  A cache is its thread's alone: no atomics but the
+ * count, which percpuref_get_counter_stats() reads.  It goes back whole when
+ * the thread exits (percpuref_at_thread_exit(); a thread that cannot
+ * register that hook uses no cache).  The library's own threads use none:
+ * the callback thread frees the counter of every killed ref, and a slot
+ * cached there would wait, unseen by the allocating threads, until its next
+ * batch; it also frees before it releases, so a thread that saw the release
+ * finds the slot in the pool.  At most 2 * CACHE_BATCH - 1 free slots wait
+ * in a live thread's cache; a new chunk is mapped only when the shared pool
+ * is empty (a refill takes what is left and maps none), whatever other
+ * caches hold.
+ * Zeroing happens outside the lock, by the allocating thread, the slot being
+ * its own from the moment it left the pool.
+ *
+ * Counting: slots_handed_out (lock) counts slots out of the shared pool, in
+ * caches or in use; in_use is that minus every registered cache's count
+ * (registry: the list of caches, lock), exact whenever no other thread
+ * allocates or frees meanwhile.
+ *
+ * Fork: the child keeps the forking thread's cache; every other thread's
+ * cache is dropped from the registry, its slots lost to the child (at most
+ * 2 * CACHE_BATCH - 1 each, counted in use there): its owner may have been
+ * halfway through a push or a pop, and does not exist in the child.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -32,13 +61,25 @@
 #include "internal.h"
 
 #define SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / sizeof(unsigned long))
+#define CACHE_BATCH 32
+
+enum cache_state { CACHE_UNREGISTERED, CACHE_ACTIVE, CACHE_RETIRED };
+
+struct slot_cache {
+	uintptr_t head;			/* a free slot's CPU 0 address, or 0 */
+	unsigned long count;		/* atomic: written by the owner only */
+	enum cache_state state;
+	struct slot_cache *prev, *next;	/* registry (alloc_lock) */
+};
 
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static uintptr_t *chunks;		/* base of each chunk (CPU 0's unit) */
 static size_t nr_chunks, chunks_capacity;
 static uintptr_t free_head;		/* a free slot's CPU 0 address, or 0 */
 static size_t tail_used = SLOTS_PER_CHUNK; /* slots handed out of the newest chunk */
-static size_t slots_in_use, slots_on_free_list;
+static size_t slots_handed_out, slots_on_free_list;
+static struct slot_cache registry = { .prev = &registry, .next = &registry };
+static __thread struct slot_cache cache;
 
 static size_t chunk_bytes(void)
 {
@@ -72,45 +113,149 @@ static int add_chunk(void)
 	return 0;
 }
 
-uintptr_t percpuref_counter_alloc(void)
+/* Lock held.  One slot out of the shared pool, or 0 when it is empty and
+ * may not grow or a chunk cannot be added. */
+static uintptr_t pool_take(bool may_grow)
 {
-	unsigned int cpu, nr_units = percpuref_nr_units();
 	uintptr_t cpu0;
 
-	pthread_mutex_lock(&alloc_lock);
 	if (free_head) {
 		cpu0 = free_head;
 		free_head = *(uintptr_t *)cpu0;
 		slots_on_free_list--;
-	} else if (tail_used < SLOTS_PER_CHUNK || add_chunk() == 0) {
+	} else if (tail_used < SLOTS_PER_CHUNK || (may_grow && add_chunk() == 0)) {
 		cpu0 = chunks[nr_chunks - 1] + tail_used++ * sizeof(unsigned long);
 	} else {
-		pthread_mutex_unlock(&alloc_lock);
 		return 0;
+	}
+	slots_handed_out++;
+	return cpu0;
+}
+
+/* Lock held. */
+static void pool_put(uintptr_t cpu0)
+{
+	*(uintptr_t *)cpu0 = free_head;
+	free_head = cpu0;
+	slots_on_free_list++;
+	slots_handed_out--;
+}
+
+/* The owner's pushes and pops; the count for the stats (relaxed: read under
+ * alloc_lock by percpuref_get_counter_stats(), exact once the owner is
+ * quiet, which is all the stats promise). */
+static void cache_push(struct slot_cache *c, uintptr_t cpu0)
+{
+	*(uintptr_t *)cpu0 = c->head;
+	c->head = cpu0;
+	__atomic_store_n(&c->count, c->count + 1, __ATOMIC_RELAXED);
+}
+
+static uintptr_t cache_pop(struct slot_cache *c)
+{
+	uintptr_t cpu0 = c->head;
+
+	c->head = *(uintptr_t *)cpu0;
+	__atomic_store_n(&c->count, c->count - 1, __ATOMIC_RELAXED);
+	return cpu0;
+}
+
+/* Gives back all but @keep of this thread's cached slots.  Lock held. */
+static void cache_drain_locked(struct slot_cache *c, unsigned long keep)
+{
+	while (c->count > keep)
+		pool_put(cache_pop(c));
+}
+
+static void cache_retire(void *arg)
+{
+	struct slot_cache *c = arg;
+
+	pthread_mutex_lock(&alloc_lock);
+	cache_drain_locked(c, 0);
+	c->prev->next = c->next;
+	c->next->prev = c->prev;
+	c->state = CACHE_RETIRED;
+	pthread_mutex_unlock(&alloc_lock);
+}
+
+/* This thread's cache, registered on first use; NULL if it has none (a
+ * library thread; its exit hook could not be registered, or it ran). */
+static struct slot_cache *my_cache(void)
+{
+	struct slot_cache *c = &cache;
+
+	if (c->state == CACHE_ACTIVE)
+		return c;
+	if (c->state == CACHE_RETIRED || percpuref_on_library_thread() ||
+	    !percpuref_at_thread_exit(cache_retire, c)) {
+		c->state = CACHE_RETIRED;
+		return NULL;
+	}
+	pthread_mutex_lock(&alloc_lock);
+	c->next = &registry;
+	c->prev = registry.prev;
+	registry.prev->next = c;
+	registry.prev = c;
+	c->state = CACHE_ACTIVE;
+	pthread_mutex_unlock(&alloc_lock);
+	return c;
+}
+
+uintptr_t percpuref_counter_alloc(void)
+{
+	struct slot_cache *c = my_cache();
+	unsigned int cpu, nr_units = percpuref_nr_units();
+	uintptr_t cpu0;
+
+	if (c && c->count) {
+		cpu0 = cache_pop(c);
+	} else {
+		pthread_mutex_lock(&alloc_lock);
+		cpu0 = pool_take(true);
+		/* Refill: the next CACHE_BATCH allocations take no lock. */
+		while (cpu0 && c && c->count < CACHE_BATCH) {
+			uintptr_t more = pool_take(false);
+
+			if (!more)
+				break;
+			cache_push(c, more);
+		}
+		pthread_mutex_unlock(&alloc_lock);
+		if (!cpu0)
+			return 0;
 	}
 	for (cpu = 0; cpu < nr_units; cpu++)
 		*percpuref_counter_on(cpu0, cpu) = 0;
-	slots_in_use++;
-	pthread_mutex_unlock(&alloc_lock);
 	return cpu0;
 }
 
 void percpuref_counter_free(uintptr_t cpu0)
 {
+	struct slot_cache *c = my_cache();
+
+	if (c && c->count < 2 * CACHE_BATCH - 1) {
+		cache_push(c, cpu0);
+		return;
+	}
 	pthread_mutex_lock(&alloc_lock);
-	*(uintptr_t *)cpu0 = free_head;
-	free_head = cpu0;
-	slots_on_free_list++;
-	slots_in_use--;
+	pool_put(cpu0);
+	if (c)
+		cache_drain_locked(c, CACHE_BATCH);
 	pthread_mutex_unlock(&alloc_lock);
 }
 
 PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *stats)
 {
+	size_t cached = 0;
+	struct slot_cache *c;
+
 	pthread_mutex_lock(&alloc_lock);
+	for (c = registry.next; c != &registry; c = c->next)
+		cached += __atomic_load_n(&c->count, __ATOMIC_RELAXED);
 	stats->chunks = nr_chunks;
-	stats->in_use = slots_in_use;
-	stats->free = slots_on_free_list + (SLOTS_PER_CHUNK - tail_used);
+	stats->in_use = slots_handed_out - cached;
+	stats->free = slots_on_free_list + cached + (SLOTS_PER_CHUNK - tail_used);
 	stats->bytes_mapped = nr_chunks * chunk_bytes();
 	pthread_mutex_unlock(&alloc_lock);
 }
@@ -120,16 +265,27 @@ static void alloc_fork_lock(void)
 	pthread_mutex_lock(&alloc_lock);
 }
 
-static void alloc_fork_unlock(void)
+static void alloc_fork_parent(void)
 {
+	pthread_mutex_unlock(&alloc_lock);
+}
+
+/* Other threads' caches go: their owners do not exist here. */
+static void alloc_fork_child(void)
+{
+	registry.next = registry.prev = &registry;
+	if (cache.state == CACHE_ACTIVE) {
+		cache.next = cache.prev = &registry;
+		registry.next = registry.prev = &cache;
+	}
 	pthread_mutex_unlock(&alloc_lock);
 }
 
 static const struct percpuref_fork_hooks alloc_hooks = {
 	.rank = PERCPUREF_RANK_ALLOC,
 	.prepare = alloc_fork_lock,
-	.parent = alloc_fork_unlock,
-	.child = alloc_fork_unlock,
+	.parent = alloc_fork_parent,
+	.child = alloc_fork_child,
 };
 
 static __attribute__((constructor)) void alloc_register(void)

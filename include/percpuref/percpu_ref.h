@@ -240,7 +240,12 @@ PERCPUREF_API void percpuref_shutdown(void);
 /*
  * percpuref_get_counter_stats - occupancy of the per-CPU counter allocator that
  * every percpu_ref (and percpu_rcuref) draws its counter from: for memory
- * reports and leak checks.  A consistent snapshot; any thread.
+ * reports and leak checks.  Any thread.  Exact while no other thread
+ * creates or exits a ref; meanwhile each of their counts may be off by the
+ * calls in flight.  @free includes the free counters each thread keeps
+ * for its next inits (up to 63 a thread, given back when it exits).  In a
+ * fork child, the counters other threads of the parent kept count as in
+ * use.
  */
 struct percpuref_counter_stats {
 	size_t chunks;		/* chunks mapped (one unit per possible CPU each) */

@@ -557,6 +557,78 @@ static void test_exit_while_release_exits(void)
 	percpu_ref_barrier();
 }
 
+/*
+ * Per-thread caches of free counters (percpu_alloc.c): a thread's cache
+ * goes back to the pool when it exits, and a thread that frees what others
+ * allocate gives its surplus back, so neither strands slots and no chunk is
+ * mapped while a free slot exists outside a live thread's cache.
+ */
+#define CACHE_TEST_REFS 1000
+
+static struct percpu_ref cache_test_refs[CACHE_TEST_REFS];
+
+static void *init_cache_test_refs(void *exit_them)
+{
+	int i;
+
+	for (i = 0; i < CACHE_TEST_REFS; i++)
+		percpu_ref_init(&cache_test_refs[i], count_release, 0);
+	if (exit_them)
+		for (i = 0; i < CACHE_TEST_REFS; i += 3)
+			percpu_ref_exit(&cache_test_refs[i]);
+	return NULL;
+}
+
+static void test_thread_caches(void)
+{
+	struct percpuref_counter_stats before, after;
+	struct percpu_ref *fill;
+	pthread_t thread;
+	size_t i, n, chunks;
+	int round;
+
+	/* A thread that allocated and freed ends with slots in its cache. */
+	percpuref_get_counter_stats(&before);
+	pthread_create(&thread, NULL, init_cache_test_refs, (void *)1);
+	pthread_join(thread, NULL);
+	for (i = 1; i < CACHE_TEST_REFS; i++)
+		if (i % 3)
+			percpu_ref_exit(&cache_test_refs[i]);
+	percpuref_get_counter_stats(&after);
+	ok(after.in_use == before.in_use, "an exited thread's cache is not in use (%zu, was %zu)",
+	   after.in_use, before.in_use);
+	/* Every free slot is reachable: the exited thread's went back. */
+	n = after.free;
+	chunks = after.chunks;
+	fill = calloc(n + 1, sizeof(*fill));
+	for (i = 0; i < n; i++)
+		percpu_ref_init(&fill[i], count_release, 0);
+	percpuref_get_counter_stats(&after);
+	ok(after.chunks == chunks && after.free == 0,
+	   "all %zu free counters allocatable without a chunk (chunks %zu -> %zu, %zu left)", n,
+	   chunks, after.chunks, after.free);
+	percpu_ref_init(&fill[n], count_release, 0);
+	percpuref_get_counter_stats(&after);
+	is(after.chunks, chunks + 1, "the next one maps a chunk");
+	for (i = 0; i <= n; i++)
+		percpu_ref_exit(&fill[i]);
+	free(fill);
+
+	/* One thread allocates, another frees: the freeing thread's cache
+	 * must not keep what the allocating one needs. */
+	percpuref_get_counter_stats(&before);
+	for (round = 0; round < 20; round++) {
+		pthread_create(&thread, NULL, init_cache_test_refs, NULL);
+		pthread_join(thread, NULL);
+		for (i = 0; i < CACHE_TEST_REFS; i++)
+			percpu_ref_exit(&cache_test_refs[i]);
+	}
+	percpuref_get_counter_stats(&after);
+	ok(after.chunks == before.chunks && after.in_use == before.in_use,
+	   "allocated on one thread, freed on another: no growth (chunks %zu -> %zu)",
+	   before.chunks, after.chunks);
+}
+
 int main(void)
 {
 	test_init();
@@ -566,6 +638,7 @@ int main(void)
 	test_misuse();
 	test_alloc_failure();
 	test_layout();
+	test_thread_caches();
 	test_migration();
 	test_release_frees();
 	test_exit_while_release_exits();
