@@ -27,11 +27,17 @@
  * So every thread keeps a cache of free slots (Bonwick's magazines): an
  * allocation takes one from it, refilling it with CACHE_BATCH slots under one
  * hold of the lock when it is empty; a free puts the slot in the freeing
- * thread's cache, and gives CACHE_BATCH back under one hold once the cache
- * holds 2 * CACHE_BATCH.  A cache is its thread's alone: no atomics but the
- * count, which percpuref_get_counter_stats() reads.  It goes back whole when
- * the thread exits (percpuref_at_thread_exit(); a thread that cannot
- * register that hook uses no cache).  The library's own threads use none:
+ * thread's cache, unless that holds 2 * CACHE_BATCH - 1 already: then the
+ * slot and CACHE_BATCH - 1 more go back under one hold.  A cache is its
+ * thread's alone: no atomics but the count, which
+ * percpuref_get_counter_stats() reads.  It goes back whole when the thread
+ * exits (percpuref_at_thread_exit(); a thread that cannot register that
+ * hook uses no cache).  The cache lives on the heap, TLS holding only its
+ * address: a thread whose first call comes from a TLS or key destructor at
+ * its exit may register a hook that never runs (thread_exit.c), and a
+ * registry node in its TLS would outlive the thread, reused by the next
+ * thread on that stack (a list looped on itself: helper-60); on the heap
+ * such a cache stays in the registry, its slots lost.  The library's own threads use none:
  * the callback thread frees the counter of every killed ref, and a slot
  * cached there would wait, unseen by the allocating threads, until its next
  * batch; it also frees before it releases, so a thread that saw the release
@@ -68,7 +74,6 @@ enum cache_state { CACHE_UNREGISTERED, CACHE_ACTIVE, CACHE_RETIRED };
 struct slot_cache {
 	uintptr_t head;			/* a free slot's CPU 0 address, or 0 */
 	unsigned long count;		/* atomic: written by the owner only */
-	enum cache_state state;
 	struct slot_cache *prev, *next;	/* registry (alloc_lock) */
 };
 
@@ -79,7 +84,8 @@ static uintptr_t free_head;		/* a free slot's CPU 0 address, or 0 */
 static size_t tail_used = SLOTS_PER_CHUNK; /* slots handed out of the newest chunk */
 static size_t slots_handed_out, slots_on_free_list;
 static struct slot_cache registry = { .prev = &registry, .next = &registry };
-static __thread struct slot_cache cache;
+static __thread struct slot_cache *cache;	/* this thread's, on the heap */
+static __thread enum cache_state cache_state;
 
 static size_t chunk_bytes(void)
 {
@@ -175,21 +181,29 @@ static void cache_retire(void *arg)
 	cache_drain_locked(c, 0);
 	c->prev->next = c->next;
 	c->next->prev = c->prev;
-	c->state = CACHE_RETIRED;
 	pthread_mutex_unlock(&alloc_lock);
+	cache_state = CACHE_RETIRED;
+	cache = NULL;
+	free(c);
 }
 
 /* This thread's cache, registered on first use; NULL if it has none (a
  * library thread; its exit hook could not be registered, or it ran). */
 static struct slot_cache *my_cache(void)
 {
-	struct slot_cache *c = &cache;
+	struct slot_cache *c;
 
-	if (c->state == CACHE_ACTIVE)
-		return c;
-	if (c->state == CACHE_RETIRED || percpuref_on_library_thread() ||
-	    !percpuref_at_thread_exit(cache_retire, c)) {
-		c->state = CACHE_RETIRED;
+	if (cache_state == CACHE_ACTIVE)
+		return cache;
+	if (cache_state == CACHE_RETIRED || percpuref_on_library_thread())
+		return NULL;
+	/* A failure here is final for the thread: no cache, no retry. */
+	cache_state = CACHE_RETIRED;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	if (!percpuref_at_thread_exit(cache_retire, c)) {
+		free(c);
 		return NULL;
 	}
 	pthread_mutex_lock(&alloc_lock);
@@ -197,8 +211,9 @@ static struct slot_cache *my_cache(void)
 	c->prev = registry.prev;
 	registry.prev->next = c;
 	registry.prev = c;
-	c->state = CACHE_ACTIVE;
 	pthread_mutex_unlock(&alloc_lock);
+	cache = c;
+	cache_state = CACHE_ACTIVE;
 	return c;
 }
 
@@ -270,13 +285,14 @@ static void alloc_fork_parent(void)
 	pthread_mutex_unlock(&alloc_lock);
 }
 
-/* Other threads' caches go: their owners do not exist here. */
+/* Other threads' caches go (their memory too: not freed here, a few
+ * dozen bytes each): their owners do not exist here. */
 static void alloc_fork_child(void)
 {
 	registry.next = registry.prev = &registry;
-	if (cache.state == CACHE_ACTIVE) {
-		cache.next = cache.prev = &registry;
-		registry.next = registry.prev = &cache;
+	if (cache_state == CACHE_ACTIVE) {
+		cache->next = cache->prev = &registry;
+		registry.next = registry.prev = cache;
 	}
 	pthread_mutex_unlock(&alloc_lock);
 }

@@ -242,15 +242,16 @@ PERCPUREF_API void percpuref_shutdown(void);
  * every percpu_ref (and percpu_rcuref) draws its counter from: for memory
  * reports and leak checks.  Any thread.  Exact while no other thread
  * creates or exits a ref; meanwhile each of their counts may be off by the
- * calls in flight.  @free includes the free counters each thread keeps
- * for its next inits (up to 63 a thread, given back when it exits).  In a
- * fork child, the counters other threads of the parent kept count as in
- * use.
+ * calls in flight.  @free counts the counters allocatable without a new
+ * chunk, and those each live thread keeps for its own next inits (up to 63
+ * a thread, given back when it exits): another thread may map a chunk while
+ * some are kept.  In a fork child, the counters other threads of the
+ * parent kept count as in use.
  */
 struct percpuref_counter_stats {
 	size_t chunks;		/* chunks mapped (one unit per possible CPU each) */
 	size_t in_use;		/* counters allocated */
-	size_t free;		/* counters allocatable without a new chunk */
+	size_t free;		/* counters not in use, mapped: see above */
 	size_t bytes_mapped;	/* address space reserved for counters */
 };
 PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *stats);

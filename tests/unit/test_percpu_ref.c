@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -597,7 +598,8 @@ static void test_thread_caches(void)
 	percpuref_get_counter_stats(&after);
 	ok(after.in_use == before.in_use, "an exited thread's cache is not in use (%zu, was %zu)",
 	   after.in_use, before.in_use);
-	/* Every free slot is reachable: the exited thread's went back. */
+	/* Every free slot is reachable (no other thread of ours is alive to
+	 * keep some): the exited thread's went back. */
 	n = after.free;
 	chunks = after.chunks;
 	fill = calloc(n + 1, sizeof(*fill));
@@ -629,6 +631,67 @@ static void test_thread_caches(void)
 	   before.chunks, after.chunks);
 }
 
+/*
+ * A thread whose first call comes from a key destructor in the last round
+ * (PTHREAD_DESTRUCTOR_ITERATIONS) registers exit hooks nothing runs: the
+ * library's key was visited already.  Its counter cache, kept in its TLS,
+ * stayed in the registry after the thread was gone; the next thread on
+ * that stack registered the same address again, the list looped, and the
+ * stats walk spun for ever holding the allocator's lock (helper-60).
+ */
+static pthread_key_t late_key;
+static int late_rounds;
+
+static void late_first_call(void *value)
+{
+	struct percpu_ref ref;
+
+	if (++late_rounds < PTHREAD_DESTRUCTOR_ITERATIONS) {
+		pthread_setspecific(late_key, value);	/* again next round */
+		return;
+	}
+	percpu_ref_init(&ref, count_release, 0);
+	percpu_ref_exit(&ref);
+}
+
+static void *arm_late_key(void *unused)
+{
+	pthread_setspecific(late_key, &late_rounds);
+	return unused;
+}
+
+static void *init_and_exit_one(void *unused)
+{
+	struct percpu_ref ref;
+
+	percpu_ref_init(&ref, count_release, 0);
+	percpu_ref_exit(&ref);
+	return unused;
+}
+
+static void test_first_call_in_last_destructor(void)
+{
+	struct percpuref_counter_stats before, after;
+	pthread_t thread;
+	int i;
+
+	/* This thread's calls made the library's key: its index is lower. */
+	pthread_key_create(&late_key, late_first_call);
+	percpuref_get_counter_stats(&before);
+	pthread_create(&thread, NULL, arm_late_key, NULL);
+	pthread_join(thread, NULL);
+	is(late_rounds, PTHREAD_DESTRUCTOR_ITERATIONS, "first call made in the last destructor round");
+	for (i = 0; i < 4; i++) {
+		pthread_create(&thread, NULL, init_and_exit_one, NULL);
+		pthread_join(thread, NULL);
+		percpuref_get_counter_stats(&after);
+	}
+	ok(after.in_use == before.in_use,
+	   "threads after it use and count counters (in use %zu, was %zu)", after.in_use,
+	   before.in_use);
+	pthread_key_delete(late_key);
+}
+
 int main(void)
 {
 	test_init();
@@ -639,6 +702,9 @@ int main(void)
 	test_alloc_failure();
 	test_layout();
 	test_thread_caches();
+#ifndef __SANITIZE_THREAD__	/* TSan ends its view of a thread from a key destructor */
+	test_first_call_in_last_destructor();
+#endif
 	test_migration();
 	test_release_frees();
 	test_exit_while_release_exits();
