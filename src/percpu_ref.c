@@ -111,6 +111,7 @@
 static struct switch_stripe {
 	pthread_mutex_t lock;
 	pthread_cond_t done;	/* a switch to atomic of one of its refs ended */
+	unsigned int waiters;	/* lock: threads waiting on done */
 } __attribute__((aligned(128))) switch_stripes[SWITCH_STRIPES];
 
 static struct switch_stripe *stripe_of(const struct percpu_ref *ref)
@@ -124,6 +125,31 @@ static struct switch_stripe *stripe_of(const struct percpu_ref *ref)
 static pthread_mutex_t *switch_lock_of(const struct percpu_ref *ref)
 {
 	return &stripe_of(ref)->lock;
+}
+
+/* Lock held.  Waits for a switch of a ref of this stripe to end, or until
+ * @until (the condvar's clock) if not NULL. */
+static void wait_switch_ended(const struct percpu_ref *ref, const struct timespec *until)
+{
+	struct switch_stripe *stripe = stripe_of(ref);
+
+	stripe->waiters++;
+	if (until)
+		pthread_cond_timedwait(&stripe->done, &stripe->lock, until);
+	else
+		pthread_cond_wait(&stripe->done, &stripe->lock);
+	stripe->waiters--;
+}
+
+/* Lock held.  A switch of @ref ended: wakes its stripe's waiters, if any
+ * (the callback thread ends one per kill; a broadcast nobody waits for
+ * still touched the condvar's line). */
+static void switch_ended(const struct percpu_ref *ref)
+{
+	struct switch_stripe *stripe = stripe_of(ref);
+
+	if (stripe->waiters)
+		pthread_cond_broadcast(&stripe->done);
 }
 
 static void switch_fork_lock(void)
@@ -147,8 +173,10 @@ static void switch_fork_child(void)
 	unsigned int i;
 
 	/* Waiters on them were the parent's threads: none here. */
-	for (i = 0; i < SWITCH_STRIPES; i++)
+	for (i = 0; i < SWITCH_STRIPES; i++) {
 		pthread_cond_init(&switch_stripes[i].done, NULL);
+		switch_stripes[i].waiters = 0;
+	}
 	switch_fork_unlock();
 }
 
@@ -468,10 +496,10 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 				until.tv_sec++;
 				until.tv_nsec -= 1000000000L;
 			}
-			pthread_cond_timedwait(&stripe_of(ref)->done, switch_lock_of(ref), &until);
+			wait_switch_ended(ref, &until);
 			continue;
 		}
-		pthread_cond_wait(&stripe_of(ref)->done, switch_lock_of(ref));
+		wait_switch_ended(ref, NULL);
 	}
 	percpuref_cancel_restore(cancel);
 	return found;
@@ -570,11 +598,13 @@ static percpu_ref_func_t *finish_atomic_switch(struct percpu_ref *ref)
 	pthread_mutex_lock(switch_lock_of(ref));
 	fold_percpu_counts(ref);
 	confirm = data->confirm_switch;
-	pthread_mutex_unlock(switch_lock_of(ref));
-
-	run_confirm(ref, confirm);
-
-	pthread_mutex_lock(switch_lock_of(ref));
+	/* A kill or switch without a confirm keeps the lock: one hold per
+	 * switch, not two, on the callback thread's path. */
+	if (confirm != noop_confirm) {
+		pthread_mutex_unlock(switch_lock_of(ref));
+		run_confirm(ref, confirm);
+		pthread_mutex_lock(switch_lock_of(ref));
+	}
 	/* A dead ref that may never go back needs no per-CPU counter. */
 	if ((mode_word(ref) & __PERCPU_REF_DEAD) && !data->allow_reinit) {
 		percpuref_counter_free(counter_of(ref));
@@ -582,7 +612,7 @@ static percpu_ref_func_t *finish_atomic_switch(struct percpu_ref *ref)
 	}
 	released = __percpu_ref_atomic_sub_and_test(ref, 1);
 	data->confirm_switch = NULL;
-	pthread_cond_broadcast(&stripe_of(ref)->done);
+	switch_ended(ref);
 	pthread_mutex_unlock(switch_lock_of(ref));
 
 	/* The data may be gone once the lock is dropped (a waiting exit):
@@ -1142,7 +1172,7 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 		impl->pinned = true;
 		*others = 0;
 		ref->data->confirm_switch = NULL;
-		pthread_cond_broadcast(&stripe_of(ref)->done);
+		switch_ended(ref);
 		return false;
 	}
 	*others = count - last;
@@ -1164,7 +1194,7 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 		switch_to_percpu_locked(ref, "percpuref_reclaimer");
 	}
 	ref->data->confirm_switch = NULL;
-	pthread_cond_broadcast(&stripe_of(ref)->done);
+	switch_ended(ref);
 	return released;
 }
 
