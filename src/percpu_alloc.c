@@ -37,16 +37,16 @@
  * its exit may register a hook that never runs (thread_exit.c), and a
  * registry node in its TLS would outlive the thread, reused by the next
  * thread on that stack (a list looped on itself: helper-60); on the heap
- * such a cache stays in the registry, its slots lost.  The library's own threads use none:
- * the callback thread frees the counter of every killed ref, and a slot
- * cached there would wait, unseen by the allocating threads, until its next
- * batch; it also frees before it releases, so a thread that saw the release
- * finds the slot in the pool.  At most 2 * CACHE_BATCH - 1 free slots wait
- * in a live thread's cache; a new chunk is mapped only when the shared pool
- * is empty (a refill takes what is left and maps none), whatever other
- * caches hold.
- * Zeroing happens outside the lock, by the allocating thread, the slot being
- * its own from the moment it left the pool.
+ * such a cache stays in the registry, its slots lost.  The library's own
+ * threads use none: the callback thread frees the counter of every killed
+ * ref and allocates none, so its cache would only fill and give back; and
+ * freeing straight into the pool before the release, it leaves the slot
+ * there for a thread that saw the release.  At most 2 * CACHE_BATCH - 1
+ * free slots wait in a live thread's cache; a new chunk is mapped only when
+ * the shared pool is empty (a refill takes what is left and maps none),
+ * whatever other caches hold.  Zeroing happens outside the lock, by the
+ * allocating thread, the slot being its own from the moment it left the
+ * pool.
  *
  * Counting: slots_handed_out (lock) counts slots out of the shared pool, in
  * caches or in use; in_use is that minus every registered cache's count
@@ -54,9 +54,9 @@
  * allocates or frees meanwhile.
  *
  * Fork: the child keeps the forking thread's cache; every other thread's
- * cache is dropped from the registry, its slots lost to the child (at most
- * 2 * CACHE_BATCH - 1 each, counted in use there): its owner may have been
- * halfway through a push or a pop, and does not exist in the child.
+ * cache is freed, its slots lost to the child (at most 2 * CACHE_BATCH - 1
+ * each, counted in use there): its owner may have been halfway through a
+ * push or a pop, and does not exist in the child.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -285,10 +285,18 @@ static void alloc_fork_parent(void)
 	pthread_mutex_unlock(&alloc_lock);
 }
 
-/* Other threads' caches go (their memory too: not freed here, a few
- * dozen bytes each): their owners do not exist here. */
+/* Other threads' caches go, their slots lost: their owners do not exist
+ * here, and may have been halfway through a push or a pop.  The C library
+ * has reset its allocator's locks before the child handlers run. */
 static void alloc_fork_child(void)
 {
+	struct slot_cache *c, *next;
+
+	for (c = registry.next; c != &registry; c = next) {
+		next = c->next;
+		if (c != cache)
+			free(c);
+	}
 	registry.next = registry.prev = &registry;
 	if (cache_state == CACHE_ACTIVE) {
 		cache->next = cache->prev = &registry;
