@@ -206,13 +206,15 @@ static struct slot_cache *my_cache(void)
 		free(c);
 		return NULL;
 	}
+	/* Named ours before it is linked: a fork child keeps the forking
+	 * thread's cache by this name (alloc_fork_child()). */
+	cache = c;
 	pthread_mutex_lock(&alloc_lock);
 	c->next = &registry;
 	c->prev = registry.prev;
 	registry.prev->next = c;
 	registry.prev = c;
 	pthread_mutex_unlock(&alloc_lock);
-	cache = c;
 	cache_state = CACHE_ACTIVE;
 	return c;
 }
@@ -291,14 +293,20 @@ static void alloc_fork_parent(void)
 static void alloc_fork_child(void)
 {
 	struct slot_cache *c, *next;
+	bool mine_linked = false;
 
+	/* Ours is kept if linked, whatever its state says: a fork from a
+	 * signal handler may come between the link and the state
+	 * (helper-61), and the thread goes on from there in the child. */
 	for (c = registry.next; c != &registry; c = next) {
 		next = c->next;
-		if (c != cache)
+		if (c == cache)
+			mine_linked = true;
+		else
 			free(c);
 	}
 	registry.next = registry.prev = &registry;
-	if (cache_state == CACHE_ACTIVE) {
+	if (mine_linked) {
 		cache->next = cache->prev = &registry;
 		registry.next = registry.prev = cache;
 	}

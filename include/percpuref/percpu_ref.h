@@ -245,8 +245,10 @@ PERCPUREF_API void percpuref_shutdown(void);
  * calls in flight.  @free counts the counters allocatable without a new
  * chunk, and those each live thread keeps for its own next inits (up to 63
  * a thread, given back when it exits): another thread may map a chunk while
- * some are kept.  In a fork child, the counters other threads of the
- * parent kept count as in use.
+ * some are kept.  A thread whose first call came from its last TLS
+ * destructor cannot give them back: they stay counted as free, unusable.
+ * In a fork child, the counters other threads of the parent kept count as
+ * in use.
  */
 struct percpuref_counter_stats {
 	size_t chunks;		/* chunks mapped (one unit per possible CPU each) */
