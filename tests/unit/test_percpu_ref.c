@@ -642,30 +642,27 @@ static void test_thread_caches(void)
 static pthread_key_t late_key;
 static int late_rounds;
 
-static void late_first_call(void *value)
-{
-	struct percpu_ref ref;
-
-	if (++late_rounds < PTHREAD_DESTRUCTOR_ITERATIONS) {
-		pthread_setspecific(late_key, value);	/* again next round */
-		return;
-	}
-	percpu_ref_init(&ref, count_release, 0);
-	percpu_ref_exit(&ref);
-}
-
-static void *arm_late_key(void *unused)
-{
-	pthread_setspecific(late_key, &late_rounds);
-	return unused;
-}
-
 static void *init_and_exit_one(void *unused)
 {
 	struct percpu_ref ref;
 
 	percpu_ref_init(&ref, count_release, 0);
 	percpu_ref_exit(&ref);
+	return unused;
+}
+
+static void late_first_call(void *value)
+{
+	if (++late_rounds < PTHREAD_DESTRUCTOR_ITERATIONS) {
+		pthread_setspecific(late_key, value);	/* again next round */
+		return;
+	}
+	init_and_exit_one(NULL);
+}
+
+static void *arm_late_key(void *unused)
+{
+	pthread_setspecific(late_key, &late_rounds);
 	return unused;
 }
 
