@@ -83,8 +83,8 @@ cat >"$bundle/run.sh" <<'RUN'
 #   run.sh [--quick] [--threads LIST] [--out DIR] [WORKLOAD...]
 #
 # WORKLOAD: any percpuref-bench workload, or anatomy; default: the scaling
-# workloads (micro, managed-hot, managed-scan, switch-storm, anatomy) and
-# the three seed cases (labels, creds, signal1).  Each point is the median of
+# workloads (micro, managed-hot, managed-scan, switch-storm, fence-cost,
+# anatomy) and the three seed cases (labels, creds, signal1).  Each point is the median of
 # 3 interleaved runs of 0.5 s (--quick: one run of 0.2 s, and a short
 # anatomy).  --threads is passed to every percpuref-bench workload
 # (default: each workload's, 1, 2, 4, ... all CPUs; anatomy runs one).
@@ -120,7 +120,7 @@ while (($#)); do
 	shift
 done
 ((${#workloads[@]})) ||
-	workloads=(micro managed-hot managed-scan switch-storm anatomy labels creds signal1)
+	workloads=(micro managed-hot managed-scan switch-storm fence-cost anatomy labels creds signal1)
 known=$("$bench" --help |
 	awk '/^workloads:/ { on = 1; next } on && !/^  [a-z]/ { exit } on { print $1 }')
 for w in "${workloads[@]}"; do
