@@ -265,6 +265,21 @@ bool percpuref_deferred_stop(void);
 /* Fences the callback thread waited for (one per batch). */
 unsigned long percpuref_deferred_fences(void);
 
+/*
+ * The switch stripe of the ref at @ref (percpu_ref.c: one of
+ * PERCPUREF_SWITCH_STRIPES locks and condition variables).  Fibonacci
+ * hashing of the address: neighbouring refs spread.  Here so that
+ * tests/stress/stress_stripe_mates.c finds refs that share one.
+ */
+#define PERCPUREF_SWITCH_STRIPE_BITS 8
+#define PERCPUREF_SWITCH_STRIPES (1u << PERCPUREF_SWITCH_STRIPE_BITS)
+static inline unsigned int percpuref_switch_stripe_index(const void *ref)
+{
+	uint64_t h = (uint64_t)(uintptr_t)ref * UINT64_C(0x9E3779B97F4A7C15);
+
+	return (unsigned int)(h >> (64 - PERCPUREF_SWITCH_STRIPE_BITS));
+}
+
 /* Per-CPU allocator (percpu_alloc.c).  Counters are zeroed on allocation. */
 uintptr_t percpuref_counter_alloc(void);	/* CPU 0's address, or 0: ENOMEM */
 void percpuref_counter_free(uintptr_t cpu0);

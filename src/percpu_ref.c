@@ -106,7 +106,7 @@
  * to exit and after.  No path holds two stripes at once; fork takes them
  * all, in index order.
  */
-#define SWITCH_STRIPES 256
+#define SWITCH_STRIPES PERCPUREF_SWITCH_STRIPES
 
 static struct switch_stripe {
 	pthread_mutex_t lock;
@@ -116,10 +116,7 @@ static struct switch_stripe {
 
 static struct switch_stripe *stripe_of(const struct percpu_ref *ref)
 {
-	/* Fibonacci hashing of the address: neighbouring refs spread. */
-	uint64_t h = (uint64_t)(uintptr_t)ref * UINT64_C(0x9E3779B97F4A7C15);
-
-	return &switch_stripes[h >> (64 - 8)];
+	return &switch_stripes[percpuref_switch_stripe_index(ref)];
 }
 
 static pthread_mutex_t *switch_lock_of(const struct percpu_ref *ref)
