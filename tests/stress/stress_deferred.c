@@ -29,6 +29,7 @@
 #include <percpuref/percpu_ref.h>
 
 #include "internal.h"
+#include "rnd.h"
 #include "tap.h"
 
 #define LOST_AFTER_S 10.0
@@ -101,8 +102,7 @@ static void *pusher(void *arg)
 			break;	/* the wake item is queued once */
 		}
 		/* The next push at once, or after a short random spin. */
-		seed = seed * 1103515245u + 12345u;
-		for (spin = (seed >> 16) % SPIN_MAX; spin; spin--)
+		for (spin = rnd(&seed) % SPIN_MAX; spin; spin--)
 			__asm__ __volatile__("" ::: "memory");
 	}
 	pushes = it.seq + (lost ? 1 : 0);

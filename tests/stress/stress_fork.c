@@ -69,6 +69,7 @@
 #include <percpuref/percpu_rcuref.h>
 #include <percpuref/percpu_ref.h>
 
+#include "rnd.h"
 #include "tap.h"
 
 #define SWITCHERS 2
@@ -152,12 +153,6 @@ static void fork_end(void)
 {
 }
 #endif
-
-static unsigned int rnd(unsigned int *seed)
-{
-	*seed = *seed * 1103515245u + 12345u;
-	return *seed >> 16;
-}
 
 static bool stopping(void)
 {

@@ -37,6 +37,7 @@
 
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
+#include "rnd.h"
 #include "tap.h"
 
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
@@ -75,12 +76,6 @@ static long flushes, flush_misses;	/* the flusher's */
 static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct heap_obj *ring[RING];
 static unsigned int ring_head, ring_tail;
-
-static unsigned int rnd(unsigned int *seed)
-{
-	*seed = *seed * 1103515245u + 12345u;
-	return *seed >> 16;
-}
 
 static void obj_release(struct percpu_ref *ref)
 {

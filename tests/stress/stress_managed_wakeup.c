@@ -25,6 +25,7 @@
 
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
+#include "rnd.h"
 #include "tap.h"
 
 #define NR_THREADS 2
@@ -56,8 +57,7 @@ static void *cycle(void *arg)
 		unsigned int spin;
 		double deadline;
 
-		w->seed = w->seed * 1103515245u + 12345u;
-		for (spin = (w->seed >> 16) % 4096; spin; spin--)
+		for (spin = rnd(&w->seed) % 4096; spin; spin--)
 			__asm__ __volatile__("" ::: "memory");
 		w->released = 0;
 		if (percpu_ref_init(&w->ref, waiter_release, PERCPU_REF_REL_MANAGED)) {

@@ -23,6 +23,7 @@
 
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
+#include "rnd.h"
 #include "tap.h"
 
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
@@ -66,12 +67,6 @@ static void obj_release(struct percpu_rcuref *ref)
 	memset(o, 0x5a, sizeof(*o));
 	free(o);
 	__atomic_fetch_add(&freed, 1, __ATOMIC_RELAXED);
-}
-
-static unsigned int rnd(unsigned int *seed)
-{
-	*seed = *seed * 1103515245u + 12345u;
-	return *seed >> 16;
 }
 
 static void *reader(void *arg)

@@ -19,6 +19,7 @@
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
 
 #include "percpuref/percpu_ref.h"
+#include "rnd.h"
 #include "tap.h"
 
 #define NR_REFS 8
@@ -49,12 +50,6 @@ static void count_confirm(struct percpu_ref *ref)
 {
 	(void)ref;
 	__atomic_fetch_add(&confirms_seen, 1, __ATOMIC_RELAXED);
-}
-
-static unsigned int rnd(unsigned int *seed)
-{
-	*seed = *seed * 1103515245u + 12345u;
-	return *seed >> 16;
 }
 
 static void *worker(void *arg)

@@ -27,6 +27,7 @@
 #include "internal.h"
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
+#include "rnd.h"
 #include "tap.h"
 
 #define WORKERS 4
@@ -61,17 +62,11 @@ static bool pick_mates(void)
 	return true;
 }
 
-static unsigned int rnd(unsigned int *seed, unsigned int n)
-{
-	*seed = *seed * 1103515245u + 12345u;
-	return (*seed >> 16) % n;
-}
-
 static __thread unsigned int cb_seed = 1;
 
 static void poke_shared(void)
 {
-	switch (rnd(&cb_seed, 3)) {
+	switch (rnd(&cb_seed) % 3) {
 	case 0:
 		percpu_ref_switch_to_atomic_sync(shared);
 		break;
@@ -87,8 +82,8 @@ static void poke_shared(void)
 static void slow_confirm(struct percpu_ref *ref)
 {
 	(void)ref;
-	if (rnd(&cb_seed, 2))
-		usleep(rnd(&cb_seed, 200));
+	if (rnd(&cb_seed) % 2)
+		usleep(rnd(&cb_seed) % 200);
 	poke_shared();
 }
 
@@ -100,20 +95,20 @@ static void count_release(struct percpu_ref *ref)
 		if (ref == mate[i])
 			__atomic_fetch_add(&worker_releases[i], 1, __ATOMIC_RELAXED);
 	__atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
-	if (!rnd(&cb_seed, 4))
+	if (!(rnd(&cb_seed) % 4))
 		poke_shared();
 }
 
 static percpu_ref_func_t *some_confirm(unsigned int *seed)
 {
-	return rnd(seed, 2) ? slow_confirm : NULL;
+	return rnd(seed) % 2 ? slow_confirm : NULL;
 }
 
 static void one_round(struct percpu_ref *r, unsigned int *seed)
 {
 	if (percpu_ref_init(r, count_release, PERCPU_REF_ALLOW_REINIT))
 		abort();
-	switch (rnd(seed, 4)) {
+	switch (rnd(seed) % 4) {
 	case 0:	/* exit waits for the kill's switch */
 		percpu_ref_kill_and_confirm(r, some_confirm(seed));
 		break;
@@ -136,14 +131,14 @@ static void one_round(struct percpu_ref *r, unsigned int *seed)
 		break;
 	default:	/* managed and back, while the reclaimer checks it */
 		if (!percpu_ref_switch_to_managed(r)) {
-			if (rnd(seed, 2))
-				usleep(rnd(seed, 300));
+			if (rnd(seed) % 2)
+				usleep(rnd(seed) % 300);
 			percpu_ref_switch_to_unmanaged(r);
 		}
 		percpu_ref_kill_and_confirm(r, some_confirm(seed));
 		break;
 	}
-	if (rnd(seed, 8) == 0)
+	if (rnd(seed) % 8 == 0)
 		(void)percpu_ref_barrier();
 	percpu_ref_exit(r);
 }
@@ -156,7 +151,7 @@ static void *worker(void *arg)
 	cb_seed = seed ^ 0x5555;
 	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
 		one_round(mate[i], &seed);
-		if (rnd(&seed, 4) == 0)
+		if (rnd(&seed) % 4 == 0)
 			poke_shared();
 		__atomic_fetch_add(&progress[i], 1, __ATOMIC_RELAXED);
 	}
@@ -175,16 +170,16 @@ static void *managed_user(void *arg)
 		if (percpu_ref_init(managed, count_release, PERCPU_REF_ALLOW_REINIT))
 			abort();
 		percpu_ref_switch_to_managed(managed);
-		for (int k = rnd(&seed, 50); k-- > 0;) {
+		for (int k = rnd(&seed) % 50; k-- > 0;) {
 			percpu_ref_get(managed);
 			percpu_ref_put(managed);
 		}
-		if (rnd(&seed, 2))
+		if (rnd(&seed) % 2)
 			percpu_ref_switch_to_unmanaged(managed);
 		/* Our reference: a managed ref is then released by the reclaimer. */
 		percpu_ref_put(managed);
-		if (rnd(&seed, 2))
-			usleep(rnd(&seed, 500));
+		if (rnd(&seed) % 2)
+			usleep(rnd(&seed) % 500);
 		percpu_ref_exit(managed);
 		__atomic_fetch_add(&progress[WORKERS], 1, __ATOMIC_RELAXED);
 	}

@@ -49,6 +49,7 @@
 #include "internal.h"
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
+#include "rnd.h"
 #include "tap.h"
 
 struct torture_ref {
@@ -77,12 +78,6 @@ static void delay(void)
 
 	while (now_ns() < until)
 		;
-}
-
-static unsigned int rnd(unsigned int *seed)
-{
-	*seed = *seed * 1103515245u + 12345u;
-	return *seed >> 16;
 }
 
 static long env_long(const char *name, long def, long min)
