@@ -16,11 +16,9 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "child.h"
@@ -217,10 +215,11 @@ static void *watchdog(void *arg)
 	return NULL;
 }
 
+/* 0 when a fork child ran its switches and exited 0; else its status
+ * (wait_child(): 128 + SIGALRM when it hung for 20 s), or -1. */
 static int fork_once(void)
 {
 	pid_t pid = fork();
-	int status, waited;
 
 	if (pid < 0)
 		return 0;
@@ -235,14 +234,7 @@ static int fork_once(void)
 		percpu_ref_switch_to_percpu(shared);
 		_exit(0);
 	}
-	for (waited = 0; waited < 20000; waited++) {
-		if (waitpid(pid, &status, WNOHANG) == pid)
-			return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
-		usleep(1000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &status, 0);
-	return -2;
+	return wait_child(pid);
 }
 
 int main(void)
@@ -283,10 +275,10 @@ int main(void)
 		if (!no_forks && t % 2 == 0) {
 			int r = fork_once();
 
-			if (r)
+			if (r) {
 				fork_failures++;
-			if (r == -2)
-				printf("# fork child hung\n");
+				printf("# fork child: status %d\n", r);
+			}
 			__atomic_fetch_add(&forks, 1, __ATOMIC_RELAXED);
 		}
 	}
