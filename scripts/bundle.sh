@@ -84,9 +84,9 @@ cat >"$bundle/run.sh" <<'RUN'
 #
 # WORKLOAD: any percpuref-bench workload, or anatomy; default: the scaling
 # workloads (micro, managed-hot, managed-scan, switch-storm, fence-cost,
-# anatomy) and the three seed cases (labels, creds, signal1).  Each point is the median of
-# 3 interleaved runs of 0.5 s (--quick: one run of 0.2 s, and a short
-# anatomy).  --threads is passed to every percpuref-bench workload
+# anatomy) and the three seed cases (labels, creds, signal1).  Each point
+# is the median of 3 interleaved runs of 0.5 s (--quick: one run of 0.2 s,
+# and a short anatomy).  --threads is passed to every percpuref-bench workload
 # (default: each workload's, 1, 2, 4, ... all CPUs; anatomy runs one).
 # Tables go to standard output and DIR/WORKLOAD.txt, JSON Lines to
 # DIR/WORKLOAD.json (DIR: default results-HOSTNAME).
