@@ -202,6 +202,9 @@ expect 2 signal1 --batch -1
 expect 2 signal1 --batch 0
 expect 2 signal1 --batch 99999999999999999999
 expect 2 signal1 --limit -1
+expect 2 switch-storm --in-flight 0
+expect 2 switch-storm --in-flight 65
+expect 2 switch-storm --batch 0
 # A limit below the largest row's workers: refused before the first row
 # runs (it used to die at that row, the earlier rows' results lost).
 expect 2 signal1 --limit 1 --threads 1,2 --variants global $short

@@ -6,16 +6,21 @@
  *
  * Each thread cycles its own refs, never touched by another thread, through
  * a whole life, in batches of --batch refs so that asynchronous kills of one
- * batch share the callback thread's fences:
+ * batch share the callback thread's fences, with up to --in-flight batches
+ * killed and not yet released (1, the default: a thread waits for each
+ * batch's releases before it starts the next; more: it goes on with new
+ * refs meanwhile, as a server whose connections are freed by their release
+ * does, and waits only for the oldest batch when all are in flight):
  *   kill      init -> --burst get/put pairs -> kill -> (release, on the
  *             library's callback thread) -> exit: a per-connection object;
  *   managed   init ALLOW_REINIT -> switch_to_managed -> burst ->
  *             switch_to_unmanaged -> kill -> release -> exit: the same
  *             life with a stay under management, three more mode changes.
- * One operation is one ref's whole life (a "cycle").  The release callback
- * counts releases per thread; a thread exits its batch only once every ref
- * of it was released, and teardown checks that every ref was released
- * exactly once (a lost or doubled release fails the run).
+ * One operation is one ref's whole life (a "cycle"), counted when its batch
+ * is retired.  The release callback counts releases per batch; a thread
+ * exits a batch only once every ref of it was released, and fails the run
+ * if a batch counts more releases than refs (a doubled release; a lost one
+ * leaves the thread waiting, and the run hangs).
  *
  * Metrics: the CPU time a cycle costs on its own thread, not counting the
  * waits for releases (worker_cpu), and on the library's callback thread,
@@ -35,16 +40,22 @@
 
 enum storm_kind { STORM_KILL, STORM_MANAGED };
 
-static long opt_batch = 32, opt_burst = 16;
+static long opt_batch = 32, opt_burst = 16, opt_in_flight = 1;
 
 struct storm_ref {
 	struct percpu_ref ref;
-	unsigned long *released;	/* the owning thread's counter */
+	unsigned long *released;	/* its batch's counter */
+};
+
+struct storm_batch {
+	struct storm_ref *refs;		/* --batch of them */
+	unsigned long released;		/* atomic: release callbacks */
+	unsigned long lives;		/* refs initialised, 0: slot free */
 };
 
 struct storm_local {
-	struct storm_ref *refs;
-	unsigned long released;		/* atomic: release callbacks */
+	struct storm_batch *batches;	/* --in-flight of them, a ring */
+	long next;			/* the slot the next batch takes */
 	unsigned long lives;		/* refs this thread initialised */
 	uint64_t cpu_ns_at_start;	/* this thread's CPU clock */
 	uint64_t cpu_ns_waiting;	/* of it, waiting for releases */
@@ -72,61 +83,107 @@ static void storm_release(struct percpu_ref *ref)
 	__atomic_fetch_add(r->released, 1, __ATOMIC_RELEASE);
 }
 
+/*
+ * Waits for the releases of @b's refs, exits them and frees the slot: the
+ * batch's cycles are complete.  Their count, or 0 for a free slot.
+ */
+static unsigned long storm_retire(struct storm_local *l, struct storm_batch *b)
+{
+	unsigned long i, released;
+
+	if (!b->lives)
+		return 0;
+	/* Acquire: pairs with storm_release().  Yield: the callback thread
+	 * that finishes the kills may need this CPU.  The time spent so is
+	 * waiting, not the cycle's work (worker_cpu). */
+	if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
+		uint64_t wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+
+		while (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives)
+			sched_yield();
+		l->cpu_ns_waiting += bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - wait_start;
+	}
+	for (i = 0; i < b->lives; i++)
+		percpu_ref_exit(&b->refs[i].ref);
+	/* Relaxed: every release of the batch was seen above; one more now
+	 * would be a doubled release, which the check below catches. */
+	released = __atomic_exchange_n(&b->released, 0, __ATOMIC_RELAXED);
+	if (released != b->lives)
+		bench_die("switch-storm: %lu releases for %lu refs", released, b->lives);
+	b->lives = 0;
+	return released;
+}
+
+/*
+ * Fills @b with up to --batch new refs, each through init, its burst and
+ * kill; stops between two once measuring ended: a batch of long bursts
+ * would outlast a short point (4096 bursts of 10^6 pairs take seconds).
+ */
+static void storm_fill(struct bench_thread *t, struct storm_batch *b)
+{
+	struct storm_local *l = t->local;
+	enum storm_kind kind = (enum storm_kind)t->run->variant->arg;
+	unsigned int flags = kind == STORM_MANAGED ? PERCPU_REF_ALLOW_REINIT : 0;
+	long j;
+
+	do {
+		struct storm_ref *r = &b->refs[b->lives++];
+
+		r->released = &b->released;
+		if (percpu_ref_init(&r->ref, storm_release, flags))
+			bench_die("switch-storm: percpu_ref_init failed");
+		if (kind == STORM_MANAGED && percpu_ref_switch_to_managed(&r->ref))
+			bench_die("switch-storm: switch_to_managed failed");
+		for (j = 0; j < opt_burst; j++) {
+			percpu_ref_get(&r->ref);
+			percpu_ref_put(&r->ref);
+		}
+		if (kind == STORM_MANAGED && percpu_ref_switch_to_unmanaged(&r->ref))
+			bench_die("switch-storm: switch_to_unmanaged failed");
+		percpu_ref_kill(&r->ref);
+	} while (b->lives < (unsigned long)opt_batch && bench_running(t));
+	l->lives += b->lives;
+}
+
+/*
+ * Before the start barrier, so before the warm-up: all batches but one go
+ * in flight here, and the loop's first pass fills the last, so that every
+ * pass of the loop inside the window retires one batch.  Counted at
+ * retirement, cycles would otherwise be missing from a window that opened
+ * while the ring was still filling (4096 x 64 refs take longer than a
+ * short warm-up).
+ */
 static void storm_thread_init(struct bench_thread *t)
 {
 	struct storm_local *l = bench_zalloc(sizeof(*l));
+	long i;
 
-	l->refs = bench_zalloc((size_t)opt_batch * sizeof(*l->refs));
+	l->batches = bench_zalloc((size_t)opt_in_flight * sizeof(*l->batches));
+	for (i = 0; i < opt_in_flight; i++)
+		l->batches[i].refs = bench_zalloc((size_t)opt_batch * sizeof(*l->batches[i].refs));
 	t->local = l;
 	l->cpu_ns_at_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+	for (i = 0; i < opt_in_flight - 1; i++)
+		storm_fill(t, &l->batches[i]);
+	l->next = opt_in_flight - 1;
 }
 
 static void storm_loop(struct bench_thread *t)
 {
 	struct storm_local *l = t->local;
-	enum storm_kind kind = (enum storm_kind)t->run->variant->arg;
-	unsigned int flags = kind == STORM_MANAGED ? PERCPU_REF_ALLOW_REINIT : 0;
-	long i, j;
+	long i;
 
 	while (bench_running(t)) {
-		unsigned long target = l->released;
-		long n = 0;
+		struct storm_batch *b = &l->batches[l->next];
 
-		/* Up to --batch refs; stop between two once measuring ended: a
-		 * batch of long bursts would outlast a short point (4096 bursts
-		 * of 10^6 pairs take seconds). */
-		do {
-			struct storm_ref *r = &l->refs[n++];
-
-			r->released = &l->released;
-			if (percpu_ref_init(&r->ref, storm_release, flags))
-				bench_die("switch-storm: percpu_ref_init failed");
-			if (kind == STORM_MANAGED && percpu_ref_switch_to_managed(&r->ref))
-				bench_die("switch-storm: switch_to_managed failed");
-			for (j = 0; j < opt_burst; j++) {
-				percpu_ref_get(&r->ref);
-				percpu_ref_put(&r->ref);
-			}
-			if (kind == STORM_MANAGED && percpu_ref_switch_to_unmanaged(&r->ref))
-				bench_die("switch-storm: switch_to_unmanaged failed");
-			percpu_ref_kill(&r->ref);
-		} while (n < opt_batch && bench_running(t));
-		target += (unsigned long)n;
-		l->lives += (unsigned long)n;
-		/* Acquire: pairs with storm_release().  Yield: the callback
-		 * thread that finishes the kills may need this CPU.  The time
-		 * spent so is waiting, not the cycle's work (worker_cpu). */
-		if (__atomic_load_n(&l->released, __ATOMIC_ACQUIRE) < target) {
-			uint64_t wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
-
-			while (__atomic_load_n(&l->released, __ATOMIC_ACQUIRE) < target)
-				sched_yield();
-			l->cpu_ns_waiting += bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - wait_start;
-		}
-		for (i = 0; i < n; i++)
-			percpu_ref_exit(&l->refs[i].ref);
-		bench_count(t, (uint64_t)n);
+		l->next = (l->next + 1) % opt_in_flight;
+		/* The oldest batch in flight (none on the first pass). */
+		bench_count(t, storm_retire(l, b));
+		storm_fill(t, b);
 	}
+	/* The batches still in flight; the measurement has ended. */
+	for (i = 0; i < opt_in_flight; i++)
+		(void)storm_retire(l, &l->batches[i]);
 }
 
 static void storm_thread_fini(struct bench_thread *t)
@@ -135,13 +192,14 @@ static void storm_thread_fini(struct bench_thread *t)
 	struct storm_state *s = t->run->state;
 	uint64_t worked = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - l->cpu_ns_at_start -
 			  l->cpu_ns_waiting;
+	long i;
 
 	/* Relaxed: the main thread reads them after joining this thread. */
 	__atomic_fetch_add(&s->worker_cpu_ns, worked, __ATOMIC_RELAXED);
 	__atomic_fetch_add(&s->lives, (uint64_t)l->lives, __ATOMIC_RELAXED);
-	if (__atomic_load_n(&l->released, __ATOMIC_ACQUIRE) != l->lives)
-		bench_die("switch-storm: %lu releases for %lu refs", l->released, l->lives);
-	free(l->refs);
+	for (i = 0; i < opt_in_flight; i++)
+		free(l->batches[i].refs);
+	free(l->batches);
 	free(l);
 }
 
@@ -169,6 +227,8 @@ static const char *storm_validate(void)
 		return "--batch: want 1..4096";
 	if (opt_burst < 0 || opt_burst > 1000000)
 		return "--burst: want 0..1000000";
+	if (opt_in_flight < 1 || opt_in_flight > 64)
+		return "--in-flight: want 1..64";
 	return NULL;
 }
 
@@ -181,9 +241,11 @@ static const struct bench_variant storm_variants[] = {
 
 static const struct bench_option storm_options[] = {
 	{ .name = "batch", .type = BENCH_OPT_LONG, .value = &opt_batch,
-	  .help = "refs a thread kills before it waits for their releases" },
+	  .help = "refs a thread kills in one batch, whose releases it waits for together" },
 	{ .name = "burst", .type = BENCH_OPT_LONG, .value = &opt_burst,
 	  .help = "get/put pairs on each ref between init and kill" },
+	{ .name = "in-flight", .type = BENCH_OPT_LONG, .value = &opt_in_flight,
+	  .help = "batches a thread may have killed and not yet released" },
 	{ NULL },
 };
 
