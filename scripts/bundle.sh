@@ -82,9 +82,11 @@ cat >"$bundle/run.sh" <<'RUN'
 #
 #   run.sh [--quick] [--threads LIST] [--out DIR] [WORKLOAD...]
 #
-# WORKLOAD: any percpuref-bench workload, or anatomy; default: the scaling
-# workloads (micro, managed-hot, managed-scan, switch-storm, fence-cost,
-# anatomy) and the three seed cases (labels, creds, signal1).  Each point
+# WORKLOAD: any percpuref-bench workload, anatomy, or switch-storm-in-flight
+# (switch-storm --in-flight 16: threads that do not wait for each batch's
+# releases); default: the scaling workloads (micro, managed-hot,
+# managed-scan, switch-storm, switch-storm-in-flight, fence-cost, anatomy)
+# and the three seed cases (labels, creds, signal1).  Each point
 # is the median of 3 interleaved runs of 0.5 s (--quick: one run of 0.2 s,
 # and a short anatomy).  --threads is passed to every percpuref-bench workload
 # (default: each workload's, 1, 2, 4, ... all CPUs; anatomy runs one).
@@ -120,12 +122,14 @@ while (($#)); do
 	shift
 done
 ((${#workloads[@]})) ||
-	workloads=(micro managed-hot managed-scan switch-storm fence-cost anatomy labels creds signal1)
+	workloads=(micro managed-hot managed-scan switch-storm switch-storm-in-flight fence-cost anatomy
+		labels creds signal1)
 known=$("$bench" --help |
 	awk '/^workloads:/ { on = 1; next } on && !/^  [a-z]/ { exit } on { print $1 }')
 for w in "${workloads[@]}"; do
-	if [[ $w != anatomy ]] && ! grep -qxF -- "$w" <<<"$known"; then
-		echo "run.sh: unknown workload $w; workloads: anatomy $(echo $known)" >&2
+	if [[ $w != anatomy && $w != switch-storm-in-flight ]] && ! grep -qxF -- "$w" <<<"$known"; then
+		echo "run.sh: unknown workload $w; workloads: anatomy switch-storm-in-flight" \
+			"$(echo $known)" >&2
 		exit 2
 	fi
 done
@@ -153,6 +157,9 @@ for w in "${workloads[@]}"; do
 	echo
 	if [[ $w == anatomy ]]; then
 		"$here/bin/percpuref-anatomy" "${anatomy[@]}" | tee "$out/anatomy.txt"
+	elif [[ $w == switch-storm-in-flight ]]; then
+		"$bench" switch-storm --in-flight 16 --repeat "$repeat" --duration "$duration" \
+			"${threads[@]}" --json "$out/$w.json" | tee "$out/$w.txt"
 	else
 		"$bench" "$w" --repeat "$repeat" --duration "$duration" "${threads[@]}" \
 			--json "$out/$w.json" | tee "$out/$w.txt"

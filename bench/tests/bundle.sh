@@ -76,5 +76,19 @@ check "and micro.txt kept" test -s "$tmp/res/micro.txt"
 check "micro.json has a row per variant" \
 	sh -c "[ \$(grep -c '\"variant\"' '$tmp/res/micro.json') -ge 4 ]"
 check "machine.txt names the fast path" grep -q "fast path" "$tmp/res/machine.txt"
+# switch-storm-in-flight: switch-storm with threads that do not wait for
+# each batch, in the default set (the JSON names the option's value and
+# the rows --threads asked for).
+check "run.sh runs switch-storm-in-flight by default" \
+	grep -Eq '^[[:space:]]*workloads=\(.* switch-storm-in-flight ' "$run"
+check "run.sh --quick --threads 1 switch-storm-in-flight" \
+	status_of 0 "$run" --quick --threads 1 --out "$tmp/res" switch-storm-in-flight
+check "switch-storm-in-flight.txt has its table" \
+	grep -q '^ *1  1C1T ' "$tmp/res/switch-storm-in-flight.txt"
+check "switch-storm-in-flight.json ran --in-flight 16" \
+	grep -q '"in-flight":16' "$tmp/res/switch-storm-in-flight.json"
+check "switch-storm-in-flight.json has the rows of --threads 1 only" \
+	sh -c "grep -q '\"threads\":1,' '$tmp/res/switch-storm-in-flight.json' &&
+	       ! grep -q '\"threads\":[02-9]' '$tmp/res/switch-storm-in-flight.json'"
 
 finish
