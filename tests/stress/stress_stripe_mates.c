@@ -241,15 +241,12 @@ int main(void)
 {
 	struct percpu_ref_managed_config config;
 	pthread_t threads[WORKERS + 1], dog;
-	const char *env = getenv("STRESS_SECONDS");
-	unsigned long seconds, t;
+	double seconds = stress_seconds(5);
+	unsigned long t;
 	int fork_failures = 0;
 	bool no_forks;
 	long i;
 
-	seconds = env ? strtoul(env, NULL, 10) : 5;
-	if (!seconds)
-		seconds = 1;
 	if (!ok(pick_mates(), "found %d refs on one stripe", WORKERS + 3))
 		return done_testing();
 	if (percpu_ref_init(shared, count_release, PERCPU_REF_ALLOW_REINIT))
