@@ -81,10 +81,50 @@
  * missing in the child (its caller does not exist there): the child counts
  * what is queued.  The price: fork waits for a batch's fence and for its
  * confirm callbacks, which run between halves of a switch.
+ *
+ * Polling threads (percpu_ref_poll_register()).  A registered thread's
+ * items go on a queue of its own (struct poller: a FIFO under its lock,
+ * taken only briefly), each stamped with the fence tickets taken so far
+ * (runtime.c: percpuref_fence_stamp(), read after a full barrier that
+ * follows the caller's mode flags).  Its percpu_ref_poll() takes the
+ * prefix whose stamps a fence has covered (stamps rise along the queue:
+ * one thread stamps them in order) and runs it under the poller's batch
+ * lock, as the callback thread runs its batch (pausing around a
+ * @release; rest holds what is not started), so the acquire that saw
+ * the ticket covered orders the fold after every commit that fence saw.
+ * With nothing covered, it runs a fence if none started in the last
+ * PERCPUREF_POLL_FENCE_INTERVAL_NS (any thread's).  With
+ * PERCPU_REF_POLL_WAIT and nothing finished yet, it waits for a fence
+ * that started after its oldest item, or runs one if none did: a fence
+ * covers every thread's items queued before it, so threads whose oldest
+ * items are as old share it (a thread that waited for each batch with a
+ * fence of its own interrupted every other CPU once a batch).  It returns
+ * once it finished some.  So the kernel's shape: the second half of a
+ * kill runs where it was queued, and the fences are shared.  Nothing is
+ * stranded on a queue whose thread does not poll: a barrier, an exit, a
+ * call waiting for a switch in flight (percpuref_deferred_take_polled()),
+ * unregistering and thread exit move the queues onto the callback
+ * thread's stack (where an extra fence only delays them), pushing under
+ * the poller's lock, which fork takes: a fork child finds each item on
+ * one queue or the other, never in a hand-over's hands; a barrier then
+ * also waits until each other poller has run what its poll had taken
+ * (nr_done reaching the nr_taken it read, under the poller's lock).
+ * Counts only rise, and a poller is never freed (the next thread to
+ * register claims it), so a barrier walks the registry without a lock
+ * (published with a release store; next never changes).  Fork takes the
+ * registry lock and every poller's batch lock (rank POLL_BATCH), then
+ * with the queue lock every poller's lock (rank DEFERRED; the list as it
+ * was then, fork_pollers: a fork from a callback holds no registry lock,
+ * and a poller registered since is not the fork's to unlock): in the child,
+ * the pollers of threads that do not exist hand their queue and rest to
+ * the callback thread; the forking thread's keeps its own.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -104,6 +144,36 @@ static bool thread_sleeping;
 static unsigned long batch_fences;
 /* This thread pushed onto the stack of a thread that may sleep. */
 static __thread bool wake_owed;
+
+/*
+ * A poll starts a fence only if none started in this long (any thread's):
+ * sixteen CPUs then take an interrupt from our polls once every 300 µs at
+ * most, however many kills they queue.  It is also about how long a kill
+ * waits for its fence on a thread that polls often.
+ */
+#define PERCPUREF_POLL_FENCE_INTERVAL_NS UINT64_C(300000)
+
+/*
+ * A polling thread's state (percpu_ref_poll_register()).  Never freed: a
+ * thread that stops polling leaves it for the next one to claim, so that
+ * barrier and exit walk the registry without a lock.
+ */
+struct poller {
+	struct percpuref_batch batch;	/* its polls, as callback_batch */
+	pthread_mutex_t lock;		/* rank DEFERRED: the fields below */
+	pthread_cond_t ran;		/* broadcast when nr_done rises */
+	struct percpuref_deferred *head, **tail;	/* queued, oldest first */
+	struct percpuref_deferred *rest;	/* batch: taken, not started */
+	unsigned long nr_taken, nr_done;	/* items taken by polls, and run */
+	bool in_use;			/* also written under registry_lock */
+	struct poller *next;		/* set before publication */
+};
+/* Published with a release store, pushed under registry_lock. */
+static struct poller *pollers;
+/* Registration, release, fork: rank POLL_BATCH, before every poll batch. */
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread struct poller *my_poller;
+static __thread bool poller_exit_armed;
 
 /* Relaxed: a peek; the exchange that takes the items acquires. */
 static bool queue_empty(void)
@@ -224,12 +294,12 @@ static bool ensure_thread(void)
 	return thread.running;
 }
 
-void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn)
+/* Onto the callback thread's queue, counted; leaves a wake-up owed if the
+ * thread may sleep. */
+static void push_pending(struct percpuref_deferred *d)
 {
 	struct percpuref_deferred *top = __atomic_load_n(&pending, __ATOMIC_RELAXED);
 
-	d->fn = fn;
-	percpuref_note_work();
 	/* Relaxed: a waiter that must see it is ordered after this call. */
 	__atomic_fetch_add(&nr_queued, 1, __ATOMIC_RELAXED);
 	do
@@ -243,6 +313,264 @@ void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_d
 	if (!__atomic_load_n(&thread.running, __ATOMIC_RELAXED) ||
 	    __atomic_load_n(&thread_sleeping, __ATOMIC_SEQ_CST))
 		wake_owed = true;
+}
+
+void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn)
+{
+	struct poller *p = my_poller;
+
+	d->fn = fn;
+	percpuref_note_work();
+	if (!p) {
+		push_pending(d);
+		return;
+	}
+	d->next = NULL;
+	/* After the caller's mode flags: the fence that covers it. */
+	d->stamp = percpuref_fence_stamp();
+	pthread_mutex_lock(&p->lock);
+	*p->tail = d;
+	p->tail = &d->next;
+	pthread_mutex_unlock(&p->lock);
+}
+
+/* Every queued item of @p, oldest first, off its queue.  Its lock held. */
+static struct percpuref_deferred *poller_take_all(struct poller *p)
+{
+	struct percpuref_deferred *list = p->head;
+
+	p->head = NULL;
+	p->tail = &p->head;
+	return list;
+}
+
+/* @list (a polling thread's, oldest first) onto the callback thread's queue. */
+static void push_pending_list(struct percpuref_deferred *list)
+{
+	struct percpuref_deferred *d;
+
+	while ((d = list)) {
+		list = d->next;
+		push_pending(d);
+	}
+}
+
+void percpuref_deferred_take_polled(void)
+{
+	struct poller *p;
+
+	/* Acquire: pairs with the registration's release; next never changes. */
+	for (p = __atomic_load_n(&pollers, __ATOMIC_ACQUIRE); p; p = p->next) {
+		struct percpuref_deferred *list;
+
+		/* Pushed under the lock: a fork (which takes it) finds the
+		 * items on one queue or the other, never in our hands. */
+		pthread_mutex_lock(&p->lock);
+		list = poller_take_all(p);
+		push_pending_list(list);
+		pthread_mutex_unlock(&p->lock);
+	}
+}
+
+/* Waits until every polling thread but ours finished the items its poll
+ * had taken when we looked (those queued are taken over, so barrier and
+ * exit wait for them on the callback thread's count). */
+static void wait_polled_batches(void)
+{
+	struct poller *p;
+
+	for (p = __atomic_load_n(&pollers, __ATOMIC_ACQUIRE); p; p = p->next) {
+		unsigned long target;
+
+		if (p == my_poller)
+			continue;
+		pthread_mutex_lock(&p->lock);
+		target = p->nr_taken;
+		while ((long)(p->nr_done - target) < 0)
+			pthread_cond_wait(&p->ran, &p->lock);
+		pthread_mutex_unlock(&p->lock);
+	}
+}
+
+/*
+ * The covered prefix of @p's queue into p->rest, counted taken; its lock
+ * held.  Stamps rise along the queue (one thread stamps them in order).
+ * Returns whether items remain queued.
+ */
+static bool poller_take_covered(struct poller *p)
+{
+	struct percpuref_deferred **end = &p->rest, *d;
+	unsigned long n = 0;
+
+	while ((d = p->head) && percpuref_fence_covers(d->stamp)) {
+		p->head = d->next;
+		*end = d;
+		end = &d->next;
+		n++;
+	}
+	*end = NULL;
+	if (!p->head)
+		p->tail = &p->head;
+	p->nr_taken += n;
+	return p->head != NULL;
+}
+
+/*
+ * Another thread's fence is running: a membarrier ends within
+ * microseconds, so yield; the fallback fences may take milliseconds (a
+ * migration fence, a refused one's 10 ms sleep), so after 64 yields
+ * sleep 50 µs at a time rather than spin.
+ */
+static void wait_for_fence(unsigned long spins)
+{
+	static const struct timespec nap = { 0, 50000 };
+
+	if (spins <= 64)
+		sched_yield();
+	else
+		nanosleep(&nap, NULL);
+}
+
+PERCPUREF_API int percpu_ref_poll(unsigned int flags)
+{
+	struct poller *p = my_poller;
+	unsigned long ran = 0, n, oldest_stamp, spins = 0;
+	bool queued;
+	int cancel;
+
+	if (flags & ~PERCPU_REF_POLL_WAIT)
+		return -EINVAL;
+	if (!p)
+		return -EPERM;
+	/* Inside a callback: a @release this very poll runs, or a confirm
+	 * (one run at once on a user's thread too: pinned, so a @release
+	 * our poll ran there would hold our batch lock, and a fork waiting
+	 * for it would wait for whatever that @release waits for). */
+	if (percpuref_holds_batch_lock() || percpuref_in_confirm())
+		return -EDEADLK;
+	cancel = percpuref_cancel_disable();
+	percpuref_batch_begin(&p->batch);
+	for (;;) {
+		pthread_mutex_lock(&p->lock);
+		queued = poller_take_covered(p);
+		oldest_stamp = queued ? p->head->stamp : 0;
+		pthread_mutex_unlock(&p->lock);
+		if (!p->rest) {
+			if (!queued)
+				break;
+			/* A plain poll, or a waiting one that finished some:
+			 * a fence only if one is due. */
+			if (!(flags & PERCPU_REF_POLL_WAIT) || ran) {
+				if (percpuref_fence_readers_paced(PERCPUREF_POLL_FENCE_INTERVAL_NS))
+					break;
+				continue;
+			}
+			/* Waiting, nothing finished: wait for a fence that
+			 * started after the oldest item; if none did, start one
+			 * (it covers every thread's older ones). */
+			if (percpuref_fence_started_after(oldest_stamp))
+				wait_for_fence(++spins);
+			else
+				percpuref_fence_readers();
+			continue;
+		}
+		n = percpuref_deferred_run(&p->rest);
+		pthread_mutex_lock(&p->lock);
+		p->nr_done += n;
+		pthread_cond_broadcast(&p->ran);
+		pthread_mutex_unlock(&p->lock);
+		ran += n;
+	}
+	percpuref_batch_end(&p->batch);
+	percpuref_cancel_restore(cancel);
+	return ran > INT_MAX ? INT_MAX : (int)ran;
+}
+
+/* Hands @p's queue to the callback thread and frees it for another thread. */
+static void poller_leave(struct poller *p)
+{
+	struct percpuref_deferred *list;
+
+	pthread_mutex_lock(&registry_lock);
+	pthread_mutex_lock(&p->lock);
+	list = poller_take_all(p);
+	push_pending_list(list);
+	p->in_use = false;
+	pthread_mutex_unlock(&p->lock);
+	pthread_mutex_unlock(&registry_lock);
+	my_poller = NULL;
+	percpuref_deferred_wake_owed();
+}
+
+static void poller_thread_exit(void *unused)
+{
+	(void)unused;
+	if (my_poller)
+		poller_leave(my_poller);
+}
+
+/* Registry lock held.  A free struct, else a new one, claimed. */
+static struct poller *poller_claim(void)
+{
+	struct poller *p;
+
+	for (p = pollers; p; p = p->next)
+		if (!p->in_use)
+			break;
+	if (!p) {
+		p = percpuref_zalloc(sizeof(*p));
+		if (!p)
+			return NULL;
+		pthread_mutex_init(&p->batch.lock, NULL);
+		pthread_cond_init(&p->batch.idle, NULL);
+		p->batch.rank = PERCPUREF_RANK_POLL_BATCH;
+		pthread_mutex_init(&p->lock, NULL);
+		pthread_cond_init(&p->ran, NULL);
+		p->tail = &p->head;
+		p->next = pollers;
+		/* Release: the fields above, for lock-free walkers. */
+		__atomic_store_n(&pollers, p, __ATOMIC_RELEASE);
+	}
+	/* The lock: a barrier may be reading the counts. */
+	pthread_mutex_lock(&p->lock);
+	p->in_use = true;
+	pthread_mutex_unlock(&p->lock);
+	return p;
+}
+
+PERCPUREF_API int percpu_ref_poll_register(void)
+{
+	struct poller *p;
+
+	if (percpuref_on_library_thread())
+		return -EPERM;
+	if (my_poller)
+		return -EALREADY;
+	if (percpuref_holds_batch_lock())
+		return -EDEADLK;
+	percpuref_runtime_init();
+	if (!poller_exit_armed) {
+		if (!percpuref_at_thread_exit(poller_thread_exit, NULL))
+			return -EAGAIN;
+		poller_exit_armed = true;
+	}
+	pthread_mutex_lock(&registry_lock);
+	p = poller_claim();
+	pthread_mutex_unlock(&registry_lock);
+	if (!p)
+		return -ENOMEM;
+	my_poller = p;
+	return 0;
+}
+
+PERCPUREF_API int percpu_ref_poll_unregister(void)
+{
+	if (!my_poller)
+		return -EPERM;
+	if (percpuref_holds_batch_lock())
+		return -EDEADLK;
+	poller_leave(my_poller);
+	return 0;
 }
 
 bool percpuref_deferred_start(void)
@@ -279,6 +607,9 @@ int percpuref_wait_deferred(void)
 	 * wait for a fork waiting for us, or for ourselves. */
 	if (percpuref_on_library_thread() || percpuref_holds_batch_lock())
 		return -EDEADLK;
+	/* Polling threads' queues too: one may never poll again. */
+	percpuref_deferred_take_polled();
+	percpuref_deferred_wake_owed();
 	target = __atomic_load_n(&nr_queued, __ATOMIC_RELAXED);
 	cancel = percpuref_cancel_disable();
 	pthread_mutex_lock(&deferred_lock);
@@ -294,6 +625,7 @@ int percpuref_wait_deferred(void)
 		pthread_cond_wait(&work_done, &deferred_lock);
 	}
 	pthread_mutex_unlock(&deferred_lock);
+	wait_polled_batches();
 	percpuref_cancel_restore(cancel);
 	return 0;
 }
@@ -343,15 +675,90 @@ static void batch_fork_child(void)
 	percpuref_batch_fork_child(&callback_batch);
 }
 
+/* Registration first, then every polling thread's batch lock, in order. */
+static void poll_batch_fork_prepare(void)
+{
+	struct poller *p;
+
+	pthread_mutex_lock(&registry_lock);
+	for (p = pollers; p; p = p->next)
+		pthread_mutex_lock(&p->batch.lock);
+}
+
+static void poll_batch_fork_parent(void)
+{
+	struct poller *p;
+
+	for (p = pollers; p; p = p->next)
+		pthread_mutex_unlock(&p->batch.lock);
+	pthread_mutex_unlock(&registry_lock);
+}
+
+/* Their queues went to the callback thread (queue_fork_child()). */
+static void poll_batch_fork_child(void)
+{
+	struct poller *p;
+
+	for (p = pollers; p; p = p->next) {
+		if (p != my_poller)
+			p->batch.running = false;
+		pthread_cond_init(&p->batch.idle, NULL);
+		pthread_mutex_unlock(&p->batch.lock);
+	}
+	pthread_mutex_unlock(&registry_lock);
+}
+
+/* The pollers queue_fork_prepare() locked: a fork from a callback does not
+ * hold registry_lock, and one registered since is not ours to unlock. */
+static struct poller *fork_pollers;
+
 static void queue_fork_prepare(void)
 {
+	struct poller *p;
+
 	pthread_mutex_lock(&deferred_lock);
 	percpuref_wait_thread_started(&thread);
+	fork_pollers = __atomic_load_n(&pollers, __ATOMIC_ACQUIRE);
+	for (p = fork_pollers; p; p = p->next)
+		pthread_mutex_lock(&p->lock);
 }
 
 static void queue_fork_parent(void)
 {
+	struct poller *p;
+
+	for (p = fork_pollers; p; p = p->next)
+		pthread_mutex_unlock(&p->lock);
 	pthread_mutex_unlock(&deferred_lock);
+}
+
+/*
+ * Child, queue lock and every polling thread's held.  The polling threads
+ * but ours do not exist here: what they had queued, and what a poll
+ * paused in a @release had left to run (rest: the fork held its batch
+ * lock, so it was paused or not in a poll), goes to the callback thread;
+ * the @release in progress was the parent's thread's.  Ours keeps its own
+ * (a fork from its own callback comes back to its poll).
+ */
+static void polled_fork_child(void)
+{
+	struct poller *p;
+
+	for (p = fork_pollers; p; p = p->next) {
+		pthread_cond_init(&p->ran, NULL);
+		if (p != my_poller) {
+			struct percpuref_deferred *list = poller_take_all(p), *d;
+
+			while ((d = p->rest)) {
+				p->rest = d->next;
+				push_pending(d);
+			}
+			push_pending_list(list);
+			p->in_use = false;
+			p->nr_taken = p->nr_done = 0;
+		}
+		pthread_mutex_unlock(&p->lock);
+	}
 }
 
 static void queue_fork_child(void)
@@ -374,6 +781,7 @@ static void queue_fork_child(void)
 	thread.running = false;
 	thread_sleeping = false;
 	thread.stopping = false;
+	polled_fork_child();
 	while ((d = batch_rest)) {
 		batch_rest = d->next;
 		d->next = rest;
@@ -397,6 +805,13 @@ static const struct percpuref_fork_hooks batch_hooks = {
 	.child = batch_fork_child,
 };
 
+static const struct percpuref_fork_hooks poll_batch_hooks = {
+	.rank = PERCPUREF_RANK_POLL_BATCH,
+	.prepare = poll_batch_fork_prepare,
+	.parent = poll_batch_fork_parent,
+	.child = poll_batch_fork_child,
+};
+
 static const struct percpuref_fork_hooks queue_hooks = {
 	.rank = PERCPUREF_RANK_DEFERRED,
 	.prepare = queue_fork_prepare,
@@ -407,6 +822,7 @@ static const struct percpuref_fork_hooks queue_hooks = {
 static __attribute__((constructor)) void deferred_register(void)
 {
 	percpuref_register_fork_hooks(&batch_hooks);
+	percpuref_register_fork_hooks(&poll_batch_hooks);
 	percpuref_register_fork_hooks(&queue_hooks);
 	percpuref_register_exit_hook(PERCPUREF_RANK_DEFERRED_BATCH, deferred_exit_hook);
 }

@@ -27,10 +27,13 @@
  * ascending) and releases them in reverse (parent and child hooks,
  * descending), so the child inherits none held by a thread it lacks.
  *
- * The two batch locks come first: a library thread holds one for a whole
+ * The batch locks come first: a library thread, or a polling thread in
+ * percpu_ref_poll(), holds one for a whole
  * unit of work (fence, callbacks, and the user's confirm callbacks they
  * call; around a user's @release it lets go, its state where a fork child
  * finds it: percpuref_batch_pause()), so a fork never cuts one in half.
+ * Fork takes every polling thread's (rank POLL_BATCH, after the registry
+ * of polling threads, in its order); a polling thread takes its own only.
  * The sync-switch lock next: every
  * switch_to_atomic_sync() read-holds it over its fence, so a fork never
  * cuts one in half either; it is only tried under a switch lock (a fork
@@ -46,6 +49,7 @@
  */
 enum percpuref_lock_rank {
 	PERCPUREF_RANK_DEFERRED_BATCH,	/* deferred.c: a batch in flight */
+	PERCPUREF_RANK_POLL_BATCH,	/* deferred.c: polling threads' batches */
 	PERCPUREF_RANK_SCAN,		/* managed.c: a scan or RCU batch */
 	PERCPUREF_RANK_SYNC_SWITCH,	/* percpu_ref.c: sync switches */
 	PERCPUREF_RANK_URCU,		/* liburcu-bp (runtime.c) */
@@ -81,8 +85,9 @@ void percpuref_register_fork_hooks(const struct percpuref_fork_hooks *hooks);
 void percpuref_register_exit_hook(enum percpuref_lock_rank rank, void (*fn)(void));
 
 /*
- * A batch (ranks DEFERRED_BATCH and SCAN): deferred.c's callback batches,
- * managed.c's scans and RCU batches.  Its lock is taken through these so
+ * A batch (ranks DEFERRED_BATCH, POLL_BATCH and SCAN): deferred.c's
+ * callback batches and polling threads' polls, managed.c's scans and RCU
+ * batches.  Its lock is taken through these so
  * the thread knows it holds one: a debug build asserts the rank order, a
  * fork from a callback leaves every batch lock alone, and a callback run
  * under one is refused the calls that would wait for a library thread
@@ -134,6 +139,9 @@ void percpuref_batch_resume(void);
  */
 void percpuref_batch_pin(void);
 void percpuref_batch_unpin(void);
+/* Inside a confirm callback (pinned): a poll there would run a @release
+ * that cannot pause its batch lock. */
+bool percpuref_in_confirm(void);
 
 /* True on a thread started by percpuref_start_thread(). */
 extern __thread bool percpuref_library_thread __attribute__((tls_model("initial-exec")));
@@ -193,6 +201,21 @@ unsigned int percpuref_nr_units(void);
  */
 void percpuref_fence_readers(void);
 /*
+ * Fence tickets (runtime.c): percpuref_fence_stamp(), called after the new
+ * mode flags are stored, names the fences started so far;
+ * percpuref_fence_covers(stamp) is true once a fence that started after it
+ * has ended (and the caller then sees what that fence made visible), and
+ * percpuref_fence_started_after(stamp) once such a fence has started.
+ * percpuref_fence_readers_paced() runs a fence unless one started in the
+ * last @interval_ns (any caller's): 0 if it ran one, else how many ns are
+ * left until one is due (1: another caller is starting one now).
+ */
+unsigned long percpuref_fence_stamp(void);
+bool percpuref_fence_covers(unsigned long stamp);
+bool percpuref_fence_started_after(unsigned long stamp);
+uint64_t percpuref_fence_readers_paced(uint64_t interval_ns);
+uint64_t percpuref_monotonic_ns(void);
+/*
  * The fence of a membarrier refused after start-up (runtime.c): warns once,
  * then runs the calling thread on every CPU in turn, a full barrier on each
  * that also aborts the rseq sections there; where that is refused too,
@@ -231,14 +254,18 @@ PERCPUREF_API unsigned int percpuref_readers_registered(void);
 
 /*
  * Deferred work (deferred.c): @fn(@d) runs on the library's callback thread
- * after a reader fence that started after this call.  The item must stay
- * valid until @fn runs; @fn may free it.
+ * after a reader fence that started after this call, or, called on a
+ * polling thread (percpu_ref_poll_register()), in one of its
+ * percpu_ref_poll() calls after such a fence.  The item must stay valid
+ * until @fn runs; @fn may free it.
  */
 struct percpuref_deferred;
 typedef void (*percpuref_deferred_fn)(struct percpuref_deferred *);
 struct percpuref_deferred {
 	struct percpuref_deferred *next;
 	percpuref_deferred_fn fn;
+	/* Queued by a polling thread: percpuref_fence_stamp() when queued. */
+	unsigned long stamp;
 };
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn);
 /* Runs the items of the list *@rest in order, taking each off before it
@@ -249,6 +276,11 @@ unsigned long percpuref_deferred_run(struct percpuref_deferred **rest);
 /* After dropping the locks held around percpuref_call_after_grace_period():
  * start or wake the thread if that call found it asleep (or not running). */
 void percpuref_deferred_wake_owed(void);
+/* Moves every item queued on a polling thread, not yet taken by its poll,
+ * onto the callback thread's queue (a wake-up owed: pay it with
+ * percpuref_deferred_wake_owed()): for a caller about to wait for an
+ * asynchronous switch that may sit on one.  Any lock up to rank SWITCH. */
+void percpuref_deferred_take_polled(void);
 /* Starts the thread if it is not running (a start refused earlier left
  * queued items to the next try); false if it still cannot start.  Takes
  * the queue's lock (rank DEFERRED: a switch lock may be held). */

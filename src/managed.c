@@ -170,14 +170,6 @@ static bool early_pass_asked;
  */
 char percpuref_rcu_tsan_sync;
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* A setting from the environment: @name's value if it is a number (decimal
  * digits only: strtoul() alone takes blanks and a sign, and " -1" for
  * ULONG_MAX) no larger than @max; otherwise warned and false. */
@@ -250,7 +242,7 @@ void percpuref_managed_push(struct percpuref_mnode *node)
 {
 	struct percpuref_mnode *top = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
 
-	node->listed_ns = now_ns();
+	node->listed_ns = percpuref_monotonic_ns();
 	node->held_warned = false;
 	percpuref_note_work();
 	do
@@ -278,7 +270,7 @@ static bool ensure_thread(void)
 	 * by a thread that exists, one interval from now. */
 	__atomic_store_n(&kick_needed, false, __ATOMIC_RELAXED);
 	/* The first scan one interval from now, as every later one. */
-	next_scan_ns = now_ns() + config.interval_ms * UINT64_C(1000000);
+	next_scan_ns = percpuref_monotonic_ns() + config.interval_ms * UINT64_C(1000000);
 	return true;
 }
 
@@ -472,7 +464,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 {
 	struct percpuref_mnode *prev = cursor, *node;
 	unsigned long k = 0, i, others;
-	uint64_t now = held_warn_ns ? now_ns() : 0;
+	uint64_t now = held_warn_ns ? percpuref_monotonic_ns() : 0;
 	pthread_mutex_t *lock;
 
 	*switched = *skipped = 0;
@@ -563,7 +555,7 @@ static bool scan_once(bool unlimited)
 	percpuref_batch_begin(&scan);
 	/* Releases a fork child found pending (in the parent, none). */
 	(void)run_scan_releases();
-	start = now_ns();
+	start = percpuref_monotonic_ns();
 	if (!cursor) {
 		/*
 		 * A pass starts, or is refused, in one managed_lock section
@@ -646,7 +638,7 @@ static bool scan_once(bool unlimited)
 			free(pass_marker);
 		cursor = pass_marker = NULL;
 	}
-	elapsed = now_ns() - start;
+	elapsed = percpuref_monotonic_ns() - start;
 
 	/* Where a fork child finds the ones not run yet: each @release runs
 	 * with scan_lock released, so a fork may come in between. */
@@ -741,7 +733,7 @@ static void *reclaimer_main(void *arg)
 			run_rcu_batch();
 			continue;
 		}
-		now = now_ns();
+		now = percpuref_monotonic_ns();
 		if (passes_done >= flush_target) {
 			if (!pass_open && !__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
 				/* Idle: a push or a flush kicks us.  The
@@ -778,7 +770,7 @@ static void *reclaimer_main(void *arg)
 			refused_backoff_ms = refused_backoff_ms ? 2 * refused_backoff_ms : 1;
 		pthread_mutex_lock(&managed_lock);
 		if (refused_backoff_ms) {
-			uint64_t retry_ns = now_ns() + refused_backoff_ms * UINT64_C(1000000);
+			uint64_t retry_ns = percpuref_monotonic_ns() + refused_backoff_ms * UINT64_C(1000000);
 
 			if (next_scan_ns < retry_ns)
 				next_scan_ns = retry_ns;
@@ -822,7 +814,7 @@ PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_
 	pthread_mutex_lock(&managed_lock);
 	config = *in;
 	/* The next scan is due one new interval from now. */
-	next_scan_ns = now_ns() + config.interval_ms * UINT64_C(1000000);
+	next_scan_ns = percpuref_monotonic_ns() + config.interval_ms * UINT64_C(1000000);
 	pthread_cond_signal(&wake);
 	pthread_mutex_unlock(&managed_lock);
 	return 0;

@@ -479,6 +479,10 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 		 * (the switch's item takes it).  A library thread may not run
 		 * the queue: it tries again every 50 ms.
 		 */
+		/* It may sit on a polling thread's queue, ours or one that
+		 * never polls again: hand every such queue over. */
+		if (impl_of(ref->data)->async_switch)
+			percpuref_deferred_take_polled();
 		if (impl_of(ref->data)->async_switch && !percpuref_deferred_start()) {
 			struct timespec until;
 
@@ -496,6 +500,7 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 			wait_switch_ended(ref, &until);
 			continue;
 		}
+		percpuref_deferred_wake_owed();
 		wait_switch_ended(ref, NULL);
 	}
 	percpuref_cancel_restore(cancel);

@@ -51,7 +51,16 @@
  * and sends them to the slow path, which uses the atomic count.
  *
  * Work that must wait for a fence runs on the library's own callback thread
- * (deferred.c).
+ * (deferred.c), or on a polling thread that queued it, which looks later
+ * whether a fence has covered it: every fence takes a ticket (a counter
+ * incremented, seq_cst, before it starts) and, once it ended, raises
+ * fence_covered to its ticket (release).  Work stamped with the tickets
+ * taken so far, after a full barrier that follows its mode flags
+ * (percpuref_fence_stamp()), is covered once fence_covered is above the
+ * stamp (acquire): that fence took its ticket after the stamp was read,
+ * so after the flags were visible, as the kernel's rcu_seq_snap() argues
+ * for a grace period.  Fences may overlap; each covers what it started
+ * after, so the mark only rises.
  *
  * Layering.  This is the lowest layer: it calls nothing above it.  Modules
  * above register fork hooks, one per lock rank (internal.h writes the lock
@@ -170,7 +179,9 @@ static __thread unsigned int batch_pauses;
 /* Confirm callbacks on this thread's stack (percpuref_batch_pin()). */
 static __thread unsigned int batch_pins;
 /* The batch locks' rank bits. */
-#define BATCH_RANKS (1u << PERCPUREF_RANK_DEFERRED_BATCH | 1u << PERCPUREF_RANK_SCAN)
+#define BATCH_RANKS                                                                        \
+	(1u << PERCPUREF_RANK_DEFERRED_BATCH | 1u << PERCPUREF_RANK_POLL_BATCH |           \
+	 1u << PERCPUREF_RANK_SCAN)
 /* Ranks this thread left alone in fork_prepare(): per thread, as two
  * threads may be inside fork() at once (one waiting for a batch whose
  * callback forks). */
@@ -191,6 +202,13 @@ static long fault_countdown;
 static unsigned long fault_refused;
 /* Test hook: the CPU count source's answer (0: ask the kernel). */
 static unsigned int fault_cpu_units;
+/*
+ * Fence tickets (percpuref_fence_stamp()): fences started, the highest
+ * ticket of a fence that ended, and when the last one started.
+ */
+static unsigned long fence_tickets;
+static unsigned long fence_covered;
+static uint64_t fence_last_start_ns;
 
 static int sys_membarrier(int cmd, unsigned int flags)
 {
@@ -394,6 +412,11 @@ void percpuref_batch_unpin(void)
 bool percpuref_holds_batch_lock(void)
 {
 	return batch_ranks_held != 0;
+}
+
+bool percpuref_in_confirm(void)
+{
+	return batch_pins != 0;
 }
 
 static void fork_prepare(void)
@@ -714,9 +737,71 @@ void percpuref_synchronize_rcu(void)
 	percpuref_cancel_restore(cancel);
 }
 
+uint64_t percpuref_monotonic_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+unsigned long percpuref_fence_stamp(void)
+{
+	/* Full barrier: the caller's mode flags are visible to every CPU
+	 * before this load, so before the ticket increment of any fence that
+	 * takes a later ticket, and so before its membarrier (rcu_seq_snap()'s
+	 * argument; the increment is a full barrier too). */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	return __atomic_load_n(&fence_tickets, __ATOMIC_RELAXED);
+}
+
+bool percpuref_fence_covers(unsigned long stamp)
+{
+	/* Acquire: pairs with the release CAS in percpuref_fence_readers(),
+	 * so the caller sees every commit that fence made visible. */
+	return (long)(__atomic_load_n(&fence_covered, __ATOMIC_ACQUIRE) - stamp) > 0;
+}
+
+bool percpuref_fence_started_after(unsigned long stamp)
+{
+	/* Relaxed: a hint for waiting; percpuref_fence_covers() orders. */
+	return (long)(__atomic_load_n(&fence_tickets, __ATOMIC_RELAXED) - stamp) > 0;
+}
+
+uint64_t percpuref_fence_readers_paced(uint64_t interval_ns)
+{
+	/* Relaxed, here and in the claim: pacing only, the fence orders.
+	 * Read before the clock, so a start stored meanwhile is not in our
+	 * future (now - last would wrap and read as long ago). */
+	uint64_t last = __atomic_load_n(&fence_last_start_ns, __ATOMIC_RELAXED);
+	uint64_t now = percpuref_monotonic_ns();
+
+	if (now - last < interval_ns)
+		return interval_ns - (now - last);
+	/* Lost to another thread's claim: it starts one now. */
+	if (!__atomic_compare_exchange_n(&fence_last_start_ns, &last, now, false,
+					 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		return 1;
+	percpuref_fence_readers();
+	return 0;
+}
+
 void percpuref_fence_readers(void)
 {
 	int cancel = percpuref_cancel_disable();
+	/* Seq_cst: see percpuref_fence_stamp(). */
+	unsigned long ticket = __atomic_add_fetch(&fence_tickets, 1, __ATOMIC_SEQ_CST);
+	unsigned long covered;
+
+	uint64_t started = percpuref_monotonic_ns();
+	/* Relaxed: pacing only (percpuref_fence_readers_paced()).  Raised,
+	 * never lowered: an overlapping fence may have started later. */
+	uint64_t last = __atomic_load_n(&fence_last_start_ns, __ATOMIC_RELAXED);
+
+	while ((int64_t)(started - last) > 0 &&
+	       !__atomic_compare_exchange_n(&fence_last_start_ns, &last, started, true,
+					    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
 
 	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED)) {
 		if (__atomic_load_n(&membarrier_refused, __ATOMIC_RELAXED))
@@ -725,6 +810,14 @@ void percpuref_fence_readers(void)
 			percpuref_fence_without_membarrier(errno);
 	}
 	percpuref_readers_fence();
+	/* Release: the commits this fence made visible to us are visible to
+	 * whoever sees the ticket covered.  A fence that ended after a later
+	 * ticket's leaves the higher mark: each covers what it started after. */
+	covered = __atomic_load_n(&fence_covered, __ATOMIC_RELAXED);
+	while ((long)(ticket - covered) > 0 &&
+	       !__atomic_compare_exchange_n(&fence_covered, &covered, ticket, true,
+					    __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+		;
 	percpuref_cancel_restore(cancel);
 }
 

@@ -2,8 +2,9 @@
 /*
  * thread_exit.c - run a function when the calling thread exits, before its
  * TLS can go: how the library gives back a thread's rseq area, fallback
- * unit and cached per-CPU counters (rseq_register.c, fallback.c,
- * percpu_alloc.c).
+ * unit and cached per-CPU counters, and hands a polling thread's queue to
+ * the callback thread (rseq_register.c, fallback.c, percpu_alloc.c,
+ * deferred.c).
  *
  * glibc's __cxa_thread_atexit_impl, the hook of C++ thread_local
  * destructors, runs on return from the thread function, pthread_exit and
@@ -31,7 +32,7 @@
 
 #include "internal.h"
 
-#define MAX_HOOKS 3
+#define MAX_HOOKS 4
 
 extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *arg, void *dso)
 	__attribute__((weak));

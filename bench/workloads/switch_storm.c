@@ -15,7 +15,12 @@
  *             library's callback thread) -> exit: a per-connection object;
  *   managed   init ALLOW_REINIT -> switch_to_managed -> burst ->
  *             switch_to_unmanaged -> kill -> release -> exit: the same
- *             life with a stay under management, three more mode changes.
+ *             life with a stay under management, three more mode changes;
+ *   kill-poll, managed-poll   the same on polling threads
+ *             (percpu_ref_poll_register()): each thread finishes its own
+ *             kills in a percpu_ref_poll() after every batch, whose fences
+ *             are paced and shared, and waits for its oldest batch with
+ *             PERCPU_REF_POLL_WAIT; the callback thread is idle.
  * One operation is one ref's whole life (a "cycle"), counted when its batch
  * is retired.  The release callback counts releases per batch; a thread
  * exits a batch only once every ref of it was released, and fails the run
@@ -27,18 +32,22 @@
  * which finishes every kill (callback_cpu), both over the threads' whole
  * lives; and offload_bound = worker / (worker + callback), the efficiency
  * this design allows where no CPU is spare for the callback thread
- * (docs/percpu_ref.md).
+ * (docs/percpu_ref.md).  For the -poll variants callback_cpu is 0 (or not
+ * measured, the thread never started) and offload_bound 100%: nothing is
+ * offloaded; their worker_cpu counts a waiting poll as work, its wait for
+ * another thread's fence included.
  */
 #include <math.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <percpuref/percpu_ref.h>
 
 #include "bench.h"
 
-enum storm_kind { STORM_KILL, STORM_MANAGED };
+enum storm_kind { STORM_KILL, STORM_MANAGED, STORM_KIND = 1, STORM_POLL = 2 };
 
 static long opt_batch = 32, opt_burst = 16, opt_in_flight = 1;
 
@@ -59,6 +68,7 @@ struct storm_local {
 	unsigned long lives;		/* refs this thread initialised */
 	uint64_t cpu_ns_at_start;	/* this thread's CPU clock */
 	uint64_t cpu_ns_waiting;	/* of it, waiting for releases */
+	bool polling;			/* a -poll variant's thread */
 };
 
 struct storm_state {
@@ -83,6 +93,15 @@ static void storm_release(struct percpu_ref *ref)
 	__atomic_fetch_add(r->released, 1, __ATOMIC_RELEASE);
 }
 
+static int storm_poll(unsigned int flags)
+{
+	int ret = percpu_ref_poll(flags);
+
+	if (ret < 0)
+		bench_die("switch-storm: percpu_ref_poll: %s", strerror(-ret));
+	return ret;
+}
+
 /*
  * Waits for the releases of @b's refs, exits them and frees the slot: the
  * batch's cycles are complete.  Their count, or 0 for a free slot.
@@ -99,6 +118,10 @@ static unsigned long storm_retire(struct storm_local *l, struct storm_batch *b)
 	if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
 		uint64_t wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
 
+		/* A polling thread finishes them itself (work, not waiting). */
+		while (l->polling && __atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives &&
+		       storm_poll(PERCPU_REF_POLL_WAIT) > 0)
+			wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
 		while (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives)
 			sched_yield();
 		l->cpu_ns_waiting += bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - wait_start;
@@ -122,7 +145,7 @@ static unsigned long storm_retire(struct storm_local *l, struct storm_batch *b)
 static void storm_fill(struct bench_thread *t, struct storm_batch *b)
 {
 	struct storm_local *l = t->local;
-	enum storm_kind kind = (enum storm_kind)t->run->variant->arg;
+	enum storm_kind kind = (enum storm_kind)(t->run->variant->arg & STORM_KIND);
 	unsigned int flags = kind == STORM_MANAGED ? PERCPU_REF_ALLOW_REINIT : 0;
 	long j;
 
@@ -143,6 +166,8 @@ static void storm_fill(struct bench_thread *t, struct storm_batch *b)
 		percpu_ref_kill(&r->ref);
 	} while (b->lives < (unsigned long)opt_batch && bench_running(t));
 	l->lives += b->lives;
+	if (l->polling)
+		storm_poll(0);
 }
 
 /*
@@ -158,6 +183,9 @@ static void storm_thread_init(struct bench_thread *t)
 	struct storm_local *l = bench_zalloc(sizeof(*l));
 	long i;
 
+	l->polling = t->run->variant->arg & STORM_POLL;
+	if (l->polling && (i = percpu_ref_poll_register()))
+		bench_die("switch-storm: percpu_ref_poll_register: %s", strerror((int)-i));
 	l->batches = bench_zalloc((size_t)opt_in_flight * sizeof(*l->batches));
 	for (i = 0; i < opt_in_flight; i++)
 		l->batches[i].refs = bench_zalloc((size_t)opt_batch * sizeof(*l->batches[i].refs));
@@ -200,6 +228,8 @@ static void storm_thread_fini(struct bench_thread *t)
 	for (i = 0; i < opt_in_flight; i++)
 		free(l->batches[i].refs);
 	free(l->batches);
+	if (l->polling)
+		(void)percpu_ref_poll_unregister();
 	free(l);
 }
 
@@ -236,6 +266,10 @@ static const struct bench_variant storm_variants[] = {
 	{ "kill", "init, get/put burst, kill, release, exit", storm_loop, STORM_KILL },
 	{ "managed", "the same with switch_to_managed and _unmanaged before the kill", storm_loop,
 	  STORM_MANAGED },
+	{ "kill-poll", "kill, each thread finishing its own kills (percpu_ref_poll)", storm_loop,
+	  STORM_KILL | STORM_POLL },
+	{ "managed-poll", "managed, each thread finishing its own kills", storm_loop,
+	  STORM_MANAGED | STORM_POLL },
 	{ NULL },
 };
 

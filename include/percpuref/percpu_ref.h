@@ -180,6 +180,48 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref);
 PERCPUREF_API int percpu_ref_barrier(void);
 
 /*
+ * Polling threads: kills finished on the thread that made them.
+ *
+ * percpu_ref_poll_register - from now on, the asynchronous switches this
+ * thread starts (percpu_ref_kill(), _kill_and_confirm(), _switch_to_atomic())
+ * are finished by this thread, inside its own percpu_ref_poll() calls,
+ * rather than by the library's callback thread: their confirm callbacks and
+ * the @release a kill triggers run there.  The kernel runs the second half
+ * of a kill on the CPU that queued it; a thread that kills many refs
+ * (switch-storm: 16 threads killing their own) then shares no callback
+ * thread, and the fences its polls start are paced and shared by all.
+ * Like liburcu's QSBR flavour, it asks the thread to poll: call
+ * percpu_ref_poll() regularly (between requests, say), and unregister
+ * before blocking for long.  Whatever is queued when the thread
+ * unregisters or exits, or when any thread calls percpu_ref_barrier(), or
+ * waits for one of its switches (exit, reinit, switch_to_percpu), or the
+ * process exits, is handed to the callback thread.  Returns 0, -EALREADY
+ * if registered, -EPERM on one of the library's threads, -EDEADLK inside
+ * a callback the library runs, -ENOMEM, or -EAGAIN when no hook at thread
+ * exit could be set.
+ *
+ * percpu_ref_poll - finishes this thread's switches whose reader fence has
+ * ended, running their callbacks, and starts that fence (shared with every
+ * thread) if none started in the last 300 µs.  With PERCPU_REF_POLL_WAIT,
+ * when none can be finished yet, it first waits for the oldest: for a
+ * fence another thread started after it (one fence serves every thread's
+ * older switches), else it runs one.  So `while (percpu_ref_poll(
+ * PERCPU_REF_POLL_WAIT) > 0);` finishes them all, including any the
+ * callbacks start (those another thread's barrier took over meanwhile
+ * finish on the callback thread).  Returns how many it finished, -EPERM
+ * if the thread is not registered, -EINVAL for an unknown flag, or
+ * -EDEADLK inside a callback the library runs (a @release that this very
+ * poll runs, or any confirm callback, even one run at once).
+ *
+ * percpu_ref_poll_unregister - hands what is queued to the callback thread
+ * and stops.  0, -EPERM if not registered, -EDEADLK inside a callback.
+ */
+#define PERCPU_REF_POLL_WAIT 1u
+PERCPUREF_API int percpu_ref_poll_register(void);
+PERCPUREF_API int percpu_ref_poll(unsigned int flags);
+PERCPUREF_API int percpu_ref_poll_unregister(void);
+
+/*
  * Managed mode (docs/managed.md; control and statistics in managed.h).
  *
  * percpu_ref_switch_to_managed - put @ref under the manager: the library's

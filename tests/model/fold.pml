@@ -38,6 +38,18 @@
  * after the fold") are left out, so what fails is what a program would see:
  * @release runs while a user still holds a reference, or the count reads
  * zero under one.  The mutant tests build that way and must fail.
+ *
+ * -DPOLLED: the finish as a polling thread does it (deferred.c), with the
+ * fence tickets of runtime.c.  The killer stamps its switch with the
+ * tickets taken so far, after its mode stores; another thread's fence
+ * runs at any time, taking a ticket, fencing, then raising the covered
+ * mark to its ticket; the finisher folds once the mark is above the stamp,
+ * running a ticketed fence of its own meanwhile if it likes (a poll's due
+ * fence, or PERCPU_REF_POLL_WAIT's).  Mutants: the stamp read before the
+ * mode stores (MUTANT_EARLY_STAMP), or a mark equal to the stamp taken as
+ * covered (MUTANT_COVERS_EQUAL): a fence that took its ticket before the
+ * flag was set then counts, a user that read the old mode word after it
+ * commits after the fold, and the ghost check fails.
  */
 
 #define NCPU	2
@@ -57,6 +69,12 @@ short count = BIAS + 1;		/* atomic count: bias + the initial reference */
 /* Each user starts with one reference, taken per-CPU on its own CPU. */
 short slot[NCPU] = 1;		/* per-CPU counters (may go negative) */
 bit abort_rseq[NUSER];		/* set by the fence: restart the section */
+
+#ifdef POLLED
+byte tickets;			/* fences started */
+byte covered;			/* the highest ticket of a fence that ended */
+byte stamp;			/* the killer's switch's */
+#endif
 
 /* Ghosts. */
 short total = NUSER + 1;	/* references held by anyone */
@@ -151,6 +169,29 @@ inline fence()
 	}
 }
 
+#ifdef POLLED
+/* percpuref_fence_readers() with its ticket. */
+inline ticketed_fence()
+{
+	atomic { tickets++; t = tickets };
+	fence();
+	atomic {
+		if
+		:: covered < t -> covered = t
+		:: else
+		fi
+	}
+}
+
+/* Another thread's fence (a poll's, the callback thread's). */
+proctype fencer()
+{
+	byte t;
+
+	ticketed_fence()
+}
+#endif
+
 /* fold_percpu_counts(): the slots read one by one, then one atomic add. */
 inline fold()
 {
@@ -166,9 +207,15 @@ inline fold()
 /* percpu_ref_kill(): start_atomic_switch() under the lock, then the put. */
 proctype killer()
 {
+#if defined(POLLED) && defined(MUTANT_EARLY_STAMP)
+	stamp = tickets;
+#endif
 	mode = mode | DEAD;
 	mode = mode | ATOMIC;
 	atomic { count++; total++ };	/* the switch's extra reference */
+#if defined(POLLED) && !defined(MUTANT_EARLY_STAMP)
+	stamp = tickets;		/* percpuref_fence_stamp() */
+#endif
 	queued = 1;
 	atomic_put()			/* the initial reference */
 }
@@ -177,9 +224,24 @@ proctype killer()
 proctype finisher()
 {
 	short sum;
+#ifdef POLLED
+	byte t;
+	bit own;
+#endif
 
 	queued;
-#if defined(MUTANT_EARLY_FOLD)
+#if defined(POLLED)
+	/* percpu_ref_poll(): fold once covered; meanwhile maybe fence. */
+	do
+#ifdef MUTANT_COVERS_EQUAL
+	:: covered >= stamp -> break
+#else
+	:: covered > stamp -> break
+#endif
+	:: own == 0 -> own = 1; ticketed_fence()	/* one covers it */
+	od;
+	fold();
+#elif defined(MUTANT_EARLY_FOLD)
 	fold();
 	fence();
 #elif defined(MUTANT_NOFENCE)
@@ -210,7 +272,10 @@ init
 		run user(0);
 		run user(1);
 		run killer();
-		run finisher()
+		run finisher();
+#ifdef POLLED
+		run fencer()
+#endif
 	}
 	/* Everything else done: released, exactly once, count zero. */
 	_nr_pr == NR_WATCHERS;
