@@ -85,15 +85,15 @@
  * Polling threads (percpu_ref_poll_register()).  A registered thread's
  * items go on a queue of its own (struct poller: a FIFO under its lock,
  * taken only briefly), each stamped with the fence tickets taken so far
- * (runtime.c: percpuref_fence_stamp(), read after a full barrier that
- * follows the caller's mode flags).  Its percpu_ref_poll() takes the
+ * (runtime.c: percpuref_fence_stamp(), read after the seq_cst exchange
+ * that published the caller's mode flags).  Its percpu_ref_poll() takes the
  * prefix whose stamps a fence has covered (stamps rise along the queue:
  * one thread stamps them in order) and runs it under the poller's batch
  * lock, as the callback thread runs its batch (pausing around a
  * @release; rest holds what is not started), so the acquire that saw
  * the ticket covered orders the fold after every commit that fence saw.
  * With nothing covered, it runs a fence if none started in the last
- * PERCPUREF_POLL_FENCE_INTERVAL_NS (any thread's).  With
+ * poll_interval_ns (any thread's).  With
  * PERCPU_REF_POLL_WAIT and nothing finished yet, it waits for a fence
  * that started after its oldest item, or runs one if none did: a fence
  * covers every thread's items queued before it, so threads whose oldest
@@ -101,9 +101,11 @@
  * fence of its own interrupted every other CPU once a batch).  It returns
  * once it finished some.  So the kernel's shape: the second half of a
  * kill runs where it was queued, and the fences are shared.  Nothing is
- * stranded on a queue whose thread does not poll: a barrier, an exit, a
- * call waiting for a switch in flight (percpuref_deferred_take_polled()),
- * unregistering and thread exit move the queues onto the callback
+ * stranded on a queue whose thread does not poll: a barrier, an exit,
+ * unregistering and thread exit move the queues, and a call waiting for
+ * a switch in flight moves that switch's item (found through polled_by:
+ * percpuref_deferred_take_polled_item(); it may overtake older items of
+ * its queue, which nothing orders against), onto the callback
  * thread's stack (where an extra fence only delays them), pushing under
  * the poller's lock, which fork takes: a fork child finds each item on
  * one queue or the other, never in a hand-over's hands; a barrier then
@@ -149,9 +151,21 @@ static __thread bool wake_owed;
  * A poll starts a fence only if none started in this long (any thread's):
  * sixteen CPUs then take an interrupt from our polls once every 300 µs at
  * most, however many kills they queue.  It is also about how long a kill
- * waits for its fence on a thread that polls often.
+ * waits for its fence on a thread that polls often.  PERCPUREF_POLL_
+ * INTERVAL_US sets it (0..1000000), read at the first registration.
  */
-#define PERCPUREF_POLL_FENCE_INTERVAL_NS UINT64_C(300000)
+#define POLL_INTERVAL_DEFAULT_US 300
+static uint64_t poll_interval_ns = POLL_INTERVAL_DEFAULT_US * UINT64_C(1000);
+static pthread_once_t poll_interval_once = PTHREAD_ONCE_INIT;
+
+static void read_poll_interval(void)
+{
+	unsigned long us;
+
+	if (percpuref_env_ulong("percpu_ref_poll_register", "PERCPUREF_POLL_INTERVAL_US",
+				1000000, &us))
+		poll_interval_ns = us * UINT64_C(1000);
+}
 
 /*
  * A polling thread's state (percpu_ref_poll_register()).  Never freed: a
@@ -320,6 +334,7 @@ void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_d
 	struct poller *p = my_poller;
 
 	d->fn = fn;
+	d->polled_by = p;
 	percpuref_note_work();
 	if (!p) {
 		push_pending(d);
@@ -355,7 +370,8 @@ static void push_pending_list(struct percpuref_deferred *list)
 	}
 }
 
-void percpuref_deferred_take_polled(void)
+/* Every polling thread's queue onto the callback thread's: barrier, exit. */
+static void take_all_polled(void)
 {
 	struct poller *p;
 
@@ -370,6 +386,28 @@ void percpuref_deferred_take_polled(void)
 		push_pending_list(list);
 		pthread_mutex_unlock(&p->lock);
 	}
+}
+
+void percpuref_deferred_take_polled_item(struct percpuref_deferred *d)
+{
+	/* Written when it was queued, under the caller's lock. */
+	struct poller *p = d->polled_by;
+	struct percpuref_deferred **link;
+
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->lock);
+	for (link = &p->head; *link && *link != d; link = &(*link)->next)
+		;
+	/* Gone: taken by its poll, which runs it, or handed over. */
+	if (*link) {
+		*link = d->next;
+		if (p->tail == &d->next)
+			p->tail = link;
+		/* Under the lock, as every hand-over (fork). */
+		push_pending(d);
+	}
+	pthread_mutex_unlock(&p->lock);
 }
 
 /* Waits until every polling thread but ours finished the items its poll
@@ -461,7 +499,7 @@ PERCPUREF_API int percpu_ref_poll(unsigned int flags)
 			/* A plain poll, or a waiting one that finished some:
 			 * a fence only if one is due. */
 			if (!(flags & PERCPU_REF_POLL_WAIT) || ran) {
-				if (percpuref_fence_readers_paced(PERCPUREF_POLL_FENCE_INTERVAL_NS))
+				if (percpuref_fence_readers_paced(poll_interval_ns))
 					break;
 				continue;
 			}
@@ -541,6 +579,7 @@ static struct poller *poller_claim(void)
 PERCPUREF_API int percpu_ref_poll_register(void)
 {
 	struct poller *p;
+	int cancel;
 
 	if (percpuref_on_library_thread())
 		return -EPERM;
@@ -549,6 +588,11 @@ PERCPUREF_API int percpu_ref_poll_register(void)
 	if (percpuref_holds_batch_lock())
 		return -EDEADLK;
 	percpuref_runtime_init();
+	/* Before any poll reads it: every poller registered after this.  Its
+	 * warning writes to stderr, a cancellation point. */
+	cancel = percpuref_cancel_disable();
+	pthread_once(&poll_interval_once, read_poll_interval);
+	percpuref_cancel_restore(cancel);
 	if (!poller_exit_armed) {
 		if (!percpuref_at_thread_exit(poller_thread_exit, NULL))
 			return -EAGAIN;
@@ -608,7 +652,7 @@ int percpuref_wait_deferred(void)
 	if (percpuref_on_library_thread() || percpuref_holds_batch_lock())
 		return -EDEADLK;
 	/* Polling threads' queues too: one may never poll again. */
-	percpuref_deferred_take_polled();
+	take_all_polled();
 	percpuref_deferred_wake_owed();
 	target = __atomic_load_n(&nr_queued, __ATOMIC_RELAXED);
 	cancel = percpuref_cancel_disable();

@@ -202,7 +202,8 @@ unsigned int percpuref_nr_units(void);
 void percpuref_fence_readers(void);
 /*
  * Fence tickets (runtime.c): percpuref_fence_stamp(), called after the new
- * mode flags are stored, names the fences started so far;
+ * mode flags are stored with a seq_cst exchange, names the fences started
+ * so far;
  * percpuref_fence_covers(stamp) is true once a fence that started after it
  * has ended (and the caller then sees what that fence made visible), and
  * percpuref_fence_started_after(stamp) once such a fence has started.
@@ -264,8 +265,11 @@ typedef void (*percpuref_deferred_fn)(struct percpuref_deferred *);
 struct percpuref_deferred {
 	struct percpuref_deferred *next;
 	percpuref_deferred_fn fn;
-	/* Queued by a polling thread: percpuref_fence_stamp() when queued. */
+	/* Set by percpuref_call_after_grace_period() (not by managed.c's
+	 * RCU queue): percpuref_fence_stamp() when queued on a polling
+	 * thread, and that thread's queue (NULL: the callback thread's). */
 	unsigned long stamp;
+	void *polled_by;
 };
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn);
 /* Runs the items of the list *@rest in order, taking each off before it
@@ -276,11 +280,12 @@ unsigned long percpuref_deferred_run(struct percpuref_deferred **rest);
 /* After dropping the locks held around percpuref_call_after_grace_period():
  * start or wake the thread if that call found it asleep (or not running). */
 void percpuref_deferred_wake_owed(void);
-/* Moves every item queued on a polling thread, not yet taken by its poll,
- * onto the callback thread's queue (a wake-up owed: pay it with
- * percpuref_deferred_wake_owed()): for a caller about to wait for an
- * asynchronous switch that may sit on one.  Any lock up to rank SWITCH. */
-void percpuref_deferred_take_polled(void);
+/* Moves @d onto the callback thread's queue if a polling thread's queue
+ * still holds it (a wake-up owed: pay it with
+ * percpuref_deferred_wake_owed()): for a caller about to wait for it, a
+ * switch in flight, holding the lock the item's function takes, so that
+ * the item stays queued or taken meanwhile.  Any lock up to rank SWITCH. */
+void percpuref_deferred_take_polled_item(struct percpuref_deferred *d);
 /* Starts the thread if it is not running (a start refused earlier left
  * queued items to the next try); false if it still cannot start.  Takes
  * the queue's lock (rank DEFERRED: a switch lock may be held). */
@@ -399,6 +404,12 @@ unsigned long percpuref_shutdown_begin(void);
 bool percpuref_outside_work_since(unsigned long mark);
 void percpuref_shutdown_end(void);
 void percpuref_note_work(void);
+
+/* A setting from the environment: @name's value if it is a number (decimal
+ * digits only: strtoul() alone takes blanks and a sign, and " -1" for
+ * ULONG_MAX) no larger than @max; otherwise warned (as @who) and false. */
+bool percpuref_env_ulong(const char *who, const char *name, unsigned long max,
+			 unsigned long *value);
 
 /* Memory for the library's own objects; fails on demand (see below). */
 void *percpuref_zalloc(size_t size);

@@ -170,31 +170,6 @@ static bool early_pass_asked;
  */
 char percpuref_rcu_tsan_sync;
 
-/* A setting from the environment: @name's value if it is a number (decimal
- * digits only: strtoul() alone takes blanks and a sign, and " -1" for
- * ULONG_MAX) no larger than @max; otherwise warned and false. */
-static bool parse_ulong(const char *name, unsigned long max, unsigned long *value)
-{
-	const char *env = getenv(name);
-	unsigned long v;
-	char *end;
-
-	if (!env || !*env)
-		return false;
-	errno = 0;
-	v = strtoul(env, &end, 10);
-	if (errno || *end || *env < '0' || *env > '9') {
-		percpuref_warn("percpuref_managed", "%s=\"%s\" is not a number; ignored", name, env);
-		return false;
-	}
-	if (v > max) {
-		percpuref_warn("percpuref_managed", "%s=%lu is above %lu; ignored", name, v, max);
-		return false;
-	}
-	*value = v;
-	return true;
-}
-
 static void init_conds(void)
 {
 	pthread_condattr_t attr;
@@ -208,19 +183,19 @@ static void init_conds(void)
 
 static void config_init_once(void)
 {
-	const char *strategy = getenv("PERCPUREF_SCAN_STRATEGY");
-
+	const char *strategy = getenv("PERCPUREF_SCAN_STRATEGY"), *who = "percpuref_managed";
 	unsigned long held_warn_s = 0;
 
 	init_conds();
 
-	parse_ulong("PERCPUREF_SCAN_INTERVAL_MS", PERCPU_REF_MANAGED_INTERVAL_MAX_MS,
-		    &config.interval_ms);
-	parse_ulong("PERCPUREF_SCAN_MAX", ULONG_MAX, &config.max_per_scan);
+	percpuref_env_ulong(who, "PERCPUREF_SCAN_INTERVAL_MS", PERCPU_REF_MANAGED_INTERVAL_MAX_MS,
+			    &config.interval_ms);
+	percpuref_env_ulong(who, "PERCPUREF_SCAN_MAX", ULONG_MAX, &config.max_per_scan);
 	/* Bounded so that the seconds in nanoseconds never wrap. */
-	if (parse_ulong("PERCPUREF_MANAGED_WARN_S", UINT64_MAX / 1000000000u, &held_warn_s))
+	if (percpuref_env_ulong(who, "PERCPUREF_MANAGED_WARN_S", UINT64_MAX / 1000000000u,
+				&held_warn_s))
 		held_warn_ns = (uint64_t)held_warn_s * 1000000000u;
-	parse_ulong("PERCPUREF_RECLAIMER_NICE", 19, &reclaimer_nice);
+	percpuref_env_ulong(who, "PERCPUREF_RECLAIMER_NICE", 19, &reclaimer_nice);
 	if (strategy && !strcmp(strategy, "faithful"))
 		config.strategy = PERCPU_REF_SCAN_FAITHFUL;
 	else if (strategy && !strcmp(strategy, "batched"))

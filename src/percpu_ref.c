@@ -480,9 +480,9 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 		 * the queue: it tries again every 50 ms.
 		 */
 		/* It may sit on a polling thread's queue, ours or one that
-		 * never polls again: hand every such queue over. */
+		 * never polls again: hand it over. */
 		if (impl_of(ref->data)->async_switch)
-			percpuref_deferred_take_polled();
+			percpuref_deferred_take_polled_item(&impl_of(ref->data)->switch_work);
 		if (impl_of(ref->data)->async_switch && !percpuref_deferred_start()) {
 			struct timespec until;
 

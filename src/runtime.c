@@ -55,8 +55,8 @@
  * whether a fence has covered it: every fence takes a ticket (a counter
  * incremented, seq_cst, before it starts) and, once it ended, raises
  * fence_covered to its ticket (release).  Work stamped with the tickets
- * taken so far, after a full barrier that follows its mode flags
- * (percpuref_fence_stamp()), is covered once fence_covered is above the
+ * taken so far, read (seq_cst) after the seq_cst exchange that published
+ * its mode flags (percpuref_fence_stamp()), is covered once fence_covered is above the
  * stamp (acquire): that fence took its ticket after the stamp was read,
  * so after the flags were visible, as the kernel's rcu_seq_snap() argues
  * for a grace period.  Fences may overlap; each covers what it started
@@ -277,6 +277,29 @@ PERCPUREF_API unsigned int percpuref_cpu_count_from_file(FILE *f)
 	}
 	free(text);
 	return count;
+}
+
+bool percpuref_env_ulong(const char *who, const char *name, unsigned long max,
+			 unsigned long *value)
+{
+	const char *env = getenv(name);
+	unsigned long v;
+	char *end;
+
+	if (!env || !*env)
+		return false;
+	errno = 0;
+	v = strtoul(env, &end, 10);
+	if (errno || *end || *env < '0' || *env > '9') {
+		percpuref_warn(who, "%s=\"%s\" is not a number; ignored", name, env);
+		return false;
+	}
+	if (v > max) {
+		percpuref_warn(who, "%s=%lu is above %lu; ignored", name, v, max);
+		return false;
+	}
+	*value = v;
+	return true;
 }
 
 /* CPU count from the possible mask, else from sysconf(), else 1. */
@@ -747,12 +770,13 @@ uint64_t percpuref_monotonic_ns(void)
 
 unsigned long percpuref_fence_stamp(void)
 {
-	/* Full barrier: the caller's mode flags are visible to every CPU
-	 * before this load, so before the ticket increment of any fence that
-	 * takes a later ticket, and so before its membarrier (rcu_seq_snap()'s
-	 * argument; the increment is a full barrier too). */
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	return __atomic_load_n(&fence_tickets, __ATOMIC_RELAXED);
+	/* Seq_cst, after the caller's seq_cst exchange of the mode word: the
+	 * flags are visible to every CPU before this load (a locked
+	 * exchange on x86, store-release then load-acquire on arm64), so
+	 * before the ticket increment of any fence that takes a later
+	 * ticket, and so before its membarrier (rcu_seq_snap()'s argument,
+	 * without its smp_mb(): the exchange orders as much). */
+	return __atomic_load_n(&fence_tickets, __ATOMIC_SEQ_CST);
 }
 
 bool percpuref_fence_covers(unsigned long stamp)

@@ -15,7 +15,9 @@
  *  - what a thread queued is finished by the callback thread when the
  *    thread unregisters, exits, or sits blocked while another thread calls
  *    percpu_ref_barrier(), and when a call waits for one of its switches
- *    (switch_to_percpu right after an asynchronous switch_to_atomic);
+ *    (switch_to_percpu right after an asynchronous switch_to_atomic, ours
+ *    or another thread's): that switch only, not the rest of the queue;
+ *  - PERCPUREF_POLL_INTERVAL_US paces plain polls' fences;
  *  - a barrier waits for what another thread's poll has taken and not
  *    finished;
  *  - fork: the child finishes what another polling thread had queued, and
@@ -29,6 +31,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -314,7 +317,7 @@ static void test_handed_over(enum leave how, const char *what)
 }
 
 /* switch_to_percpu waits for the asynchronous switch queued on our own
- * thread: it hands the queue over instead of waiting for ever. */
+ * thread: it hands that switch over instead of waiting for ever. */
 static void test_wait_for_own_switch(void)
 {
 	struct percpu_ref ref;
@@ -329,6 +332,135 @@ static void test_wait_for_own_switch(void)
 	is(percpu_ref_poll(PERCPU_REF_POLL_WAIT), 0, "nothing left to poll");
 	percpu_ref_exit(&ref);
 	is(percpu_ref_poll_unregister(), 0, "own switch: unregister");
+}
+
+/*
+ * A wait for one switch in flight hands over that switch only: a polling
+ * thread switches @x (asynchronously) and kills @y, then blocks; our
+ * switch_to_percpu(x) returns, and y stays on that thread's queue, for
+ * its own poll.  (Handing over every queue finished y on the callback
+ * thread.)
+ */
+static sem_t targeted_queued, targeted_go;
+static struct percpu_ref targeted_x, targeted_y;
+
+static void *switch_and_kill(void *arg)
+{
+	(void)arg;
+	if (percpu_ref_poll_register())
+		return NULL;
+	percpu_ref_switch_to_atomic(&targeted_x, note_confirm);
+	percpu_ref_kill(&targeted_y);
+	sem_post(&targeted_queued);
+	sem_wait(&targeted_go);
+	(void)poll_all();
+	percpu_ref_poll_unregister();
+	return NULL;
+}
+
+static void test_wait_hands_over_one(void)
+{
+	pthread_t t;
+
+	releases = 0;
+	confirmed = 0;
+	sem_init(&targeted_queued, 0, 0);
+	sem_init(&targeted_go, 0, 0);
+	ok(!percpu_ref_init(&targeted_x, NULL, PERCPU_REF_ALLOW_REINIT) &&
+	   !percpu_ref_init(&targeted_y, count_release, 0), "one: init");
+	ok(!pthread_create(&t, NULL, switch_and_kill, NULL), "one: thread");
+	sem_wait(&targeted_queued);
+	percpu_ref_switch_to_percpu(&targeted_x);
+	ok(__atomic_load_n(&confirmed, __ATOMIC_SEQ_CST),
+	   "switch_to_percpu waits for the other thread's queued switch, handed over");
+	usleep(50000);
+	is(nr_released(), 0, "the other kill stays on that thread's queue");
+	sem_post(&targeted_go);
+	pthread_join(t, NULL);
+	ok(nr_released() == 1 && pthread_equal(released_on, t),
+	   "and that thread's own poll finishes it");
+	percpu_ref_exit(&targeted_x);
+	percpu_ref_exit(&targeted_y);
+}
+
+/*
+ * The switch handed over is the last of our own queue, then one in its
+ * middle: what we queue next still goes on the queue and is finished by
+ * our polls.  (With the queue's tail left on the item handed over, the
+ * next kill was linked behind it and lost.)
+ */
+static void test_hand_over_last_and_middle(void)
+{
+	struct percpu_ref x, y[4];
+	int i;
+
+	releases = 0;
+	is(percpu_ref_poll_register(), 0, "tail: register");
+	ok(!percpu_ref_init(&x, NULL, PERCPU_REF_ALLOW_REINIT), "tail: init");
+	for (i = 0; i < 4; i++)
+		ok(!percpu_ref_init(&y[i], count_release, 0), "tail: init %d", i);
+	percpu_ref_kill(&y[0]);
+	percpu_ref_switch_to_atomic(&x, NULL);		/* last on the queue */
+	percpu_ref_switch_to_percpu(&x);
+	percpu_ref_kill(&y[1]);
+	percpu_ref_switch_to_atomic(&x, NULL);
+	percpu_ref_kill(&y[2]);				/* x in the middle */
+	percpu_ref_switch_to_percpu(&x);
+	percpu_ref_kill(&y[3]);
+	is(poll_all(), 4, "the kills queued around two hand-overs are all finished here");
+	is(nr_released(), 4, "tail: all released");
+	percpu_ref_exit(&x);
+	for (i = 0; i < 4; i++)
+		percpu_ref_exit(&y[i]);
+	is(percpu_ref_poll_unregister(), 0, "tail: unregister");
+}
+
+/*
+ * PERCPUREF_POLL_INTERVAL_US (in a child run with it set to 1 s): a
+ * waiting poll fences at once, but plain polls start no fence for 200 ms
+ * after it (at the default 300 µs they finished the next kill at once).
+ * Exit status: 2 set-up, 3 the waiting poll, 4 a plain poll finished
+ * one, 5 the count, 6 the last waiting poll.
+ */
+static int interval_case(void)
+{
+	struct percpu_ref a, b;
+	uint64_t until;
+	int ret = 0;
+
+	releases = 0;
+	if (percpu_ref_poll_register() || percpu_ref_init(&a, count_release, 0))
+		return 2;
+	if (percpu_ref_init(&b, count_release, 0)) {
+		percpu_ref_exit(&a);
+		return 2;
+	}
+	percpu_ref_kill(&a);
+	if (poll_all() != 1)
+		ret = 3;
+	percpu_ref_kill(&b);
+	for (until = now_ns() + UINT64_C(200000000); !ret && now_ns() < until; usleep(1000))
+		if (percpu_ref_poll(0) != 0)
+			ret = 4;
+	if (!ret && nr_released() != 1)
+		ret = 5;
+	/* Both finished either way, so that nothing leaks. */
+	if (poll_all() < 0 || nr_released() != 2)
+		ret = ret ? ret : 6;
+	percpu_ref_exit(&a);
+	percpu_ref_exit(&b);
+	return ret;
+}
+
+static void test_interval_setting(void)
+{
+	int ret;
+
+	setenv("PERCPUREF_POLL_INTERVAL_US", "1000000", 1);
+	ret = run_mode("interval");
+	unsetenv("PERCPUREF_POLL_INTERVAL_US");
+	is(ret, 0, "PERCPUREF_POLL_INTERVAL_US=1000000: plain polls wait for the interval");
+	is(run_mode("interval"), 4, "and without it they fence every 300 µs");
 }
 
 /* A confirm callback on the callback thread (a library thread) may not
@@ -522,8 +654,12 @@ static void test_fork(void)
 	   "another polling thread's queue");
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "interval")) {
+		alarm(DEADLINE_S);
+		return interval_case();
+	}
 	alarm(DEADLINE_S);
 	sem_init(&killed, 0, 0);
 	sem_init(&go_on, 0, 0);
@@ -536,6 +672,9 @@ int main(void)
 	test_handed_over(LEAVE_UNREGISTER, "unregister");
 	test_handed_over(LEAVE_BLOCK, "block");
 	test_wait_for_own_switch();
+	test_wait_hands_over_one();
+	test_hand_over_last_and_middle();
+	test_interval_setting();
 	test_barrier_waits_for_taken();
 	test_library_thread_refused();
 	test_fork();
