@@ -499,7 +499,7 @@ PERCPUREF_API int percpu_ref_poll(unsigned int flags)
 			/* A plain poll, or a waiting one that finished some:
 			 * a fence only if one is due. */
 			if (!(flags & PERCPU_REF_POLL_WAIT) || ran) {
-				if (percpuref_fence_readers_paced(poll_interval_ns))
+				if (!percpuref_fence_readers_paced(poll_interval_ns))
 					break;
 				continue;
 			}
@@ -791,12 +791,11 @@ static void polled_fork_child(void)
 	for (p = fork_pollers; p; p = p->next) {
 		pthread_cond_init(&p->ran, NULL);
 		if (p != my_poller) {
-			struct percpuref_deferred *list = poller_take_all(p), *d;
+			struct percpuref_deferred *list = poller_take_all(p);
 
-			while ((d = p->rest)) {
-				p->rest = d->next;
-				push_pending(d);
-			}
+			/* The older first, as they were queued. */
+			push_pending_list(p->rest);
+			p->rest = NULL;
 			push_pending_list(list);
 			p->in_use = false;
 			p->nr_taken = p->nr_done = 0;

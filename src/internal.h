@@ -208,13 +208,12 @@ void percpuref_fence_readers(void);
  * has ended (and the caller then sees what that fence made visible), and
  * percpuref_fence_started_after(stamp) once such a fence has started.
  * percpuref_fence_readers_paced() runs a fence unless one started in the
- * last @interval_ns (any caller's): 0 if it ran one, else how many ns are
- * left until one is due (1: another caller is starting one now).
+ * last @interval_ns (any caller's): true if it ran one.
  */
 unsigned long percpuref_fence_stamp(void);
 bool percpuref_fence_covers(unsigned long stamp);
 bool percpuref_fence_started_after(unsigned long stamp);
-uint64_t percpuref_fence_readers_paced(uint64_t interval_ns);
+bool percpuref_fence_readers_paced(uint64_t interval_ns);
 uint64_t percpuref_monotonic_ns(void);
 /*
  * The fence of a membarrier refused after start-up (runtime.c): warns once,

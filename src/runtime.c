@@ -792,7 +792,7 @@ bool percpuref_fence_started_after(unsigned long stamp)
 	return (long)(__atomic_load_n(&fence_tickets, __ATOMIC_RELAXED) - stamp) > 0;
 }
 
-uint64_t percpuref_fence_readers_paced(uint64_t interval_ns)
+bool percpuref_fence_readers_paced(uint64_t interval_ns)
 {
 	/* Relaxed, here and in the claim: pacing only, the fence orders.
 	 * Read before the clock, so a start stored meanwhile is not in our
@@ -800,14 +800,13 @@ uint64_t percpuref_fence_readers_paced(uint64_t interval_ns)
 	uint64_t last = __atomic_load_n(&fence_last_start_ns, __ATOMIC_RELAXED);
 	uint64_t now = percpuref_monotonic_ns();
 
-	if (now - last < interval_ns)
-		return interval_ns - (now - last);
-	/* Lost to another thread's claim: it starts one now. */
-	if (!__atomic_compare_exchange_n(&fence_last_start_ns, &last, now, false,
+	/* Not due, or lost to another thread's claim (it starts one now). */
+	if (now - last < interval_ns ||
+	    !__atomic_compare_exchange_n(&fence_last_start_ns, &last, now, false,
 					 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		return 1;
+		return false;
 	percpuref_fence_readers();
-	return 0;
+	return true;
 }
 
 void percpuref_fence_readers(void)

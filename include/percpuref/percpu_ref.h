@@ -193,9 +193,12 @@ PERCPUREF_API int percpu_ref_barrier(void);
  * Like liburcu's QSBR flavour, it asks the thread to poll: call
  * percpu_ref_poll() regularly (between requests, say), and unregister
  * before blocking for long.  Whatever is queued when the thread
- * unregisters or exits, or when any thread calls percpu_ref_barrier(), or
- * waits for one of its switches (exit, reinit, switch_to_percpu), or the
- * process exits, is handed to the callback thread.  Returns 0, -EALREADY
+ * unregisters or exits is handed to the callback thread, and so is every
+ * polling thread's queue when any thread calls percpu_ref_barrier(), and
+ * at process exit; a call that waits for one switch in flight (exit,
+ * reinit, switch_to_percpu of its ref) hands over that switch alone.  The
+ * pacing, 300 µs, is read from PERCPUREF_POLL_INTERVAL_US (0..1000000)
+ * at the first registration.  Returns 0, -EALREADY
  * if registered, -EPERM on one of the library's threads, -EDEADLK inside
  * a callback the library runs, -ENOMEM, or -EAGAIN when no hook at thread
  * exit could be set.
