@@ -5,7 +5,8 @@
 # and with CMake's find_package (percpuref::percpuref and
 # percpuref::percpuref_static), from a copy of the installed tree in another
 # place, which proves both relocatable.  Runs every consumer, and renders
-# every installed man page with man -l.
+# every installed man page with man -l, and checks that every exported
+# function has one.
 # Usage: check_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -73,3 +74,25 @@ for page in "$mandir"/*.3; do
   pages=$((pages + 1))
 done
 echo "ok - $pages man pages render with man -l"
+# Every function the installed headers export has a page that names it
+# with its parentheses (its family's, through the link a NAME line makes),
+# but for the slow paths their inline fast paths call (__name,
+# name_slowpath).  Declarations are read with their lines joined: one
+# split after its return type is still found.
+exported=$(cat "$root"/include/percpuref/*.h | tr '\n' ' ')
+exported=$(grep -o 'PERCPUREF_API[^(;]*(' <<<"$exported" |
+           sed -E 's/.*[ *]([A-Za-z_0-9]+)[(]$/\1/' | grep -v -e '^__' -e '_slowpath$' | sort -u)
+test -n "$exported" || { echo "not ok - no exported function found in the headers" >&2; exit 1; }
+missing=""
+for fn in $exported; do
+  page="$mandir/$fn.3"
+  if ! test -f "$page" ||
+     ! grep -q -- "$fn(" <<<"$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")"; then
+    missing="$missing $fn"
+  fi
+done
+if [ -n "$missing" ]; then
+  echo "not ok - exported functions without a man page that names them:$missing" >&2
+  exit 1
+fi
+echo "ok - every exported function ($(wc -w <<<"$exported")) has a man page"
