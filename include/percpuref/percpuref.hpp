@@ -21,6 +21,8 @@
  *   rcu_read_guard     a percpu_rcuref read-side section for a scope: inside
  *                      it, ref_ptr<T>::try_acquire() may be called on an
  *                      object found in an RCU-protected structure.
+ *   poll_registration  this thread finishes its own kills, in its poll()
+ *                      calls, for a scope (percpu_ref_poll_register()).
  *
  * Objects: derive T from refcounted<T> (a percpu_ref; the owner kills it)
  * or rcu_refcounted<T> (a percpu_rcuref: freed after an RCU grace period,
@@ -53,6 +55,8 @@
 /* Nothing else: the rest would only bury this under template errors. */
 #error "percpuref.hpp needs C++17 or later (-std=c++17)"
 #else
+
+#include <pthread.h>
 
 #include <cerrno>
 #include <cstddef>
@@ -478,6 +482,81 @@ template <class T, class... Args> ref_ptr<T> make_managed(Args &&...args)
 	}
 	return ref_ptr<T>::adopt(obj);
 }
+
+/*
+ * poll_registration - makes the constructing thread a polling thread for
+ * the object's life (percpu_ref_poll_register(); percpu_ref.h): the kills
+ * this thread makes (an owner's kill() or destruction) are finished by its
+ * own poll() calls, and ~T of the objects they release runs there, not on
+ * the library's callback thread.  Call poll() regularly, between requests
+ * say; drain() finishes every kill the thread made, and those that the
+ * ~T it runs make, except those another thread's percpu_ref_barrier() (or
+ * a wait for that one ref's switch) took over meanwhile: those finish on
+ * the callback thread, and drain() does not wait for them.
+ *
+ * The registration is its thread's: the object is neither copyable nor
+ * movable, and belongs on that thread's stack, for the scope that polls.
+ * The constructor throws std::system_error with EALREADY when the thread
+ * is registered already (inside a ~T its own poll runs, too), EPERM on one
+ * of the library's threads, EDEADLK inside a callback run by a wait that
+ * runs the library's queue itself (no callback thread could start), EAGAIN
+ * when no hook at thread exit could be set, and std::bad_alloc.  poll(),
+ * poll_wait() and drain() throw EPERM on another thread than the one that
+ * registered (without touching that thread's registration) and EDEADLK
+ * inside a callback the library runs (a ~T a poll runs, a confirm).  The
+ * destructor unregisters, handing what is still queued to the callback
+ * thread; destroyed on another thread, or inside a callback, it cannot,
+ * says so on stderr, and the thread stays registered (its queue is handed
+ * over when it exits or another thread calls percpu_ref_barrier()).
+ */
+class poll_registration {
+public:
+	poll_registration() : thread_(pthread_self())
+	{
+		if (int err = percpu_ref_poll_register())
+			detail::throw_errno(err, "percpu_ref_poll_register");
+	}
+	~poll_registration()
+	{
+		int err = -EPERM;
+
+		/* On our thread, EPERM: unregistered already (by a C call). */
+		if (pthread_equal(thread_, pthread_self()) &&
+		    (err = percpu_ref_poll_unregister()) == -EPERM)
+			return;
+		if (err)
+			std::fprintf(stderr, "percpuref::poll_registration: %s; the thread stays "
+					     "registered\n", err == -EPERM ? "destroyed on another thread"
+									 : std::strerror(-err));
+	}
+	poll_registration(const poll_registration &) = delete;
+	poll_registration &operator=(const poll_registration &) = delete;
+
+	/* Finishes this thread's kills whose reader fence has ended (starting
+	 * one, paced, if none is recent); how many. */
+	unsigned int poll() { return checked(0); }
+	/* The same, but first waits for the oldest when none can be finished
+	 * yet: 0 once none is queued. */
+	unsigned int poll_wait() { return checked(PERCPU_REF_POLL_WAIT); }
+	/* Finishes this thread's kills, but those taken over (above). */
+	void drain()
+	{
+		while (poll_wait() > 0)
+			;
+	}
+
+private:
+	unsigned int checked(unsigned int flags)
+	{
+		int ret = pthread_equal(thread_, pthread_self()) ? percpu_ref_poll(flags) : -EPERM;
+
+		if (ret < 0)
+			detail::throw_errno(ret, "percpu_ref_poll");
+		return static_cast<unsigned int>(ret);
+	}
+
+	pthread_t thread_;
+};
 
 } /* inline namespace PERCPUREF_HPP_MODE */
 } /* namespace percpuref */

@@ -7,9 +7,18 @@
  * too) and freed after, a managed
  * object is freed by the reclaimer only once no ref_ptr is left, and
  * ref_traits serves a C struct, and an object not made by make_* is
- * refused with warnings, not a crash.  Exact counts are read from the atomic
- * count once a kill has switched the ref to atomic mode.
+ * refused with warnings, not a crash, and a poll_registration finishes
+ * its thread's kills in its polls and hands the rest over when it goes.
+ * Exact counts are read from the atomic count once a kill has switched
+ * the ref to atomic mode.
  */
+#include <pthread.h>
+
+#include <cerrno>
+#include <chrono>
+#include <memory>
+#include <system_error>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -316,6 +325,103 @@ static void test_const()
 	is(destroyed, 1, "the last const reference frees it");
 }
 
+static pthread_t polled_destroyed_on;
+static int poll_in_destructor_err;
+
+struct polled : percpuref::refcounted<polled> {
+	explicit polled(percpuref::poll_registration *reg_ = nullptr) : reg(reg_) {}
+	~polled()
+	{
+		polled_destroyed_on = pthread_self();
+		destroyed++;
+		if (reg) {
+			try {
+				reg->poll();
+			} catch (const std::system_error &e) {
+				poll_in_destructor_err = e.code().value();
+			}
+		}
+	}
+	percpuref::poll_registration *reg;
+};
+
+/* Its destructor kills another owned object. */
+struct chained : percpuref::refcounted<chained> {
+	chained() : next(percpuref::make_owner<polled>()) {}
+	~chained() { destroyed++; }
+	percpuref::owner<polled> next;
+};
+
+template <class F> static int system_error_of(F &&f)
+{
+	try {
+		f();
+	} catch (const std::system_error &e) {
+		return e.code().value();
+	}
+	return 0;
+}
+
+static void test_poll_registration()
+{
+	destroyed = 0;
+	{
+		percpuref::poll_registration reg;
+
+		is(system_error_of([] { percpuref::poll_registration again; }), EALREADY,
+		   "a second registration on the thread throws EALREADY");
+		auto own = percpuref::make_owner<polled>();
+		own.kill();
+		std::this_thread::sleep_for(std::chrono::milliseconds(20));
+		is(destroyed, 0, "a polling thread's kill waits for its poll");
+		reg.drain();
+		ok(destroyed == 1 && pthread_equal(polled_destroyed_on, pthread_self()),
+		   "drain() finished the kill: ~T ran on this thread");
+		is(reg.poll(), 0u, "nothing left to poll");
+		int err = 0;
+		std::thread([&] { err = system_error_of([&] { reg.poll(); }); }).join();
+		is(err, EPERM, "a poll from another thread throws EPERM");
+		err = 0;
+		std::thread([&] {
+			percpuref::poll_registration theirs;
+
+			err = system_error_of([&] { reg.poll(); });
+		}).join();
+		is(err, EPERM, "so does one from a thread registered itself: it polls for nobody");
+
+		/* A registration destroyed on another thread leaves both alone. */
+		std::unique_ptr<percpuref::poll_registration> elsewhere;
+		std::thread([&] { elsewhere = std::make_unique<percpuref::poll_registration>(); })
+			.join();
+		elsewhere.reset();
+		is(percpu_ref_poll(0), 0, "destroyed on another thread: this thread stays registered");
+
+		/* drain() loops: ~T of what it releases kills another owner. */
+		destroyed = 0;
+		auto chain = percpuref::make_owner<chained>();
+		chain.kill();
+		reg.drain();
+		is(destroyed, 2, "drain() finishes the kills that the ~T it runs make");
+
+		poll_in_destructor_err = 0;
+		auto inner = percpuref::make_owner<polled>(&reg);
+		inner.kill();
+		reg.drain();
+		is(poll_in_destructor_err, EDEADLK, "a poll inside ~T of an object a poll releases "
+		   "throws EDEADLK");
+	}
+	destroyed = 0;
+	{
+		percpuref::poll_registration reg;
+		auto own = percpuref::make_owner<polled>();
+		own.kill();
+	}
+	percpu_ref_barrier();
+	ok(destroyed == 1 && !pthread_equal(polled_destroyed_on, pthread_self()),
+	   "the destructor handed the unpolled kill to the callback thread");
+	is(percpu_ref_poll(0), -EPERM, "and unregistered the thread");
+}
+
 int main()
 {
 	test_owner_and_ref_ptr();
@@ -328,5 +434,6 @@ int main()
 	test_not_made();
 	test_acquire_in_constructor();
 	test_const();
+	test_poll_registration();
 	return done_testing();
 }

@@ -28,6 +28,10 @@ pub const PERCPU_REF_INIT_ATOMIC: c_uint = 1 << 0;
 pub const PERCPU_REF_INIT_DEAD: c_uint = 1 << 1;
 /// May switch back to per-CPU mode after a kill.
 pub const PERCPU_REF_ALLOW_REINIT: c_uint = 1 << 2;
+/// `percpu_ref_poll()`: wait for the oldest switch when none can be finished.
+pub const PERCPU_REF_POLL_WAIT: c_uint = 1;
+/// Linux's errno value for "not registered" from `percpu_ref_poll_unregister()`.
+pub const EPERM: c_int = 1;
 
 extern "C" {
     pub fn percpu_ref_init(r: *mut percpu_ref, release: Option<percpu_ref_func_t>, flags: c_uint) -> c_int;
@@ -38,6 +42,9 @@ extern "C" {
     pub fn percpu_ref_is_zero(r: *mut percpu_ref) -> bool;
     pub fn percpu_ref_barrier() -> c_int;
     pub fn percpu_ref_managed_flush() -> c_int;
+    pub fn percpu_ref_poll_register() -> c_int;
+    pub fn percpu_ref_poll(flags: c_uint) -> c_int;
+    pub fn percpu_ref_poll_unregister() -> c_int;
     pub fn percpuref_shutdown();
     pub fn percpuref_prepare_unload();
     /// Also sets the library up (and so registers its exit handler).
@@ -49,7 +56,8 @@ extern "C" {
     pub fn percpuref_sys_put(r: *mut percpu_ref);
     pub fn percpuref_sys_kill(r: *mut percpu_ref);
     pub fn percpuref_sys_is_dying(r: *mut percpu_ref) -> bool;
-    /// The C layout of `percpu_ref` and the init flags (for the test below).
+    /// The C layout of `percpu_ref`, the init flags and the poll flag (for
+    /// the test below).
     pub fn percpuref_sys_abi(out: *mut usize);
 }
 
@@ -66,7 +74,7 @@ mod tests {
 
     #[test]
     fn layout_and_flags_match_the_headers() {
-        let mut c = [0usize; 7];
+        let mut c = [0usize; 8];
         let r = std::mem::MaybeUninit::<percpu_ref>::uninit();
         let base = r.as_ptr() as usize;
         // SAFETY: only field addresses are taken; nothing is read.
@@ -85,6 +93,7 @@ mod tests {
             PERCPU_REF_INIT_ATOMIC as usize,
             PERCPU_REF_INIT_DEAD as usize,
             PERCPU_REF_ALLOW_REINIT as usize,
+            PERCPU_REF_POLL_WAIT as usize,
         ];
         assert_eq!(c, rust, "C (size, align, offsets, flags) against this crate");
     }

@@ -43,9 +43,10 @@ PERCPUREF_API bool percpuref_sys_is_dying(struct percpu_ref *ref)
 
 /*
  * The C side of what src/lib.rs declares, for its test to compare: the
- * layout of struct percpu_ref and the init flags, in this order.
+ * layout of struct percpu_ref, the init flags and the poll flag, in this
+ * order.
  */
-PERCPUREF_API void percpuref_sys_abi(size_t out[7])
+PERCPUREF_API void percpuref_sys_abi(size_t out[8])
 {
 	out[0] = sizeof(struct percpu_ref);
 	out[1] = _Alignof(struct percpu_ref);
@@ -54,4 +55,5 @@ PERCPUREF_API void percpuref_sys_abi(size_t out[7])
 	out[4] = PERCPU_REF_INIT_ATOMIC;
 	out[5] = PERCPU_REF_INIT_DEAD;
 	out[6] = PERCPU_REF_ALLOW_REINIT;
+	out[7] = PERCPU_REF_POLL_WAIT;
 }

@@ -36,11 +36,12 @@
 //!
 //! Where the value is dropped: on the thread whose drop of a [`PcArc`]
 //! releases the last reference, on the thread that calls [`Owner::kill`]
-//! (or drops the [`Owner`]) when no `PcArc` is left, or on one of the
+//! (or drops the [`Owner`]) when no `PcArc` is left, on one of the
 //! library's threads (the callback thread finishing a kill, the reclaimer
-//! for managed values).  Hence `T: Send + Sync + 'static` everywhere, and a
-//! `Drop` must not take a lock that the thread dropping the owner or a
-//! `PcArc` may hold.
+//! for managed values), or in the polls of the thread that killed the
+//! owner while holding a [`PollRegistration`].  Hence
+//! `T: Send + Sync + 'static` everywhere, and a `Drop` must not take a lock
+//! that the thread dropping the owner or a `PcArc` may hold.
 //!
 //! What a value's `Drop` must not do: panic (a panic cannot unwind into
 //! the C library that runs the release: the process aborts), or wait for
@@ -73,6 +74,7 @@
 //! these types; see `docs/percpu_ref.md` and `docs/managed.md` in the
 //! repository for the underlying contract.
 use std::fmt;
+use std::io::Write;
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::panic::{self, AssertUnwindSafe};
@@ -482,7 +484,8 @@ impl<T: Send + Sync + 'static> Owner<T> {
     }
 
     /// Drops the initial reference: the count switches to atomic mode
-    /// (after a grace period, on the library's callback thread) and the
+    /// (after a grace period, on the library's callback thread, or in this
+    /// thread's polls while it holds a [`PollRegistration`]) and the
     /// value is dropped when the last `PcArc` goes: on the thread of that
     /// drop, on the callback thread, or on this one, in this call, when no
     /// `PcArc` is left (which of the last two depends on timing).  The same
@@ -544,6 +547,116 @@ pub fn prepare_unload() {
     unsafe { sys::percpuref_prepare_unload() }
 }
 
+/// Makes the calling thread finish its own kills for as long as the
+/// registration lives (the C library's `percpu_ref_poll_register()`): an
+/// [`Owner`] this thread kills or drops is switched, and its value dropped
+/// if no `PcArc` is left, inside this thread's [`poll`](Self::poll) calls
+/// rather than on the library's callback thread.  Threads that end many
+/// values' lives then share no callback thread, and the reader fences
+/// their polls start are paced and shared by all.  Poll regularly (between
+/// requests, say); [`drain`](Self::drain) finishes every kill made so far.
+/// Dropping the registration hands whatever is still queued to the
+/// callback thread, and so do the thread's exit and [`wait_for_releases`]
+/// on any thread (a kill handed over so is finished there, and `drain`
+/// does not wait for it).  The registration belongs to its thread, so it
+/// is neither `Send` nor `Sync`.
+///
+/// ```
+/// use percpuref::{Owner, PollRegistration};
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::sync::Arc;
+///
+/// struct Connection(Arc<AtomicBool>);
+/// impl Drop for Connection {
+///     fn drop(&mut self) { self.0.store(true, Ordering::SeqCst); }
+/// }
+///
+/// let polling = PollRegistration::new().unwrap();
+/// let closed = Arc::new(AtomicBool::new(false));
+/// Owner::new(Connection(closed.clone())).unwrap().kill();
+/// polling.drain().unwrap();           // dropped here, on this thread
+/// assert!(closed.load(Ordering::SeqCst));
+/// ```
+///
+/// Another thread cannot poll for this one:
+///
+/// ```compile_fail
+/// let polling = percpuref::PollRegistration::new().unwrap();
+/// std::thread::spawn(move || polling.poll()).join().unwrap();
+/// ```
+#[must_use = "dropping the registration unregisters the thread at once"]
+pub struct PollRegistration {
+    _thread_bound: PhantomData<*const ()>,
+}
+
+impl PollRegistration {
+    /// Registers the calling thread.  `Err(EALREADY)` when it is
+    /// registered already (inside a `Drop` its own poll runs, too),
+    /// `Err(EPERM)` on one of the library's threads, `Err(EDEADLK)` inside
+    /// a `Drop` run by a wait that runs the library's queue itself (no
+    /// callback thread could start), `Err(ENOMEM)`, or `Err(EAGAIN)` when
+    /// no hook at the thread's exit could be set.
+    pub fn new() -> Result<PollRegistration, Error> {
+        // SAFETY: no precondition; the C checks the calling thread.
+        check(unsafe { sys::percpu_ref_poll_register() })?;
+        Ok(PollRegistration { _thread_bound: PhantomData })
+    }
+
+    /// Finishes this thread's kills whose reader fence has ended, dropping
+    /// the values they release, and starts that fence if none started in
+    /// the process within the pacing interval (300 µs, or
+    /// `PERCPUREF_POLL_INTERVAL_US` read at the first registration);
+    /// returns how many it finished.  `Err(EDEADLK)` inside a value's
+    /// `Drop` that a poll runs.
+    pub fn poll(&self) -> Result<usize, Error> {
+        Self::polled(0)
+    }
+
+    /// As [`poll`](Self::poll), but when none can be finished yet it first
+    /// waits for the oldest: `Ok(0)` once none is queued.
+    pub fn poll_wait(&self) -> Result<usize, Error> {
+        Self::polled(sys::PERCPU_REF_POLL_WAIT)
+    }
+
+    /// Finishes every kill this thread has made, and those that the
+    /// dropped values' `Drop`s make, but those handed to the callback
+    /// thread meanwhile (above).
+    pub fn drain(&self) -> Result<(), Error> {
+        while self.poll_wait()? > 0 {}
+        Ok(())
+    }
+
+    fn polled(flags: std::os::raw::c_uint) -> Result<usize, Error> {
+        // SAFETY: as for new(); a release it runs drops a value as the
+        // callback thread would.
+        let ret = unsafe { sys::percpu_ref_poll(flags) };
+        check(ret)?;
+        Ok(ret as usize)
+    }
+}
+
+impl Drop for PollRegistration {
+    fn drop(&mut self) {
+        // SAFETY: as for new().
+        let ret = unsafe { sys::percpu_ref_poll_unregister() };
+        // EPERM: unregistered already.  A registration kept in a
+        // thread_local is dropped after the C library's exit hook, which
+        // registered after the thread_local's destructor and so runs
+        // first, unregistered the thread.  Anything else (EDEADLK: dropped
+        // inside a callback the library runs) leaves the thread registered;
+        // its queue goes to the callback thread at its exit or the next
+        // wait_for_releases.  Not eprintln!, which panics, and so aborts,
+        // in a thread-local destructor when stderr is closed.
+        if ret < 0 && -ret != sys::EPERM {
+            let _ = writeln!(
+                std::io::stderr(),
+                "percpuref: PollRegistration dropped, thread still registered: {}",
+                std::io::Error::from_raw_os_error(-ret)
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -592,6 +705,137 @@ mod tests {
             "child's stderr: {}",
             stderr
         );
+    }
+
+    /// Runs the test @name alone in a child process of this binary, with
+    /// @env set (the test's cue to do the work), and checks that the child
+    /// ran it and it passed; returns the child's stderr.
+    fn rerun_alone(name: &str, env: &str) -> String {
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture"])
+            .env(env, "1")
+            .output()
+            .unwrap();
+        let (stdout, stderr) =
+            (String::from_utf8_lossy(&child.stdout), String::from_utf8_lossy(&child.stderr));
+        assert!(
+            child.status.success() && stdout.contains("1 passed"),
+            "child: {:?}\n{}{}",
+            child.status,
+            stdout,
+            stderr
+        );
+        stderr.into_owned()
+    }
+
+    /// A polling thread finishes its own kills: not before its poll, in
+    /// it (the value dropped on this thread), and what is left when the
+    /// registration goes is handed to the callback thread.  In a child
+    /// process of its own: another test's `wait_for_releases` would take
+    /// this thread's queue over.
+    #[test]
+    fn poll_registration_finishes_own_kills() {
+        const CHILD: &str = "PERCPUREF_TEST_POLL_CHILD";
+        const EDEADLK: i32 = 35; // Linux's errno values
+        const EALREADY: i32 = 114;
+
+        if std::env::var_os(CHILD).is_none() {
+            rerun_alone("tests::poll_registration_finishes_own_kills", CHILD);
+            return;
+        }
+
+        static DROPPED_ON: std::sync::Mutex<Option<std::thread::ThreadId>> =
+            std::sync::Mutex::new(None);
+        static POLL_IN_DROP: std::sync::Mutex<Option<Result<usize, Error>>> =
+            std::sync::Mutex::new(None);
+        thread_local! {
+            static REGISTRATION: std::cell::RefCell<Option<PollRegistration>> =
+                std::cell::RefCell::new(None);
+        }
+        struct Polled {
+            polls_in_drop: bool,
+        }
+        impl Drop for Polled {
+            fn drop(&mut self) {
+                *DROPPED_ON.lock().unwrap() = Some(std::thread::current().id());
+                if self.polls_in_drop {
+                    let ret = REGISTRATION.with(|r| r.borrow().as_ref().unwrap().poll());
+                    *POLL_IN_DROP.lock().unwrap() = Some(ret);
+                }
+            }
+        }
+        let here = std::thread::current().id();
+
+        REGISTRATION.with(|r| *r.borrow_mut() = Some(PollRegistration::new().unwrap()));
+        assert_eq!(PollRegistration::new().err().map(Error::errno), Some(EALREADY));
+        Owner::new(Polled { polls_in_drop: false }).unwrap().kill();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(*DROPPED_ON.lock().unwrap(), None, "dropped before this thread polled");
+        REGISTRATION.with(|r| r.borrow().as_ref().unwrap().drain()).unwrap();
+        assert_eq!(*DROPPED_ON.lock().unwrap(), Some(here), "drain dropped it here");
+        assert_eq!(REGISTRATION.with(|r| r.borrow().as_ref().unwrap().poll()), Ok(0));
+
+        Owner::new(Polled { polls_in_drop: true }).unwrap().kill();
+        REGISTRATION.with(|r| r.borrow().as_ref().unwrap().drain()).unwrap();
+        assert_eq!(
+            POLL_IN_DROP.lock().unwrap().take().map(|r| r.map_err(Error::errno)),
+            Some(Err(EDEADLK)),
+            "a poll inside a Drop that a poll runs"
+        );
+
+        // drain() loops: a Drop that a poll runs kills another owner.
+        static CHAIN_DROPS: AtomicUsize = AtomicUsize::new(0);
+        struct Link(Option<Owner<Link>>);
+        impl Drop for Link {
+            fn drop(&mut self) {
+                CHAIN_DROPS.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let tail = Owner::new(Link(None)).unwrap();
+        Owner::new(Link(Some(tail))).unwrap().kill();
+        REGISTRATION.with(|r| r.borrow().as_ref().unwrap().drain()).unwrap();
+        assert_eq!(CHAIN_DROPS.load(Ordering::SeqCst), 2, "drain finishes the kills Drops make");
+
+        *DROPPED_ON.lock().unwrap() = None;
+        Owner::new(Polled { polls_in_drop: false }).unwrap().kill();
+        REGISTRATION.with(|r| *r.borrow_mut() = None);
+        wait_for_releases().unwrap();
+        let on = DROPPED_ON.lock().unwrap().expect("the handed-over kill was not finished");
+        assert_ne!(on, here, "dropping the registration hands its kills to the callback thread");
+        // Unregistered: a new registration works.
+        drop(PollRegistration::new().unwrap());
+    }
+
+    /// A registration kept in a thread_local is dropped after the C
+    /// library's exit hook unregistered the thread: silently (it printed a
+    /// false error at every such thread's exit), and the thread's kill is
+    /// still handed over.
+    #[test]
+    fn thread_local_registration_at_thread_exit() {
+        const CHILD: &str = "PERCPUREF_TEST_TLS_POLL_CHILD";
+
+        if std::env::var_os(CHILD).is_none() {
+            let stderr = rerun_alone("tests::thread_local_registration_at_thread_exit", CHILD);
+            assert!(!stderr.contains("PollRegistration"), "child's stderr: {}", stderr);
+            return;
+        }
+        thread_local! {
+            static KEPT: std::cell::RefCell<Option<PollRegistration>> =
+                std::cell::RefCell::new(None);
+        }
+        let (value, drops) = tracked();
+        let owner = Owner::new(value).unwrap();
+        std::thread::spawn(move || {
+            KEPT.with(|k| *k.borrow_mut() = Some(PollRegistration::new().unwrap()));
+            owner.kill();
+        })
+        .join()
+        .unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while drops.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "the exited thread's kill was handed over");
     }
 
     /// Counts its drops.
