@@ -186,6 +186,11 @@ struct bench_workload {
 	 */
 	const char *group;
 	const long *group_size;
+	/*
+	 * Thread 0 has a part of its own (fence-cost: the one that fences):
+	 * --processes, which would make every process a thread 0, is refused.
+	 */
+	bool roles;
 };
 
 /*

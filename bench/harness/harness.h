@@ -72,6 +72,10 @@ struct sample {
 /* One measurement of @duration seconds, after duration / 5 of warm-up. */
 struct sample measure(const struct bench_workload *w, const struct bench_variant *v,
 		      unsigned int nthreads, const struct topology *topo, double duration);
+/* The same point as @nprocs one-thread processes at once (--processes):
+ * the summed throughput, no metrics. */
+struct sample measure_processes(const struct bench_workload *w, const struct bench_variant *v,
+				unsigned int nprocs, const struct topology *topo, double duration);
 
 /* One row-and-column cell of the report, after the repetitions. */
 struct result {
@@ -101,6 +105,7 @@ struct report {
 	unsigned int baseline_row;	/* its index in threads[] */
 	const char *fast_path;	/* percpuref_fast_path(): "rseq-glibc", "fallback" ... */
 	double duration;
+	bool processes;		/* --processes: rows are one-thread processes */
 	char started[32];	/* ISO 8601 UTC */
 };
 

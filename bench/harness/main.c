@@ -5,8 +5,8 @@
  *
  *   percpuref-bench <workload> [--threads LIST] [--variants LIST]
  *                   [--duration S] [--repeat N] [--stat median|best]
- *                   [--baseline N] [--oversubscribe] [--json FILE|-]
- *                   [--list] [workload options]
+ *                   [--baseline N] [--oversubscribe] [--processes]
+ *                   [--json FILE|-] [--list] [workload options]
  *   percpuref-bench --help | --list | --topology | --version
  *
  * Workloads register themselves (PERCPUREF_BENCH_WORKLOAD() in bench.h) by
@@ -107,6 +107,7 @@ enum {
 	OPT_REPEAT,
 	OPT_STAT,
 	OPT_OVERSUBSCRIBE,
+	OPT_PROCESSES,
 	OPT_BASELINE,
 	OPT_JSON,
 	OPT_LIST,
@@ -121,6 +122,7 @@ static const struct option common_options[] = {
 	{ "repeat", required_argument, NULL, OPT_REPEAT },
 	{ "stat", required_argument, NULL, OPT_STAT },
 	{ "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
+	{ "processes", no_argument, NULL, OPT_PROCESSES },
 	{ "baseline", required_argument, NULL, OPT_BASELINE },
 	{ "json", required_argument, NULL, OPT_JSON },
 	{ "list", no_argument, NULL, OPT_LIST },
@@ -200,6 +202,9 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"  --stat median|best  which repetition to report (default median)\n"
 		"  --oversubscribe     allow more threads than usable CPUs (rows flagged '!'); implied\n"
 		"                      for workloads that oversubscribe by design\n"
+		"  --processes         run each row of T threads as T one-thread processes at once,\n"
+		"                      pinned as the threads would be: the machine's own scaling,\n"
+		"                      nothing shared (throughput only; not for signal1, fence-cost)\n"
 		"  --baseline N        efficiency relative to the N-thread row, as the reports'\n"
 		"                      8C16T = 100%%: (throughput(T) / T) / (throughput(N) / N)\n"
 		"                      (default 1)\n"
@@ -522,6 +527,21 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 		case OPT_OVERSUBSCRIBE:
 			cli->oversubscribe = true;
 			break;
+		case OPT_PROCESSES:
+			/* A process per group member would split what the
+			 * workload's groups share by design. */
+			if (w->group)
+				usage_error(w, "--processes: workload %s runs its threads in %ss",
+					    w->name, w->group);
+			if (w->roles)
+				usage_error(w, "--processes: workload %s gives thread 0 a part of "
+					    "its own", w->name);
+#if defined(__SANITIZE_THREAD__)
+			usage_error(w, "--processes: not in a ThreadSanitizer build, which "
+				    "cannot run threads in a fork child");
+#endif
+			r->processes = true;
+			break;
 		case OPT_BASELINE:
 			if (!parse_uint(optarg, 1, 1u << 16, &cli->baseline))
 				usage_error(w, "--baseline: want a thread count 1..65536, got \"%s\"",
@@ -683,8 +703,8 @@ static void run_schedule(struct report *r)
 						elapsed / done * (total - done));
 				fprintf(stderr, "\033[K");
 			}
-			res->samples[k] = measure(r->workload, res->variant, res->threads, r->topo,
-						  r->duration);
+			res->samples[k] = (r->processes ? measure_processes : measure)(
+				r->workload, res->variant, res->threads, r->topo, r->duration);
 			done++;
 		}
 	}

@@ -22,14 +22,35 @@
  * The workload's own figures (bench_report_metric()) go into the sample,
  * from setup() and teardown() only: run->metrics is NULL while the threads
  * exist, so a call from a thread's hook fails loudly instead of racing.
+ *
+ * --processes (measure_processes()): the point as N copies of its
+ * one-thread measurement, each a forked process pinned where thread i
+ * would have run, all at once: the machine's own scaling, with nothing
+ * shared (no library state, fence, library thread or workload object).
+ * The children's main threads meet at a process-shared barrier after
+ * their threads' start barrier, so their windows open together (within
+ * the time a barrier takes to wake N processes) and, of equal length,
+ * overlap; each child writes its count and window to a shared mapping
+ * before it exits, which the parent reads after reaping it (exit and
+ * wait order it).  Throughput only: the children's metrics are dropped,
+ * since what a sum or mean of them means is the workload's to say.  A
+ * child that fails makes the parent kill the others (they would wait at
+ * the barrier for ever); a parent that dies takes the children with it
+ * (PR_SET_PDEATHSIG).
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -111,8 +132,11 @@ static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
 	return sum;
 }
 
-struct sample measure(const struct bench_workload *w, const struct bench_variant *v,
-		      unsigned int nthreads, const struct topology *topo, double duration)
+/* measure(); with @processes, the main thread waits there for the other
+ * processes of a --processes point before its warm-up. */
+static struct sample measure_with(const struct bench_workload *w, const struct bench_variant *v,
+				  unsigned int nthreads, const struct topology *topo,
+				  double duration, pthread_barrier_t *processes)
 {
 	struct sample s = { 0 };
 	struct bench_run run = { .workload = w, .variant = v, .nthreads = nthreads,
@@ -148,6 +172,8 @@ struct sample measure(const struct bench_workload *w, const struct bench_variant
 				  strerror(err));
 	}
 	pthread_barrier_wait(&start_barrier);
+	if (processes)
+		pthread_barrier_wait(processes);
 
 	sleep_until(bench_seconds() + duration / 5);
 	t0 = bench_seconds();
@@ -165,5 +191,122 @@ struct sample measure(const struct bench_workload *w, const struct bench_variant
 		w->teardown(&run);
 	free(tids);
 	free(threads);
+	return s;
+}
+
+struct sample measure(const struct bench_workload *w, const struct bench_variant *v,
+		      unsigned int nthreads, const struct topology *topo, double duration)
+{
+	return measure_with(w, v, nthreads, topo, duration, NULL);
+}
+
+/* What the children of a --processes point share with the parent. */
+struct processes_shared {
+	pthread_barrier_t barrier;	/* process-shared: the windows open */
+	struct {
+		uint64_t ops;
+		double seconds;
+	} out[];			/* child i's one-thread sample */
+};
+
+/* Kills and reaps the children still running. */
+static void kill_children(const pid_t *pids, const bool *reaped, unsigned int n)
+{
+	for (unsigned int i = 0; i < n; i++)
+		if (pids[i] > 0 && !reaped[i])
+			kill(pids[i], SIGKILL);
+	for (unsigned int i = 0; i < n; i++)
+		if (pids[i] > 0 && !reaped[i])
+			waitpid(pids[i], NULL, 0);
+}
+
+struct sample measure_processes(const struct bench_workload *w, const struct bench_variant *v,
+				unsigned int nprocs, const struct topology *topo, double duration)
+{
+	size_t size = sizeof(struct processes_shared) + nprocs * sizeof(((struct processes_shared *)0)->out[0]);
+	struct processes_shared *sh;
+	pthread_barrierattr_t attr;
+	struct sample s = { 0 };
+	pid_t *pids = calloc(nprocs, sizeof(*pids));
+	bool *reaped = calloc(nprocs, sizeof(*reaped));
+	pid_t parent = getpid();
+	double seconds = 0;
+
+	if (!pids || !reaped)
+		bench_die("out of memory");
+	sh = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (sh == MAP_FAILED)
+		bench_die("--processes: mmap: %s", strerror(errno));
+	pthread_barrierattr_init(&attr);
+	pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+	pthread_barrier_init(&sh->barrier, &attr, nprocs);
+	pthread_barrierattr_destroy(&attr);
+	/* Nothing buffered twice: the children exit with _exit(). */
+	fflush(NULL);
+	for (unsigned int i = 0; i < nprocs; i++) {
+		pids[i] = fork();
+		if (pids[i] < 0) {
+			int err = errno;
+
+			kill_children(pids, reaped, i);
+			bench_die("--processes: fork (process %u of %u): %s", i + 1, nprocs,
+				  strerror(err));
+		}
+		if (!pids[i]) {
+			/* Thread i's CPU, as the only one of a copy of the topology. */
+			int cpu = topo->order[i % topo->ncpus];
+			struct topology one = *topo;
+			struct sample mine;
+
+			/* A parent killed before it could kill us would leave us
+			 * at the barrier, a worker spinning, for ever. */
+			if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent)
+				_exit(1);
+
+			one.ncpus = 1;
+			one.order = &cpu;
+			mine = measure_with(w, v, 1, &one, duration, &sh->barrier);
+			sh->out[i].ops = mine.ops;
+			sh->out[i].seconds = mine.seconds;
+			_exit(0);
+		}
+	}
+	for (unsigned int left = nprocs; left;) {
+		int status;
+		pid_t pid = wait(&status);
+		unsigned int i = 0;
+
+		if (pid < 0)
+			bench_die("--processes: wait: %s", strerror(errno));
+		while (i < nprocs && pids[i] != pid)
+			i++;
+		if (i == nprocs)
+			continue;	/* not ours: a child our exec inherited */
+		reaped[i] = true;
+		left--;
+		if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+			/* The others would wait at the barrier for ever. */
+			kill_children(pids, reaped, nprocs);
+			bench_die("--processes: the process on CPU %d failed (%s %d)",
+				  topo->order[i % topo->ncpus],
+				  WIFEXITED(status) ? "exit status" : "signal",
+				  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+		}
+	}
+	/* One window for all: their mean, each count scaled to it.  Each
+	 * child that exited 0 wrote a window of at least --duration. */
+	for (unsigned int i = 0; i < nprocs; i++) {
+		if (!(sh->out[i].seconds > 0))
+			bench_die("--processes: the process on CPU %d reported no window",
+				  topo->order[i % topo->ncpus]);
+		seconds += sh->out[i].seconds / nprocs;
+	}
+	for (unsigned int i = 0; i < nprocs; i++)
+		s.ops += (uint64_t)llround(sh->out[i].ops * (seconds / sh->out[i].seconds));
+	s.seconds = seconds;
+	pthread_barrier_destroy(&sh->barrier);
+	munmap(sh, size);
+	free(pids);
+	free(reaped);
 	return s;
 }

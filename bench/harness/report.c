@@ -268,6 +268,9 @@ void report_table(FILE *out, const struct report *r)
 	if (oversubscribed)
 		fprintf(out, "! oversubscribed: more threads than the %u usable CPUs, pinned "
 			"round-robin: threads time-share\n", topo->ncpus);
+	if (r->processes)
+		fprintf(out, "--processes: a row of T is T one-thread processes at once, "
+			"sharing nothing\n");
 	report_metrics(out, r);
 	fflush(out);
 }
@@ -396,8 +399,8 @@ void report_json(FILE *out, const struct report *r)
 				json_number(out, res->efficiency);
 				fprintf(out, ",\"baseline_threads\":%u", r->baseline);
 			}
-			fprintf(out, ",\"oversubscribed\":%s,\"cpus\":[",
-				n > topo->ncpus ? "true" : "false");
+			fprintf(out, ",\"oversubscribed\":%s,\"processes\":%s,\"cpus\":[",
+				n > topo->ncpus ? "true" : "false", r->processes ? "true" : "false");
 			for (unsigned int c = 0; c < placed; c++)
 				fprintf(out, "%s%d", c ? "," : "", topo->order[c]);
 			fprintf(out, "],\"l3_domains_used\":%u,\"stat\":\"%s\",\"repeat\":%u,"

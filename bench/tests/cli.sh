@@ -116,6 +116,15 @@ expect 2 micro --help=x
 grep -q 'takes no value' "$tmp/err" ||
 	{ echo "FAIL: --help=x: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
 expect 2 micro --oversubscribe=1
+expect 2 micro --processes=1
+# --processes splits nothing a workload shares by design: not its groups.
+expect 2 signal1 --processes
+grep -q 'runs its threads in containers' "$tmp/err" ||
+	{ echo "FAIL: signal1 --processes: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+expect 2 micro --processes --processes --threads 1 --variants private $short
+# fence-cost's thread 0 fences, the others are its victims: a process each
+# would make every one a fencer.
+expect 2 fence-cost --processes
 # A flag given twice is an error: the last one won, silently ("--json a
 # --json b" never wrote a); the message names the flag, not its value.
 expect 2 micro --threads 1 --threads 2 --variants private $short
@@ -249,7 +258,7 @@ import json, sys
 rows, group, cpus = int(sys.argv[2]), sys.argv[3] == "yes", int(sys.argv[4])
 need = {"workload": str, "variant": str, "threads": int, "ops_per_sec": (int, float),
         "ns_per_op": (int, float, type(None)), "efficiency": (int, float, type(None)),
-        "oversubscribed": bool, "config": str, "fast_path": str,
+        "oversubscribed": bool, "processes": bool, "config": str, "fast_path": str,
         "baseline_threads": (int, type(None))}
 if group:
     need.update({"group": str, "groups": int, "ops_per_sec_per_group": (int, float)})
@@ -263,13 +272,14 @@ for n, line in enumerate(lines, 1):
     # machine) has no time per operation, and only such a point.
     assert (obj["ns_per_op"] is None) == (obj["ops_per_sec"] == 0), f"line {n}: ns_per_op"
     assert obj["oversubscribed"] == (obj["threads"] > cpus), f"line {n}: oversubscribed"
+    assert obj["processes"] == ("--processes" in sys.argv[5:]), f"line {n}: processes"
     assert obj["config"].endswith("C%dT" % obj["threads"]), "line %d: config" % n
     if group:
         size = obj["params"]["workers"]
         assert obj["groups"] == -(-obj["threads"] // size), f"line {n}: groups"
         per = obj["ops_per_sec"] / obj["groups"]
         assert abs(obj["ops_per_sec_per_group"] - per) <= 1e-5 * per, f"line {n}: per group"
-' "$tmp/json" "$rows" "$grouped" "$cpus"; then
+' "$tmp/json" "$rows" "$grouped" "$cpus" "$@"; then
 		echo "ok: percpuref-bench $workload $* --json -"
 	else
 		echo "FAIL: percpuref-bench $workload $* --json -: bad JSON"
@@ -286,6 +296,104 @@ json micro 4 no --threads 2 --oversubscribe --variants private,kref
 # signal1: 3 threads of 2 workers make 2 containers, the last one short.
 json signal1 8 yes --threads 1,3 --workers 2
 json signal1 2 yes --threads "$over" --variants global
+# --processes runs threads in fork children, which a ThreadSanitizer
+# build refuses (usage error, said so): its tests are skipped there.
+if "$bench" micro --processes --threads 1 --variants private $short >/dev/null 2>"$tmp/err"; then
+	processes=yes
+elif grep -q 'not in a ThreadSanitizer build' "$tmp/err"; then
+	processes=no
+	echo "ok: --processes refused in a ThreadSanitizer build # skip its runs"
+else
+	processes=no
+	echo "FAIL: --processes: $(head -1 "$tmp/err")"
+	fails=$((fails + 1))
+fi
+if [ "$processes" = yes ]; then
+# --processes: the same rows, each a set of one-thread processes.
+json micro 4 no --threads 2 --oversubscribe --processes --variants private,kref
+
+# A --processes child that dies fails the run (exit 1, the CPU named) and
+# takes its siblings down: none is left waiting at the barrier or running.
+"$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private --duration 30 \
+	>"$tmp/out" 2>"$tmp/err" &
+parent=$!
+# The processes whose parent is $1 (from /proc: procps may be missing).
+children_of() {
+	for stat in /proc/[0-9]*/stat; do
+		read -r pid _ _ ppid _ 2>/dev/null <"$stat" && [ "$ppid" = "$1" ] && echo "$pid"
+	done
+}
+# Sets $children to the two processes $1 forks, within 5 s.
+wait_for_two_children() {
+	children=""
+	for _ in $(seq 100); do
+		children=$(children_of "$1" | tr '\n' ' ')
+		[ "$(echo $children | wc -w)" -eq 2 ] && return
+		sleep 0.05
+	done
+}
+wait_for_two_children "$parent"
+kill -KILL $(echo $children | cut -d' ' -f1) 2>/dev/null
+wait "$parent"
+status=$?
+alive=""
+for child in $children; do
+	kill -0 "$child" 2>/dev/null && alive="$alive $child"
+done
+if [ "$status" -eq 1 ] && grep -q -- '--processes: the process on CPU .* failed (signal 9)' "$tmp/err" &&
+   [ -n "$children" ] && [ -z "$alive" ]; then
+	echo "ok: a --processes child killed: exit 1, siblings gone"
+else
+	echo "FAIL: a --processes child killed: exit $status, children $children, alive:$alive"
+	sed 's/^/  stderr: /' "$tmp/err" | head -5
+	[ -n "$alive" ] && kill -KILL $alive
+	fails=$((fails + 1))
+fi
+
+# The parent killed outright: its children go with it (they would have
+# run out their windows, or waited at the barrier for ever).
+"$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private --duration 30 \
+	>/dev/null 2>&1 &
+parent=$!
+wait_for_two_children "$parent"
+kill -KILL "$parent"
+wait "$parent" 2>/dev/null
+alive=""
+for _ in $(seq 40); do
+	alive=""
+	for child in $children; do
+		kill -0 "$child" 2>/dev/null && alive="$alive $child"
+	done
+	[ -z "$alive" ] && break
+	sleep 0.05
+done
+if [ -n "$children" ] && [ -z "$alive" ]; then
+	echo "ok: --processes parent killed: its children went with it"
+else
+	echo "FAIL: --processes parent killed: children $children, alive:$alive"
+	[ -n "$alive" ] && kill -KILL $alive
+	fails=$((fails + 1))
+fi
+
+# A child the bench did not fork (inherited across an exec) is not taken
+# for one of its processes: every row has a real window and throughput.
+if sh -c '(sleep 0.05) & exec "$0" micro --processes --threads 1,2 --oversubscribe \
+		--variants private --duration 0.2 --json -' "$bench" >"$tmp/json" 2>/dev/null &&
+   "$python" -c '
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert len(rows) == 2, rows
+for row in rows:
+    assert row["ops_per_sec"] > 0 and row["ns_per_op"] is not None, row
+    assert all(s["seconds"] >= 0.2 for s in row["samples"]), row["samples"]
+' "$tmp/json"; then
+	echo "ok: --processes with a foreign child: rows intact"
+else
+	echo "FAIL: --processes with a foreign child:"
+	sed 's/^/  /' "$tmp/json" | head -4
+	fails=$((fails + 1))
+fi
+fi
 
 # labels --churn: every row carries the churn metrics, with their units,
 # and the table on stderr is followed by the metrics table.

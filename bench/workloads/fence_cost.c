@@ -193,6 +193,7 @@ static const struct bench_workload fence_cost = {
 	.op = "pair",
 	.variants = fence_variants,
 	.no_efficiency = true,
+	.roles = true,
 	.setup = fence_setup,
 	.thread_init = fence_thread_init,
 	.thread_fini = fence_thread_fini,
