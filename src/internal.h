@@ -415,7 +415,8 @@ void *percpuref_zalloc(size_t size);
 
 /*
  * Fault injection for tests: the @nth next allocation made through
- * percpuref_zalloc() or the per-CPU allocator fails (1 = the very next);
+ * percpuref_zalloc() or the per-CPU allocator (a chunk, its table, and the
+ * depot's growth, which a free may make) fails (1 = the very next);
  * -1: every one fails until disarmed (memory short for a while); 0
  * disarms.  percpuref_fault_refused_allocs(): allocations so refused
  * since the process started.  Exposed (default visibility) so tests

@@ -24,29 +24,45 @@
  * threads that create and destroy refs (issue 9's switch-storm: sixteen
  * threads spent most of their system time in the futex of this lock, whose
  * holder also zeroed sixteen CPUs' copies of the slot, each a cache miss).
- * So every thread keeps a cache of free slots (Bonwick's magazines): an
- * allocation takes one from it, refilling it with CACHE_BATCH slots under one
- * hold of the lock when it is empty; a free puts the slot in the freeing
- * thread's cache, unless that holds 2 * CACHE_BATCH - 1 already: then the
- * slot and CACHE_BATCH - 1 more go back under one hold.  A cache is its
- * thread's alone: no atomics but the count, which
- * percpuref_get_counter_stats() reads.  It goes back whole when the thread
- * exits (percpuref_at_thread_exit(); a thread that cannot register that
- * hook uses no cache).  The cache lives on the heap, TLS holding only its
- * address: a thread whose first call comes from a TLS or key destructor at
- * its exit may register a hook that never runs (thread_exit.c), and a
- * registry node in its TLS would outlive the thread, reused by the next
- * thread on that stack (a list looped on itself: helper-60); on the heap
- * such a cache stays in the registry, its slots lost.  The library's own
- * threads use none: the callback thread frees the counter of every killed
- * ref and allocates none, so its cache would only fill and give back; and
- * freeing straight into the pool before the release, it leaves the slot
- * there for a thread that saw the release.  At most 2 * CACHE_BATCH - 1
- * free slots wait in a live thread's cache; a new chunk is mapped only when
- * the shared pool is empty (a refill takes what is left and maps none),
- * whatever other caches hold.  Zeroing happens outside the lock, by the
- * allocating thread, the slot being its own from the moment it left the
- * pool.
+ * So every thread keeps a cache of free slots, Bonwick's magazine layer
+ * ("Magazines and Vmem", USENIX 2001): two magazines of up to
+ * MAGAZINE_SLOTS slots each, the loaded one and the previous one, which is
+ * either full or empty.  An allocation pops from the loaded magazine; when
+ * that is empty it swaps in a full previous one, and only when there is
+ * none does it take the lock, to trade for a full magazine from the depot
+ * (the shared pool's stack of full magazines), or failing that to fill
+ * one slot by slot from the free list and the tail.  A free pushes on the
+ * loaded magazine; when that is full it becomes the previous one, and
+ * only when the previous one is full too does the lock go, to push that
+ * one on the depot.  So a thread takes the lock at most once per
+ * MAGAZINE_SLOTS allocations or frees, and for O(1) work: a depot push or
+ * pop moves a whole chain of slots by its head.  (The first build moved
+ * slots one by one under the lock, each a cache miss on a line another
+ * thread wrote last; two polling threads of switch-storm, whose frees come
+ * in bursts of a fence's worth, made 19,000 context switches in 2.4 s
+ * waiting on it.)  A cache is its thread's alone: no atomics but the
+ * count, which percpuref_get_counter_stats() reads.  It goes back whole
+ * when the thread exits (percpuref_at_thread_exit(); a thread that cannot
+ * register that hook uses no cache).  The cache lives on the heap, TLS
+ * holding only its address: a thread whose first call comes from a TLS or
+ * key destructor at its exit may register a hook that never runs
+ * (thread_exit.c), and a registry node in its TLS would outlive the
+ * thread, reused by the next thread on that stack (a list looped on
+ * itself: helper-60); on the heap such a cache stays in the registry, its
+ * slots lost.  The library's own threads use none: the callback thread
+ * frees the counter of every killed ref and allocates none, so its cache
+ * would only fill and give back; and freeing straight into the pool before
+ * the release, it leaves the slot there for a thread that saw the release.
+ * At most 2 * MAGAZINE_SLOTS free slots wait in a live thread's cache; a
+ * new chunk is mapped only when the shared pool (depot, free list, tail)
+ * is empty (a refill takes what is left and maps none), whatever other
+ * caches hold.  Zeroing happens outside the lock, by the allocating
+ * thread, the slot being its own from the moment it left the pool.
+ *
+ * A magazine is a chain of free slots linked through their CPU 0 copies,
+ * named by its first slot; the depot is an array of such names (grown
+ * under the lock; when it cannot grow, the magazine goes back slot by
+ * slot to the free list instead).
  *
  * Counting: slots_handed_out (lock) counts slots out of the shared pool, in
  * caches or in use; in_use is that minus every registered cache's count
@@ -54,9 +70,10 @@
  * allocates or frees meanwhile.
  *
  * Fork: the child keeps the forking thread's cache; every other thread's
- * cache is freed, its slots lost to the child (at most 2 * CACHE_BATCH - 1
+ * cache is freed, its slots lost to the child (at most 2 * MAGAZINE_SLOTS
  * each, counted in use there): its owner may have been halfway through a
- * push or a pop, and does not exist in the child.
+ * push or a pop, and does not exist in the child.  The depot is the pool's,
+ * consistent under the lock that fork holds.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -67,13 +84,16 @@
 #include "internal.h"
 
 #define SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / sizeof(unsigned long))
-#define CACHE_BATCH 32
+#define MAGAZINE_SLOTS 32
 
 enum cache_state { CACHE_UNREGISTERED, CACHE_ACTIVE, CACHE_RETIRED };
 
 struct slot_cache {
-	uintptr_t head;			/* a free slot's CPU 0 address, or 0 */
-	unsigned long count;		/* atomic: written by the owner only */
+	uintptr_t loaded;		/* the loaded magazine's first slot, or 0 */
+	unsigned long nr_loaded;	/* its slots, 0..MAGAZINE_SLOTS */
+	uintptr_t previous;		/* a full magazine, or 0: none */
+	unsigned long count;		/* atomic: both magazines' slots; the
+					 * owner writes it, the stats read it */
 	struct slot_cache *prev, *next;	/* registry (alloc_lock) */
 };
 
@@ -83,6 +103,8 @@ static size_t nr_chunks, chunks_capacity;
 static uintptr_t free_head;		/* a free slot's CPU 0 address, or 0 */
 static size_t tail_used = SLOTS_PER_CHUNK; /* slots handed out of the newest chunk */
 static size_t slots_handed_out, slots_on_free_list;
+static uintptr_t *depot;		/* full magazines, by first slot */
+static size_t depot_count, depot_capacity;
 static struct slot_cache registry = { .prev = &registry, .next = &registry };
 static __thread struct slot_cache *cache;	/* this thread's, on the heap */
 static __thread enum cache_state cache_state;
@@ -119,12 +141,40 @@ static int add_chunk(void)
 	return 0;
 }
 
+/* Lock held. */
+static void pool_put(uintptr_t cpu0)
+{
+	*(uintptr_t *)cpu0 = free_head;
+	free_head = cpu0;
+	slots_on_free_list++;
+	slots_handed_out--;
+}
+
+/* Lock held.  The @n slots chained from @first onto the free list. */
+static void pool_put_chain(uintptr_t first, unsigned long n)
+{
+	while (n--) {
+		uintptr_t next = *(uintptr_t *)first;
+
+		pool_put(first);
+		first = next;
+	}
+}
+
 /* Lock held.  One slot out of the shared pool, or 0 when it is empty and
- * may not grow or a chunk cannot be added. */
+ * may not grow or a chunk cannot be added.  A thread without a cache (a
+ * library thread, one past its exit hook) allocates only here: the depot's
+ * magazines are its too, unpacked onto the free list when that is empty,
+ * or a chunk was mapped while they sat there, and memory grew under churn
+ * without bound (helper-69). */
 static uintptr_t pool_take(bool may_grow)
 {
 	uintptr_t cpu0;
 
+	if (!free_head && depot_count) {
+		slots_handed_out += MAGAZINE_SLOTS;	/* pool_put() counts them back */
+		pool_put_chain(depot[--depot_count], MAGAZINE_SLOTS);
+	}
 	if (free_head) {
 		cpu0 = free_head;
 		free_head = *(uintptr_t *)cpu0;
@@ -138,39 +188,36 @@ static uintptr_t pool_take(bool may_grow)
 	return cpu0;
 }
 
-/* Lock held. */
-static void pool_put(uintptr_t cpu0)
+/* The stats' count of @c (relaxed: read under alloc_lock by
+ * percpuref_get_counter_stats(), exact once the owner is quiet, which is
+ * all the stats promise). */
+static void cache_count(struct slot_cache *c)
 {
-	*(uintptr_t *)cpu0 = free_head;
-	free_head = cpu0;
-	slots_on_free_list++;
-	slots_handed_out--;
+	__atomic_store_n(&c->count, c->nr_loaded + (c->previous ? MAGAZINE_SLOTS : 0),
+			 __ATOMIC_RELAXED);
 }
 
-/* The owner's pushes and pops; the count for the stats (relaxed: read under
- * alloc_lock by percpuref_get_counter_stats(), exact once the owner is
- * quiet, which is all the stats promise). */
-static void cache_push(struct slot_cache *c, uintptr_t cpu0)
+/* Lock held.  Puts the magazine at @first, of @n slots, back in the pool:
+ * on the depot when full and the depot can hold it, else slot by slot. */
+static void pool_put_magazine(uintptr_t first, unsigned long n)
 {
-	*(uintptr_t *)cpu0 = c->head;
-	c->head = cpu0;
-	__atomic_store_n(&c->count, c->count + 1, __ATOMIC_RELAXED);
-}
+	if (n == MAGAZINE_SLOTS && depot_count == depot_capacity) {
+		size_t capacity = depot_capacity ? 2 * depot_capacity : 16;
+		uintptr_t *grown = percpuref_fault_should_fail()
+					   ? NULL
+					   : realloc(depot, capacity * sizeof(*depot));
 
-static uintptr_t cache_pop(struct slot_cache *c)
-{
-	uintptr_t cpu0 = c->head;
-
-	c->head = *(uintptr_t *)cpu0;
-	__atomic_store_n(&c->count, c->count - 1, __ATOMIC_RELAXED);
-	return cpu0;
-}
-
-/* Gives back all but @keep of this thread's cached slots.  Lock held. */
-static void cache_drain_locked(struct slot_cache *c, unsigned long keep)
-{
-	while (c->count > keep)
-		pool_put(cache_pop(c));
+		if (grown) {
+			depot = grown;
+			depot_capacity = capacity;
+		}
+	}
+	if (n == MAGAZINE_SLOTS && depot_count < depot_capacity) {
+		depot[depot_count++] = first;
+		slots_handed_out -= n;
+		return;
+	}
+	pool_put_chain(first, n);
 }
 
 static void cache_retire(void *arg)
@@ -178,7 +225,9 @@ static void cache_retire(void *arg)
 	struct slot_cache *c = arg;
 
 	pthread_mutex_lock(&alloc_lock);
-	cache_drain_locked(c, 0);
+	pool_put_magazine(c->loaded, c->nr_loaded);
+	if (c->previous)
+		pool_put_magazine(c->previous, MAGAZINE_SLOTS);
 	c->prev->next = c->next;
 	c->next->prev = c->prev;
 	pthread_mutex_unlock(&alloc_lock);
@@ -219,28 +268,68 @@ static struct slot_cache *my_cache(void)
 	return c;
 }
 
+/* Lock held.  Loads @c with a full magazine from the depot, or one filled
+ * slot by slot from the free list and the tail (mapping no chunk), as far
+ * as they go. */
+static void cache_refill_locked(struct slot_cache *c)
+{
+	uintptr_t cpu0;
+
+	if (depot_count) {
+		c->loaded = depot[--depot_count];
+		c->nr_loaded = MAGAZINE_SLOTS;
+		slots_handed_out += MAGAZINE_SLOTS;
+		return;
+	}
+	while (c->nr_loaded < MAGAZINE_SLOTS && (cpu0 = pool_take(false))) {
+		*(uintptr_t *)cpu0 = c->loaded;
+		c->loaded = cpu0;
+		c->nr_loaded++;
+	}
+}
+
+/* One slot out of @c, or 0 when both magazines are empty. */
+static uintptr_t cache_pop(struct slot_cache *c)
+{
+	uintptr_t cpu0;
+
+	if (!c->nr_loaded && c->previous) {
+		c->loaded = c->previous;
+		c->nr_loaded = MAGAZINE_SLOTS;
+		c->previous = 0;
+	}
+	if (!c->nr_loaded)
+		return 0;
+	cpu0 = c->loaded;
+	c->loaded = *(uintptr_t *)cpu0;
+	c->nr_loaded--;
+	return cpu0;
+}
+
 uintptr_t percpuref_counter_alloc(void)
 {
 	struct slot_cache *c = my_cache();
 	unsigned int cpu, nr_units = percpuref_nr_units();
-	uintptr_t cpu0;
+	uintptr_t cpu0 = c ? cache_pop(c) : 0;
 
-	if (c && c->count) {
-		cpu0 = cache_pop(c);
-	} else {
+	if (!cpu0) {
 		pthread_mutex_lock(&alloc_lock);
-		cpu0 = pool_take(true);
-		/* Refill: the next CACHE_BATCH allocations take no lock. */
-		while (cpu0 && c && c->count < CACHE_BATCH) {
-			uintptr_t more = pool_take(false);
-
-			if (!more)
-				break;
-			cache_push(c, more);
+		if (c) {
+			/* Both magazines empty: load one, then take from it. */
+			cache_refill_locked(c);
+			cpu0 = cache_pop(c);
+			/* Under the lock that counted the loaded slots out of
+			 * the pool: the stats never see them twice or not at all. */
+			cache_count(c);
 		}
+		/* Nothing left to load: the slot that maps a chunk. */
+		if (!cpu0)
+			cpu0 = pool_take(true);
 		pthread_mutex_unlock(&alloc_lock);
 		if (!cpu0)
 			return 0;
+	} else {
+		cache_count(c);
 	}
 	for (cpu = 0; cpu < nr_units; cpu++)
 		*percpuref_counter_on(cpu0, cpu) = 0;
@@ -251,15 +340,31 @@ void percpuref_counter_free(uintptr_t cpu0)
 {
 	struct slot_cache *c = my_cache();
 
-	if (c && c->count < 2 * CACHE_BATCH - 1) {
-		cache_push(c, cpu0);
+	if (!c) {
+		pthread_mutex_lock(&alloc_lock);
+		pool_put(cpu0);
+		pthread_mutex_unlock(&alloc_lock);
 		return;
 	}
-	pthread_mutex_lock(&alloc_lock);
-	pool_put(cpu0);
-	if (c)
-		cache_drain_locked(c, CACHE_BATCH);
-	pthread_mutex_unlock(&alloc_lock);
+	if (c->nr_loaded == MAGAZINE_SLOTS && c->previous) {
+		/* Both full: the previous one goes to the depot, the loaded
+		 * one takes its place, and the count follows under the lock
+		 * that counted the slots back into the pool. */
+		pthread_mutex_lock(&alloc_lock);
+		pool_put_magazine(c->previous, MAGAZINE_SLOTS);
+		c->previous = 0;
+		cache_count(c);
+		pthread_mutex_unlock(&alloc_lock);
+	}
+	if (c->nr_loaded == MAGAZINE_SLOTS) {
+		c->previous = c->loaded;
+		c->loaded = 0;
+		c->nr_loaded = 0;
+	}
+	*(uintptr_t *)cpu0 = c->loaded;
+	c->loaded = cpu0;
+	c->nr_loaded++;
+	cache_count(c);
 }
 
 PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *stats)
@@ -272,7 +377,8 @@ PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *s
 		cached += __atomic_load_n(&c->count, __ATOMIC_RELAXED);
 	stats->chunks = nr_chunks;
 	stats->in_use = slots_handed_out - cached;
-	stats->free = slots_on_free_list + cached + (SLOTS_PER_CHUNK - tail_used);
+	stats->free = slots_on_free_list + depot_count * MAGAZINE_SLOTS + cached +
+		      (SLOTS_PER_CHUNK - tail_used);
 	stats->bytes_mapped = nr_chunks * chunk_bytes();
 	pthread_mutex_unlock(&alloc_lock);
 }

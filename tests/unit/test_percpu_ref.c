@@ -631,6 +631,177 @@ static void test_thread_caches(void)
 	   before.chunks, after.chunks);
 }
 
+/*
+ * Magazines change hands through the depot (percpu_alloc.c): two threads
+ * fill and empty their refs in bursts of several magazines, at once, so
+ * that full magazines go to the depot and come back to either thread.
+ * At every peak, all live counters are distinct (a magazine handed out
+ * twice, or a slot left in one after it was taken, gives two refs one
+ * counter), and in the end the counts are exact.
+ */
+#define TRADE_THREADS 2
+#define TRADE_REFS 300	/* per thread and burst: about nine magazines */
+#define TRADE_ROUNDS 30
+
+static struct percpu_ref trade_refs[TRADE_THREADS][TRADE_REFS];
+static pthread_barrier_t trade_barrier;
+
+static void *trade_bursts(void *arg)
+{
+	struct percpu_ref *refs = trade_refs[(long)arg];
+	int round, i;
+
+	for (round = 0; round < TRADE_ROUNDS; round++) {
+		for (i = 0; i < TRADE_REFS; i++)
+			percpu_ref_init(&refs[i], count_release, 0);
+		pthread_barrier_wait(&trade_barrier);	/* the peak: checked */
+		pthread_barrier_wait(&trade_barrier);
+		for (i = 0; i < TRADE_REFS; i++)
+			percpu_ref_exit(&refs[i]);
+	}
+	return NULL;
+}
+
+static int cmp_uintptr(const void *a, const void *b)
+{
+	uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void test_magazine_trades(void)
+{
+	static uintptr_t counters[TRADE_THREADS * TRADE_REFS];
+	struct percpuref_counter_stats before, after;
+	pthread_t threads[TRADE_THREADS];
+	int round, shared = 0, i;
+	long t;
+
+	percpuref_get_counter_stats(&before);
+	pthread_barrier_init(&trade_barrier, NULL, TRADE_THREADS + 1);
+	for (t = 0; t < TRADE_THREADS; t++)
+		pthread_create(&threads[t], NULL, trade_bursts, (void *)t);
+	for (round = 0; round < TRADE_ROUNDS; round++) {
+		pthread_barrier_wait(&trade_barrier);
+		for (t = 0; t < TRADE_THREADS; t++)
+			for (i = 0; i < TRADE_REFS; i++)
+				counters[t * TRADE_REFS + i] = trade_refs[t][i].percpu_count_ptr;
+		qsort(counters, TRADE_THREADS * TRADE_REFS, sizeof(*counters), cmp_uintptr);
+		for (i = 1; i < TRADE_THREADS * TRADE_REFS; i++)
+			shared += counters[i] == counters[i - 1];
+		pthread_barrier_wait(&trade_barrier);
+	}
+	for (t = 0; t < TRADE_THREADS; t++)
+		pthread_join(threads[t], NULL);
+	pthread_barrier_destroy(&trade_barrier);
+	is(shared, 0, "%d bursts of %d refs on %d threads: no counter handed out twice",
+	   TRADE_ROUNDS, TRADE_REFS, TRADE_THREADS);
+	percpuref_get_counter_stats(&after);
+	ok(after.in_use == before.in_use && after.chunks <= before.chunks + 1,
+	   "and the counts are exact once their threads exited (in use %zu -> %zu)",
+	   before.in_use, after.in_use);
+}
+
+/*
+ * A thread without a cache (a library thread, here) allocates from the
+ * pool alone; what cached threads give back goes to the depot in whole
+ * magazines.  It must find them there: it mapped a chunk instead, and
+ * churn between the two grew memory by a chunk every few hundred rounds
+ * with nothing in use (helper-69).
+ */
+#define NOCACHE_BATCH 64
+#define NOCACHE_ROUNDS 2000
+
+static uintptr_t nocache_slots[NOCACHE_BATCH];
+static pthread_barrier_t nocache_barrier;
+
+static void *nocache_allocate(void *unused)
+{
+	int round, i;
+
+	percpuref_library_thread = true;	/* no cache, as the callback thread */
+	for (round = 0; round < NOCACHE_ROUNDS; round++) {
+		for (i = 0; i < NOCACHE_BATCH; i++)
+			nocache_slots[i] = percpuref_counter_alloc();
+		pthread_barrier_wait(&nocache_barrier);	/* main frees them */
+		pthread_barrier_wait(&nocache_barrier);
+	}
+	return unused;
+}
+
+static void test_nocache_thread_reuses_depot(void)
+{
+	struct percpuref_counter_stats before, after;
+	pthread_t thread;
+	int round, i, failed = 0;
+
+	percpuref_get_counter_stats(&before);
+	pthread_barrier_init(&nocache_barrier, NULL, 2);
+	pthread_create(&thread, NULL, nocache_allocate, NULL);
+	for (round = 0; round < NOCACHE_ROUNDS; round++) {
+		pthread_barrier_wait(&nocache_barrier);
+		for (i = 0; i < NOCACHE_BATCH; i++) {
+			failed += !nocache_slots[i];
+			if (nocache_slots[i])
+				percpuref_counter_free(nocache_slots[i]);
+		}
+		pthread_barrier_wait(&nocache_barrier);
+	}
+	pthread_join(thread, NULL);
+	pthread_barrier_destroy(&nocache_barrier);
+	percpuref_get_counter_stats(&after);
+	ok(!failed && after.chunks <= before.chunks + 1 && after.in_use == before.in_use,
+	   "a thread without a cache reuses the depot's magazines: %d rounds of %d, chunks "
+	   "%zu -> %zu", NOCACHE_ROUNDS, NOCACHE_BATCH, before.chunks, after.chunks);
+}
+
+/*
+ * The stats while another thread trades magazines: a depot push or pop
+ * moves 32 slots in or out of the pool under the lock, and the cache's
+ * count must move with it, under that hold: published after it, a reader
+ * saw the slots twice or not at all (in use read 2^64 - 31, helper-69).
+ * Lock-free pops and pushes may leave the count one behind.
+ */
+#define STATS_HELD 200
+
+static int stats_stop;	/* atomic */
+
+static void *trade_while_read(void *unused)
+{
+	static uintptr_t held[STATS_HELD];
+	int i;
+
+	while (!__atomic_load_n(&stats_stop, __ATOMIC_RELAXED)) {
+		for (i = 0; i < STATS_HELD; i++)
+			held[i] = percpuref_counter_alloc();
+		for (i = 0; i < STATS_HELD; i++)
+			if (held[i])
+				percpuref_counter_free(held[i]);
+	}
+	return unused;
+}
+
+static void test_stats_while_trading(void)
+{
+	struct percpuref_counter_stats base, now;
+	size_t worst = 0;
+	pthread_t thread;
+	int i;
+
+	percpuref_get_counter_stats(&base);
+	__atomic_store_n(&stats_stop, 0, __ATOMIC_RELAXED);
+	pthread_create(&thread, NULL, trade_while_read, NULL);
+	for (i = 0; i < 200000; i++) {
+		percpuref_get_counter_stats(&now);
+		if (now.in_use - base.in_use > worst)
+			worst = now.in_use - base.in_use;
+	}
+	__atomic_store_n(&stats_stop, 1, __ATOMIC_RELAXED);
+	pthread_join(thread, NULL);
+	ok(worst <= STATS_HELD + 1, "stats read while a thread trades magazines: in use at most "
+	   "%d above the start (worst %zu)", STATS_HELD + 1, worst);
+}
+
 #ifndef __SANITIZE_THREAD__	/* TSan ends its view of a thread from a key destructor */
 /*
  * A thread whose first call comes from a key destructor in the last round
@@ -701,6 +872,9 @@ int main(void)
 	test_alloc_failure();
 	test_layout();
 	test_thread_caches();
+	test_magazine_trades();
+	test_nocache_thread_reuses_depot();
+	test_stats_while_trading();
 #ifndef __SANITIZE_THREAD__
 	test_first_call_in_last_destructor();
 #endif
