@@ -543,6 +543,13 @@ static void poller_leave(struct poller *p)
 static void poller_thread_exit(void *unused)
 {
 	(void)unused;
+	/* The hook ran and is gone: a registration from a later TLS or key
+	 * destructor of this thread arms it again, or its queue would wait
+	 * for a barrier.  thread_exit.c runs it in the next round of key
+	 * destructors; one made in glibc's last round is never run, and that
+	 * queue waits for a barrier or the process's exit, as every hook
+	 * registered there is lost. */
+	poller_exit_armed = false;
 	if (my_poller)
 		poller_leave(my_poller);
 }

@@ -13,7 +13,8 @@
  *  - threads that share fences: `while (percpu_ref_poll(WAIT) > 0);`
  *    finishes each thread's kills, no barrier involved;
  *  - what a thread queued is finished by the callback thread when the
- *    thread unregisters, exits, or sits blocked while another thread calls
+ *    thread unregisters, exits (a registration from a key destructor
+ *    after the exit hook ran included), or sits blocked while another thread calls
  *    percpu_ref_barrier(), and when a call waits for one of its switches
  *    (switch_to_percpu right after an asynchronous switch_to_atomic, ours
  *    or another thread's): that switch only, not the rest of the queue;
@@ -315,6 +316,49 @@ static void test_handed_over(enum leave how, const char *what)
 	}
 	percpu_ref_exit(&ref);
 }
+
+#ifndef __SANITIZE_THREAD__	/* TSan ends its view of a thread from a key destructor */
+/*
+ * A thread registered and left, so the library's exit hook ran at its exit;
+ * then one of its key destructors registers again and kills.  The hook had
+ * to be armed again: the kill waited on a queue nobody would poll until a
+ * barrier (helper-68).
+ */
+static pthread_key_t late_key;
+static int late_register_ret = 1;
+
+static void late_register_and_kill(void *ref)
+{
+	late_register_ret = percpu_ref_poll_register();
+	percpu_ref_kill(ref);
+}
+
+static void *register_leave_and_arm(void *ref)
+{
+	percpu_ref_poll_register();
+	percpu_ref_poll_unregister();
+	pthread_setspecific(late_key, ref);
+	return NULL;
+}
+
+static void test_register_in_key_destructor(void)
+{
+	struct percpu_ref ref;
+	pthread_t t;
+
+	releases = 0;
+	pthread_key_create(&late_key, late_register_and_kill);
+	ok(!percpu_ref_init(&ref, count_release, 0), "late: init");
+	pthread_create(&t, NULL, register_leave_and_arm, &ref);
+	pthread_join(t, NULL);
+	is(late_register_ret, 0, "late: registered from a key destructor after the exit hook ran");
+	ok(released_within(1) && !pthread_equal(released_on, t),
+	   "late: its kill is handed to the callback thread, no barrier needed");
+	percpu_ref_barrier();
+	percpu_ref_exit(&ref);
+	pthread_key_delete(late_key);
+}
+#endif
 
 /* switch_to_percpu waits for the asynchronous switch queued on our own
  * thread: it hands that switch over instead of waiting for ever. */
@@ -671,6 +715,9 @@ int main(int argc, char **argv)
 	test_handed_over(LEAVE_EXIT, "exit");
 	test_handed_over(LEAVE_UNREGISTER, "unregister");
 	test_handed_over(LEAVE_BLOCK, "block");
+#ifndef __SANITIZE_THREAD__
+	test_register_in_key_destructor();
+#endif
 	test_wait_for_own_switch();
 	test_wait_hands_over_one();
 	test_hand_over_last_and_middle();
