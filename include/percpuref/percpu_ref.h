@@ -198,14 +198,15 @@ PERCPUREF_API int percpu_ref_barrier(void);
  * at process exit; a call that waits for one switch in flight (exit,
  * reinit, switch_to_percpu of its ref) hands over that switch alone.  The
  * pacing, 300 µs, is read from PERCPUREF_POLL_INTERVAL_US (0..1000000)
- * at the first registration.  Returns 0, -EALREADY
- * if registered, -EPERM on one of the library's threads, -EDEADLK inside
- * a callback the library runs, -ENOMEM, or -EAGAIN when no hook at thread
- * exit could be set.
+ * at the first registration.  Returns 0, -EALREADY if registered (inside
+ * a callback its own poll runs, too), -EPERM on one of the library's
+ * threads, -EDEADLK inside a callback run by a wait that runs the queue
+ * itself (no callback thread could start), -ENOMEM, or -EAGAIN when no
+ * hook at thread exit could be set.
  *
  * percpu_ref_poll - finishes this thread's switches whose reader fence has
  * ended, running their callbacks, and starts that fence (shared with every
- * thread) if none started in the last 300 µs.  With PERCPU_REF_POLL_WAIT,
+ * thread) if none started within the pacing interval.  With PERCPU_REF_POLL_WAIT,
  * when none can be finished yet, it first waits for the oldest: for a
  * fence another thread started after it (one fence serves every thread's
  * older switches), else it runs one.  So `while (percpu_ref_poll(
@@ -217,7 +218,8 @@ PERCPUREF_API int percpu_ref_barrier(void);
  * poll runs, or any confirm callback, even one run at once).
  *
  * percpu_ref_poll_unregister - hands what is queued to the callback thread
- * and stops.  0, -EPERM if not registered, -EDEADLK inside a callback.
+ * and stops.  0, -EPERM if not registered, -EDEADLK inside a callback
+ * that a poll runs (or a wait that runs the queue itself).
  */
 #define PERCPU_REF_POLL_WAIT 1u
 PERCPUREF_API int percpu_ref_poll_register(void);
