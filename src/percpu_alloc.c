@@ -161,6 +161,14 @@ static void pool_put_chain(uintptr_t first, unsigned long n)
 	}
 }
 
+/* Lock held, depot not empty.  Its top magazine's first slot; the
+ * magazine's slots leave the pool. */
+static uintptr_t depot_pop(void)
+{
+	slots_handed_out += MAGAZINE_SLOTS;
+	return depot[--depot_count];
+}
+
 /* Lock held.  One slot out of the shared pool, or 0 when it is empty and
  * may not grow or a chunk cannot be added.  A thread without a cache (a
  * library thread, one past its exit hook) allocates only here: the depot's
@@ -171,10 +179,8 @@ static uintptr_t pool_take(bool may_grow)
 {
 	uintptr_t cpu0;
 
-	if (!free_head && depot_count) {
-		slots_handed_out += MAGAZINE_SLOTS;	/* pool_put() counts them back */
-		pool_put_chain(depot[--depot_count], MAGAZINE_SLOTS);
-	}
+	if (!free_head && depot_count)
+		pool_put_chain(depot_pop(), MAGAZINE_SLOTS);
 	if (free_head) {
 		cpu0 = free_head;
 		free_head = *(uintptr_t *)cpu0;
@@ -276,9 +282,8 @@ static void cache_refill_locked(struct slot_cache *c)
 	uintptr_t cpu0;
 
 	if (depot_count) {
-		c->loaded = depot[--depot_count];
+		c->loaded = depot_pop();
 		c->nr_loaded = MAGAZINE_SLOTS;
-		slots_handed_out += MAGAZINE_SLOTS;
 		return;
 	}
 	while (c->nr_loaded < MAGAZINE_SLOTS && (cpu0 = pool_take(false))) {
@@ -346,17 +351,17 @@ void percpuref_counter_free(uintptr_t cpu0)
 		pthread_mutex_unlock(&alloc_lock);
 		return;
 	}
-	if (c->nr_loaded == MAGAZINE_SLOTS && c->previous) {
-		/* Both full: the previous one goes to the depot, the loaded
-		 * one takes its place, and the count follows under the lock
-		 * that counted the slots back into the pool. */
-		pthread_mutex_lock(&alloc_lock);
-		pool_put_magazine(c->previous, MAGAZINE_SLOTS);
-		c->previous = 0;
-		cache_count(c);
-		pthread_mutex_unlock(&alloc_lock);
-	}
 	if (c->nr_loaded == MAGAZINE_SLOTS) {
+		/* Full: it becomes the previous one.  One there already goes
+		 * to the depot, and the count follows under the lock that
+		 * counted its slots back into the pool. */
+		if (c->previous) {
+			pthread_mutex_lock(&alloc_lock);
+			pool_put_magazine(c->previous, MAGAZINE_SLOTS);
+			c->previous = 0;
+			cache_count(c);
+			pthread_mutex_unlock(&alloc_lock);
+		}
 		c->previous = c->loaded;
 		c->loaded = 0;
 		c->nr_loaded = 0;

@@ -223,8 +223,8 @@ static void kill_children(const pid_t *pids, const bool *reaped, unsigned int n)
 struct sample measure_processes(const struct bench_workload *w, const struct bench_variant *v,
 				unsigned int nprocs, const struct topology *topo, double duration)
 {
-	size_t size = sizeof(struct processes_shared) + nprocs * sizeof(((struct processes_shared *)0)->out[0]);
 	struct processes_shared *sh;
+	size_t size = sizeof(*sh) + nprocs * sizeof(sh->out[0]);
 	pthread_barrierattr_t attr;
 	struct sample s = { 0 };
 	pid_t *pids = calloc(nprocs, sizeof(*pids));
