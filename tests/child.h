@@ -9,6 +9,8 @@
 #define PERCPUREF_TESTS_CHILD_H
 
 #include <errno.h>
+#include <execinfo.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -18,6 +20,13 @@
 #define UNDER_TSAN 1
 #else
 #define UNDER_TSAN 0
+#endif
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define CHILD_SANITIZED 1
+#else
+#define CHILD_SANITIZED 0
 #endif
 
 /* Exit status of a child: its code, or 128 + the signal that ended it. */
@@ -43,6 +52,36 @@ static inline int run_mode(const char *mode)
 	if (posix_spawnp(&pid, args[0], NULL, NULL, args, environ))
 		return -1;
 	return wait_child(pid);
+}
+
+/*
+ * A deadline for a child (or a test) that may hang: after @seconds,
+ * SIGALRM prints the stack of the thread it lands on (in a forked child,
+ * the only one) to stderr and then ends the process by SIGALRM, so the
+ * exit status stays 128 + SIGALRM and a hang in CI says where it hung.
+ * The sanitizers' printer symbolises; glibc's backtrace gives addresses.
+ */
+static inline void child_deadline_fired(int sig)
+{
+	static const char msg[] = "# deadline passed: stack of the hung thread\n";
+	ssize_t unused = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+
+	(void)unused;
+#if CHILD_SANITIZED
+	__sanitizer_print_stack_trace();
+#else
+	void *frames[64];
+
+	backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+#endif
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+static inline void child_deadline(unsigned int seconds)
+{
+	signal(SIGALRM, child_deadline_fired);
+	alarm(seconds);
 }
 
 #endif

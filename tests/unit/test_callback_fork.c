@@ -39,6 +39,7 @@
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
+#include "child.h"
 #include "tap.h"
 
 #define CASE_DEADLINE_S 20
@@ -222,7 +223,7 @@ static int fork_under_user_lock(int (*wait)(void), int total)
 	usleep(20000);		/* the @release now waits for user_lock */
 	pid = fork();		/* waited for the @release's batch: a hang */
 	if (pid == 0) {
-		alarm(CASE_DEADLINE_S / 2);	/* a hang here fails the case */
+		child_deadline(CASE_DEADLINE_S / 2);	/* a hang here fails the case */
 		if (wait())
 			_exit(4);
 		_exit(__atomic_load_n(&releases, __ATOMIC_SEQ_CST) == 1 ? 0 : 5);
@@ -337,7 +338,7 @@ static int case_release_nested_in_confirm(void)
 	wait_for(&nested_in_release, 1);
 	pid = fork();
 	if (pid == 0) {
-		alarm(CASE_DEADLINE_S / 2);
+		child_deadline(CASE_DEADLINE_S / 2);
 		if (percpu_ref_barrier())
 			_exit(4);
 		percpu_ref_exit(&killed);	/* waited for the half-done switch */
@@ -379,7 +380,7 @@ static int case_managed_reinit_after_fork(void)
 	usleep(20000);		/* the @release now waits for user_lock */
 	pid = fork();
 	if (pid == 0) {
-		alarm(CASE_DEADLINE_S / 2);
+		child_deadline(CASE_DEADLINE_S / 2);
 		pthread_mutex_unlock(&user_lock);	/* the child's copy */
 		if (!percpu_ref_is_zero(&managed))
 			_exit(5);
@@ -434,7 +435,7 @@ static int case_fork_after_release_done(void)
 		free(malloc(sizeof(*obj) + 256));
 	pid = fork();
 	if (pid == 0) {
-		alarm(CASE_DEADLINE_S / 2);
+		child_deadline(CASE_DEADLINE_S / 2);
 		_exit(percpu_ref_managed_flush() || percpu_ref_managed_flush() ? 4 : 0);
 	}
 	return reap_case_child(pid);
@@ -462,7 +463,7 @@ static int case_fork_after_reinit(void)
 		return 4;
 	pid = fork();
 	if (pid == 0) {
-		alarm(CASE_DEADLINE_S / 2);
+		child_deadline(CASE_DEADLINE_S / 2);
 		percpu_ref_put(&managed);
 		if (percpu_ref_managed_flush() || percpu_ref_managed_flush())
 			_exit(4);
@@ -482,7 +483,7 @@ static int run_case(int (*fn)(void))
 	fflush(stdout);
 	pid = fork();
 	if (pid == 0) {
-		alarm(CASE_DEADLINE_S);
+		child_deadline(CASE_DEADLINE_S);
 		_exit(fn());
 	}
 	if (pid < 0 || waitpid(pid, &status, 0) != pid)

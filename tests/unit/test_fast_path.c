@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "child.h"
 #include "tap.h"
 
 #define NR_THREADS 6
@@ -190,7 +191,7 @@ static void test_fork(void)
 		const char *path = percpuref_fast_path();
 		pthread_t t;
 
-		alarm(20);	/* a hang fails the test instead of stalling it */
+		child_deadline(20);	/* a hang fails the test, and says where */
 		if (registered_threads() != (strcmp(path, "rseq-glibc") ? 1u : 0u))
 			_exit(3);
 		pairs();

@@ -746,7 +746,7 @@ int main(int argc, char **argv)
 	unsigned int i;
 
 	if (argc > 1) {
-		alarm(RT_CHILD_DEADLINE_S);
+		child_deadline(RT_CHILD_DEADLINE_S);
 		if (!strcmp(argv[1], "--rt-holder"))
 			return mode_rt_holder();
 		return 2;

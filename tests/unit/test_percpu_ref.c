@@ -19,6 +19,7 @@
 #include "internal.h"
 #include "percpuref/percpu_ref.h"
 #include "capture.h"
+#include "child.h"
 #include "tap.h"
 
 static void kill_and_wait(void *ref)
@@ -507,7 +508,7 @@ static void test_fork(void)
 	fflush(stdout);
 	pid = fork();
 	if (pid == 0) {
-		alarm(20);	/* a hang fails the test instead of stalling it */
+		child_deadline(20);	/* a hang fails the test, and says where */
 		percpu_ref_get(&b);
 		percpu_ref_kill(&b);
 		percpu_ref_put(&b);

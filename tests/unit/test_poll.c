@@ -654,7 +654,7 @@ static int fork_case(void)
 	usleep(20000);
 	pid = fork();
 	if (pid == 0) {
-		alarm(DEADLINE_S / 2);
+		child_deadline(DEADLINE_S / 2);
 		/* Ours: still on our queue.  The paused poll's rest and the
 		 * idle thread's queue went to the callback thread, which may
 		 * finish them first. */
@@ -688,7 +688,7 @@ static void test_fork(void)
 	fflush(stdout);
 	pid = fork();
 	if (pid == 0) {
-		alarm(DEADLINE_S);
+		child_deadline(DEADLINE_S);
 		_exit(fork_case());
 	}
 	/* 2: set-up; 3: fork; 4: the child's own kill; 5: the other
@@ -701,10 +701,10 @@ static void test_fork(void)
 int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "interval")) {
-		alarm(DEADLINE_S);
+		child_deadline(DEADLINE_S);
 		return interval_case();
 	}
-	alarm(DEADLINE_S);
+	child_deadline(DEADLINE_S);
 	sem_init(&killed, 0, 0);
 	sem_init(&go_on, 0, 0);
 	test_errors();

@@ -162,7 +162,7 @@ static int busy_child(const char *kind)
 	struct percpu_ref_managed_config config;
 	pthread_t busy;
 
-	alarm(CHILD_DEADLINE_S);
+	child_deadline(CHILD_DEADLINE_S);
 	busy_kind = kind;
 	/* Back-to-back scans: the reclaimer is always busy too. */
 	percpu_ref_managed_get_config(&config);
