@@ -100,8 +100,35 @@ static void *shut_down(void *starter)
 static const char *const busy_kinds[] = { "managed", "kill", "rcuref" };
 static const char *busy_kind;
 
+/*
+ * The busy thread's refs: each release takes BUSY_RELEASE_US, and the
+ * thread keeps at most BUSY_BACKLOG of them not yet released, making more
+ * as soon as some are.  So the library threads never catch up (a stop that
+ * waited until no work was left, the bug, never returns: 3 of 3 runs hung
+ * against such a mutant), yet what any one stop waits for is bounded (a
+ * few tens of ms).  Unbounded and with instant releases, the backlog grew
+ * with the child's whole life, by the ratio of the busy thread's speed to
+ * the library threads' in each of the three waits (the shutdown, then the
+ * exit's two): the kill child took 3 to over 20 s, the rcuref child under
+ * ThreadSanitizer 12 to over 90 s, against their deadlines of 20 and 90.
+ */
+#define BUSY_BACKLOG 256
+#define BUSY_RELEASE_US 50
+
+static void busy_release_pause(void)
+{
+	usleep(BUSY_RELEASE_US);
+}
+
+static void free_busy_ref(struct percpu_ref *ref)
+{
+	busy_release_pause();
+	free_ref(ref);
+}
+
 static void free_rcuref(struct percpu_rcuref *ref)
 {
+	busy_release_pause();
 	percpu_rcuref_exit(ref);
 	note_release(ref);
 	free(ref);
@@ -124,7 +151,7 @@ static void drop_one(bool watch)
 	struct percpu_ref *ref = malloc(sizeof(*ref));
 	bool managed = !strcmp(busy_kind, "managed");
 
-	if (!ref || percpu_ref_init(ref, free_ref, managed ? PERCPU_REF_REL_MANAGED : 0))
+	if (!ref || percpu_ref_init(ref, free_busy_ref, managed ? PERCPU_REF_REL_MANAGED : 0))
 		abort();
 	if (watch)
 		__atomic_store_n(&watched, ref, __ATOMIC_SEQ_CST);
@@ -137,8 +164,13 @@ static void drop_one(bool watch)
 static void *keep_dropping(void *arg)
 {
 	(void)arg;
-	for (;;)
+	for (;;) {
+		while (__atomic_load_n(&made, __ATOMIC_SEQ_CST) -
+		       __atomic_load_n(&released, __ATOMIC_SEQ_CST) >= BUSY_BACKLOG)
+			usleep(10);
 		drop_one(false);
+		__atomic_fetch_add(&made, 1, __ATOMIC_SEQ_CST);
+	}
 	return NULL;
 }
 
