@@ -14,6 +14,10 @@
 #   6. boots that x86_64 kernel under qemu with 2 CPUs and the static init of
 #      kernel/boot/init.c, and fails if any of its checks fails.
 #
+# --prepare: steps 1-3 only (scripts/test.sh runs it in the background
+# while the userspace suites run: unpacking and committing the source is
+# a minute of one CPU).
+#
 # --prefixes (not part of the test command): builds the x86_64 kernel for
 # every prefix of the series and boots the unpatched and the fully patched
 # kernel, printing the boot checks whose results differ.
@@ -51,7 +55,10 @@ install_deps() {
 }
 
 unpack() {
-	[ -d "$src/.git" ] && return
+	# The tag is the last step: a tree whose unpacking was cut short is
+	# unpacked again.
+	[ -d "$src/.git" ] &&
+		git -C "$src" rev-parse -q --verify refs/tags/base >/dev/null 2>&1 && return
 	log "unpacking linux-source-6.12 into $build"
 	mkdir -p "$build"
 	rm -rf "$src"
@@ -232,10 +239,14 @@ main() {
 	install_deps
 	unpack
 	apply_series
-	if [ "${1:-}" = --prefixes ]; then
+	case ${1:-} in
+	--prepare)
+		log "prepared in $(($(now) - t0)) s"
+		return ;;
+	--prefixes)
 		prefixes
-		return
-	fi
+		return ;;
+	esac
 	for step in run_checkpatch kunit_uml kunit_x86 boot_test; do
 		log "$step"
 		if ! "$step"; then
