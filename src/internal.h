@@ -305,9 +305,14 @@ unsigned long percpuref_deferred_fences(void);
  * The switch stripe of the ref at @ref (percpu_ref.c: one of
  * PERCPUREF_SWITCH_STRIPES locks and condition variables).  Fibonacci
  * hashing of the address: neighbouring refs spread.  Here so that
- * tests/stress/stress_stripe_mates.c finds refs that share one.
+ * tests/stress/stress_stripe_mates.c finds refs that share one.  A build
+ * may set other bits (-DPERCPUREF_SWITCH_STRIPE_BITS=14) to measure what
+ * threads sharing stripes cost (docs/lent-16core.md); fork takes every
+ * stripe, so more cost every fork that much more.
  */
+#ifndef PERCPUREF_SWITCH_STRIPE_BITS
 #define PERCPUREF_SWITCH_STRIPE_BITS 8
+#endif
 #define PERCPUREF_SWITCH_STRIPES (1u << PERCPUREF_SWITCH_STRIPE_BITS)
 static inline unsigned int percpuref_switch_stripe_index(const void *ref)
 {
