@@ -57,8 +57,7 @@ install_deps() {
 unpack() {
 	# The tag is the last step: a tree whose unpacking was cut short is
 	# unpacked again.
-	[ -d "$src/.git" ] &&
-		git -C "$src" rev-parse -q --verify refs/tags/base >/dev/null 2>&1 && return
+	git --git-dir="$src/.git" rev-parse -q --verify refs/tags/base >/dev/null 2>&1 && return
 	log "unpacking linux-source-6.12 into $build"
 	mkdir -p "$build"
 	rm -rf "$src"

@@ -313,6 +313,8 @@ unsigned long percpuref_deferred_fences(void);
 #ifndef PERCPUREF_SWITCH_STRIPE_BITS
 #define PERCPUREF_SWITCH_STRIPE_BITS 8
 #endif
+_Static_assert(PERCPUREF_SWITCH_STRIPE_BITS >= 1 && PERCPUREF_SWITCH_STRIPE_BITS <= 20,
+	       "PERCPUREF_SWITCH_STRIPE_BITS: 1 to 20");
 #define PERCPUREF_SWITCH_STRIPES (1u << PERCPUREF_SWITCH_STRIPE_BITS)
 static inline unsigned int percpuref_switch_stripe_index(const void *ref)
 {

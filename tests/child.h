@@ -13,7 +13,9 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__SANITIZE_THREAD__)
@@ -57,20 +59,26 @@ static inline int run_mode(const char *mode)
 }
 
 /*
- * A deadline for a child (or a test) that may hang: after @seconds,
- * SIGALRM prints the stack of the thread it lands on (in a forked child,
- * the only one) to stderr and then ends the process by SIGALRM, so the
- * exit status stays 128 + SIGALRM and a hang in CI says where it hung.
- * ASan's printer symbolises; elsewhere glibc's backtrace() gives
- * addresses (addr2line -e BINARY turns them into lines), and is called
- * once beforehand, as its first call loads libgcc_s, which allocates.
+ * A deadline for a child (or a test) that may hang.  After @seconds the
+ * process dies by SIGALRM, as from a bare alarm(): the default action,
+ * which the kernel carries out even when none of its threads can run (a
+ * real-time spinner, a handler stuck on a lock), so exit statuses stay
+ * 128 + SIGALRM.  A second before, a timer sends SIGURG to the thread
+ * that set the deadline (the test's, where a hang shows), whose handler
+ * prints that thread's stack to stderr, so that a hang in CI says where
+ * it hung; where the handler cannot run (ThreadSanitizer defers it until
+ * the thread leaves a lock wait), the process still dies on time.  ASan's
+ * printer symbolises; elsewhere glibc's backtrace() prints each frame as
+ * BINARY(+OFFSET), for addr2line -e BINARY OFFSET, and is called once
+ * beforehand, as its first call loads libgcc_s, which allocates.
  */
-static inline void child_deadline_fired(int sig)
+static inline void child_deadline_print_stack(int sig)
 {
-	static const char msg[] = "# deadline passed: stack of the hung thread\n";
+	static const char msg[] = "# deadline near: stack of the thread that set it\n";
 	int saved_errno = errno;
 	ssize_t unused = write(STDERR_FILENO, msg, sizeof(msg) - 1);
 
+	(void)sig;
 	(void)unused;
 #if CHILD_ASAN_STACK
 	__sanitizer_print_stack_trace();
@@ -80,18 +88,41 @@ static inline void child_deadline_fired(int sig)
 	backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
 #endif
 	errno = saved_errno;
-	signal(sig, SIG_DFL);
-	raise(sig);
 }
 
 static inline void child_deadline(unsigned int seconds)
 {
+	/* This process's timer: a fork child has none of its parent's. */
+	static pid_t timer_pid;
+	static timer_t timer;
+	struct sigaction print;
+	struct sigevent to_this_thread;
+	struct itimerspec when;
+
 #if !CHILD_ASAN_STACK
 	void *frame;
 
 	(void)backtrace(&frame, 1);
 #endif
-	signal(SIGALRM, child_deadline_fired);
+	/* Fields one by one: C++ includes this file too. */
+	memset(&print, 0, sizeof(print));
+	print.sa_handler = child_deadline_print_stack;
+	print.sa_flags = SA_RESETHAND | SA_RESTART;
+	memset(&to_this_thread, 0, sizeof(to_this_thread));
+	to_this_thread.sigev_notify = SIGEV_THREAD_ID;
+	to_this_thread.sigev_signo = SIGURG;
+	to_this_thread._sigev_un._tid = gettid();
+	memset(&when, 0, sizeof(when));
+	if (timer_pid == getpid())
+		timer_delete(timer);
+	timer_pid = timer_create(CLOCK_MONOTONIC, &to_this_thread, &timer) ? 0 : getpid();
+	if (seconds > 1)
+		when.it_value.tv_sec = seconds - 1;
+	else
+		when.it_value.tv_nsec = 500 * 1000 * 1000;
+	sigaction(SIGURG, &print, NULL);
+	if (timer_pid)
+		timer_settime(timer, 0, &when, NULL);
 	alarm(seconds);
 }
 

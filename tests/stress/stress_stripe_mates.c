@@ -29,7 +29,9 @@
 #include "tap.h"
 
 #define WORKERS 4
-#define POOL 8192
+/* 32 refs a stripe on average: 7 that share pool[0]'s, at any stripe
+ * count a build chooses (PERCPUREF_SWITCH_STRIPE_BITS). */
+#define POOL (32 * PERCPUREF_SWITCH_STRIPES)
 
 static struct percpu_ref pool[POOL];
 /* mate[0..WORKERS-1]: each worker's own; shared: always alive; managed:

@@ -30,11 +30,11 @@
 
 #define ROUNDS 300
 /*
- * Per child: its shutdown and exit take a few seconds when they return
- * (exit runs the shutdown twice since 0.3.4: before the older statics'
- * destructors, and after them), under ThreadSanitizer on a loaded 2-CPU
- * machine more than 20 s (CI, once: the rcuref child).  A hang is what
- * the deadlines are for.
+ * Per child: its shutdown and exit (which runs the shutdown twice since
+ * 0.3.4: before the older statics' destructors, and after them) wait for
+ * a bounded backlog (BUSY_BACKLOG below): 0.2-0.5 s a child, 1.3-1.6 s
+ * under ThreadSanitizer, on the idle 2-vCPU guest.  The deadlines leave
+ * room for a loaded machine; a hang is what they are for.
  */
 #define CHILD_DEADLINE_S (UNDER_TSAN ? 90 : 20)
 #define DEADLINE_S (120 + 3 * CHILD_DEADLINE_S)
@@ -103,10 +103,10 @@ static const char *busy_kind;
 /*
  * The busy thread's refs: each release takes BUSY_RELEASE_US, and the
  * thread keeps at most BUSY_BACKLOG of them not yet released, making more
- * as soon as some are.  So the library threads never catch up (a stop that
- * waited until no work was left, the bug, never returns: 3 of 3 runs hung
- * against such a mutant), yet what any one stop waits for is bounded (a
- * few tens of ms).  Unbounded and with instant releases, the backlog grew
+ * as soon as some are.  So the library threads do not catch up (a stop that
+ * waited until no work was left, the bug, does not return: the kill child
+ * hung 3 of 3 times against such a mutant, plain and under TSan), yet what
+ * any one stop waits for is bounded (256 releases, a few tens of ms).  Unbounded and with instant releases, the backlog grew
  * with the child's whole life, by the ratio of the busy thread's speed to
  * the library threads' in each of the three waits (the shutdown, then the
  * exit's two): the kill child took 3 to over 20 s, the rcuref child under
