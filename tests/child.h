@@ -70,7 +70,8 @@ static inline int run_mode(const char *mode)
  * the thread leaves a lock wait), the process still dies on time.  ASan's
  * printer symbolises; elsewhere glibc's backtrace() prints each frame as
  * BINARY(+OFFSET), for addr2line -e BINARY OFFSET, and is called once
- * beforehand, as its first call loads libgcc_s, which allocates.
+ * when the process starts (below), as its first call loads libgcc_s with
+ * dlopen(): not in a handler, nor in a fork child of a threaded process.
  */
 static inline void child_deadline_print_stack(int sig)
 {
@@ -90,6 +91,15 @@ static inline void child_deadline_print_stack(int sig)
 	errno = saved_errno;
 }
 
+#if !CHILD_ASAN_STACK
+static __attribute__((constructor)) void child_deadline_load_backtrace(void)
+{
+	void *frame;
+
+	(void)backtrace(&frame, 1);
+}
+#endif
+
 static inline void child_deadline(unsigned int seconds)
 {
 	/* This process's timer: a fork child has none of its parent's. */
@@ -99,11 +109,6 @@ static inline void child_deadline(unsigned int seconds)
 	struct sigevent to_this_thread;
 	struct itimerspec when;
 
-#if !CHILD_ASAN_STACK
-	void *frame;
-
-	(void)backtrace(&frame, 1);
-#endif
 	/* Fields one by one: C++ includes this file too. */
 	memset(&print, 0, sizeof(print));
 	print.sa_handler = child_deadline_print_stack;

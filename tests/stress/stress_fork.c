@@ -69,6 +69,7 @@
 #include <percpuref/percpu_rcuref.h>
 #include <percpuref/percpu_ref.h>
 
+#include "child.h"
 #include "rnd.h"
 #include "tap.h"
 
@@ -435,7 +436,7 @@ static int child_checks(struct own *o, int held, bool drained)
 	unsigned long k = read_count(&kills), d = read_count(&dropped);
 	unsigned long rk = read_count(&rcu_kills);
 
-	alarm(CHILD_DEADLINE_S);
+	child_deadline(CHILD_DEADLINE_S);
 	if (percpu_ref_barrier() || percpu_rcuref_barrier() || percpu_ref_managed_flush())
 		return 2;
 	if (read_count(&kill_releases) + IN_PROGRESS < k)

@@ -153,7 +153,7 @@ static void fork_once(void)
 	if (pid == 0) {
 		unsigned int w, i;
 
-		alarm(10);
+		child_deadline(10);
 		if (percpu_ref_barrier())
 			_exit(4);
 		for (w = 0; w < WORKERS; w++)

@@ -226,7 +226,7 @@ static int fork_once(void)
 	if (pid < 0)
 		return 0;
 	if (pid == 0) {
-		alarm(20);
+		child_deadline(20);
 		if (percpu_ref_init(child_ref, NULL, PERCPU_REF_ALLOW_REINIT))
 			_exit(3);
 		percpu_ref_kill_and_confirm(child_ref, slow_confirm);

@@ -229,7 +229,7 @@ int main(int argc, char **argv)
 
 	if (argc > 1)
 		return busy_child(argv[1]);
-	alarm(DEADLINE_S);
+	child_deadline(DEADLINE_S);
 	pthread_barrier_init(&round_start, NULL, 2);
 	pthread_barrier_init(&round_end, NULL, 2);
 	ok(!pthread_create(&a, NULL, shut_down, (void *)1) &&
