@@ -477,7 +477,6 @@ static int case_fork_after_reinit(void)
 /* Runs @fn in a child under a deadline: its exit status, or 128 + signal. */
 static int run_case(int (*fn)(void))
 {
-	int status;
 	pid_t pid;
 
 	fflush(stdout);
@@ -486,9 +485,7 @@ static int run_case(int (*fn)(void))
 		child_deadline(CASE_DEADLINE_S);
 		_exit(fn());
 	}
-	if (pid < 0 || waitpid(pid, &status, 0) != pid)
-		return -1;
-	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	return wait_child(pid);
 }
 
 int main(void)

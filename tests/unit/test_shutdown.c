@@ -103,32 +103,28 @@ static const char *busy_kind;
 /*
  * The busy thread's refs: each release takes BUSY_RELEASE_US, and the
  * thread keeps at most BUSY_BACKLOG of them not yet released, making more
- * as soon as some are.  So the library threads do not catch up (a stop that
- * waited until no work was left, the bug, does not return: the kill child
- * hung 3 of 3 times against such a mutant, plain and under TSan), yet what
- * any one stop waits for is bounded (256 releases, a few tens of ms).  Unbounded and with instant releases, the backlog grew
- * with the child's whole life, by the ratio of the busy thread's speed to
- * the library threads' in each of the three waits (the shutdown, then the
+ * as soon as some are.  So the library threads do not catch up (a stop
+ * that waited until no work was left, the bug, does not return: the kill
+ * child hung 3 of 3 times against such a mutant, plain and under TSan),
+ * yet what any one stop waits for is bounded (256 releases, a few tens of
+ * ms).  Unbounded and with instant releases, the backlog grew with the
+ * child's whole life, by the ratio of the busy thread's speed to the
+ * library threads' in each of the three waits (the shutdown, then the
  * exit's two): the kill child took 3 to over 20 s, the rcuref child under
  * ThreadSanitizer 12 to over 90 s, against their deadlines of 20 and 90.
  */
 #define BUSY_BACKLOG 256
 #define BUSY_RELEASE_US 50
 
-static void busy_release_pause(void)
-{
-	usleep(BUSY_RELEASE_US);
-}
-
 static void free_busy_ref(struct percpu_ref *ref)
 {
-	busy_release_pause();
+	usleep(BUSY_RELEASE_US);
 	free_ref(ref);
 }
 
 static void free_rcuref(struct percpu_rcuref *ref)
 {
-	busy_release_pause();
+	usleep(BUSY_RELEASE_US);
 	percpu_rcuref_exit(ref);
 	note_release(ref);
 	free(ref);
