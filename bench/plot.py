@@ -180,7 +180,7 @@ def output_path(base, workload, several):
     if not several:
         return base
     stem, ext = os.path.splitext(base)
-    return f"{stem}-{workload}{ext or '.png'}"
+    return f"{stem}-{workload}{ext}"
 
 
 def domains_text(machine):
@@ -335,9 +335,10 @@ def main(argv):
         print(f"plot.py: {e}", file=sys.stderr)
         return 2
     # matplotlib picks the format by the extension, and raised a ValueError
-    # for one it lacks ("-o x.txt") after drawing.
-    ext = os.path.splitext(args.output or ".png")[1].lower()
-    if args.output and ext not in ("", ".png", ".svg", ".pdf"):
+    # for one it lacks ("-o x.txt") after drawing; to a name without one
+    # ("", a folder) it added ".png", where "wrote" named the file it meant.
+    ext = os.path.splitext(args.output)[1].lower() if args.output is not None else ".png"
+    if ext not in (".png", ".svg", ".pdf"):
         print(f"plot.py: -o {args.output}: want a .png, .svg or .pdf name", file=sys.stderr)
         return 2
     for ref in references:

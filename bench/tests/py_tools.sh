@@ -40,6 +40,12 @@ expect 2 "$plot" "$tmp/empty.json" -o "$tmp/x.png"		# wrote nothing, exit 0
 sed 's/"ops_per_sec":[^,]*/"ops_per_sec":NaN/' "$tmp/micro.json" >"$tmp/nan.json"
 expect 2 "$plot" "$tmp/nan.json" -o "$tmp/x.png"
 expect 2 "$plot" "$tmp/micro.json" -o "$tmp/x.txt"		# after drawing
+# -o is the name written: "" wrote ".png" in the current folder, and a name
+# without an extension got ".png" from matplotlib, both said "wrote" the
+# name given, exit 0.
+expect 2 "$plot" "$tmp/micro.json" -o ""
+expect 2 "$plot" "$tmp/micro.json" -o "$tmp/noext"
+expect 2 "$plot" "$tmp/micro.json" "$tmp/labels.json" -o "$tmp/noext"
 printf '{"schema":"percpuref-reference/1","workload":"micro","source":"s",' >"$tmp/ref.json"
 printf '"columns":[{"key":"k","label":"l"}],"rows":[{"threads":1}]}\n' >>"$tmp/ref.json"
 expect 2 "$plot" "$tmp/micro.json" -o "$tmp/x.png" --reference "$tmp/ref.json"
