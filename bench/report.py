@@ -276,6 +276,10 @@ def main(argv):
     parser.add_argument("-o", "--output", metavar="REPORT.md",
                         help="Markdown report (default DIR/report.md)")
     args = parser.parse_args(argv)
+    # A typo'd folder was three cases "not run", exit 0.
+    if not os.path.isdir(args.results):
+        print(f"report.py: --results {args.results}: not a folder", file=sys.stderr)
+        return 2
     out_path = args.output or os.path.join(args.results, "report.md")
     sections = {"labels": labels_section, "creds": creds_section, "signal1": signal1_section}
     titles = {"labels": "labels: AppArmor label refcounts (efficiency)",

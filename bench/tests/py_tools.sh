@@ -79,6 +79,12 @@ over=$((cpus + 1))
 "$bench" labels --threads "$over" --baseline "$over" --oversubscribe --variants off,kref \
 	--duration 0.02 --json "$tmp/r/labels.json" >/dev/null
 expect 0 "$report" --results "$tmp/r"
+# A --results folder that is not there (a typo): its three cases were
+# reported as not run, exit 0 with -o elsewhere, else exit 1 naming
+# report.md.
+expect 2 "$report" --results "$tmp/nosuch" -o "$tmp/nosuch.md"
+expect 2 "$report" --results "$tmp/nosuch"
+expect 2 "$report" --results "$tmp/r/labels.json" -o "$tmp/nosuch.md"
 # A closed pipe: exit 1, no traceback.
 "$python" "$report" --results "$tmp/r" 2>"$tmp/err" | head -c 1 >/dev/null
 if grep -q '^Traceback' "$tmp/err"; then
