@@ -802,16 +802,19 @@ static void free_report(struct report *r)
 /*
  * The --json file, checked before the run so that a bad path fails before a
  * long run, but truncated only once there are results to write: a regular
- * file (or a new one) is opened for appending now, which creates it and
- * changes nothing, and is opened again for writing at the end (NULL).  An
- * interrupted or failed run (Ctrl-C, a thread refused) once left the
- * previous run's file empty.  Anything else (a pipe, /dev/null, a
- * terminal) is opened for writing now, once: opening it twice could block
- * on a FIFO or show its reader an early end.
+ * file is opened for appending now, which changes nothing, and is opened
+ * again for writing at the end (NULL).  An interrupted or failed run
+ * (Ctrl-C, a thread refused) once left the previous run's file empty.  A
+ * new one is created the same way and removed at once: an interrupted run
+ * left it there, empty.  Anything else (a pipe, /dev/null, a terminal) is
+ * opened for writing now, once: opening it twice could block on a FIFO or
+ * show its reader an early end.
  */
 static FILE *open_json_early(const char *path)
 {
 	struct stat st;
+	/* lstat(): a dangling symlink is not ours to remove. */
+	bool created = lstat(path, &st) && errno == ENOENT;
 	FILE *f;
 
 	if (!stat(path, &st) && !S_ISREG(st.st_mode)) {
@@ -824,6 +827,8 @@ static FILE *open_json_early(const char *path)
 	if (!f)
 		bench_die("%s: %m", path);
 	fclose(f);
+	if (created)
+		unlink(path);
 	return NULL;
 }
 

@@ -163,6 +163,23 @@ else
 	echo "FAIL: an interrupted run changed the previous --json file"
 	fails=$((fails + 1))
 fi
+# ... and makes none where there was none: an empty FILE was left, which
+# plot.py and report.py then refused.  A path that cannot be written still
+# fails before the run.
+"$bench" micro --threads 1 --variants private --duration 5 --json "$tmp/new.json" \
+	>/dev/null 2>&1 &
+pid=$!
+sleep 0.5
+kill -TERM "$pid"
+wait "$pid"
+if [ ! -e "$tmp/new.json" ]; then
+	echo "ok: an interrupted run left no new --json file"
+else
+	echo "FAIL: an interrupted run left a new --json file"
+	fails=$((fails + 1))
+fi
+expect 1 micro --threads 1 --variants private $short --json "$tmp/nosuch/x.json"
+[ -s "$tmp/out" ] && { echo "FAIL: --json nosuch/x.json: measured first"; fails=$((fails + 1)); }
 # With --json -, the table goes to standard error; losing it is an error.
 if "$bench" micro --threads 1 --variants private $short --json - >/dev/null 2>/dev/full; then
 	echo "FAIL: percpuref-bench micro --json - 2>/dev/full: exit 0"
