@@ -550,6 +550,8 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 				usage_error(w, "--baseline: workload %s has no efficiency", w->name);
 			break;
 		case OPT_JSON:
+			if (!*optarg)
+				usage_error(w, "--json: empty file name");
 			cli->json = optarg;
 			break;
 		case OPT_LIST:
