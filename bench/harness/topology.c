@@ -169,7 +169,7 @@ void topology_read(struct topology *topo)
 	bool have_l3 = true, have_package = true;
 	const char *fake = getenv("PERCPUREF_BENCH_SYSFS");
 	char path[PATH_MAX];
-	unsigned int n = 0;
+	unsigned int n = 0, may_run;
 
 	memset(topo, 0, sizeof(*topo));
 	if (fake && *fake)
@@ -187,7 +187,13 @@ void topology_read(struct topology *topo)
 		online = allowed;	/* no sysfs (a sandbox): what we may use */
 	}
 	topo->online = CPU_COUNT(&online);
+	may_run = CPU_COUNT(&allowed);
 	CPU_AND(&allowed, &allowed, &online);
+	/* This process runs on one of them: sysfs is lying (a container's
+	 * virtual list), not the affinity mask. */
+	if (CPU_COUNT(&allowed) == 0)
+		bench_die("no usable CPU: %s lists none of the %u CPUs this process may run on",
+			  path, may_run);
 	info = calloc(CPU_COUNT(&allowed), sizeof(*info));
 	if (!info)
 		bench_die("out of memory");
@@ -202,8 +208,6 @@ void topology_read(struct topology *topo)
 			info[n].core_key = c;
 		n++;
 	}
-	if (n == 0)
-		bench_die("no usable CPU");
 	/* The domain source is all-or-nothing, so domains are comparable. */
 	for (unsigned int i = 0; i < n && !have_l3; i++) {
 		info[i].domain_key = topology_key(info[i].cpu, "package_cpus_list");
