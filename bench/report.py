@@ -24,7 +24,7 @@ import os
 import sys
 
 # The readers (and their checks) are plot.py's, beside this file.
-from plot import InputError, domains_text, read_records, read_reference, run
+from plot import InputError, domains_text, read_records, read_reference, run, run_id
 
 CASES = ("labels", "creds", "signal1")
 
@@ -38,6 +38,10 @@ def load_results(path, case):
     other = next((r["workload"] for r in recs if r["workload"] != case), None)
     if other is not None:
         raise InputError(f"{path}: holds {other} measurements, not {case}")
+    # Runs concatenated: one table mixed them, under the first one's machine.
+    runs = {run_id(r) for r in recs}
+    if len(runs) > 1:
+        raise InputError(f"{path}: holds {len(runs)} runs (started, hostname); want one")
     return recs
 
 
