@@ -164,12 +164,12 @@ static void read_model(struct topology *topo)
 
 void topology_read(struct topology *topo)
 {
-	cpu_set_t online, allowed;
+	cpu_set_t online, allowed, usable;
 	struct cpu_info *info;
 	bool have_l3 = true, have_package = true;
 	const char *fake = getenv("PERCPUREF_BENCH_SYSFS");
 	char path[PATH_MAX];
-	unsigned int n = 0, may_run;
+	unsigned int n = 0;
 
 	memset(topo, 0, sizeof(*topo));
 	if (fake && *fake)
@@ -186,14 +186,17 @@ void topology_read(struct topology *topo)
 	} else {
 		online = allowed;	/* no sysfs (a sandbox): what we may use */
 	}
+	CPU_AND(&usable, &allowed, &online);
+	if (!CPU_COUNT(&usable)) {
+		/* This process runs on one of the mask's CPUs, so the list is
+		 * what lies (a container's virtual one): do as without sysfs. */
+		fprintf(stderr, "percpuref-bench: warning: %s lists none of the %d CPUs "
+			"this process may run on; using the affinity mask\n",
+			path, CPU_COUNT(&allowed));
+		online = usable = allowed;
+	}
 	topo->online = CPU_COUNT(&online);
-	may_run = CPU_COUNT(&allowed);
-	CPU_AND(&allowed, &allowed, &online);
-	/* This process runs on one of them: sysfs is lying (a container's
-	 * virtual list), not the affinity mask. */
-	if (CPU_COUNT(&allowed) == 0)
-		bench_die("no usable CPU: %s lists none of the %u CPUs this process may run on",
-			  path, may_run);
+	allowed = usable;
 	info = calloc(CPU_COUNT(&allowed), sizeof(*info));
 	if (!info)
 		bench_die("out of memory");
