@@ -54,8 +54,9 @@
  * Stopping (shutdown, exit()): the stopper waits for the items queued
  * before its call, then sets thread.stopping; the thread exits after the
  * batch it is running, whatever was pushed since, and the stopper starts a
- * new thread if anything is left, or runs one batch itself if none can
- * start (percpuref_deferred_stop()).  A stop that waited for an empty
+ * new thread if anything is left (its own poll queue, if it polls, taken
+ * over again first), or runs one batch itself if none can start
+ * (percpuref_deferred_stop()).  A stop that waited for an empty
  * stack never came while another thread kept killing refs.  Every waiter
  * does the same while no thread can start (percpuref_wait_deferred()): a
  * barrier, an exit or a mode call waiting for an asynchronous switch runs
@@ -370,22 +371,24 @@ static void push_pending_list(struct percpuref_deferred *list)
 	}
 }
 
+/* @p's queue onto the callback thread's. */
+static void poller_hand_over(struct poller *p)
+{
+	/* Pushed under the lock: a fork (which takes it) finds the items on
+	 * one queue or the other, never in our hands. */
+	pthread_mutex_lock(&p->lock);
+	push_pending_list(poller_take_all(p));
+	pthread_mutex_unlock(&p->lock);
+}
+
 /* Every polling thread's queue onto the callback thread's: barrier, exit. */
 static void take_all_polled(void)
 {
 	struct poller *p;
 
 	/* Acquire: pairs with the registration's release; next never changes. */
-	for (p = __atomic_load_n(&pollers, __ATOMIC_ACQUIRE); p; p = p->next) {
-		struct percpuref_deferred *list;
-
-		/* Pushed under the lock: a fork (which takes it) finds the
-		 * items on one queue or the other, never in our hands. */
-		pthread_mutex_lock(&p->lock);
-		list = poller_take_all(p);
-		push_pending_list(list);
-		pthread_mutex_unlock(&p->lock);
-	}
+	for (p = __atomic_load_n(&pollers, __ATOMIC_ACQUIRE); p; p = p->next)
+		poller_hand_over(p);
 }
 
 void percpuref_deferred_take_polled_item(struct percpuref_deferred *d)
@@ -689,6 +692,12 @@ bool percpuref_deferred_stop(void)
 		return false;
 	pthread_mutex_lock(&deferred_lock);
 	percpuref_stop_thread(&thread, &deferred_lock, &work_queued, &work_done);
+	/* A release the wait ran here (no thread could start) kills onto our
+	 * own queue if we poll, which no shutdown round would look at again
+	 * (its chain of kills stopped after the first release); what other
+	 * polling threads queue meanwhile is theirs. */
+	if (my_poller)
+		poller_hand_over(my_poller);
 	pthread_mutex_lock(&deferred_lock);
 	/* Pushed before the thread's last look, by a caller that found it
 	 * awake (see deferred_thread()), or by the thread's own callbacks:

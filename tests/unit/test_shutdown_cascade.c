@@ -25,6 +25,11 @@
  *    and percpu_ref_exit() of a ref whose switch was queued waited for
  *    ever; percpu_ref_managed_flush() returned -EAGAIN with the managed
  *    ref unreleased; each must finish the work on the calling thread.
+ *  - The same chain of kills made by the releases, from a polling thread
+ *    (percpu_ref_poll_register()) with no thread able to start: the
+ *    shutdown runs each release itself, and the kill it makes waits on
+ *    the caller's own queue, which the shutdown must take over too (it
+ *    stopped after the first release, the rest of the chain stranded).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -229,6 +234,45 @@ static void test_no_thread_can_start(void)
 	percpu_rcuref_exit(&stranded_managed_rcu);
 }
 
+static struct percpu_ref polled_chain[CHAIN];
+static int polled_chain_released;	/* atomic */
+
+static void polled_chain_release(struct percpu_ref *ref)
+{
+	long i = ref - polled_chain;
+
+	__atomic_fetch_add(&polled_chain_released, 1, __ATOMIC_SEQ_CST);
+	if (i + 1 < CHAIN)
+		percpu_ref_kill(&polled_chain[i + 1]);
+}
+
+static void test_polling_thread_chain(void)
+{
+	int i;
+
+	for (i = 0; i < CHAIN && !percpu_ref_init(&polled_chain[i], polled_chain_release, 0); i++)
+		;
+	if (!ok(i == CHAIN, "polled chain initialised"))
+		return;
+	percpuref_shutdown();	/* no library thread runs now */
+	is(percpu_ref_poll_register(), 0, "polled chain: register");
+	__atomic_store_n(&refuse_threads, true, __ATOMIC_SEQ_CST);
+	alarm(30);
+	percpu_ref_kill(&polled_chain[0]);
+	percpuref_shutdown();
+	is(__atomic_load_n(&polled_chain_released, __ATOMIC_SEQ_CST), CHAIN,
+	   "with no thread to start, shutdown on a polling thread finishes the kills its "
+	   "releases queue on that thread");
+	alarm(0);
+	__atomic_store_n(&refuse_threads, false, __ATOMIC_SEQ_CST);
+	/* Whatever the shutdown left, so that every ref can be exited. */
+	while (percpu_ref_poll(PERCPU_REF_POLL_WAIT) > 0)
+		;
+	is(percpu_ref_poll_unregister(), 0, "polled chain: unregister");
+	for (i = 0; i < CHAIN; i++)
+		percpu_ref_exit(&polled_chain[i]);
+}
+
 int main(void)
 {
 	struct percpu_ref_managed_config config;
@@ -298,5 +342,6 @@ int main(void)
 	percpu_ref_exit(&orphan);
 
 	test_no_thread_can_start();
+	test_polling_thread_chain();
 	return done_testing();
 }
