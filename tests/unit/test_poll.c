@@ -9,7 +9,8 @@
  *    on the killer, in a poll (a waiting one, or plain ones that start
  *    their own fence once one is due);
  *  - a @release run by a poll may kill another ref: waiting polls finish
- *    it; a confirm may not poll (-EDEADLK), run at once or by a poll;
+ *    it; it may not poll, unregister or call a barrier (-EDEADLK); a
+ *    confirm may not poll (-EDEADLK), run at once or by a poll;
  *  - threads that share fences: `while (percpu_ref_poll(WAIT) > 0);`
  *    finishes each thread's kills, no barrier involved;
  *  - what a thread queued is finished by the callback thread when the
@@ -44,7 +45,7 @@
 
 static int releases;		/* atomic */
 static pthread_t released_on;	/* the last @release's thread */
-static int nested_ret = 1, reregister_ret = 1, unregister_ret = 1;
+static int nested_ret = 1, reregister_ret = 1, unregister_ret = 1, barrier_ret = 1;
 static struct percpu_ref nested_victim;
 
 static void count_release(struct percpu_ref *ref)
@@ -147,6 +148,7 @@ static void release_calls_back(struct percpu_ref *ref)
 	nested_ret = percpu_ref_poll(0);
 	reregister_ret = percpu_ref_poll_register();
 	unregister_ret = percpu_ref_poll_unregister();
+	barrier_ret = percpu_ref_barrier();
 	percpu_ref_kill(&nested_victim);
 	count_release(ref);
 }
@@ -164,6 +166,7 @@ static void test_callback_calls_back(void)
 	is(nested_ret, -EDEADLK, "poll from a @release it runs: -EDEADLK");
 	is(reregister_ret, -EALREADY, "register from it: -EALREADY");
 	is(unregister_ret, -EDEADLK, "unregister from it: -EDEADLK");
+	is(barrier_ret, -EDEADLK, "barrier from it: -EDEADLK (it would wait for its own poll)");
 	is(nr_released(), 2, "both released");
 	percpu_ref_exit(&ref);
 	percpu_ref_exit(&nested_victim);
