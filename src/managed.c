@@ -787,9 +787,18 @@ PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_
 	}
 	managed_init();
 	pthread_mutex_lock(&managed_lock);
+	/*
+	 * The interval runs from scan start to scan start: the next scan is
+	 * due one new interval after the last one started (at once if that
+	 * has passed).  One new interval from now let a caller that set the
+	 * config more often than the interval keep the reclaimer from ever
+	 * scanning.  next_scan_ns is at least the old interval (a start plus
+	 * it, or later); a thread not running sets it when it starts.
+	 */
+	if (thread.running)
+		next_scan_ns = next_scan_ns - config.interval_ms * UINT64_C(1000000) +
+			       in->interval_ms * UINT64_C(1000000);
 	config = *in;
-	/* The next scan is due one new interval from now. */
-	next_scan_ns = percpuref_monotonic_ns() + config.interval_ms * UINT64_C(1000000);
 	pthread_cond_signal(&wake);
 	pthread_mutex_unlock(&managed_lock);
 	return 0;

@@ -3,7 +3,8 @@
  * Unit tests of managed mode (percpu_ref_switch_to_managed and the
  * reclaimer, <percpuref/managed.h>): the rules on a managed ref, release
  * exactly once by the reclaimer under both strategies, the per-scan limit
- * and statistics, the release-latency bound (two scan intervals), release
+ * and statistics, the release-latency bound (two scan intervals), kept by
+ * a program that sets the config more often than the interval, release
  * callbacks that free, call the API and create managed refs, exit of a
  * listed ref, exits of many listed refs asking for a pass (their memory
  * waits for one), a flush with no memory for its pass, shutdown, fork, the
@@ -684,6 +685,38 @@ static void check_latency_bound(enum percpu_ref_scan_strategy strategy, const ch
 		   PERCPU_REF_SCAN_FILTERED);
 }
 
+/*
+ * The interval runs from scan start to scan start (managed.h), and a
+ * set_config() takes effect at once: one that changes nothing must not
+ * push the next scan back.  A program that set the same config more often
+ * than the interval (a tuning loop, say) had the reclaimer due one new
+ * interval from each call, so it never scanned and no ref was released.
+ */
+static void test_set_config_keeps_scanning(void)
+{
+	enum { INTERVAL_MS = 100, EVERY_MS = 20, WAIT_MS = 3000 };
+	struct object o = { 0 };
+	struct percpu_ref_managed_stats s0, s1;
+	uint64_t put_ns;
+
+	set_config(INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FILTERED);
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED);
+	percpu_ref_managed_get_stats(&s0);
+	put_ns = now_ns();
+	percpu_ref_put(&o.ref);
+	while (!releases_of(&o) && now_ns() - put_ns < WAIT_MS * 1000000ull) {
+		usleep(EVERY_MS * 1000);
+		set_config(INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+			   PERCPU_REF_SCAN_FILTERED);
+	}
+	percpu_ref_managed_get_stats(&s1);
+	is(releases_of(&o), 1, "set_config every %d ms, interval %d ms: the ref released "
+	   "(%lu scans in between)", EVERY_MS, INTERVAL_MS, (unsigned long)(s1.scans - s0.scans));
+	percpu_ref_exit(&o.ref);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+}
+
 /* Release callbacks that free the object, use the API, make new refs. */
 struct node_obj {
 	struct percpu_ref ref;
@@ -1316,6 +1349,7 @@ int main(int argc, char **argv)
 	test_scan_limit();
 	check_latency_bound(PERCPU_REF_SCAN_FAITHFUL, "faithful");
 	check_latency_bound(PERCPU_REF_SCAN_FILTERED, "filtered");
+	test_set_config_keeps_scanning();
 	test_callbacks();
 	test_reinit_before_release();
 	test_mode_calls_vs_manage();
