@@ -56,8 +56,6 @@
 #error "percpuref.hpp needs C++17 or later (-std=c++17)"
 #else
 
-#include <pthread.h>
-
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
@@ -511,19 +509,22 @@ template <class T, class... Args> ref_ptr<T> make_managed(Args &&...args)
  */
 class poll_registration {
 public:
-	poll_registration() : thread_(pthread_self())
+	poll_registration()
 	{
 		if (int err = percpu_ref_poll_register())
 			detail::throw_errno(err, "percpu_ref_poll_register");
+		current_ = this;
 	}
 	~poll_registration()
 	{
 		int err = -EPERM;
 
 		/* On our thread, EPERM: unregistered already (by a C call). */
-		if (pthread_equal(thread_, pthread_self()) &&
-		    (err = percpu_ref_poll_unregister()) == -EPERM)
-			return;
+		if (current_ == this) {
+			current_ = nullptr;
+			if ((err = percpu_ref_poll_unregister()) == -EPERM)
+				return;
+		}
 		if (err)
 			std::fprintf(stderr, "percpuref::poll_registration: %s; the thread stays "
 					     "registered\n", err == -EPERM ? "destroyed on another thread"
@@ -548,14 +549,19 @@ public:
 private:
 	unsigned int checked(unsigned int flags)
 	{
-		int ret = pthread_equal(thread_, pthread_self()) ? percpu_ref_poll(flags) : -EPERM;
+		int ret = current_ == this ? percpu_ref_poll(flags) : -EPERM;
 
 		if (ret < 0)
 			detail::throw_errno(ret, "percpu_ref_poll");
 		return static_cast<unsigned int>(ret);
 	}
 
-	pthread_t thread_;
+	/* This thread's registration, if it made one.  Not the registering
+	 * thread's pthread_t: a thread started after that one ended often
+	 * gets the same, and polled or unregistered itself through it.
+	 * Exported: one for the program, even in objects built with
+	 * -fvisibility=hidden that hand each other a registration. */
+	PERCPUREF_API static inline thread_local poll_registration *current_ = nullptr;
 };
 
 } /* inline namespace PERCPUREF_HPP_MODE */

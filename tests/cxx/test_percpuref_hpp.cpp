@@ -396,6 +396,24 @@ static void test_poll_registration()
 		elsewhere.reset();
 		is(percpu_ref_poll(0), 0, "destroyed on another thread: this thread stays registered");
 
+		/* The same from a thread started after the registering one
+		 * ended, which glibc gives that one's pthread_t again: its poll
+		 * polled this thread's queue and its destruction unregistered
+		 * this thread, both silently. */
+		std::thread([&] { elsewhere = std::make_unique<percpuref::poll_registration>(); })
+			.join();
+		int after = 0;
+		err = 0;
+		std::thread([&] {
+			percpuref::poll_registration theirs;
+
+			err = system_error_of([&] { elsewhere->poll(); });
+			elsewhere.reset();
+			after = percpu_ref_poll(0);
+		}).join();
+		is(err, EPERM, "a poll from a later thread throws EPERM");
+		is(after, 0, "destroyed on a later thread: that thread stays registered");
+
 		/* drain() loops: ~T of what it releases kills another owner. */
 		destroyed = 0;
 		auto chain = percpuref::make_owner<chained>();
