@@ -44,7 +44,7 @@
  * reader's lock while it waits for liburcu's would deadlock (issue 8,
  * finding 5).  Consequences for callers: inside a read-side section no call
  * that takes a batch lock or waits for a library thread (barrier, flush,
- * shutdown, exit()); from a callback run on a library thread no wait for
+ * shutdown, exit(); a fork there leaves the scan batch and liburcu alone); from a callback run on a library thread no wait for
  * either library thread (barrier, flush: refused with -EDEADLK).
  */
 enum percpuref_lock_rank {

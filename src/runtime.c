@@ -452,8 +452,14 @@ static void fork_prepare(void)
 	 * and the other library thread's callback may be forking too, waiting
 	 * for ours.  So such a fork does not wait for the other thread's batch
 	 * in flight; its child may only exec or _exit (docs/percpu_ref.md).
+	 * A fork inside a liburcu-bp read-side section leaves the scan batch
+	 * and liburcu's locks alone: a grace period holds both while it waits
+	 * for this very section (an RCU batch of the reclaimer's).  Its child
+	 * may only exec or _exit too.
 	 */
 	fork_skipped_ranks = batch_ranks_held ? BATCH_RANKS : 0;
+	if (urcu_bp_read_ongoing())
+		fork_skipped_ranks |= 1u << PERCPUREF_RANK_SCAN | 1u << PERCPUREF_RANK_URCU;
 	for (rank = 0; rank < PERCPUREF_NR_RANKS; rank++)
 		if (fork_hooks[rank] && fork_hooks[rank]->prepare &&
 		    !(fork_skipped_ranks & (1u << rank)))

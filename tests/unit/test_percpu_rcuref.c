@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "capture.h"
+#include "child.h"
 #include "internal.h"
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
@@ -405,8 +406,45 @@ static void test_wait_inside_reader(void)
 	percpu_rcuref_exit(&o.ref);
 }
 
-int main(void)
+/*
+ * fork() inside a read-side section, while the reclaimer's grace period
+ * waits for that very section: the reclaimer holds its batch lock and
+ * liburcu-bp's grace-period lock until the section ends, and the fork's
+ * prepare handlers took both, so the fork waited for itself for ever.
+ */
+static int mode_fork_in_reader(void)
 {
+	static struct object o;
+	pid_t pid;
+	int status;
+
+	percpu_rcuref_init(&o.ref, obj_unpublish, obj_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_rcuref_read_lock();
+	percpu_rcuref_kill(&o.ref);	/* queued: its grace period waits for us */
+	usleep(100000);			/* the reclaimer is inside it now */
+	pid = fork();
+	if (pid == 0)
+		_exit(0);
+	status = wait_child(pid);
+	if (status)
+		return 10 + status;
+	if (released(&o))
+		return 3;
+	percpu_rcuref_read_unlock();
+	if (percpu_rcuref_barrier() || released(&o) != 1)
+		return 4;
+	percpu_rcuref_exit(&o.ref);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1) {
+		child_deadline(10);
+		if (!strcmp(argv[1], "--fork-in-reader"))
+			return mode_fork_in_reader();
+		return 2;
+	}
 	test_kill_waits_for_readers();
 	test_managed();
 	test_init_errors();
@@ -415,5 +453,10 @@ int main(void)
 	test_reinit_from_release();
 	test_wait_inside_reader();
 	test_zero_again_before_release();
+	if (UNDER_TSAN)
+		printf("# skipped fork inside a read-side section under ThreadSanitizer\n");
+	else
+		is(run_mode("--fork-in-reader"), 0, "fork inside a read-side section that a grace "
+		   "period waits for: no deadlock");
 	return done_testing();
 }
