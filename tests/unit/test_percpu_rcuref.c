@@ -4,7 +4,8 @@
  * only after every read-side section that began before it has ended,
  * tryget failing from zero on, managed mode, exit at every point between
  * zero and @release (from callbacks and from the caller), reinit from
- * @release, and misuse of init, exit and the barrier.
+ * @release, misuse of init, exit and the barrier, and fork inside a
+ * read-side section.
  */
 #define _GNU_SOURCE
 #include <errno.h>
