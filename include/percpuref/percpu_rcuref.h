@@ -80,9 +80,12 @@ PERCPUREF_API int percpu_rcuref_switch_to_unmanaged(struct percpu_rcuref *ref);
 PERCPUREF_API void percpu_rcuref_read_lock(void);
 PERCPUREF_API void percpu_rcuref_read_unlock(void);
 /*
- * percpu_rcuref_barrier - wait until the release of every ref whose
- * @unpublish returned before the call has run, and of every kill still
- * switching; a put still in @unpublish on another thread is not waited for.
+ * percpu_rcuref_barrier - wait until the release of every ref queued for
+ * release before the call has run, and of every kill still switching.  A
+ * put that reaches zero queues it after @unpublish returns and before the
+ * put returns (the reclaimer, likewise, before it goes on): a put still
+ * running on another thread is not waited for, even once its @unpublish
+ * returned.
  * 0, or -EDEADLK (warned) from a callback or inside a read-side section (it
  * would wait for itself).  While the library's threads cannot start, it
  * runs their queues, grace period and callbacks, on the calling thread.
