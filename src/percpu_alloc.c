@@ -67,7 +67,8 @@
  * Counting: slots_handed_out (lock) counts slots out of the shared pool, in
  * caches or in use; in_use is that minus every registered cache's count
  * (registry: the list of caches, lock), exact whenever no other thread
- * allocates or frees meanwhile.
+ * allocates or frees meanwhile, and never below zero (the counts are read
+ * one by one while their owners move slots between them).
  *
  * Fork: the child keeps the forking thread's cache; every other thread's
  * cache is freed, its slots lost to the child (at most 2 * MAGAZINE_SLOTS
@@ -380,6 +381,13 @@ PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *s
 	pthread_mutex_lock(&alloc_lock);
 	for (c = registry.next; c != &registry; c = c->next)
 		cached += __atomic_load_n(&c->count, __ATOMIC_RELAXED);
+	/* The counts are read one after another, each owner's moving
+	 * meanwhile: a slot one thread popped and another pushed before the
+	 * walk reached it is counted in both caches.  Never more than went
+	 * out of the pool (in use read 2^64 - 29); in use + free stays the
+	 * mapped total. */
+	if (cached > slots_handed_out)
+		cached = slots_handed_out;
 	stats->chunks = nr_chunks;
 	stats->in_use = slots_handed_out - cached;
 	stats->free = slots_on_free_list + depot_count * MAGAZINE_SLOTS + cached +

@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -803,6 +804,134 @@ static void test_stats_while_trading(void)
 	   "%d above the start (worst %zu)", STATS_HELD + 1, worst);
 }
 
+/*
+ * The stats while counters pass from one thread to another: each cache's
+ * count is stored by its owner without the lock, so a walk that read the
+ * allocating thread's count before its pops and the freeing thread's after
+ * its pushes counted the slots in between twice, and in use (the pool's
+ * count less the caches') read below zero, 2^64 - 29, when nothing else
+ * was in use (as here: the tests before exited their refs).  Idle threads'
+ * caches registered between the two make the walk long, and a signal
+ * holds the reader in it while counters change hands.
+ */
+#define PASS_IDLE 64
+
+static uintptr_t pass_mailbox;		/* atomic: one counter in flight */
+static unsigned long pass_handoffs;	/* atomic */
+static int pass_stop, pass_reader_stop;	/* atomic */
+static size_t pass_worst;		/* the reader's, read after the join */
+static struct percpuref_counter_stats pass_base;
+static pthread_barrier_t pass_barrier, pass_idle_barrier;
+
+static void *pass_allocate(void *unused)
+{
+	uintptr_t c;
+
+	percpuref_counter_free(percpuref_counter_alloc());	/* registered first */
+	pthread_barrier_wait(&pass_barrier);
+	while (!__atomic_load_n(&pass_stop, __ATOMIC_RELAXED)) {
+		c = percpuref_counter_alloc();
+		while (__atomic_load_n(&pass_mailbox, __ATOMIC_ACQUIRE) &&
+		       !__atomic_load_n(&pass_stop, __ATOMIC_RELAXED))
+			;
+		__atomic_store_n(&pass_mailbox, c, __ATOMIC_RELEASE);
+	}
+	return unused;
+}
+
+static void *pass_idle(void *unused)
+{
+	percpuref_counter_free(percpuref_counter_alloc());
+	pthread_barrier_wait(&pass_idle_barrier);	/* registered */
+	pthread_barrier_wait(&pass_idle_barrier);	/* done */
+	return unused;
+}
+
+static void *pass_free(void *unused)
+{
+	uintptr_t c;
+
+	percpuref_counter_free(percpuref_counter_alloc());	/* registered last */
+	pthread_barrier_wait(&pass_barrier);
+	while (!__atomic_load_n(&pass_stop, __ATOMIC_RELAXED)) {
+		c = __atomic_exchange_n(&pass_mailbox, 0, __ATOMIC_ACQUIRE);
+		if (c) {
+			percpuref_counter_free(c);
+			__atomic_fetch_add(&pass_handoffs, 1, __ATOMIC_RELAXED);
+		}
+	}
+	return unused;
+}
+
+/* Holds the reader wherever it is until eight counters changed hands (or
+ * 2 ms passed: the two may need the lock the reader holds). */
+static void pass_hold_reader(int sig)
+{
+	unsigned long start = __atomic_load_n(&pass_handoffs, __ATOMIC_RELAXED);
+	uint64_t until = now_ns() + 2000000;
+
+	(void)sig;
+	while (__atomic_load_n(&pass_handoffs, __ATOMIC_RELAXED) - start < 8 && now_ns() < until)
+		;
+}
+
+static void *pass_read(void *unused)
+{
+	struct percpuref_counter_stats now;
+
+	while (!__atomic_load_n(&pass_reader_stop, __ATOMIC_RELAXED)) {
+		percpuref_get_counter_stats(&now);
+		if (now.in_use > pass_worst)
+			pass_worst = now.in_use;
+	}
+	return unused;
+}
+
+static void test_stats_while_passing(void)
+{
+	struct sigaction hold = { .sa_handler = pass_hold_reader }, old;
+	pthread_t allocator, freer, reader, idle[PASS_IDLE];
+	pthread_attr_t small;
+	int i;
+
+	sigaction(SIGUSR1, &hold, &old);
+	pthread_attr_init(&small);
+	pthread_attr_setstacksize(&small, 1 << 16);
+	percpuref_get_counter_stats(&pass_base);
+	/* Registered in this order: the allocator, the idle, the freer. */
+	pthread_barrier_init(&pass_barrier, NULL, 2);
+	pthread_barrier_init(&pass_idle_barrier, NULL, PASS_IDLE + 1);
+	pthread_create(&allocator, NULL, pass_allocate, NULL);
+	pthread_barrier_wait(&pass_barrier);
+	for (i = 0; i < PASS_IDLE; i++)
+		pthread_create(&idle[i], &small, pass_idle, NULL);
+	pthread_barrier_wait(&pass_idle_barrier);
+	pthread_create(&freer, NULL, pass_free, NULL);
+	pthread_barrier_wait(&pass_barrier);
+	pthread_create(&reader, NULL, pass_read, NULL);
+	for (i = 0; i < 2000; i++) {
+		pthread_kill(reader, SIGUSR1);
+		percpuref_sleep_us(200);
+	}
+	__atomic_store_n(&pass_reader_stop, 1, __ATOMIC_RELAXED);
+	pthread_join(reader, NULL);
+	__atomic_store_n(&pass_stop, 1, __ATOMIC_RELAXED);
+	pthread_join(allocator, NULL);
+	pthread_join(freer, NULL);
+	pthread_barrier_wait(&pass_idle_barrier);
+	for (i = 0; i < PASS_IDLE; i++)
+		pthread_join(idle[i], NULL);
+	pthread_barrier_destroy(&pass_barrier);
+	pthread_barrier_destroy(&pass_idle_barrier);
+	pthread_attr_destroy(&small);
+	sigaction(SIGUSR1, &old, NULL);
+	/* Off by what changed hands while held (8, or what 2 ms allowed, at
+	 * most two magazines each way without the lock); never wrapped. */
+	ok(pass_worst <= pass_base.in_use + 4 * 32 + 2,
+	   "stats read while counters pass between threads: in use at most %d above the start "
+	   "(%zu), never wrapped (worst %zu)", 4 * 32 + 2, pass_base.in_use, pass_worst);
+}
+
 #ifndef __SANITIZE_THREAD__	/* TSan ends its view of a thread from a key destructor */
 /*
  * A thread whose first call comes from a key destructor in the last round
@@ -876,6 +1005,7 @@ int main(void)
 	test_magazine_trades();
 	test_nocache_thread_reuses_depot();
 	test_stats_while_trading();
+	test_stats_while_passing();
 #ifndef __SANITIZE_THREAD__
 	test_first_call_in_last_destructor();
 #endif
