@@ -242,7 +242,7 @@ bool percpuref_rseq_own(void);
 /*
  * percpuref_at_thread_exit - call @fn(@arg) when the calling thread exits
  * (return, pthread_exit, cancellation), before its TLS goes; thread_exit.c.
- * At most two per thread.  False when it cannot be arranged.
+ * At most four per thread (one a module).  False when it cannot be arranged.
  */
 bool percpuref_at_thread_exit(void (*fn)(void *), void *arg);
 /* Fork child: only the forking thread's registration survives. */

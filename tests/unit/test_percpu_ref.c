@@ -634,6 +634,58 @@ static void test_thread_caches(void)
 }
 
 /*
+ * What a live thread keeps: <percpuref/percpu_ref.h> says up to 64 free
+ * counters (two magazines; it said 63, the bound of the caches before
+ * magazines), counted as free but out of other threads' reach.  A thread
+ * frees 64 and waits; this one allocates until a chunk is mapped.
+ */
+#define KEEP_DOCUMENTED 64
+
+static uintptr_t keep_slots[KEEP_DOCUMENTED];
+static pthread_barrier_t keep_barrier;
+
+static void *keep_freed(void *unused)
+{
+	int i;
+
+	for (i = 0; i < KEEP_DOCUMENTED; i++)
+		keep_slots[i] = percpuref_counter_alloc();
+	for (i = 0; i < KEEP_DOCUMENTED; i++)
+		percpuref_counter_free(keep_slots[i]);
+	pthread_barrier_wait(&keep_barrier);	/* kept */
+	pthread_barrier_wait(&keep_barrier);	/* counted */
+	return unused;
+}
+
+static void test_thread_keeps(void)
+{
+	struct percpuref_counter_stats before, now;
+	size_t n = 0, kept, i;
+	uintptr_t *taken;
+	pthread_t thread;
+
+	pthread_barrier_init(&keep_barrier, NULL, 2);
+	pthread_create(&thread, NULL, keep_freed, NULL);
+	pthread_barrier_wait(&keep_barrier);
+	percpuref_get_counter_stats(&before);
+	taken = calloc(before.free + 1, sizeof(*taken));
+	do {
+		taken[n++] = percpuref_counter_alloc();
+		percpuref_get_counter_stats(&now);
+	} while (now.chunks == before.chunks && n <= before.free);
+	kept = before.free - (n - 1);
+	pthread_barrier_wait(&keep_barrier);
+	pthread_join(thread, NULL);
+	pthread_barrier_destroy(&keep_barrier);
+	ok(kept > 0 && kept <= KEEP_DOCUMENTED,
+	   "a live thread keeps %zu free counters from the others, at most %d as documented", kept,
+	   KEEP_DOCUMENTED);
+	for (i = 0; i < n; i++)
+		percpuref_counter_free(taken[i]);
+	free(taken);
+}
+
+/*
  * Magazines change hands through the depot (percpu_alloc.c): two threads
  * fill and empty their refs in bursts of several magazines, at once, so
  * that full magazines go to the depot and come back to either thread.
@@ -1002,6 +1054,7 @@ int main(void)
 	test_alloc_failure();
 	test_layout();
 	test_thread_caches();
+	test_thread_keeps();
 	test_magazine_trades();
 	test_nocache_thread_reuses_depot();
 	test_stats_while_trading();
