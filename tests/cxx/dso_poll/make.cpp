@@ -6,3 +6,8 @@ percpuref::poll_registration *make_registration()
 {
 	return new percpuref::poll_registration;
 }
+
+void *dso_poll_make()
+{
+	return make_registration();
+}

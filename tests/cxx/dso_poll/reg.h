@@ -13,4 +13,11 @@ DSO_POLL_API percpuref::poll_registration *make_registration();
 DSO_POLL_API int poll_registration(percpuref::poll_registration *reg);
 DSO_POLL_API void destroy_registration(percpuref::poll_registration *reg);
 
+/* The same for dlsym() (test_hpp_dlopen_poll: the two as plugins). */
+extern "C" {
+DSO_POLL_API void *dso_poll_make();
+DSO_POLL_API int dso_poll_poll(void *reg);
+DSO_POLL_API void dso_poll_destroy(void *reg);
+}
+
 #endif

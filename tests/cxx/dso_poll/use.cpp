@@ -17,3 +17,13 @@ void destroy_registration(percpuref::poll_registration *reg)
 {
 	delete reg;
 }
+
+int dso_poll_poll(void *reg)
+{
+	return poll_registration(static_cast<percpuref::poll_registration *>(reg));
+}
+
+void dso_poll_destroy(void *reg)
+{
+	destroy_registration(static_cast<percpuref::poll_registration *>(reg));
+}
