@@ -189,6 +189,10 @@ static struct poller *pollers;
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread struct poller *my_poller;
 static __thread bool poller_exit_armed;
+/* The C++ poll_registration that registered this thread (percpuref.hpp):
+ * one slot for the process, whatever copies of the header's code its
+ * plugins hold, which a thread_local of the header's own was not. */
+static __thread void *poll_owner;
 
 /* Relaxed: a peek; the exchange that takes the items acquires. */
 static bool queue_empty(void)
@@ -615,6 +619,11 @@ PERCPUREF_API int percpu_ref_poll_register(void)
 		return -ENOMEM;
 	my_poller = p;
 	return 0;
+}
+
+PERCPUREF_API void **__percpu_ref_poll_owner(void)
+{
+	return &poll_owner;
 }
 
 PERCPUREF_API int percpu_ref_poll_unregister(void)

@@ -225,6 +225,10 @@ PERCPUREF_API int percpu_ref_barrier(void);
 PERCPUREF_API int percpu_ref_poll_register(void);
 PERCPUREF_API int percpu_ref_poll(unsigned int flags);
 PERCPUREF_API int percpu_ref_poll_unregister(void);
+/* For percpuref.hpp: this thread's slot for the poll_registration that
+ * registered it, one per thread in the library (not a thread_local of the
+ * header's, of which plugins loaded with RTLD_LOCAL each had a copy). */
+PERCPUREF_API void **__percpu_ref_poll_owner(void);
 
 /*
  * Managed mode (docs/managed.md; control and statistics in managed.h).

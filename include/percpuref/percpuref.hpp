@@ -513,15 +513,15 @@ public:
 	{
 		if (int err = percpu_ref_poll_register())
 			detail::throw_errno(err, "percpu_ref_poll_register");
-		current_ = this;
+		*__percpu_ref_poll_owner() = this;
 	}
 	~poll_registration()
 	{
 		int err = -EPERM;
 
 		/* On our thread, EPERM: unregistered already (by a C call). */
-		if (current_ == this) {
-			current_ = nullptr;
+		if (owned()) {
+			*__percpu_ref_poll_owner() = nullptr;
 			if ((err = percpu_ref_poll_unregister()) == -EPERM)
 				return;
 		}
@@ -549,19 +549,24 @@ public:
 private:
 	unsigned int checked(unsigned int flags)
 	{
-		int ret = current_ == this ? percpu_ref_poll(flags) : -EPERM;
+		int ret = owned() ? percpu_ref_poll(flags) : -EPERM;
 
 		if (ret < 0)
 			detail::throw_errno(ret, "percpu_ref_poll");
 		return static_cast<unsigned int>(ret);
 	}
 
-	/* This thread's registration, if it made one.  Not the registering
-	 * thread's pthread_t: a thread started after that one ended often
-	 * gets the same, and polled or unregistered itself through it.
-	 * Exported: one for the program, even in objects built with
-	 * -fvisibility=hidden that hand each other a registration. */
-	PERCPUREF_API static inline thread_local poll_registration *current_ = nullptr;
+	/* Whether this is the calling thread's registration, by a slot the
+	 * library keeps per thread.  Not the registering thread's pthread_t:
+	 * a thread started after that one ended often gets the same, and
+	 * polled or unregistered itself through it.  Nor a thread_local of
+	 * this header's: plugins loaded with RTLD_LOCAL (or built without
+	 * GCC's unique symbols) each had their own, and one could not poll
+	 * or destroy a registration another made on the same thread. */
+	bool owned() const
+	{
+		return *__percpu_ref_poll_owner() == this;
+	}
 };
 
 } /* inline namespace PERCPUREF_HPP_MODE */
