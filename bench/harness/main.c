@@ -34,6 +34,7 @@
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -807,17 +808,17 @@ static void free_report(struct report *r)
  * file is opened for appending now, which changes nothing, and is opened
  * again for writing at the end (NULL).  An interrupted or failed run
  * (Ctrl-C, a thread refused) once left the previous run's file empty.  A
- * new one is created the same way and removed at once: an interrupted run
- * left it there, empty.  Anything else (a pipe, /dev/null, a terminal) is
- * opened for writing now, once: opening it twice could block on a FIFO or
- * show its reader an early end.
+ * new one is created exclusively and removed at once: an interrupted run
+ * left it there, empty, and one another process made between a look and a
+ * creation was removed too.  Anything else (a pipe, /dev/null, a terminal)
+ * is opened for writing now, once: opening it twice could block on a FIFO
+ * or show its reader an early end.
  */
 static FILE *open_json_early(const char *path)
 {
 	struct stat st;
-	/* lstat(): a dangling symlink is not ours to remove. */
-	bool created = lstat(path, &st) && errno == ENOENT;
 	FILE *f;
+	int fd;
 
 	if (!stat(path, &st) && !S_ISREG(st.st_mode)) {
 		f = fopen(path, "w");
@@ -825,12 +826,20 @@ static FILE *open_json_early(const char *path)
 			bench_die("%s: %m", path);
 		return f;
 	}
+	/* O_EXCL: only a file this call made is ours to remove (a dangling
+	 * symlink is not: EEXIST, and it is checked as an existing file). */
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+	if (fd >= 0) {
+		close(fd);
+		unlink(path);
+		return NULL;
+	}
+	if (errno != EEXIST)
+		bench_die("%s: %m", path);
 	f = fopen(path, "a");
 	if (!f)
 		bench_die("%s: %m", path);
 	fclose(f);
-	if (created)
-		unlink(path);
 	return NULL;
 }
 
