@@ -8,7 +8,8 @@
 #   pass: the search must complete with "errors: 0"
 #   fail: SPIN must find a violation (a mutant: proof that the model can fail)
 # Prints one line: "model NAME [MACROS]: OK|FAILED (errors N, S states, T s)".
-# Environment: SPIN (default spin), CC (default cc).
+# Environment: SPIN (default spin), CC (default cc), PAN_MEMLIM (pan's
+# memory limit in MB, default 2048).
 set -euo pipefail
 
 model=$(realpath "$1")
@@ -25,7 +26,7 @@ cd "$work"
 cp "$model" .
 
 "$spin" "$@" -a "$name.pml" >spin.log 2>&1 || { cat spin.log; echo "$label: FAILED (spin -a)"; exit 1; }
-"$cc" -O2 -DSAFETY -DMEMLIM=2048 -o pan pan.c 2>cc.log || { cat cc.log; echo "$label: FAILED (cc)"; exit 1; }
+"$cc" -O2 -DSAFETY -DMEMLIM="${PAN_MEMLIM:-2048}" -o pan pan.c 2>cc.log || { cat cc.log; echo "$label: FAILED (cc)"; exit 1; }
 ./pan -m200000 >pan.log 2>&1 || true
 
 errors=$(sed -n 's/.*errors: \([0-9][0-9]*\).*/\1/p' pan.log | head -n1)
@@ -40,6 +41,14 @@ fi
 if grep -q "max search depth too small" pan.log; then
   cat pan.log
   echo "$label: FAILED (search depth too small)"
+  exit 1
+fi
+# A search cut short (pan's memory limit, or malloc failing) prints
+# "errors: 0" too, with this warning; a search that stopped at an error
+# prints it as well, so it only voids a verdict of no error.
+if [ "$errors" = 0 ] && grep -q "Search not completed" pan.log; then
+  cat pan.log
+  echo "$label: FAILED (search not completed)"
   exit 1
 fi
 summary="errors $errors, ${states:-?} states, ${secs:-?} s"
