@@ -37,46 +37,54 @@ if [ "${KERNEL_TESTS:-1}" != 0 ] && [ "$(id -u)" -eq 0 ]; then
 fi
 
 jobs=$(nproc)
-status=0
+# A stage that fails is named at the end, and the others still run: a
+# build that failed (one sanitizer's, say) ended the script at once.
+failed=()
 for variant in plain address thread; do
   dir=build/test-$variant
   sanitize=$([ $variant = plain ] && echo "" || echo $variant)
   echo "=== $variant build"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-        -DPERCPUREF_SANITIZE="$sanitize" >/dev/null
-  cmake --build "$dir" -j "$jobs"
+  if ! cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+             -DPERCPUREF_SANITIZE="$sanitize" >/dev/null ||
+     ! cmake --build "$dir" -j "$jobs"; then
+    failed+=("$variant build")
+    continue
+  fi
   # halt_on_error: a sanitizer report fails the test even if it recovers.
   if ! ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 \
        TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
        ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900; then
-    status=1
+    failed+=("$variant tests")
   fi
 done
 
 echo "=== rust bindings"
 if ! (cd bindings/rust && CARGO_TARGET_DIR="$PWD/../../build/cargo" RUSTC=/usr/bin/rustc \
       RUSTDOC=/usr/bin/rustdoc /usr/bin/cargo test --offline); then
-  status=1
+  failed+=("rust bindings")
 fi
 
 # Scripts that run the binary directly (no emulator) and the host
 # install check (a host consumer) do not apply to a cross build.
 dir=build/test-aarch64
 echo "=== aarch64 cross build, tests under qemu-user"
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
-      -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND >/dev/null
-cmake --build "$dir" -j "$jobs"
-if ! STRESS_SECONDS=$(( STRESS_SECONDS < 4 ? STRESS_SECONDS : 4 )) \
-     ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 \
-           -E '^(install_check|bench_cli|bench_topology|bench_bundle|bench_py_tools)$'; then
-  status=1
+if ! cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+           -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+           -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND >/dev/null ||
+   ! cmake --build "$dir" -j "$jobs"; then
+  failed+=("aarch64 build")
+elif ! STRESS_SECONDS=$(( STRESS_SECONDS < 4 ? STRESS_SECONDS : 4 )) \
+       ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 \
+             -E '^(install_check|bench_cli|bench_topology|bench_bundle|bench_py_tools)$'; then
+  failed+=("aarch64 tests")
 fi
 echo "=== aarch64 rseq sequence (PERCPUREF_ARM64_RSEQ=ON): compiled, not run"
-cmake -S . -B build/test-aarch64-rseq -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DPERCPUREF_ARM64_RSEQ=ON \
-      -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND >/dev/null
-cmake --build build/test-aarch64-rseq -j "$jobs" || status=1
+if ! cmake -S . -B build/test-aarch64-rseq -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+           -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DPERCPUREF_ARM64_RSEQ=ON \
+           -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND >/dev/null ||
+   ! cmake --build build/test-aarch64-rseq -j "$jobs"; then
+  failed+=("aarch64 rseq build")
+fi
 
 if [ "${KERNEL_TESTS:-1}" != 0 ]; then
   echo "=== kernel series"
@@ -86,6 +94,12 @@ if [ "${KERNEL_TESTS:-1}" != 0 ]; then
     trap - EXIT
     cat build/kernel-prepare.log
   fi
-  kernel/run.sh || status=1
+  kernel/run.sh || failed+=("kernel series")
 fi
-exit $status
+if [ ${#failed[@]} -ne 0 ]; then
+  printf '=== FAILED stages:'
+  printf ' [%s]' "${failed[@]}"
+  printf '\n'
+  exit 1
+fi
+echo "=== every stage passed"
