@@ -1390,37 +1390,49 @@ PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long n
 		__percpu_ref_release(ref);
 }
 
-/* get/tryget/put of more than PERCPU_REF_PERCPU_MAX_NR: in slices, each
- * within what a per-CPU word's low half holds (percpu_ref.h). */
+/*
+ * get/tryget/put of more than PERCPU_REF_PERCPU_MAX_NR: on the atomic count,
+ * which is exact in every mode (per-CPU, the bias keeps it from zero and the
+ * fold adds to it).  Not on the per-CPU words, in slices: their sum keeps
+ * only the low 32 bits of the net count, so 2^32 references taken so read
+ * as none at the fold, and a kill released the ref under them
+ * (tests/unit/test_count_limits.c).  An unbiased count lives below 2^62: a
+ * call of that many or more (an unsigned -1) is refused, warned, and, for
+ * get and put, pins the count as any misuse does.
+ */
+#define ATOMIC_MAX_NR (1UL << 62)
+
+static bool too_many(struct percpu_ref *ref, unsigned long nr, const char *fn, bool pin)
+{
+	if (percpuref_likely(nr < ATOMIC_MAX_NR))
+		return false;
+	percpuref_warn(fn, "ref %p: %lu references in one call, more than a count holds; %s",
+		       (void *)ref, nr, pin ? "leaked" : "failed");
+	if (pin)	/* relaxed: a best-effort pin, as __percpu_ref_count_misuse() */
+		__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+	return true;
+}
+
 PERCPUREF_API void __percpu_ref_get_sliced(struct percpu_ref *ref, unsigned long nr)
 {
-	/* One warning for the call, not one per slice. */
-	if (has_no_data(ref, "percpu_ref_get"))
+	if (has_no_data(ref, "percpu_ref_get") || too_many(ref, nr, "percpu_ref_get", true))
 		return;
-	for (; nr > PERCPU_REF_PERCPU_MAX_NR; nr -= PERCPU_REF_PERCPU_MAX_NR)
-		percpu_ref_get_many(ref, PERCPU_REF_PERCPU_MAX_NR);
-	percpu_ref_get_many(ref, nr);
+	__percpu_ref_atomic_add(ref, nr);
 }
 
 PERCPUREF_API bool __percpu_ref_tryget_sliced(struct percpu_ref *ref, unsigned long nr)
 {
-	if (has_no_data(ref, "percpu_ref_tryget"))
+	if (has_no_data(ref, "percpu_ref_tryget") || too_many(ref, nr, "percpu_ref_tryget", false))
 		return false;
-	/* One reference first: it keeps the count above zero for the rest. */
-	if (!percpu_ref_tryget(ref))
-		return false;
-	__percpu_ref_get_sliced(ref, nr - 1);
-	return true;
+	return __percpu_ref_atomic_add_not_zero(ref, nr);
 }
 
 PERCPUREF_API void __percpu_ref_put_sliced(struct percpu_ref *ref, unsigned long nr)
 {
-	if (has_no_data(ref, "percpu_ref_put"))
+	if (has_no_data(ref, "percpu_ref_put") || too_many(ref, nr, "percpu_ref_put", true))
 		return;
-	/* The slice that may release comes last. */
-	for (; nr > PERCPU_REF_PERCPU_MAX_NR; nr -= PERCPU_REF_PERCPU_MAX_NR)
-		percpu_ref_put_many(ref, PERCPU_REF_PERCPU_MAX_NR);
-	percpu_ref_put_many(ref, nr);
+	if (__percpu_ref_atomic_sub_and_test(ref, nr))
+		__percpu_ref_release(ref);
 }
 
 PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
@@ -1442,6 +1454,10 @@ PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
 PERCPUREF_API void __percpu_ref_count_misuse(struct percpu_ref *ref, unsigned long old,
 					     unsigned long nr, bool get)
 {
+	/* A call of none took or dropped nothing (a get of 0 on a count of
+	 * 0): not misuse, and the count stays as it was. */
+	if (!nr)
+		return;
 	/* Already saturated: stay pinned, already reported. */
 	if (old < PERCPU_REF_UNDERFLOW_ZONE) {
 		if (get)

@@ -122,7 +122,8 @@ enum {
  * extended, are the per-CPU net count.  Hence the one limit: references
  * that move through the per-CPU words in one per-CPU period stay within
  * 2^31 either way (more live references than that is not a real program);
- * a get_many/put_many of more than PERCPU_REF_PERCPU_MAX_NR goes in slices.
+ * a get_many/tryget_many/put_many of more than PERCPU_REF_PERCPU_MAX_NR
+ * goes on the atomic count instead, exact up to 2^62 in every mode.
  */
 #define PERCPU_REF_PUT_DELTA 0xffffffffUL
 #define PERCPU_REF_PERCPU_MAX_NR (1UL << 24)
@@ -383,8 +384,10 @@ static inline bool __percpu_ref_atomic_sub_and_test(struct percpu_ref *ref, unsi
 {
 	unsigned long old = __atomic_fetch_sub(&ref->data->count, nr, __ATOMIC_ACQ_REL);
 
+	/* A put of none releases nothing: a released ref's count is 0 too
+	 * (it ran @release a second time). */
 	if (old == nr)
-		return true;
+		return nr != 0;
 	if (percpuref_unlikely(old - nr >= PERCPU_REF_UNDERFLOW_ZONE))
 		__percpu_ref_count_misuse(ref, old, nr, false);
 	return false;

@@ -1,0 +1,128 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Counts at the edges of what a call may move (docs/percpu_ref.md,
+ * "Counts"):
+ *  - get_many/tryget_many/put_many of more than 2^24 references at once
+ *    went onto the per-CPU words in slices, whose sum keeps only the low
+ *    32 bits of the net count: 2^32 references taken so read as none at
+ *    the fold, and the kill released the ref under them, with no warning
+ *    (2^31 read as minus 2^31: a ref pinned and leaked, its references
+ *    all held, with a warning that puts outnumbered gets).  They go on the
+ *    atomic count now, exact in every mode; a call of 2^62 or more, more
+ *    than a count holds (an unsigned -1, say), is warned and refused;
+ *  - put_many(ref, 0) on a released ref (atomic, count 0) read its
+ *    subtract of 0 as the one reaching zero and ran @release a second
+ *    time ("misuse never double-releases"); get_many(ref, 0) there warned
+ *    and pinned the count, and a later reinit was refused.  A call of
+ *    none now does nothing.
+ */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <stdio.h>
+
+#include "child.h"
+#include "internal.h"
+#include "percpuref/percpu_ref.h"
+#include "tap.h"
+
+static int released;
+
+static void count_release(struct percpu_ref *ref)
+{
+	(void)ref;
+	released++;
+}
+
+/* Takes @nr references in one call (tryget if @try), kills, drops them
+ * in one call: released once, only after the put. */
+static void many_then_kill(const char *what, unsigned int flags, unsigned long nr, bool try)
+{
+	struct percpu_ref r;
+	unsigned long warnings;
+
+	released = 0;
+	ok(!percpu_ref_init(&r, count_release, flags), "%s: init", what);
+	warnings = percpuref_warning_count();
+	if (try)
+		ok(percpu_ref_tryget_many(&r, nr), "%s: tryget_many succeeds", what);
+	else
+		percpu_ref_get_many(&r, nr);
+	percpu_ref_kill(&r);
+	ok(!percpu_ref_barrier(), "%s: barrier", what);
+	is(released, 0, "%s: not released while the references are held", what);
+	ok(!percpu_ref_is_zero(&r), "%s: and not zero", what);
+	percpu_ref_put_many(&r, nr - 1);
+	is(released, 0, "%s: one reference left: not released", what);
+	percpu_ref_put(&r);
+	is(released, 1, "%s: released once at the last put", what);
+	ok(percpu_ref_is_zero(&r), "%s: zero", what);
+	is(percpuref_warning_count() - warnings, 0, "%s: no warning", what);
+	percpu_ref_exit(&r);
+}
+
+static void test_huge_counts(void)
+{
+	many_then_kill("get 2^32 per-CPU", 0, 1UL << 32, false);
+	many_then_kill("get 2^31 per-CPU", 0, 1UL << 31, false);
+	many_then_kill("get 2^32 + 5 per-CPU", 0, (1UL << 32) + 5, false);
+	many_then_kill("tryget 2^32 per-CPU", 0, 1UL << 32, true);
+	many_then_kill("get 2^32 atomic", PERCPU_REF_INIT_ATOMIC, 1UL << 32, false);
+	many_then_kill("get 2^40 per-CPU", 0, 1UL << 40, false);
+}
+
+/* More than a count can hold: refused (warned), the ref not released by
+ * a count that wrapped. */
+static void test_too_many(void)
+{
+	struct percpu_ref r;
+	unsigned long warnings;
+
+	released = 0;
+	ok(!percpu_ref_init(&r, count_release, 0), "too many: init");
+	warnings = percpuref_warning_count();
+	percpu_ref_get_many(&r, ULONG_MAX);
+	ok(percpuref_warning_count() > warnings, "get_many(ULONG_MAX) warned");
+	ok(!percpu_ref_tryget_many(&r, 1UL << 62), "tryget_many(2^62) fails");
+	percpu_ref_kill(&r);
+	ok(!percpu_ref_barrier(), "too many: barrier");
+	is(released, 0, "too many: never released (count pinned)");
+	percpu_ref_exit(&r);
+}
+
+static void test_none(void)
+{
+	struct percpu_ref r;
+	unsigned long warnings;
+
+	released = 0;
+	ok(!percpu_ref_init(&r, count_release, PERCPU_REF_ALLOW_REINIT), "none: init");
+	percpu_ref_get_many(&r, 0);
+	percpu_ref_put_many(&r, 0);
+	ok(percpu_ref_tryget_many(&r, 0), "none: tryget_many(0) of a live ref succeeds");
+	percpu_ref_kill(&r);
+	ok(!percpu_ref_barrier(), "none: barrier");
+	is(released, 1, "none: released by the kill");
+	warnings = percpuref_warning_count();
+	percpu_ref_put_many(&r, 0);
+	is(released, 1, "put_many(0) of a released ref does not release it again");
+	percpu_ref_get_many(&r, 0);
+	ok(percpu_ref_is_zero(&r), "get_many(0) of a released ref leaves it at zero");
+	ok(!percpu_ref_tryget_many(&r, 0), "tryget_many(0) of a released ref fails");
+	is(percpuref_warning_count() - warnings, 0, "none of them warned");
+	percpu_ref_reinit(&r);
+	ok(!percpu_ref_is_dying(&r), "reinit afterwards goes through");
+	percpu_ref_kill(&r);
+	ok(!percpu_ref_barrier(), "none: barrier again");
+	is(released, 2, "released again after reinit and kill");
+	percpu_ref_exit(&r);
+}
+
+int main(void)
+{
+	/* get_many(ULONG_MAX) went through 2^40 slices: hours. */
+	child_deadline(100);
+	test_none();
+	test_huge_counts();
+	test_too_many();
+	return done_testing();
+}
