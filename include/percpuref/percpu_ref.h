@@ -349,6 +349,8 @@ PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long n
 PERCPUREF_API void __percpu_ref_count_misuse(struct percpu_ref *ref, unsigned long old,
 					     unsigned long nr, bool get);
 PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref);
+/* More than PERCPU_REF_PERCPU_MAX_NR at once, on the atomic count (named
+ * for the slices they once cut; the names stay for binaries built before). */
 PERCPUREF_API void __percpu_ref_get_sliced(struct percpu_ref *ref, unsigned long nr);
 PERCPUREF_API bool __percpu_ref_tryget_sliced(struct percpu_ref *ref, unsigned long nr);
 PERCPUREF_API void __percpu_ref_put_sliced(struct percpu_ref *ref, unsigned long nr);
