@@ -16,7 +16,7 @@
  *
  * Life cycle: per-CPU -> atomic -> dead (and back, with ALLOW_REINIT).
  *  - Per-CPU mode: the fast paths add to this CPU's counter and never look
- *    at zero.  data->count carries PERCPU_COUNT_BIAS (2^63) so that atomic
+ *    at zero.  data->count carries PERCPU_COUNT_BIAS (2^63 - 2^32) so that atomic
  *    operations racing with a switch can never see it reach zero.
  *  - To atomic: under the switch lock set ATOMIC in the mode word and take an
  *    extra reference (atomic: the flag is already visible to this thread);

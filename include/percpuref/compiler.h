@@ -10,7 +10,7 @@
 
 /*
  * 64-bit only.  Counts, biases and saturation zones are unsigned long
- * arithmetic around 2^63 (PERCPU_COUNT_BIAS = 1UL << 63), and the fast
+ * arithmetic around 2^63 (PERCPU_COUNT_BIAS = 2^63 - 2^32), and the fast
  * path's asm reads the 64-bit mode word with movq: with a 32-bit long
  * (i386, arm32) or 32-bit pointers (x32) it would compile and miscount.
  */

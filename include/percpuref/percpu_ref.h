@@ -104,13 +104,18 @@ enum {
 };
 
 /*
- * Atomic-count zones (unsigned long arithmetic).  While per-CPU, the atomic
- * count carries PERCPU_COUNT_BIAS, so it stays within a quarter of the range
- * around 2^63 however the per-CPU counters move, and never reads zero.  An
- * unbiased count lives in [0, 2^62); a count in the top quarter went below
- * zero and is pinned at PERCPU_REF_SATURATED.
+ * Atomic-count zones (unsigned long arithmetic).  An unbiased count lives
+ * in [0, 2^62); a count in the top quarter, [3 * 2^62, 2^64), went below
+ * zero and is pinned at PERCPU_REF_SATURATED.  While per-CPU, the atomic
+ * count carries PERCPU_COUNT_BIAS and holds bias + net - P, where net is
+ * the whole count (below 2^62) and P the per-CPU words' share (within 2^31
+ * either way): it reaches 2^62 + 2^31 when references taken on the atomic
+ * count (calls of more than PERCPU_REF_PERCPU_MAX_NR) are dropped on the
+ * per-CPU words.  The bias, 2^63 - 2^32, keeps that, plus a switch's extra
+ * reference, below the top quarter and the count above zero.  (It was
+ * 2^63 until 0.3.12: a net count within 2^31 of 2^62 read as misuse.)
  */
-#define PERCPU_COUNT_BIAS (1UL << 63)
+#define PERCPU_COUNT_BIAS ((1UL << 63) - (1UL << 32))
 
 /*
  * Per-CPU words count monotonically, so that the reclaimer can tell a ref
@@ -123,7 +128,8 @@ enum {
  * that move through the per-CPU words in one per-CPU period stay within
  * 2^31 either way (more live references than that is not a real program);
  * a get_many/tryget_many/put_many of more than PERCPU_REF_PERCPU_MAX_NR
- * goes on the atomic count instead, exact up to 2^62 in every mode.
+ * goes on the atomic count instead, exact in every mode while the net
+ * count stays below 2^62 (and the per-CPU words' share within 2^31).
  */
 #define PERCPU_REF_PUT_DELTA 0xffffffffUL
 #define PERCPU_REF_PERCPU_MAX_NR (1UL << 24)

@@ -52,6 +52,7 @@ static void many_then_kill(const char *what, unsigned int flags, unsigned long n
 	is(released, 0, "%s: not released while the references are held", what);
 	ok(!percpu_ref_is_zero(&r), "%s: and not zero", what);
 	percpu_ref_put_many(&r, nr - 1);
+	printf("# %s: count %#lx\n", what, r.data->count);
 	is(released, 0, "%s: one reference left: not released", what);
 	percpu_ref_put(&r);
 	is(released, 1, "%s: released once at the last put", what);
@@ -117,6 +118,57 @@ static void test_none(void)
 	percpu_ref_exit(&r);
 }
 
+/*
+ * A legitimate count near 2^62 while per-CPU: references taken on the
+ * atomic count (calls of more than 2^24) and dropped on the per-CPU words
+ * (calls of up to 2^24) leave the atomic count's share above the net count
+ * by up to 2^31.  With a bias of 2^63 that share reached the underflow
+ * zone (3 * 2^62) with the net count still below 2^62: the next call on
+ * the atomic count read as misuse.  A get pinned the ref without a warning
+ * (as already pinned: leaked); a tryget "succeeded" on the pinned-looking
+ * count without adding, and then the put that drops the kill's initial
+ * reference (atomic, before the fold) pinned it silently too, or, after
+ * the fold, the count was short and the ref released with references held.
+ * Fixed by a bias of 2^63 - 2^32 (percpu_ref.h).
+ */
+static void near_limit(const char *what, bool try)
+{
+	const unsigned long big = (1UL << 62) - 3, slice = PERCPU_REF_PERCPU_MAX_NR;
+	struct percpu_ref r;
+	unsigned long warnings;
+
+	released = 0;
+	ok(!percpu_ref_init(&r, count_release, 0), "%s: init", what);
+	warnings = percpuref_warning_count();
+	percpu_ref_get_many(&r, big);		/* atomic count: 2^62 - 2 */
+	for (int i = 0; i < 3; i++)
+		percpu_ref_put_many(&r, slice);	/* per-CPU words: -3 * 2^24 */
+	percpu_ref_get_many(&r, slice + 1);	/* net 2^62 - 1 - 2^25 */
+	/* net 2^62 - 2^24 after this one: below 2^62 */
+	if (try)
+		ok(percpu_ref_tryget_many(&r, slice + 1), "%s: tryget_many succeeds", what);
+	else
+		percpu_ref_get_many(&r, slice + 1);
+	is(percpuref_warning_count() - warnings, 0, "%s: net below 2^62: no warning", what);
+	percpu_ref_kill(&r);
+	ok(!percpu_ref_barrier(), "%s: barrier", what);
+	is(released, 0, "%s: not released by the kill", what);
+	percpu_ref_put_many(&r, big - 3 * slice - 1);
+	percpu_ref_put_many(&r, slice + 1);
+	percpu_ref_put(&r);
+	is(released, 0, "%s: 2^24 + 1 references left: not released", what);
+	percpu_ref_put_many(&r, slice + 1);
+	is(released, 1, "%s: released once at the last put", what);
+	is(percpuref_warning_count() - warnings, 0, "%s: no warning at all", what);
+	percpu_ref_exit(&r);
+}
+
+static void test_near_limit(void)
+{
+	near_limit("get near 2^62 per-CPU", false);
+	near_limit("tryget near 2^62 per-CPU", true);
+}
+
 int main(void)
 {
 	/* get_many(ULONG_MAX) went through 2^40 slices: hours. */
@@ -124,5 +176,6 @@ int main(void)
 	test_none();
 	test_huge_counts();
 	test_too_many();
+	test_near_limit();
 	return done_testing();
 }
