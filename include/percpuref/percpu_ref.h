@@ -112,8 +112,8 @@ enum {
  * either way): it reaches 2^62 + 2^31 when references taken on the atomic
  * count (calls of more than PERCPU_REF_PERCPU_MAX_NR) are dropped on the
  * per-CPU words.  The bias, 2^63 - 2^32, keeps that, plus a switch's extra
- * reference, below the top quarter and the count above zero.  (It was
- * 2^63 until 0.3.12: a net count within 2^31 of 2^62 read as misuse.)
+ * reference, below the top quarter and the count above zero (with 2^63,
+ * a net count within 2^31 of 2^62 read as misuse).
  */
 #define PERCPU_COUNT_BIAS ((1UL << 63) - (1UL << 32))
 
