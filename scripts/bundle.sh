@@ -97,7 +97,7 @@ here=$(dirname -- "$(readlink -f -- "$0")")
 export LD_LIBRARY_PATH=$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 bench=$here/bin/percpuref-bench
 repeat=3 duration=0.5 out=results-$(uname -n) threads=() anatomy=()
-workloads=()
+workloads=() given=()
 while (($#)); do
 	case $1 in
 	--quick) repeat=1 duration=0.2 anatomy=(--pairs 2000000 --rounds 2) ;;
@@ -106,6 +106,12 @@ while (($#)); do
 			echo "run.sh: $1 needs a value" >&2
 			exit 2
 		fi
+		# Refused twice, as percpuref-bench refuses a repeated flag.
+		if [[ " ${given[*]} " == *" $1 "* ]]; then
+			echo "run.sh: $1 given twice" >&2
+			exit 2
+		fi
+		given+=("$1")
 		if [[ $1 == --out ]]; then out=$2; else threads=(--threads "$2"); fi
 		shift
 		;;

@@ -58,6 +58,11 @@ check "run.sh with an unknown workload: exit 2" status_of 2 "$run" --out "$tmp/n
 check "and nothing measured" test ! -e "$tmp/none"
 check "run.sh --out without a folder: exit 2" status_of 2 "$run" --out
 check "run.sh --help: exit 0" status_of 0 "$run" --help
+# A repeated option is refused, as percpuref-bench refuses one: the last
+# one silently won (--out a/ --out b/ wrote only b/).
+check "run.sh --threads twice: exit 2" status_of 2 "$run" --threads 1 --threads 2 --out "$tmp/none" micro
+check "run.sh --out twice: exit 2" status_of 2 "$run" --out "$tmp/none" --out "$tmp/none2" micro
+check "and nothing written" test ! -e "$tmp/none" -a ! -e "$tmp/none2"
 check "run.sh --out onto a file: exit 2" status_of 2 "$run" --out "$tmp/ldd" micro
 check "run.sh with a pattern for a workload: exit 2" status_of 2 "$run" --out "$tmp/none" 'mic.o'
 mkdir "$tmp/elsewhere" && ln -s "$run" "$tmp/elsewhere/bench-run"
