@@ -79,6 +79,8 @@ static pthread_mutex_t readers_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct percpuref_reader **unit_reader;
 static unsigned int nr_unit_readers;
 static unsigned int nr_readers;
+/* Warned once: a fence skipped its own thread's interrupted section. */
+static bool self_skip_warned;
 
 static int sys_membarrier(int cmd)
 {
@@ -218,6 +220,19 @@ void percpuref_readers_fence(void)
 	}
 	for (i = 0; i < nr_unit_readers; i++) {
 		r = reader_of(i);
+		if (r == &percpuref_reader_self && reader_blocks(r, gp)) {
+			/* Our own section, interrupted by the signal handler we
+			 * run in (a put there ran a release that switches): it
+			 * cannot end before we return, and waiting hung for
+			 * ever.  Its add lands after, unfenced: exact unless it
+			 * adds to the very ref being switched (rseq restarts it;
+			 * docs/percpu_ref.md, "Signal handlers"). */
+			if (!__atomic_exchange_n(&self_skip_warned, true, __ATOMIC_RELAXED))
+				percpuref_warn("percpuref_fence_readers", "called from a signal "
+					       "handler that interrupted a get or put; that call "
+					       "is not fenced");
+			continue;
+		}
 		if (r)
 			wait_for_reader(r, gp);
 	}
