@@ -10,10 +10,12 @@
 
 #include <errno.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -65,21 +67,24 @@ static inline int run_mode(const char *mode)
  * real-time spinner, a handler stuck on a lock), so exit statuses stay
  * 128 + SIGALRM.  A second before, a timer sends SIGURG to the thread
  * that set the deadline (the test's, where a hang shows), whose handler
- * prints that thread's stack to stderr, so that a hang in CI says where
- * it hung; where the handler cannot run (ThreadSanitizer defers it until
- * the thread leaves a lock wait), the process still dies on time.  ASan's
- * printer symbolises; elsewhere glibc's backtrace() prints each frame as
- * BINARY(+OFFSET), for addr2line -e BINARY OFFSET, and is called once
- * when the process starts (below), as its first call loads libgcc_s with
- * dlopen(): not in a handler, nor in a fork child of a threaded process.
+ * prints that thread's stack to stderr, then has every other thread of the
+ * process print its own, one at a time (a fork child's hang may be in the
+ * thread it started: the callback thread a barrier waits for), so that a
+ * hang in CI says where it hung; where the handler cannot run
+ * (ThreadSanitizer defers it until the thread leaves a lock wait), the
+ * process still dies on time.  ASan's printer symbolises; elsewhere
+ * glibc's backtrace() prints each frame as BINARY(+OFFSET), for addr2line
+ * -e BINARY OFFSET, and is called once when the process starts (below), as
+ * its first call loads libgcc_s with dlopen(): not in a handler, nor in a
+ * fork child of a threaded process.  Only async-signal-safe calls in the
+ * handler: the task list is read with getdents64.
  */
-static inline void child_deadline_print_stack(int sig)
-{
-	static const char msg[] = "# deadline near: stack of the thread that set it\n";
-	int saved_errno = errno;
-	ssize_t unused = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+static int child_deadline_printed;	/* stacks printed: the handler's acks */
 
-	(void)sig;
+static inline void child_deadline_print_one(const char *msg, size_t len)
+{
+	ssize_t unused = write(STDERR_FILENO, msg, len);
+
 	(void)unused;
 #if CHILD_ASAN_STACK
 	__sanitizer_print_stack_trace();
@@ -88,6 +93,58 @@ static inline void child_deadline_print_stack(int sig)
 
 	backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
 #endif
+	/* Release: the forwarding thread reads it before the next thread. */
+	__atomic_fetch_add(&child_deadline_printed, 1, __ATOMIC_RELEASE);
+}
+
+/* Every other thread prints its stack, each given up to 200 ms. */
+static inline void child_deadline_forward(void)
+{
+	const struct timespec one_ms = { 0, 1000000 };
+	char buf[1024];
+	long n;
+	int dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (dir < 0)
+		return;
+	while ((n = syscall(SYS_getdents64, dir, buf, sizeof(buf))) > 0) {
+		for (long off = 0; off < n;) {
+			/* struct linux_dirent64: ino 8, off 8, reclen 2, type 1, name */
+			unsigned short reclen;
+			const char *name = buf + off + 19;
+			pid_t tid = 0;
+			int before = __atomic_load_n(&child_deadline_printed, __ATOMIC_ACQUIRE);
+
+			memcpy(&reclen, buf + off + 16, sizeof(reclen));
+			off += reclen;
+			for (; *name >= '0' && *name <= '9'; name++)
+				tid = tid * 10 + (*name - '0');
+			if (!tid || tid == gettid() ||
+			    syscall(SYS_tgkill, getpid(), tid, SIGURG))
+				continue;
+			for (int ms = 0; ms < 200 && __atomic_load_n(&child_deadline_printed,
+								   __ATOMIC_ACQUIRE) == before;
+			     ms++)
+				nanosleep(&one_ms, NULL);
+		}
+	}
+	close(dir);
+}
+
+static inline void child_deadline_print_stack(int sig)
+{
+	static const char first[] = "# deadline near: stack of the thread that set it\n";
+	static const char other[] = "# deadline near: stack of another thread\n";
+	static int forwarding;
+	int saved_errno = errno;
+
+	(void)sig;
+	if (__atomic_exchange_n(&forwarding, 1, __ATOMIC_ACQ_REL)) {
+		child_deadline_print_one(other, sizeof(other) - 1);
+	} else {
+		child_deadline_print_one(first, sizeof(first) - 1);
+		child_deadline_forward();
+	}
 	errno = saved_errno;
 }
 
@@ -112,7 +169,7 @@ static inline void child_deadline(unsigned int seconds)
 	/* Fields one by one: C++ includes this file too. */
 	memset(&print, 0, sizeof(print));
 	print.sa_handler = child_deadline_print_stack;
-	print.sa_flags = SA_RESETHAND | SA_RESTART;
+	print.sa_flags = SA_RESTART;
 	memset(&to_this_thread, 0, sizeof(to_this_thread));
 	to_this_thread.sigev_notify = SIGEV_THREAD_ID;
 	to_this_thread.sigev_signo = SIGURG;
