@@ -563,6 +563,13 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 	percpuref_ref_exit(ref);
 }
 
+/* Misuse: pin @ref's count so that it is leaked, never released.  Relaxed:
+ * a best-effort pin, as refcount_t's saturation. */
+static void pin_count(struct percpu_ref *ref)
+{
+	__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+}
+
 /*
  * Folds the per-CPU counters into data->count.  Called after the reader
  * fence, with the switch's extra reference held, so the result is >= 1 in a
@@ -583,7 +590,7 @@ static void fold_percpu_counts(struct percpu_ref *ref)
 		percpuref_warn(impl_of(ref->data)->switch_caller,
 			       "ref %p count %ld <= 0 after folding per-CPU counts; leaked",
 			       (void *)ref, (long)count);
-		__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+		pin_count(ref);
 	}
 }
 
@@ -1077,8 +1084,7 @@ static void pin_dropped_manager_ref(struct percpu_ref *ref)
 {
 	percpuref_warn("percpu_ref_put", "ref %p is managed: a put dropped the manager's "
 		       "reference; leaked", (void *)ref);
-	/* Relaxed: a best-effort pin, as in __percpu_ref_count_misuse(). */
-	__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+	pin_count(ref);
 }
 
 static struct percpu_ref_impl *impl_of_node(struct percpuref_mnode *node)
@@ -1408,8 +1414,8 @@ static bool too_many(struct percpu_ref *ref, unsigned long nr, const char *fn, b
 		return false;
 	percpuref_warn(fn, "ref %p: %lu references in one call, more than a count holds; %s",
 		       (void *)ref, nr, pin ? "leaked" : "failed");
-	if (pin)	/* relaxed: a best-effort pin, as __percpu_ref_count_misuse() */
-		__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+	if (pin)
+		pin_count(ref);
 	return true;
 }
 
@@ -1467,6 +1473,5 @@ PERCPUREF_API void __percpu_ref_count_misuse(struct percpu_ref *ref, unsigned lo
 			percpuref_warn("percpu_ref_put", "ref %p put of %lu below zero "
 				       "(count was %lu); leaked", (void *)ref, nr, old);
 	}
-	/* Relaxed: a best-effort pin, as refcount_t's saturation. */
-	__atomic_store_n(&ref->data->count, PERCPU_REF_SATURATED, __ATOMIC_RELAXED);
+	pin_count(ref);
 }
