@@ -44,8 +44,9 @@
  * reader's lock while it waits for liburcu's would deadlock (issue 8,
  * finding 5).  Consequences for callers: inside a read-side section no call
  * that takes a batch lock or waits for a library thread (barrier, flush,
- * shutdown, exit(); a fork there leaves the scan batch and liburcu alone); from a callback run on a library thread no wait for
- * either library thread (barrier, flush: refused with -EDEADLK).
+ * shutdown, exit(); a fork there leaves the scan batch and liburcu alone);
+ * from a callback run on a library thread no wait for either library
+ * thread (barrier, flush: refused with -EDEADLK).
  */
 enum percpuref_lock_rank {
 	PERCPUREF_RANK_DEFERRED_BATCH,	/* deferred.c: a batch in flight */
@@ -242,7 +243,7 @@ bool percpuref_rseq_own(void);
 /*
  * percpuref_at_thread_exit - call @fn(@arg) when the calling thread exits
  * (return, pthread_exit, cancellation), before its TLS goes; thread_exit.c.
- * At most four per thread (one a module).  False when it cannot be arranged.
+ * At most four per thread (one per module).  False when it cannot be arranged.
  */
 bool percpuref_at_thread_exit(void (*fn)(void *), void *arg);
 /* Fork child: only the forking thread's registration survives. */
