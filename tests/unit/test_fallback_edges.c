@@ -25,6 +25,7 @@
 
 #include "internal.h"
 #include "child.h"
+#include "signaller.h"
 #include "tap.h"
 
 static struct percpu_ref ref;
@@ -99,7 +100,6 @@ static int case_last_round(void)
 static struct percpu_ref victims[NR_RELEASES];
 static struct percpu_ref other;
 static volatile sig_atomic_t handled;
-static int stop;
 
 static void release_switches(struct percpu_ref *r)
 {
@@ -117,21 +117,9 @@ static void on_signal(int sig)
 	}
 }
 
-static void *signaller(void *arg)
-{
-	pthread_t target = *(pthread_t *)arg;
-	struct timespec pause = { 0, 50000 };
-
-	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
-		pthread_kill(target, SIGUSR1);
-		nanosleep(&pause, NULL);
-	}
-	return NULL;
-}
-
 static int case_handler_sync_switch(void)
 {
-	pthread_t self = pthread_self(), helper;
+	struct signaller signaller;
 	struct sigaction sa;
 	int i;
 
@@ -144,7 +132,7 @@ static int case_handler_sync_switch(void)
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
 	sigaction(SIGUSR1, &sa, NULL);
-	pthread_create(&helper, NULL, signaller, &self);
+	signaller_start(&signaller, 50000);
 	while (handled < NR_RELEASES) {
 		pairs(&ref, 1000);
 #ifdef __SANITIZE_THREAD__
@@ -155,8 +143,7 @@ static int case_handler_sync_switch(void)
 		nanosleep(&(struct timespec){ 0, 0 }, NULL);
 #endif
 	}
-	__atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
-	pthread_join(helper, NULL);
+	signaller_stop(&signaller);
 	return 0;
 }
 

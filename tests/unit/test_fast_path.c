@@ -18,6 +18,7 @@
 
 #include "internal.h"
 #include "child.h"
+#include "signaller.h"
 #include "tap.h"
 
 #define NR_THREADS 6
@@ -223,7 +224,6 @@ static void test_fork(void)
  * helper thread, so every handler runs there.
  */
 static volatile sig_atomic_t handled;
-static int stop_signals;
 
 static void on_signal(int sig)
 {
@@ -234,21 +234,9 @@ static void on_signal(int sig)
 	handled++;
 }
 
-static void *signaller(void *arg)
-{
-	pthread_t target = *(pthread_t *)arg;
-	struct timespec pause = { 0, 100000 };
-
-	while (!__atomic_load_n(&stop_signals, __ATOMIC_RELAXED)) {
-		pthread_kill(target, SIGUSR1);
-		nanosleep(&pause, NULL);
-	}
-	return NULL;
-}
-
 static void test_signal_nesting(void)
 {
-	pthread_t self = pthread_self(), helper;
+	struct signaller signaller;
 	struct sigaction sa;
 	int rounds = 0;
 
@@ -258,12 +246,10 @@ static void test_signal_nesting(void)
 	sa.sa_handler = on_signal;
 	sigaction(SIGUSR1, &sa, NULL);
 	handled = 0;
-	__atomic_store_n(&stop_signals, 0, __ATOMIC_RELAXED);
-	pthread_create(&helper, NULL, signaller, &self);
+	signaller_start(&signaller, 100000);
 	while (handled < 200 && rounds++ < 2000)
 		pairs();
-	__atomic_store_n(&stop_signals, 1, __ATOMIC_RELAXED);
-	pthread_join(helper, NULL);
+	signaller_stop(&signaller);
 	ok(handled > 0, "signal handlers ran during get/put (%d)", (int)handled);
 	percpu_ref_put_many(&ref, (unsigned long)handled);
 	percpu_ref_kill(&ref);
