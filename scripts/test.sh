@@ -37,6 +37,13 @@ if [ "${KERNEL_TESTS:-1}" != 0 ] && [ "$(id -u)" -eq 0 ]; then
 fi
 
 jobs=$(nproc)
+# configure_and_build DIR CMAKE_ARGS...: false if either step fails.
+configure_and_build() {
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null &&
+    cmake --build "$dir" -j "$jobs"
+}
 # A stage that fails is named at the end, and the others still run: a
 # build that failed (one sanitizer's, say) ended the script at once.
 failed=()
@@ -44,9 +51,7 @@ for variant in plain address thread; do
   dir=build/test-$variant
   sanitize=$([ $variant = plain ] && echo "" || echo $variant)
   echo "=== $variant build"
-  if ! cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-             -DPERCPUREF_SANITIZE="$sanitize" >/dev/null ||
-     ! cmake --build "$dir" -j "$jobs"; then
+  if ! configure_and_build "$dir" -DPERCPUREF_SANITIZE="$sanitize"; then
     failed+=("$variant build")
     continue
   fi
@@ -68,10 +73,8 @@ fi
 # install check (a host consumer) do not apply to a cross build.
 dir=build/test-aarch64
 echo "=== aarch64 cross build, tests under qemu-user"
-if ! cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
-           -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND >/dev/null ||
-   ! cmake --build "$dir" -j "$jobs"; then
+if ! configure_and_build "$dir" -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+                         -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND; then
   failed+=("aarch64 build")
 elif ! STRESS_SECONDS=$(( STRESS_SECONDS < 4 ? STRESS_SECONDS : 4 )) \
        ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 \
@@ -79,10 +82,8 @@ elif ! STRESS_SECONDS=$(( STRESS_SECONDS < 4 ? STRESS_SECONDS : 4 )) \
   failed+=("aarch64 tests")
 fi
 echo "=== aarch64 rseq sequence (PERCPUREF_ARM64_RSEQ=ON): compiled, not run"
-if ! cmake -S . -B build/test-aarch64-rseq -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DPERCPUREF_ARM64_RSEQ=ON \
-           -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND >/dev/null ||
-   ! cmake --build build/test-aarch64-rseq -j "$jobs"; then
+if ! configure_and_build build/test-aarch64-rseq -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+                         -DPERCPUREF_ARM64_RSEQ=ON -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND; then
   failed+=("aarch64 rseq build")
 fi
 
