@@ -147,16 +147,20 @@ else
 	echo "FAIL: managed-latency --interval-ms 30000 --duration 0.01: exit $?"
 	fails=$((fails + 1))
 fi
+# interrupted_run FILE: a 5 s run with --json FILE, killed after 0.5 s
+# (SIGTERM: SIGINT is ignored by a background job of sh).
+interrupted_run() {
+	"$bench" micro --threads 1 --variants private --duration 5 --json "$1" >/dev/null 2>&1 &
+	pid=$!
+	sleep 0.5
+	kill -TERM "$pid"
+	wait "$pid"
+}
 # A run that fails keeps the previous --json file: it was truncated before
 # the run, and a Ctrl-C, a kill or a refused thread left it empty.
 "$bench" micro --threads 1 --variants private $short --json "$tmp/keep.json" >/dev/null 2>&1
 before=$(cksum <"$tmp/keep.json")
-"$bench" micro --threads 1 --variants private --duration 5 --json "$tmp/keep.json" \
-	>/dev/null 2>&1 &
-pid=$!
-sleep 0.5
-kill -TERM "$pid"	# SIGINT is ignored by a background job of sh
-wait "$pid"
+interrupted_run "$tmp/keep.json"
 if [ -s "$tmp/keep.json" ] && [ "$(cksum <"$tmp/keep.json")" = "$before" ]; then
 	echo "ok: an interrupted run kept the previous --json file"
 else
@@ -166,12 +170,7 @@ fi
 # ... and makes none where there was none: an empty FILE was left, which
 # plot.py and report.py then refused.  A path that cannot be written still
 # fails before the run.
-"$bench" micro --threads 1 --variants private --duration 5 --json "$tmp/new.json" \
-	>/dev/null 2>&1 &
-pid=$!
-sleep 0.5
-kill -TERM "$pid"
-wait "$pid"
+interrupted_run "$tmp/new.json"
 if [ ! -e "$tmp/new.json" ]; then
 	echo "ok: an interrupted run left no new --json file"
 else
@@ -185,12 +184,7 @@ fi
 if cc -shared -fPIC -o "$tmp/create_first.so" "$(dirname -- "$0")/lib/create_first.c" \
       -ldl 2>/dev/null; then
 	CREATE_FIRST_PATH="$tmp/race.json" LD_PRELOAD="$tmp/create_first.so" \
-		"$bench" micro --threads 1 --variants private --duration 5 \
-		--json "$tmp/race.json" >/dev/null 2>&1 &
-	pid=$!
-	sleep 0.5
-	kill -TERM "$pid"
-	wait "$pid"
+		interrupted_run "$tmp/race.json"
 	if [ ! -e "$tmp/race.json.shim" ]; then
 		echo "ok: a --json file another process created is kept # skip: no preload"
 	elif [ "$(cat "$tmp/race.json" 2>/dev/null)" = theirs ]; then
