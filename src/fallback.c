@@ -15,8 +15,25 @@
  * the ref's atomic count, which is exact in every mode: the total is
  * count + the per-CPU sum, the fold moves (sum - bias) in one add, and the
  * bias keeps a per-CPU-mode count far from zero.  Units go back at thread
- * exit (thread_exit.c) and, in a fork child, all but the forking thread's.  The rseq path is never used in the same process (the choice is
+ * exit (thread_exit.c) and, in a fork child, all but the forking thread's.
+ * The rseq path is never used in the same process (the choice is
  * process-wide), so no rseq add can race with a unit's owner.
+ *
+ * Threads whose exit hook never runs.  A thread whose first call comes from
+ * a key destructor in glibc's last round registers a hook nobody runs
+ * (thread_exit.c).  So nothing a fence reads lives in a thread's TLS: each
+ * unit has a record on the heap, with the section counter of the thread
+ * that owns it (TLS holds only its address), and an owner mark the owner
+ * holds for as long as it owns the unit.  When the mark reads orphaned,
+ * the fence or a registration takes the unit back (before this, a fence
+ * read the dead thread's TLS, and crashed if its stack was unmapped).  The
+ * dead owner's adds stay in the counters, where they belong, and it left
+ * no section open (a thread leaves none but by its end).  Where marks
+ * never read orphaned (qemu-user) such a thread's unit stays taken, and
+ * later threads may find the units gone and use the atomic count: slower,
+ * never wrong.  This is liburcu-bp's registry arena, which keeps its
+ * readers off the TLS for the same reason, with the kernel rather than
+ * pthread_kill(tid, 0) telling whether the owner lives.
  *
  * The section.  Enter stores the grace-period counter into the thread's
  * ctr (nesting bits 1), a compiler barrier, then the mode word is loaded;
@@ -70,14 +87,24 @@ unsigned long percpuref_readers_gp = 1;
 bool percpuref_readers_fence_needed;
 
 static pthread_mutex_t readers_lock = PTHREAD_MUTEX_INITIALIZER;
-/*
- * Per unit, the registered reader that owns it, or NULL; nr_readers of them
- * are set.  readers_lock.  Accessed with relaxed atomics all the same:
- * ThreadSanitizer stops seeing a thread's locks once it has called
- * pthread_exit(), and the exit hook writes here after that.
- */
-static struct percpuref_reader **unit_reader;
-static unsigned int nr_unit_readers;
+
+/* A unit's record.  Its owner writes ctr on every call: a line of its own. */
+struct unit_record {
+	unsigned long ctr;		/* the owner's section counter (fallback.h) */
+	/* Held by the owner while it owns the unit; readers_lock. */
+	struct percpuref_owner_mark owner __attribute__((aligned(PERCPUREF_CACHELINE)));
+	/*
+	 * Some thread owns the unit.  readers_lock.  A relaxed atomic all the
+	 * same: ThreadSanitizer stops seeing a thread's locks once it has
+	 * called pthread_exit(), and the exit hook writes here after that.
+	 */
+	bool owned;
+};
+
+/* nr_unit_records of them, never freed; NULL if the allocation failed. */
+static struct unit_record *unit_records;
+static unsigned int nr_unit_records;
+/* Units owned, readers_lock; read without it by the fence's early exit. */
 static unsigned int nr_readers;
 /* Warned once: a fence skipped its own thread's interrupted section. */
 static bool self_skip_warned;
@@ -87,26 +114,51 @@ static int sys_membarrier(int cmd)
 	return (int)syscall(__NR_membarrier, cmd, 0, 0);
 }
 
-static struct percpuref_reader *reader_of(unsigned int unit)
+static bool unit_owned(const struct unit_record *rec)
 {
-	return __atomic_load_n(&unit_reader[unit], __ATOMIC_RELAXED);
+	return __atomic_load_n(&rec->owned, __ATOMIC_RELAXED);
 }
 
-static void set_reader_of(unsigned int unit, struct percpuref_reader *r)
+/* readers_lock. */
+static void set_unit_owned(struct unit_record *rec, bool owned)
 {
-	__atomic_store_n(&unit_reader[unit], r, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&nr_readers, r ? 1 : -1, __ATOMIC_RELAXED);
+	__atomic_store_n(&rec->owned, owned, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&nr_readers, owned ? 1 : -1, __ATOMIC_RELAXED);
+}
+
+/* readers_lock.  True if @rec's owner exited without giving it back; then
+ * the unit is free again. */
+static bool owner_died(struct unit_record *rec)
+{
+	if (!percpuref_owner_mark_orphaned(&rec->owner))
+		return false;
+	set_unit_owned(rec, false);
+	return true;
 }
 
 static void reader_exit(void *unused)
 {
 	struct percpuref_reader *self = &percpuref_reader_self;
+	struct unit_record *rec = &unit_records[self->unit];
 
 	(void)unused;
 	pthread_mutex_lock(&readers_lock);
-	set_reader_of(self->unit, NULL);
+	set_unit_owned(rec, false);
+	percpuref_owner_mark_give_back(&rec->owner);
 	self->state = PERCPUREF_READER_ATOMIC;
 	pthread_mutex_unlock(&readers_lock);
+}
+
+/* A fresh record set: every unit free. */
+static void init_unit_records(void)
+{
+	unsigned int i;
+
+	for (i = 0; i < nr_unit_records; i++) {
+		unit_records[i].ctr = 0;
+		unit_records[i].owned = false;
+		percpuref_owner_mark_init(&unit_records[i].owner);
+	}
 }
 
 void percpuref_readers_setup(unsigned int nr_units)
@@ -121,24 +173,42 @@ void percpuref_readers_setup(unsigned int nr_units)
 	/* Relaxed: set before any counter exists (or in a fork child with one
 	 * thread); a reader that sees it late has no fence to pair with. */
 	__atomic_store_n(&percpuref_readers_fence_needed, !ok, __ATOMIC_RELAXED);
+	if (unit_records)
+		return;		/* a fork child: readers_fork_child() */
 	/* Not percpuref_zalloc(): tests' injected failures aim elsewhere.
 	 * Without it every thread uses the atomic count. */
-	if (!unit_reader) {
-		unit_reader = calloc(nr_units, sizeof(*unit_reader));
-		nr_unit_readers = unit_reader ? nr_units : 0;
-	}
+	unit_records = aligned_alloc(PERCPUREF_CACHELINE, nr_units * sizeof(*unit_records));
+	if (!unit_records)
+		return;
+	nr_unit_records = nr_units;
+	init_unit_records();
 }
 
-/* A free unit, the current CPU's if it is free; -1 if none.  readers_lock. */
+/* readers_lock.  Takes @unit for this thread if nobody owns it (any more). */
+static bool claim(unsigned int unit)
+{
+	struct unit_record *rec = &unit_records[unit];
+
+	if (unit_owned(rec) && !owner_died(rec))
+		return false;
+	if (!percpuref_owner_mark_take(&rec->owner))
+		return false;
+	/* Relaxed: no fence reads it before the registration's unlock. */
+	__atomic_store_n(&rec->ctr, 0, __ATOMIC_RELAXED);
+	set_unit_owned(rec, true);
+	return true;
+}
+
+/* Claims a unit, the current CPU's if it is free; -1 if none.  readers_lock. */
 static int claim_unit(void)
 {
-	unsigned int n = nr_unit_readers, i;
+	unsigned int n = nr_unit_records, i;
 	int cpu = sched_getcpu();
 
-	if (cpu >= 0 && (unsigned int)cpu < n && !reader_of((unsigned int)cpu))
+	if (cpu >= 0 && (unsigned int)cpu < n && claim((unsigned int)cpu))
 		return cpu;
 	for (i = 0; i < n; i++)
-		if (!reader_of(i))
+		if (claim(i))
 			return (int)i;
 	return -1;
 }
@@ -154,36 +224,41 @@ bool percpuref_reader_register(void)
 	self->state = PERCPUREF_READER_REGISTERING;
 	pthread_mutex_lock(&readers_lock);
 	unit = claim_unit();
-	if (unit < 0 || !percpuref_at_thread_exit(reader_exit, NULL)) {
+	if (unit >= 0 && !percpuref_at_thread_exit(reader_exit, NULL)) {
+		set_unit_owned(&unit_records[unit], false);
+		percpuref_owner_mark_give_back(&unit_records[unit].owner);
+		unit = -1;
+	}
+	if (unit < 0) {
 		self->state = PERCPUREF_READER_ATOMIC;
 		pthread_mutex_unlock(&readers_lock);
 		return false;
 	}
 	self->unit = (unsigned int)unit;
-	set_reader_of(self->unit, self);
+	self->ctr = &unit_records[unit].ctr;
 	self->state = PERCPUREF_READER_UNIT;
 	pthread_mutex_unlock(&readers_lock);
 	return true;
 }
 
-/* True while @r is in a section that began before the period @gp. */
-static bool reader_blocks(struct percpuref_reader *r, unsigned long gp)
+/* True while @rec's owner is in a section that began before the period @gp. */
+static bool reader_blocks(struct unit_record *rec, unsigned long gp)
 {
 	/* Acquire: pairs with the exit's release store.  Sequentially
 	 * consistent for the fence without membarrier (fallback.h). */
-	unsigned long ctr = __atomic_load_n(&r->ctr, __ATOMIC_SEQ_CST);
+	unsigned long ctr = __atomic_load_n(&rec->ctr, __ATOMIC_SEQ_CST);
 
 	return (ctr & PERCPUREF_READER_NEST_MASK) &&
 	       ((ctr ^ gp) & ~PERCPUREF_READER_NEST_MASK);
 }
 
 /* Sections last a few instructions; a reader we wait for was preempted. */
-static void wait_for_reader(struct percpuref_reader *r, unsigned long gp)
+static void wait_for_reader(struct unit_record *rec, unsigned long gp)
 {
 	unsigned int tries = 0;
 
 	/* Cancellation is off: percpuref_fence_readers(). */
-	while (reader_blocks(r, gp)) {
+	while (reader_blocks(rec, gp)) {
 		if (++tries < 100)
 			sched_yield();
 		else
@@ -193,7 +268,8 @@ static void wait_for_reader(struct percpuref_reader *r, unsigned long gp)
 
 void percpuref_readers_fence(void)
 {
-	struct percpuref_reader *r;
+	struct percpuref_reader *self = &percpuref_reader_self;
+	struct unit_record *rec;
 	unsigned long gp;
 	unsigned int i;
 
@@ -218,9 +294,13 @@ void percpuref_readers_fence(void)
 		__atomic_store_n(&percpuref_readers_fence_needed, true, __ATOMIC_SEQ_CST);
 		percpuref_fence_without_membarrier(err);
 	}
-	for (i = 0; i < nr_unit_readers; i++) {
-		r = reader_of(i);
-		if (r == &percpuref_reader_self && reader_blocks(r, gp)) {
+	for (i = 0; i < nr_unit_records; i++) {
+		rec = &unit_records[i];
+		if (!unit_owned(rec))
+			continue;
+		if (self->state == PERCPUREF_READER_UNIT && self->unit == i) {
+			if (!reader_blocks(rec, gp))
+				continue;
 			/* Our own section, interrupted by the signal handler we
 			 * run in (a put there ran a release that switches): it
 			 * cannot end before we return, and waiting hung for
@@ -233,8 +313,9 @@ void percpuref_readers_fence(void)
 					       "is not fenced");
 			continue;
 		}
-		if (r)
-			wait_for_reader(r, gp);
+		/* A dead owner has no section open, and its unit comes back. */
+		if (!owner_died(rec))
+			wait_for_reader(rec, gp);
 	}
 	pthread_mutex_unlock(&readers_lock);
 }
@@ -257,13 +338,15 @@ static void readers_fork_parent(void)
 static void readers_fork_child(void)
 {
 	struct percpuref_reader *self = &percpuref_reader_self;
-	unsigned int i;
 
-	for (i = 0; i < nr_unit_readers; i++)
-		if (reader_of(i))
-			set_reader_of(i, NULL);
-	if (self->state == PERCPUREF_READER_UNIT)
-		set_reader_of(self->unit, self);
+	/* The parent's owners are not here, and the marks they held are no
+	 * child thread's: all fresh, then this thread takes its unit back. */
+	init_unit_records();
+	__atomic_store_n(&nr_readers, 0, __ATOMIC_RELAXED);
+	if (self->state == PERCPUREF_READER_UNIT) {
+		percpuref_owner_mark_take(&unit_records[self->unit].owner);
+		set_unit_owned(&unit_records[self->unit], true);
+	}
 	pthread_mutex_unlock(&readers_lock);
 }
 

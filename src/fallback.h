@@ -28,11 +28,14 @@ enum percpuref_reader_state {
 
 struct percpuref_reader {
 	/*
+	 * The section counter, in the record of the unit this thread owns
+	 * (fallback.c), on the heap: a fence reads it, and a thread whose exit
+	 * hook never runs must leave nothing there that goes with its TLS.
 	 * 0 in the nesting bits: outside any section.  Otherwise the value of
 	 * percpuref_readers_gp when the outermost section began, plus the
 	 * nesting depth - 1.  Written by this thread only; read by fences.
 	 */
-	unsigned long ctr;
+	unsigned long *ctr;
 	unsigned int unit;		/* the unit this thread owns alone */
 	unsigned char state;		/* enum percpuref_reader_state */
 };
@@ -69,12 +72,13 @@ percpuref_reader_add(const uintptr_t *mode_word, unsigned long delta)
 {
 	struct percpuref_reader *self = &percpuref_reader_self;
 	enum percpuref_this_cpu_result result = PERCPUREF_THIS_CPU_FLAGGED;
-	unsigned long ctr;
+	unsigned long ctr, *ctr_slot;
 	uintptr_t word;
 
 	if (percpuref_unlikely(self->state != PERCPUREF_READER_UNIT) &&
 	    !percpuref_reader_register())
 		return PERCPUREF_THIS_CPU_NO_RSEQ;
+	ctr_slot = self->ctr;
 	/*
 	 * Enter.  Relaxed load and store: only this thread writes ctr, and a
 	 * signal handler that runs in between leaves it as it found it.  The
@@ -82,7 +86,7 @@ percpuref_reader_add(const uintptr_t *mode_word, unsigned long delta)
 	 * release store: a section that starts with the new count sees the
 	 * mode word stored before it.
 	 */
-	ctr = __atomic_load_n(&self->ctr, __ATOMIC_RELAXED);
+	ctr = __atomic_load_n(ctr_slot, __ATOMIC_RELAXED);
 	ctr = (ctr & PERCPUREF_READER_NEST_MASK) ? ctr + 1 :
 	      __atomic_load_n(&percpuref_readers_gp, __ATOMIC_ACQUIRE);
 	/*
@@ -98,9 +102,9 @@ percpuref_reader_add(const uintptr_t *mode_word, unsigned long delta)
 	 */
 	if (percpuref_unlikely(__atomic_load_n(&percpuref_readers_fence_needed,
 					       __ATOMIC_RELAXED))) {
-		__atomic_exchange_n(&self->ctr, ctr, __ATOMIC_SEQ_CST);
+		__atomic_exchange_n(ctr_slot, ctr, __ATOMIC_SEQ_CST);
 	} else {
-		__atomic_store_n(&self->ctr, ctr, __ATOMIC_RELAXED);
+		__atomic_store_n(ctr_slot, ctr, __ATOMIC_RELAXED);
 		percpuref_barrier();
 	}
 	word = __atomic_load_n(mode_word, __ATOMIC_SEQ_CST);
@@ -113,7 +117,7 @@ percpuref_reader_add(const uintptr_t *mode_word, unsigned long delta)
 	 * the value stored at entry, not a reload (a signal handler leaves
 	 * ctr as it found it): a reload would wait for that store to forward.
 	 */
-	__atomic_store_n(&self->ctr, ctr - 1, __ATOMIC_RELEASE);
+	__atomic_store_n(ctr_slot, ctr - 1, __ATOMIC_RELEASE);
 	return result;
 }
 

@@ -246,6 +246,28 @@ bool percpuref_rseq_own(void);
  * At most four per thread (one per module).  False when it cannot be arranged.
  */
 bool percpuref_at_thread_exit(void (*fn)(void *), void *arg);
+/*
+ * An owner mark: what a thread holds for as long as it owns something on
+ * the heap that its exit hook gives back (a fallback unit, a counters
+ * cache), so that another thread can tell when the owner exited without
+ * that hook running (thread_exit.c).  Callers serialise the calls on one
+ * mark with a lock of their own, except owner_mark_give_back().
+ */
+struct percpuref_owner_mark {
+	pthread_mutex_t held;
+};
+/* Unowned.  Also in a fork child, over a mark a parent's thread held. */
+void percpuref_owner_mark_init(struct percpuref_owner_mark *mark);
+/* This thread owns it now; false if another thread does. */
+bool percpuref_owner_mark_take(struct percpuref_owner_mark *mark);
+/* By its owner: unowned again. */
+void percpuref_owner_mark_give_back(struct percpuref_owner_mark *mark);
+/*
+ * True if its owner exited holding it (then it is unowned again, and the
+ * owner's writes are visible to the caller); false while the owner lives,
+ * and always where the kernel keeps no robust-futex list (qemu-user).
+ */
+bool percpuref_owner_mark_orphaned(struct percpuref_owner_mark *mark);
 /* Fork child: only the forking thread's registration survives. */
 void percpuref_rseq_after_fork_child(void);
 /* For tests (exported like the fault-injection hook below): threads with

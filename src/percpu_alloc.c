@@ -44,12 +44,16 @@
  * count, which percpuref_get_counter_stats() reads.  It goes back whole
  * when the thread exits (percpuref_at_thread_exit(); a thread that cannot
  * register that hook uses no cache).  The cache lives on the heap, TLS
- * holding only its address: a thread whose first call comes from a TLS or
- * key destructor at its exit may register a hook that never runs
+ * holding only its address: a thread whose first call comes from a key
+ * destructor in glibc's last round registers a hook that never runs
  * (thread_exit.c), and a registry node in its TLS would outlive the
  * thread, reused by the next thread on that stack (a list looped on
- * itself: helper-60); on the heap such a cache stays in the registry, its
- * slots lost.  The library's own threads use none: the callback thread
+ * itself: helper-60).  On the heap such a cache stays in the registry
+ * until the pool is about to map a chunk: then each cache whose owner mark
+ * reads orphaned (thread_exit.c) is emptied into the pool and freed.
+ * (Before the marks its slots were lost, up to 2 * MAGAZINE_SLOTS a
+ * thread, and a program that kept starting such threads mapped chunk after
+ * chunk.)  The library's own threads use none: the callback thread
  * frees the counter of every killed ref and allocates none, so its cache
  * would only fill and give back; and freeing straight into the pool before
  * the release, it leaves the slot there for a thread that saw the release.
@@ -96,6 +100,7 @@ struct slot_cache {
 	unsigned long count;		/* atomic: both magazines' slots; the
 					 * owner writes it, the stats read it */
 	struct slot_cache *prev, *next;	/* registry (alloc_lock) */
+	struct percpuref_owner_mark owner; /* held by the thread it serves */
 };
 
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -170,6 +175,8 @@ static uintptr_t depot_pop(void)
 	return depot[--depot_count];
 }
 
+static void take_back_orphaned_caches(void);
+
 /* Lock held.  One slot out of the shared pool, or 0 when it is empty and
  * may not grow or a chunk cannot be added.  A thread without a cache (a
  * library thread, one past its exit hook) allocates only here: the depot's
@@ -180,6 +187,9 @@ static uintptr_t pool_take(bool may_grow)
 {
 	uintptr_t cpu0;
 
+	/* Before a chunk is mapped, what the caches of dead threads hold. */
+	if (may_grow && !free_head && !depot_count && tail_used == SLOTS_PER_CHUNK)
+		take_back_orphaned_caches();
 	if (!free_head && depot_count)
 		pool_put_chain(depot_pop(), MAGAZINE_SLOTS);
 	if (free_head) {
@@ -227,17 +237,41 @@ static void pool_put_magazine(uintptr_t first, unsigned long n)
 	pool_put_chain(first, n);
 }
 
-static void cache_retire(void *arg)
+/* Lock held.  Empties @c into the pool and takes it off the registry. */
+static void cache_unlink(struct slot_cache *c)
 {
-	struct slot_cache *c = arg;
-
-	pthread_mutex_lock(&alloc_lock);
 	pool_put_magazine(c->loaded, c->nr_loaded);
 	if (c->previous)
 		pool_put_magazine(c->previous, MAGAZINE_SLOTS);
 	c->prev->next = c->next;
 	c->next->prev = c->prev;
+}
+
+/* Lock held.  The caches whose threads exited without their hook go back
+ * into the pool. */
+static void take_back_orphaned_caches(void)
+{
+	struct slot_cache *c, *next;
+
+	for (c = registry.next; c != &registry; c = next) {
+		next = c->next;
+		/* Its owner's last writes to it are visible: the mark's
+		 * acquire (thread_exit.c). */
+		if (!percpuref_owner_mark_orphaned(&c->owner))
+			continue;
+		cache_unlink(c);
+		free(c);
+	}
+}
+
+static void cache_retire(void *arg)
+{
+	struct slot_cache *c = arg;
+
+	pthread_mutex_lock(&alloc_lock);
+	cache_unlink(c);
 	pthread_mutex_unlock(&alloc_lock);
+	percpuref_owner_mark_give_back(&c->owner);
 	cache_state = CACHE_RETIRED;
 	cache = NULL;
 	free(c);
@@ -258,7 +292,10 @@ static struct slot_cache *my_cache(void)
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
+	percpuref_owner_mark_init(&c->owner);
+	percpuref_owner_mark_take(&c->owner);
 	if (!percpuref_at_thread_exit(cache_retire, c)) {
+		percpuref_owner_mark_give_back(&c->owner);
 		free(c);
 		return NULL;
 	}
@@ -428,6 +465,11 @@ static void alloc_fork_child(void)
 	if (mine_linked) {
 		cache->next = cache->prev = &registry;
 		registry.next = registry.prev = cache;
+	}
+	/* Its mark is the parent thread's (thread_exit.c): this one's now. */
+	if (cache) {
+		percpuref_owner_mark_init(&cache->owner);
+		percpuref_owner_mark_take(&cache->owner);
 	}
 	pthread_mutex_unlock(&alloc_lock);
 }

@@ -26,8 +26,27 @@
  * is this library's __dso_handle, which keeps a dlopen()ed library mapped
  * until every thread that registered here has run its hooks.  A fork
  * child's thread keeps its hooks with the rest of its TLS.
+ *
+ * A key set from a key destructor in glibc's last round (the
+ * PTHREAD_DESTRUCTOR_ITERATIONS-th) has no next round: such a thread's
+ * hooks never run, and nothing can tell it that it registered too late.
+ * So what a hook gives back lives on the heap, and its owner holds an
+ * owner mark, a robust mutex: glibc registers a robust-futex list for
+ * every thread, and at the thread's exit the kernel marks each mutex
+ * still on it (FUTEX_OWNER_DIED), so the next trylock returns EOWNERDEAD.
+ * That is the only news of a thread's end that needs nothing of it and
+ * reads nothing of its memory (pthread_kill(tid, 0) reads the thread's
+ * descriptor, gone with its stack, and a tid is reused).  Ordering: the
+ * owner's writes precede its exit, the kernel's atomic update of the
+ * futex word follows them, and the trylock that sees it is an acquire.
+ * In a fork child glibc empties the thread's robust list (ownership is
+ * not inherited), so the marks are initialised again there.  Where the
+ * kernel keeps no list (qemu-user refuses set_robust_list; glibc then
+ * makes no robust mutex either, or one nobody marks) a mark never reads
+ * orphaned: what it guards stays taken, as it did before marks existed.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 
 #include "internal.h"
@@ -80,5 +99,42 @@ bool percpuref_at_thread_exit(void (*fn)(void *), void *arg)
 	hooks[nr_hooks].fn = fn;
 	hooks[nr_hooks].arg = arg;
 	nr_hooks++;
+	return true;
+}
+
+static pthread_once_t mark_attr_once = PTHREAD_ONCE_INIT;
+static pthread_mutexattr_t mark_attr;
+
+static void make_mark_attr(void)
+{
+	/* Not robust if glibc refuses: then no mark reads orphaned. */
+	pthread_mutexattr_init(&mark_attr);
+	pthread_mutexattr_setrobust(&mark_attr, PTHREAD_MUTEX_ROBUST);
+}
+
+void percpuref_owner_mark_init(struct percpuref_owner_mark *mark)
+{
+	pthread_once(&mark_attr_once, make_mark_attr);
+	if (pthread_mutex_init(&mark->held, &mark_attr) != 0)
+		pthread_mutex_init(&mark->held, NULL);	/* never reads orphaned */
+}
+
+bool percpuref_owner_mark_take(struct percpuref_owner_mark *mark)
+{
+	return pthread_mutex_trylock(&mark->held) == 0;
+}
+
+void percpuref_owner_mark_give_back(struct percpuref_owner_mark *mark)
+{
+	pthread_mutex_unlock(&mark->held);
+}
+
+bool percpuref_owner_mark_orphaned(struct percpuref_owner_mark *mark)
+{
+	/* EBUSY while the owner lives: it holds the mutex. */
+	if (pthread_mutex_trylock(&mark->held) != EOWNERDEAD)
+		return false;
+	pthread_mutex_consistent(&mark->held);
+	pthread_mutex_unlock(&mark->held);
 	return true;
 }

@@ -4,9 +4,12 @@
  * of a thread's life and of signal handling, each case in a child with a
  * deadline (a hang or a crash fails the case, never the run):
  *  - a thread whose first call comes from a pthread key destructor in the
- *    last round glibc runs (PTHREAD_DESTRUCTOR_ITERATIONS), its stack
- *    unmapped after the join: the registration must be given back, and a
- *    later fence must not read the dead thread's TLS;
+ *    last round glibc runs (PTHREAD_DESTRUCTOR_ITERATIONS), so that its exit
+ *    hook never runs, its stack unmapped after the join: a later fence must
+ *    not read the dead thread's TLS, the fallback unit must come back (the
+ *    kernel's robust-futex notice of the thread's death, where it gives
+ *    one), and a thread started on the same stack first must count
+ *    exactly;
  *  - a signal handler whose put releases a ref, whose release runs a
  *    synchronous switch of another ref (both allowed: docs/percpu_ref.md,
  *    "Signal handlers", "What a callback may call"), while the interrupted
@@ -20,10 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
+#include "fallback.h"
 #include "child.h"
 #include "signaller.h"
 #include "tap.h"
@@ -61,6 +66,26 @@ static void *arm_late(void *arg)
 	return NULL;
 }
 
+/* Whether the kernel walks this thread's robust-futex list at its exit
+ * (not under qemu-user, which refuses the list). */
+static bool robust_list_walked(void)
+{
+	size_t len;
+	void *head;
+
+	return syscall(SYS_get_robust_list, 0, &head, &len) == 0;
+}
+
+static bool successor_owned_unit;
+
+static void *successor(void *arg)
+{
+	(void)arg;
+	pairs(&ref, 1000);
+	successor_owned_unit = percpuref_reader_self.state == PERCPUREF_READER_UNIT;
+	return NULL;
+}
+
 static int case_last_round(void)
 {
 	size_t size = 1 << 20;
@@ -70,9 +95,14 @@ static int case_last_round(void)
 	void *stack;
 
 	child_deadline(20);
+	/* On the fallback path two units: this thread's and the late
+	 * thread's, so that the successor has one only if the dead thread's
+	 * comes back. */
+	if (getenv("PERCPUREF_NO_RSEQ"))
+		percpuref_fault_cpu_units(1);
 	percpu_ref_init(&ref, NULL, 0);
 	pairs(&ref, 10);	/* this thread registers: the library's key first */
-	before = percpuref_readers_registered() + percpuref_rseq_own_threads();
+	before = percpuref_readers_registered();
 	pthread_key_create(&late_key, late_destructor);
 	stack = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (stack == MAP_FAILED)
@@ -84,14 +114,31 @@ static int case_last_round(void)
 	pthread_join(t, NULL);
 	if (late_rounds != PTHREAD_DESTRUCTOR_ITERATIONS)
 		return 12;
-	munmap(stack, size);	/* its TLS goes with it */
-	if (percpuref_readers_registered() + percpuref_rseq_own_threads() != before) {
-		fprintf(stderr, "# registration not given back (%u, was %u)\n",
-			percpuref_readers_registered() + percpuref_rseq_own_threads(), before);
+	/* The next thread on that stack has its TLS where the dead one's was:
+	 * a registration left there must not be taken for its own. */
+	if (pthread_create(&t, &attr, successor, NULL))
 		return 13;
-	}
+	pthread_join(t, NULL);
+	munmap(stack, size);	/* their TLS goes with it */
 	/* A fence: read the dead thread's TLS before the fix (SIGSEGV). */
 	percpu_ref_switch_to_atomic_sync(&ref);
+	/* Atomic now: the count is exact, the initial reference alone. */
+	if (__atomic_load_n(&ref.data->count, __ATOMIC_RELAXED) != 1) {
+		fprintf(stderr, "# count %lu, want 1\n",
+			__atomic_load_n(&ref.data->count, __ATOMIC_RELAXED));
+		return 14;
+	}
+	if (!robust_list_walked() || strcmp(percpuref_fast_path(), "fallback"))
+		return 0;
+	if (!successor_owned_unit) {
+		fprintf(stderr, "# the successor found no unit: the dead thread's kept\n");
+		return 15;
+	}
+	if (percpuref_readers_registered() != before) {
+		fprintf(stderr, "# fallback unit not given back (%u registered, was %u)\n",
+			percpuref_readers_registered(), before);
+		return 16;
+	}
 	return 0;
 }
 
@@ -153,15 +200,8 @@ int main(int argc, char **argv)
 		return case_last_round();
 	if (argc > 1 && !strcmp(argv[1], "handler-sync-switch"))
 		return case_handler_sync_switch();
-	/* Not fixed yet (the fallback reads the dead thread's TLS: SIGSEGV;
-	 * own rseq areas: the count of registered areas only).  Run with
-	 * PERCPUREF_TEST_KNOWN_BUGS=1 to see it fail. */
-	if (getenv("PERCPUREF_TEST_KNOWN_BUGS"))
-		is(run_mode("last-round"), 0,
-		   "first call in the last key-destructor round: given back, no stale TLS read");
-	else
-		printf("ok %d - # SKIP last key-destructor round: known bug, "
-		       "PERCPUREF_TEST_KNOWN_BUGS=1 runs it\n", ++tap_run);
+	is(run_mode("last-round"), 0,
+	   "first call in the last key-destructor round: no stale TLS read, unit back");
 	is(run_mode("handler-sync-switch"), 0,
 	   "release run by a handler's put switches another ref synchronously");
 	return done_testing();

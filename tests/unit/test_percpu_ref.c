@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1042,6 +1043,68 @@ static void test_first_call_in_last_destructor(void)
 	   before.in_use);
 	pthread_key_delete(late_key);
 }
+
+/*
+ * Many such threads, each leaving free counters in its cache: the caches of
+ * threads that exited without their hook used to keep those for ever, and
+ * the pool mapped chunk after chunk.  Now the kernel's robust-futex notice
+ * tells that their owners are gone, and the pool takes them back before it
+ * grows.  Without that notice (qemu-user) the case is skipped.
+ */
+#define LATE_REFS 40
+
+static void *init_and_exit_many(void *unused)
+{
+	struct percpu_ref refs[LATE_REFS];
+	int i;
+
+	for (i = 0; i < LATE_REFS; i++)
+		percpu_ref_init(&refs[i], count_release, 0);
+	for (i = 0; i < LATE_REFS; i++)
+		percpu_ref_exit(&refs[i]);
+	return unused;
+}
+
+static void late_first_calls(void *value)
+{
+	if (++late_rounds < PTHREAD_DESTRUCTOR_ITERATIONS) {
+		pthread_setspecific(late_key, value);
+		return;
+	}
+	init_and_exit_many(NULL);
+}
+
+static void test_last_round_caches_come_back(void)
+{
+	struct percpuref_counter_stats before, after;
+	size_t len, per_chunk, nr_threads, i;
+	pthread_t thread;
+	void *head;
+
+	if (syscall(SYS_get_robust_list, 0, &head, &len) != 0) {
+		printf("ok %d - # SKIP caches of threads past their exit hook: "
+		       "no robust-futex list here\n", ++tap_run);
+		return;
+	}
+	pthread_key_create(&late_key, late_first_calls);
+	init_and_exit_many(NULL);	/* this thread's cache holds what it may */
+	percpuref_get_counter_stats(&before);
+	/* Each thread takes LATE_REFS counters or more into its cache: had
+	 * they stayed lost, these would use up every free counter, then two
+	 * chunks' worth. */
+	per_chunk = (before.in_use + before.free) / before.chunks;
+	nr_threads = (before.free + 2 * per_chunk) / LATE_REFS;
+	for (i = 0; i < nr_threads; i++) {
+		late_rounds = 0;
+		pthread_create(&thread, NULL, arm_late_key, NULL);
+		pthread_join(thread, NULL);
+	}
+	percpuref_get_counter_stats(&after);
+	ok(late_rounds == PTHREAD_DESTRUCTOR_ITERATIONS && after.chunks == before.chunks,
+	   "%zu threads whose first call came in the last destructor round: their caches "
+	   "come back (chunks %zu, were %zu)", nr_threads, after.chunks, before.chunks);
+	pthread_key_delete(late_key);
+}
 #endif
 
 int main(void)
@@ -1061,6 +1124,7 @@ int main(void)
 	test_stats_while_passing();
 #ifndef __SANITIZE_THREAD__
 	test_first_call_in_last_destructor();
+	test_last_round_caches_come_back();
 #endif
 	test_migration();
 	test_release_frees();
