@@ -164,9 +164,21 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 		CPU_ZERO(&set);
 		CPU_SET(threads[i].cpu, &set);
 		pthread_attr_init(&attr);
-		pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
+		err = pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
+		if (err)
+			bench_die("pinning thread %u to CPU %d: pthread_attr_setaffinity_np: %s", i,
+				  threads[i].cpu, strerror(err));
 		err = pthread_create(&tids[i], &attr, thread_main, &threads[i]);
 		pthread_attr_destroy(&attr);
+		/* pthread_create() pins the thread with sched_setaffinity() before
+		 * it runs, and returns what that returned: with these attributes,
+		 * anything but EAGAIN (no memory, a thread or process limit) is
+		 * the kernel refusing the CPU (a cpuset that excludes it, a CPU
+		 * gone offline since the topology was read). */
+		if (err && err != EAGAIN)
+			bench_die("pinning thread %u to CPU %d was refused: "
+				  "sched_setaffinity (in pthread_create): %s", i, threads[i].cpu,
+				  strerror(err));
 		if (err)
 			bench_die("pthread_create (thread %u on CPU %d): %s", i, threads[i].cpu,
 				  strerror(err));

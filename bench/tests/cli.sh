@@ -207,6 +207,47 @@ if "$bench" micro --threads 1 --variants private $short --json - >/dev/null 2>/d
 else
 	echo "ok: percpuref-bench micro --json - 2>/dev/full -> $?"
 fi
+# A CPU the kernel refuses to pin a thread to (one a cpuset excludes, or
+# one gone offline since the topology was read) is named, with the call
+# that refused it: the run said "pthread_create (thread 0 on CPU N)".  The
+# made-up machine has only CPU 1023, which this one lacks.
+if [ ! -e /sys/devices/system/cpu/cpu1023 ]; then
+	mkdir "$tmp/cpu1023"
+	echo 1023 >"$tmp/cpu1023/online"
+	PERCPUREF_BENCH_SYSFS=$tmp/cpu1023 "$bench" micro --threads 1 --variants private $short \
+		>/dev/null 2>"$tmp/err"
+	got=$?
+	want='percpuref-bench: pinning thread 0 to CPU 1023 was refused: sched_setaffinity'
+	want="$want (in pthread_create): Invalid argument"
+	if [ "$got" -eq 1 ] && grep -qxF "$want" "$tmp/err"; then
+		echo "ok: a refused pin: exit 1, the CPU and the call named"
+	else
+		echo "FAIL: a refused pin: exit $got, $(head -1 "$tmp/err")"
+		fails=$((fails + 1))
+	fi
+else
+	echo "ok: a refused pin # skip: this machine has a CPU 1023"
+fi
+# ... and so is a pin that cannot even be asked for (glibc's copy of the
+# set could not be allocated): the thread ran unpinned, and nothing said
+# so.  An LD_PRELOAD shim makes pthread_attr_setaffinity_np() fail;
+# skipped where it cannot load (a sanitizer's runtime must come first).
+if cc -shared -fPIC -o "$tmp/attr_affinity_fails.so" \
+      "$(dirname -- "$0")/lib/attr_affinity_fails.c" 2>/dev/null &&
+   LD_PRELOAD="$tmp/attr_affinity_fails.so" "$bench" --version >/dev/null 2>&1; then
+	LD_PRELOAD="$tmp/attr_affinity_fails.so" "$bench" micro --threads 1 --variants private \
+		$short >/dev/null 2>"$tmp/err"
+	got=$?
+	want='percpuref-bench: pinning thread 0 to CPU [0-9]*: pthread_attr_setaffinity_np:'
+	if [ "$got" -eq 1 ] && grep -qx "$want Cannot allocate memory" "$tmp/err"; then
+		echo "ok: pthread_attr_setaffinity_np refused: exit 1, said"
+	else
+		echo "FAIL: pthread_attr_setaffinity_np refused: exit $got, $(head -1 "$tmp/err")"
+		fails=$((fails + 1))
+	fi
+else
+	echo "ok: pthread_attr_setaffinity_np refused # skip: no cc, or no preload"
+fi
 # managed-latency with more threads than its default: their sums are
 # shared (ThreadSanitizer builds report a race if they are not).
 expect 0 managed-latency --threads 2 --interval-ms 1 --variants filtered $short
