@@ -453,6 +453,69 @@ else
 	fails=$((fails + 1))
 fi
 
+# A --processes child stopped (SIGSTOP) fails the run too, its CPU and pid
+# named, and leaves no process behind: its siblings waited at the barrier
+# for it, and the parent for it, until something continued it (and a
+# window stretched by the stop was then reported as measured).  The
+# parent has 10 s to end by itself; then it and the children are killed.
+# running PID: PID has not ended (a zombie has: only its status is left).
+running() {
+	read -r _ _ state _ 2>/dev/null <"/proc/$1/stat" && [ "$state" != Z ]
+}
+"$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private --duration 30 \
+	>"$tmp/out" 2>"$tmp/err" &
+parent=$!
+wait_for_two_children "$parent"
+stopped=$(echo $children | cut -d' ' -f1)
+kill -STOP "$stopped" 2>/dev/null
+for _ in $(seq 200); do
+	running "$parent" || break
+	sleep 0.05
+done
+hung=no
+if running "$parent"; then
+	hung=yes
+	kill -KILL "$parent" $children
+fi
+wait "$parent"
+status=$?
+alive=""
+for child in $children; do
+	kill -0 "$child" 2>/dev/null && alive="$alive $child"
+done
+if [ "$hung" = no ] && [ "$status" -eq 1 ] && [ -n "$children" ] && [ -z "$alive" ] &&
+   grep -q -- "--processes: the process on CPU [0-9]* (pid $stopped) was stopped (signal [0-9]*)" \
+	"$tmp/err"; then
+	echo "ok: a --processes child stopped: exit 1, named, siblings gone"
+else
+	echo "FAIL: a --processes child stopped: hung $hung, exit $status, children $children," \
+	     "alive:$alive"
+	sed 's/^/  stderr: /' "$tmp/err" | head -5
+	[ -n "$alive" ] && kill -KILL $alive
+	fails=$((fails + 1))
+fi
+# ... but a stop of the whole job (Ctrl-Z, then fg) is no failure, as it is
+# none for a run of threads: the parent, stopped with its children, may
+# still be handed a child's stop once it is continued.  The run gets a
+# process group of its own to stop and continue.
+"$python" -c 'import os, sys; os.setpgid(0, 0); os.execv(sys.argv[1], sys.argv[1:])' \
+	"$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
+	--duration 1 >"$tmp/out" 2>"$tmp/err" &
+parent=$!
+wait_for_two_children "$parent"
+kill -STOP -"$parent"
+sleep 0.2
+kill -CONT -"$parent"
+wait "$parent"
+status=$?
+if [ "$status" -eq 0 ] && [ -n "$children" ]; then
+	echo "ok: a --processes job stopped and continued: exit 0"
+else
+	echo "FAIL: a --processes job stopped and continued: exit $status, children $children"
+	sed 's/^/  stderr: /' "$tmp/err" | head -5
+	fails=$((fails + 1))
+fi
+
 # A child the bench did not fork (inherited across an exec) is not taken
 # for one of its processes: every row has a real window and throughput.
 if sh -c '(sleep 0.05) & exec "$0" micro --processes --threads 1,2 --oversubscribe \
