@@ -34,9 +34,9 @@
  * before it exits, which the parent reads after reaping it (exit and
  * wait order it).  Throughput only: the children's metrics are dropped,
  * since what a sum or mean of them means is the workload's to say.  A
- * child that fails makes the parent kill the others (they would wait at
- * the barrier for ever); a parent that dies takes the children with it
- * (PR_SET_PDEATHSIG).
+ * child that fails, or is stopped on its own, makes the parent kill the
+ * others (they would wait at the barrier for ever); a parent that dies
+ * takes the children with it (PR_SET_PDEATHSIG).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -164,9 +164,21 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 		CPU_ZERO(&set);
 		CPU_SET(threads[i].cpu, &set);
 		pthread_attr_init(&attr);
-		pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
+		err = pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
+		if (err)
+			bench_die("pinning thread %u to CPU %d: pthread_attr_setaffinity_np: %s", i,
+				  threads[i].cpu, strerror(err));
 		err = pthread_create(&tids[i], &attr, thread_main, &threads[i]);
 		pthread_attr_destroy(&attr);
+		/* pthread_create() pins the thread with sched_setaffinity() before
+		 * it runs, and returns what that returned: with these attributes,
+		 * anything but EAGAIN (no memory, a thread or process limit) is
+		 * the kernel refusing the CPU (a cpuset that excludes it, a CPU
+		 * gone offline since the topology was read). */
+		if (err && err != EAGAIN)
+			bench_die("pinning thread %u to CPU %d was refused: "
+				  "sched_setaffinity (in pthread_create): %s", i, threads[i].cpu,
+				  strerror(err));
 		if (err)
 			bench_die("pthread_create (thread %u on CPU %d): %s", i, threads[i].cpu,
 				  strerror(err));
@@ -273,7 +285,9 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 	}
 	for (unsigned int left = nprocs; left;) {
 		int status;
-		pid_t pid = wait(&status);
+		/* Stops too: a child stopped (SIGSTOP) held the others at the
+		 * barrier, and this wait, until something continued it. */
+		pid_t pid = waitpid(-1, &status, WUNTRACED);
 		unsigned int i = 0;
 
 		if (pid < 0)
@@ -282,6 +296,28 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 			i++;
 		if (i == nprocs)
 			continue;	/* not ours: a child our exec inherited */
+		if (WIFSTOPPED(status)) {
+			int stop = WSTOPSIG(status);
+
+			/* A stop of the whole job (Ctrl-Z) stops this process
+			 * too, maybe after the wait took a child's stop; the
+			 * SIGCONT that resumes it (fg) resumes the child as well,
+			 * and a job paused so is no failure, as it is none for a
+			 * run of threads.  A child still stopped now was stopped
+			 * alone. */
+			pid = waitpid(pids[i], &status, WCONTINUED | WNOHANG);
+			if (pid < 0)
+				bench_die("--processes: wait: %s", strerror(errno));
+			if (pid && WIFCONTINUED(status))
+				continue;
+			if (!pid) {
+				kill_children(pids, reaped, nprocs);
+				bench_die("--processes: the process on CPU %d (pid %d) was stopped "
+					  "(signal %d); its window cannot be measured",
+					  topo->order[i % topo->ncpus], (int)pids[i], stop);
+			}
+			/* Ended since: its status is the one to read. */
+		}
 		reaped[i] = true;
 		left--;
 		if (!WIFEXITED(status) || WEXITSTATUS(status)) {

@@ -207,6 +207,47 @@ if "$bench" micro --threads 1 --variants private $short --json - >/dev/null 2>/d
 else
 	echo "ok: percpuref-bench micro --json - 2>/dev/full -> $?"
 fi
+# A CPU the kernel refuses to pin a thread to (one a cpuset excludes, or
+# one gone offline since the topology was read) is named, with the call
+# that refused it: the run said "pthread_create (thread 0 on CPU N)".  The
+# made-up machine has only CPU 1023, which this one lacks.
+if [ ! -e /sys/devices/system/cpu/cpu1023 ]; then
+	mkdir "$tmp/cpu1023"
+	echo 1023 >"$tmp/cpu1023/online"
+	PERCPUREF_BENCH_SYSFS=$tmp/cpu1023 "$bench" micro --threads 1 --variants private $short \
+		>/dev/null 2>"$tmp/err"
+	got=$?
+	want='percpuref-bench: pinning thread 0 to CPU 1023 was refused: sched_setaffinity'
+	want="$want (in pthread_create): Invalid argument"
+	if [ "$got" -eq 1 ] && grep -qxF "$want" "$tmp/err"; then
+		echo "ok: a refused pin: exit 1, the CPU and the call named"
+	else
+		echo "FAIL: a refused pin: exit $got, $(head -1 "$tmp/err")"
+		fails=$((fails + 1))
+	fi
+else
+	echo "ok: a refused pin # skip: this machine has a CPU 1023"
+fi
+# ... and so is a pin that cannot even be asked for (glibc's copy of the
+# set could not be allocated): the thread ran unpinned, and nothing said
+# so.  An LD_PRELOAD shim makes pthread_attr_setaffinity_np() fail;
+# skipped where it cannot load (a sanitizer's runtime must come first).
+if cc -shared -fPIC -o "$tmp/attr_affinity_fails.so" \
+      "$(dirname -- "$0")/lib/attr_affinity_fails.c" 2>/dev/null &&
+   LD_PRELOAD="$tmp/attr_affinity_fails.so" "$bench" --version >/dev/null 2>&1; then
+	LD_PRELOAD="$tmp/attr_affinity_fails.so" "$bench" micro --threads 1 --variants private \
+		$short >/dev/null 2>"$tmp/err"
+	got=$?
+	want='percpuref-bench: pinning thread 0 to CPU [0-9]*: pthread_attr_setaffinity_np:'
+	if [ "$got" -eq 1 ] && grep -qx "$want Cannot allocate memory" "$tmp/err"; then
+		echo "ok: pthread_attr_setaffinity_np refused: exit 1, said"
+	else
+		echo "FAIL: pthread_attr_setaffinity_np refused: exit $got, $(head -1 "$tmp/err")"
+		fails=$((fails + 1))
+	fi
+else
+	echo "ok: pthread_attr_setaffinity_np refused # skip: no cc, or no preload"
+fi
 # managed-latency with more threads than its default: their sums are
 # shared (ThreadSanitizer builds report a race if they are not).
 expect 0 managed-latency --threads 2 --interval-ms 1 --variants filtered $short
@@ -409,6 +450,69 @@ if [ -n "$children" ] && [ -z "$alive" ]; then
 else
 	echo "FAIL: --processes parent killed: children $children, alive:$alive"
 	[ -n "$alive" ] && kill -KILL $alive
+	fails=$((fails + 1))
+fi
+
+# A --processes child stopped (SIGSTOP) fails the run too, its CPU and pid
+# named, and leaves no process behind: its siblings waited at the barrier
+# for it, and the parent for it, until something continued it (and a
+# window stretched by the stop was then reported as measured).  The
+# parent has 10 s to end by itself; then it and the children are killed.
+# running PID: PID has not ended (a zombie has: only its status is left).
+running() {
+	read -r _ _ state _ 2>/dev/null <"/proc/$1/stat" && [ "$state" != Z ]
+}
+"$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private --duration 30 \
+	>"$tmp/out" 2>"$tmp/err" &
+parent=$!
+wait_for_two_children "$parent"
+stopped=$(echo $children | cut -d' ' -f1)
+kill -STOP "$stopped" 2>/dev/null
+for _ in $(seq 200); do
+	running "$parent" || break
+	sleep 0.05
+done
+hung=no
+if running "$parent"; then
+	hung=yes
+	kill -KILL "$parent" $children
+fi
+wait "$parent"
+status=$?
+alive=""
+for child in $children; do
+	kill -0 "$child" 2>/dev/null && alive="$alive $child"
+done
+if [ "$hung" = no ] && [ "$status" -eq 1 ] && [ -n "$children" ] && [ -z "$alive" ] &&
+   grep -q -- "--processes: the process on CPU [0-9]* (pid $stopped) was stopped (signal [0-9]*)" \
+	"$tmp/err"; then
+	echo "ok: a --processes child stopped: exit 1, named, siblings gone"
+else
+	echo "FAIL: a --processes child stopped: hung $hung, exit $status, children $children," \
+	     "alive:$alive"
+	sed 's/^/  stderr: /' "$tmp/err" | head -5
+	[ -n "$alive" ] && kill -KILL $alive
+	fails=$((fails + 1))
+fi
+# ... but a stop of the whole job (Ctrl-Z, then fg) is no failure, as it is
+# none for a run of threads: the parent, stopped with its children, may
+# still be handed a child's stop once it is continued.  The run gets a
+# process group of its own to stop and continue.
+"$python" -c 'import os, sys; os.setpgid(0, 0); os.execv(sys.argv[1], sys.argv[1:])' \
+	"$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
+	--duration 1 >"$tmp/out" 2>"$tmp/err" &
+parent=$!
+wait_for_two_children "$parent"
+kill -STOP -"$parent"
+sleep 0.2
+kill -CONT -"$parent"
+wait "$parent"
+status=$?
+if [ "$status" -eq 0 ] && [ -n "$children" ]; then
+	echo "ok: a --processes job stopped and continued: exit 0"
+else
+	echo "FAIL: a --processes job stopped and continued: exit $status, children $children"
+	sed 's/^/  stderr: /' "$tmp/err" | head -5
 	fails=$((fails + 1))
 fi
 

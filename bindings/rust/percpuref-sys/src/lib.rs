@@ -30,8 +30,15 @@ pub const PERCPU_REF_INIT_DEAD: c_uint = 1 << 1;
 pub const PERCPU_REF_ALLOW_REINIT: c_uint = 1 << 2;
 /// `percpu_ref_poll()`: wait for the oldest switch when none can be finished.
 pub const PERCPU_REF_POLL_WAIT: c_uint = 1;
-/// Linux's errno value for "not registered" from `percpu_ref_poll_unregister()`.
+// Errno values that the safe layer and its tests tell apart, as Linux's
+// <errno.h> numbers them on x86 and Arm (some architectures number them
+// otherwise: the test below compares them with the C headers').
+/// `percpu_ref_poll_unregister()`: the thread is not registered.
 pub const EPERM: c_int = 1;
+/// `percpu_ref_poll_register()`: the thread is registered already.
+pub const EALREADY: c_int = 114;
+/// Refused inside a callback the library runs (a wait, a poll).
+pub const EDEADLK: c_int = 35;
 
 extern "C" {
     pub fn percpu_ref_init(r: *mut percpu_ref, release: Option<percpu_ref_func_t>, flags: c_uint) -> c_int;
@@ -56,8 +63,8 @@ extern "C" {
     pub fn percpuref_sys_put(r: *mut percpu_ref);
     pub fn percpuref_sys_kill(r: *mut percpu_ref);
     pub fn percpuref_sys_is_dying(r: *mut percpu_ref) -> bool;
-    /// The C layout of `percpu_ref`, the init flags and the poll flag (for
-    /// the test below).
+    /// The C layout of `percpu_ref`, the init flags, the poll flag and the
+    /// errno values above (for the test below).
     pub fn percpuref_sys_abi(out: *mut usize);
 }
 
@@ -73,8 +80,8 @@ mod tests {
     }
 
     #[test]
-    fn layout_and_flags_match_the_headers() {
-        let mut c = [0usize; 8];
+    fn layout_flags_and_errno_match_the_headers() {
+        let mut c = [0usize; 11];
         let r = std::mem::MaybeUninit::<percpu_ref>::uninit();
         let base = r.as_ptr() as usize;
         // SAFETY: only field addresses are taken; nothing is read.
@@ -94,8 +101,11 @@ mod tests {
             PERCPU_REF_INIT_DEAD as usize,
             PERCPU_REF_ALLOW_REINIT as usize,
             PERCPU_REF_POLL_WAIT as usize,
+            EPERM as usize,
+            EALREADY as usize,
+            EDEADLK as usize,
         ];
-        assert_eq!(c, rust, "C (size, align, offsets, flags) against this crate");
+        assert_eq!(c, rust, "C (size, align, offsets, flags, errno values) against this crate");
     }
 
     #[test]

@@ -5,6 +5,7 @@
  * function and nothing else: one call more per get or put, still no
  * shared cache line written in per-CPU mode.
  */
+#include <errno.h>
 #include <stddef.h>
 
 #include <percpuref/compiler.h>
@@ -43,10 +44,11 @@ PERCPUREF_API bool percpuref_sys_is_dying(struct percpu_ref *ref)
 
 /*
  * The C side of what src/lib.rs declares, for its test to compare: the
- * layout of struct percpu_ref, the init flags and the poll flag, in this
+ * layout of struct percpu_ref, the init flags, the poll flag and the errno
+ * values the library returns that the Rust crates tell apart, in this
  * order.
  */
-PERCPUREF_API void percpuref_sys_abi(size_t out[8])
+PERCPUREF_API void percpuref_sys_abi(size_t out[11])
 {
 	out[0] = sizeof(struct percpu_ref);
 	out[1] = _Alignof(struct percpu_ref);
@@ -56,4 +58,7 @@ PERCPUREF_API void percpuref_sys_abi(size_t out[8])
 	out[5] = PERCPU_REF_INIT_DEAD;
 	out[6] = PERCPU_REF_ALLOW_REINIT;
 	out[7] = PERCPU_REF_POLL_WAIT;
+	out[8] = EPERM;
+	out[9] = EALREADY;
+	out[10] = EDEADLK;
 }
