@@ -119,7 +119,8 @@ static inline void cpu_relax(void)
  * SLOT_LOCK_YIELDS yields, sleep between tries.  sched_yield() gives the
  * CPU only to threads of the caller's priority: a real-time waiter that
  * preempted a holder of lower priority on its CPU spun for ever, yielding
- * to nobody (tests/unit/test_hcount.c, "rt").  A sleep lets any holder run.
+ * to nobody (tests/unit/test_hcount.c, "rt").  A sleep lets any holder run;
+ * it runs with cancellation disabled, as hcount is no cancellation point.
  */
 #define SLOT_LOCK_SPINS 128
 #define SLOT_LOCK_YIELDS 64
@@ -140,7 +141,16 @@ void __hcount_slot_lock_contended(struct hcount_slot *s)
 				yields++;
 				sched_yield();
 			} else {
+				/*
+				 * nanosleep() is a cancellation point: a
+				 * thread cancelled here would die holding
+				 * the chain of slots below this one, or the
+				 * tree mutex (internal.h, "Cancellation").
+				 */
+				int cancel = percpuref_cancel_disable();
+
 				percpuref_sleep_us(20);
+				percpuref_cancel_restore(cancel);
 			}
 		}
 		/* Acquire: pairs with the release in __hcount_slot_unlock(). */
