@@ -580,13 +580,16 @@ int hcount_ns_set_limit(struct hcount_ns *ns, unsigned int type, long limit)
 	return ok ? 0 : -EBUSY;
 }
 
-static bool limits_valid(const char *fn, unsigned int nr_types, const long *limits)
+/* @what names the object in the warning: the new tree, or the parent. */
+static bool limits_valid(const char *fn, const char *what, const void *obj,
+			 unsigned int nr_types, const long *limits)
 {
 	unsigned int t;
 
 	for (t = 0; limits && t < nr_types; t++) {
 		if (limits[t] <= 0) {
-			percpuref_warn(fn, "type %u: limit %ld is not positive", t, limits[t]);
+			percpuref_warn(fn, "%s %p type %u: limit %ld is not positive", what, obj, t,
+				       limits[t]);
 			return false;
 		}
 	}
@@ -631,7 +634,7 @@ int hcount_tree_create(struct hcount_tree **treep, unsigned int nr_types, unsign
 			       batch);
 		return -EINVAL;
 	}
-	if (!limits_valid("hcount_tree_create", nr_types, root_limits))
+	if (!limits_valid("hcount_tree_create", "root limits", root_limits, nr_types, root_limits))
 		return -EINVAL;
 	tree = hc_alloc(sizeof(*tree));
 	if (!tree)
@@ -699,7 +702,8 @@ int hcount_ns_create(struct hcount_ns **nsp, struct hcount_ns *parent, const lon
 			       (void *)parent, HCOUNT_DEPTH_MAX);
 		return -EINVAL;
 	}
-	if (!limits_valid("hcount_ns_create", tree->nr_types, limits))
+	if (!limits_valid("hcount_ns_create", "child of namespace", parent, tree->nr_types,
+			  limits))
 		return -EINVAL;
 	ns = ns_alloc(tree, parent, limits);
 	if (!ns)
