@@ -119,7 +119,8 @@ static inline void cpu_relax(void)
  * SLOT_LOCK_YIELDS yields, sleep between tries.  sched_yield() gives the
  * CPU only to threads of the caller's priority: a real-time waiter that
  * preempted a holder of lower priority on its CPU spun for ever, yielding
- * to nobody (tests/unit/test_hcount.c, "rt").  A sleep lets any holder run.
+ * to nobody (tests/unit/test_hcount.c, "rt").  A sleep lets any holder run;
+ * it runs with cancellation disabled, as hcount is no cancellation point.
  */
 #define SLOT_LOCK_SPINS 128
 #define SLOT_LOCK_YIELDS 64
@@ -140,7 +141,16 @@ void __hcount_slot_lock_contended(struct hcount_slot *s)
 				yields++;
 				sched_yield();
 			} else {
+				/*
+				 * nanosleep() is a cancellation point: a
+				 * thread cancelled here would die holding
+				 * the chain of slots below this one, or the
+				 * tree mutex (internal.h, "Cancellation").
+				 */
+				int cancel = percpuref_cancel_disable();
+
 				percpuref_sleep_us(20);
+				percpuref_cancel_restore(cancel);
 			}
 		}
 		/* Acquire: pairs with the release in __hcount_slot_unlock(). */
@@ -570,13 +580,16 @@ int hcount_ns_set_limit(struct hcount_ns *ns, unsigned int type, long limit)
 	return ok ? 0 : -EBUSY;
 }
 
-static bool limits_valid(const char *fn, unsigned int nr_types, const long *limits)
+/* @what names the object in the warning: the new tree, or the parent. */
+static bool limits_valid(const char *fn, const char *what, const void *obj,
+			 unsigned int nr_types, const long *limits)
 {
 	unsigned int t;
 
 	for (t = 0; limits && t < nr_types; t++) {
 		if (limits[t] <= 0) {
-			percpuref_warn(fn, "type %u: limit %ld is not positive", t, limits[t]);
+			percpuref_warn(fn, "%s %p type %u: limit %ld is not positive", what, obj, t,
+				       limits[t]);
 			return false;
 		}
 	}
@@ -621,7 +634,7 @@ int hcount_tree_create(struct hcount_tree **treep, unsigned int nr_types, unsign
 			       batch);
 		return -EINVAL;
 	}
-	if (!limits_valid("hcount_tree_create", nr_types, root_limits))
+	if (!limits_valid("hcount_tree_create", "root limits", root_limits, nr_types, root_limits))
 		return -EINVAL;
 	tree = hc_alloc(sizeof(*tree));
 	if (!tree)
@@ -689,7 +702,8 @@ int hcount_ns_create(struct hcount_ns **nsp, struct hcount_ns *parent, const lon
 			       (void *)parent, HCOUNT_DEPTH_MAX);
 		return -EINVAL;
 	}
-	if (!limits_valid("hcount_ns_create", tree->nr_types, limits))
+	if (!limits_valid("hcount_ns_create", "child of namespace", parent, tree->nr_types,
+			  limits))
 		return -EINVAL;
 	ns = ns_alloc(tree, parent, limits);
 	if (!ns)

@@ -227,6 +227,25 @@ static void call_hcount_destroy_busy(void *arg)
 	busy_result = hcount_tree_destroy(arg);
 }
 
+/*
+ * A charge at a leaf with an empty cache, whose parent's slot lock this
+ * thread holds: the charge holds the leaf's lock while it waits for the
+ * parent's, long enough to go from spinning and yielding to sleeping.
+ */
+static struct hcount_ns *held_mid, *charged_leaf;
+static int charge_result = -1;
+
+static void call_hcount_charge_contended(void *arg)
+{
+	(void)arg;
+	charge_result = hcount_charge(charged_leaf, 0, 1);
+}
+
+static void unlock_held_mid(void)
+{
+	__hcount_slot_unlock(&held_mid->slots[0]);
+}
+
 /* An RCU-deferred release that holds up the reclaimer (it runs them). */
 static int rcu_entered, rcu_go, rcu_released;
 
@@ -456,6 +475,21 @@ int main(int argc, char **argv)
 				 NULL);
 	is(busy_result, -EBUSY, "hcount_tree_destroy refused: -EBUSY");
 	is(hcount_uncharge(hcount_tree_root(tree), 0, 1), 0, "hcount: the tree still works");
+	is(hcount_tree_destroy(tree), 0, "hcount: destroyed");
+
+	/* hcount: a charge that sleeps on a contended slot lock. */
+	if (hcount_tree_create(&tree, 1, HCOUNT_BATCH_DEFAULT, NULL) ||
+	    hcount_ns_create(&held_mid, hcount_tree_root(tree), NULL) ||
+	    hcount_ns_create(&charged_leaf, held_mid, NULL))
+		bail_out("hcount");
+	__hcount_slot_lock(&held_mid->slots[0]);
+	call_with_cancel_pending("hcount_charge sleeping on a slot lock",
+				 call_hcount_charge_contended, NULL, unlock_held_mid);
+	is(charge_result, 0, "hcount_charge sleeping on a slot lock: charged");
+	is(hcount_uncharge(charged_leaf, 0, 1), 0, "hcount: the leaf's lock was released");
+	is(hcount_tree_check(tree), 0, "hcount: invariant holds");
+	hcount_ns_destroy(charged_leaf);
+	hcount_ns_destroy(held_mid);
 	is(hcount_tree_destroy(tree), 0, "hcount: destroyed");
 
 	alarm(0);

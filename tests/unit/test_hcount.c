@@ -62,6 +62,19 @@ static void create_without_result(void *ret)
 	*(int *)ret = hcount_tree_create(NULL, 1, HCOUNT_BATCH_DEFAULT, NULL);
 }
 
+struct bad_limit_create {
+	struct hcount_ns *parent;
+	int ret;
+};
+
+static void create_with_zero_limit(void *arg)
+{
+	struct bad_limit_create *c = arg;
+	struct hcount_ns *ns;
+
+	c->ret = hcount_ns_create(&ns, c->parent, (const long[]){ 0 });
+}
+
 static void test_create_args(void)
 {
 	struct hcount_tree *tree = (struct hcount_tree *)&tree, *keep = tree;
@@ -96,6 +109,17 @@ static void test_create_args(void)
 	is(hcount_ns_create(&ns, hcount_tree_root(tree), neg), -EINVAL,
 	   "ns: negative limit refused");
 	is(hcount_ns_create(&ns, NULL, NULL), -EINVAL, "ns: no parent refused");
+	{
+		struct bad_limit_create c = { hcount_tree_root(tree), 0 };
+		char msg[256], parent[32];
+
+		/* It was warned as "type 0: limit 0 is not positive": no object. */
+		capture_stderr(create_with_zero_limit, &c, msg, sizeof(msg));
+		msg[strcspn(msg, "\n")] = '\0';
+		snprintf(parent, sizeof(parent), "%p", (void *)c.parent);
+		is(c.ret, -EINVAL, "ns: zero limit refused again");
+		ok(strstr(msg, parent) != NULL, "ns: and the warning names the parent: %s", msg);
+	}
 	ok(ns == nkeep, "ns: *nsp untouched on error");
 	is(hcount_tree_root(tree)->nr_children, 0, "ns: refused creates registered nothing");
 	is(hcount_ns_create(&ns, hcount_tree_root(tree), NULL), 0, "ns: created, NULL limits");
