@@ -254,7 +254,11 @@ bool percpuref_at_thread_exit(void (*fn)(void *), void *arg);
  * mark with a lock of their own, except owner_mark_give_back().
  */
 struct percpuref_owner_mark {
+#ifdef PERCPUREF_TSAN
+	bool held;			/* a flag only: thread_exit.c */
+#else
 	pthread_mutex_t held;
+#endif
 };
 /* Unowned.  Also in a fork child, over a mark a parent's thread held. */
 void percpuref_owner_mark_init(struct percpuref_owner_mark *mark);

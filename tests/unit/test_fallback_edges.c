@@ -200,8 +200,14 @@ int main(int argc, char **argv)
 		return case_last_round();
 	if (argc > 1 && !strcmp(argv[1], "handler-sync-switch"))
 		return case_handler_sync_switch();
+#ifdef __SANITIZE_THREAD__
+	/* TSan ends its view of a thread from a key destructor: a call after
+	 * that crashes in its runtime, and no mark reads orphaned there. */
+	printf("ok %d - # SKIP last key-destructor round under ThreadSanitizer\n", ++tap_run);
+#else
 	is(run_mode("last-round"), 0,
 	   "first call in the last key-destructor round: no stale TLS read, unit back");
+#endif
 	is(run_mode("handler-sync-switch"), 0,
 	   "release run by a handler's put switches another ref synchronously");
 	return done_testing();
