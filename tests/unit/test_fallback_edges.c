@@ -200,8 +200,15 @@ int main(int argc, char **argv)
 		return case_last_round();
 	if (argc > 1 && !strcmp(argv[1], "handler-sync-switch"))
 		return case_handler_sync_switch();
-	is(run_mode("last-round"), 0,
-	   "first call in the last key-destructor round: no stale TLS read, unit back");
+	/* ThreadSanitizer destroys its state of a thread in the last round
+	 * too, before a later key's destructor: any call it intercepts there
+	 * (malloc, a mutex) crashes it, whatever this library does. */
+	if (UNDER_TSAN)
+		printf("ok %d - # SKIP last key-destructor round: ThreadSanitizer "
+		       "crashes in it\n", ++tap_run);
+	else
+		is(run_mode("last-round"), 0,
+		   "first call in the last key-destructor round: no stale TLS read, unit back");
 	is(run_mode("handler-sync-switch"), 0,
 	   "release run by a handler's put switches another ref synchronously");
 	return done_testing();
