@@ -207,6 +207,20 @@ if "$bench" micro --threads 1 --variants private $short --json - >/dev/null 2>/d
 else
 	echo "ok: percpuref-bench micro --json - 2>/dev/full -> $?"
 fi
+# fails_saying WHAT LINE CMD...: CMD must exit 1 with LINE (a basic regular
+# expression for a whole line) on standard error.
+fails_saying() {
+	what=$1 line=$2
+	shift 2
+	"$@" >/dev/null 2>"$tmp/err"
+	got=$?
+	if [ "$got" -eq 1 ] && grep -qx "$line" "$tmp/err"; then
+		echo "ok: $what: exit 1, said"
+	else
+		echo "FAIL: $what: exit $got, $(head -1 "$tmp/err")"
+		fails=$((fails + 1))
+	fi
+}
 # A CPU the kernel refuses to pin a thread to (one a cpuset excludes, or
 # one gone offline since the topology was read) is named, with the call
 # that refused it: the run said "pthread_create (thread 0 on CPU N)".  The
@@ -214,17 +228,9 @@ fi
 if [ ! -e /sys/devices/system/cpu/cpu1023 ]; then
 	mkdir "$tmp/cpu1023"
 	echo 1023 >"$tmp/cpu1023/online"
-	PERCPUREF_BENCH_SYSFS=$tmp/cpu1023 "$bench" micro --threads 1 --variants private $short \
-		>/dev/null 2>"$tmp/err"
-	got=$?
 	want='percpuref-bench: pinning thread 0 to CPU 1023 was refused: sched_setaffinity'
-	want="$want (in pthread_create): Invalid argument"
-	if [ "$got" -eq 1 ] && grep -qxF "$want" "$tmp/err"; then
-		echo "ok: a refused pin: exit 1, the CPU and the call named"
-	else
-		echo "FAIL: a refused pin: exit $got, $(head -1 "$tmp/err")"
-		fails=$((fails + 1))
-	fi
+	fails_saying "a refused pin" "$want (in pthread_create): Invalid argument" \
+		env PERCPUREF_BENCH_SYSFS="$tmp/cpu1023" "$bench" micro --threads 1 --variants private $short
 else
 	echo "ok: a refused pin # skip: this machine has a CPU 1023"
 fi
@@ -235,16 +241,9 @@ fi
 if cc -shared -fPIC -o "$tmp/attr_affinity_fails.so" \
       "$(dirname -- "$0")/lib/attr_affinity_fails.c" 2>/dev/null &&
    LD_PRELOAD="$tmp/attr_affinity_fails.so" "$bench" --version >/dev/null 2>&1; then
-	LD_PRELOAD="$tmp/attr_affinity_fails.so" "$bench" micro --threads 1 --variants private \
-		$short >/dev/null 2>"$tmp/err"
-	got=$?
 	want='percpuref-bench: pinning thread 0 to CPU [0-9]*: pthread_attr_setaffinity_np:'
-	if [ "$got" -eq 1 ] && grep -qx "$want Cannot allocate memory" "$tmp/err"; then
-		echo "ok: pthread_attr_setaffinity_np refused: exit 1, said"
-	else
-		echo "FAIL: pthread_attr_setaffinity_np refused: exit $got, $(head -1 "$tmp/err")"
-		fails=$((fails + 1))
-	fi
+	fails_saying "pthread_attr_setaffinity_np refused" "$want Cannot allocate memory" \
+		env LD_PRELOAD="$tmp/attr_affinity_fails.so" "$bench" micro --threads 1 --variants private $short
 else
 	echo "ok: pthread_attr_setaffinity_np refused # skip: no cc, or no preload"
 fi
