@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <semaphore.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -391,6 +392,10 @@ struct percpuref_thread {
 	bool start_refused;	/* warned; not again until a start succeeds */
 	void *(*fn)(void *);	/* what it runs; NULL: never started */
 	sem_t started;		/* posted once it runs library code */
+	/* Started from a fork child's hook: the mask it sets first
+	 * (runtime.c, "Signal masks"). */
+	bool set_sigmask;
+	sigset_t sigmask;
 };
 
 /*

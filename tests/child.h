@@ -70,7 +70,11 @@ static inline int run_mode(const char *mode)
  * prints that thread's stack to stderr, then has every other thread of the
  * process print its own, one at a time (a fork child's hang may be in the
  * thread it started: the callback thread a barrier waits for), so that a
- * hang in CI says where it hung; where the handler cannot run
+ * hang in CI says where it hung; a thread that prints nothing within its
+ * 200 ms (it blocks SIGURG, as a library thread started in a fork child
+ * did up to 0.3.12, or its handler cannot run) has its /proc stat and
+ * syscall lines printed instead: its name, its state, and the system call
+ * it waits in with its stack pointer and pc.  Where the handler cannot run
  * (ThreadSanitizer defers it until the thread leaves a lock wait), the
  * process still dies on time.  ASan's printer symbolises; elsewhere
  * glibc's backtrace() prints each frame as BINARY(+OFFSET), for addr2line
@@ -97,6 +101,40 @@ static inline void child_deadline_print_one(const char *msg, size_t len)
 	__atomic_fetch_add(&child_deadline_printed, 1, __ATOMIC_RELEASE);
 }
 
+/* Appends /proc/self/task/@tid/@file (its first 1 KiB, a line) to stderr. */
+static inline void child_deadline_print_task_file(const char *tid, const char *file)
+{
+	char path[64] = "/proc/self/task/", buf[1024];
+	ssize_t n;
+	int fd;
+
+	strcat(strcat(strcat(path, tid), "/"), file);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return;
+	if (buf[n - 1] != '\n')
+		buf[n++] = '\n';
+	if (write(STDERR_FILENO, buf, (size_t)n) < 0)
+		return;
+}
+
+/* A thread that printed nothing (it blocks SIGURG, or its handler could
+ * not run): its name, state and, if in a system call, the call's number,
+ * arguments, stack pointer and pc (for addr2line): the kernel's view. */
+static inline void child_deadline_print_silent(const char *tid)
+{
+	static const char msg[] = "# deadline near: a thread that did not answer; stat, syscall:\n";
+	ssize_t unused = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+
+	(void)unused;
+	child_deadline_print_task_file(tid, "stat");
+	child_deadline_print_task_file(tid, "syscall");
+}
+
 /* Every other thread prints its stack, each given up to 200 ms. */
 static inline void child_deadline_forward(void)
 {
@@ -111,7 +149,7 @@ static inline void child_deadline_forward(void)
 		for (long off = 0; off < n;) {
 			/* struct linux_dirent64: ino 8, off 8, reclen 2, type 1, name */
 			unsigned short reclen;
-			const char *name = buf + off + 19;
+			const char *name = buf + off + 19, *tid_name = name;
 			pid_t tid = 0;
 			int before = __atomic_load_n(&child_deadline_printed, __ATOMIC_ACQUIRE);
 
@@ -126,6 +164,8 @@ static inline void child_deadline_forward(void)
 								   __ATOMIC_ACQUIRE) == before;
 			     ms++)
 				nanosleep(&one_ms, NULL);
+			if (__atomic_load_n(&child_deadline_printed, __ATOMIC_ACQUIRE) == before)
+				child_deadline_print_silent(tid_name);
 		}
 	}
 	close(dir);

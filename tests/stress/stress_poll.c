@@ -12,6 +12,25 @@
  * hang (a kill stranded on a queue nobody polls) is caught by the
  * watchdog: no worker round for 10 s (30 s under ThreadSanitizer or
  * valgrind) aborts.
+ *
+ * Under AddressSanitizer no fork lands in an allocation or a free, as in
+ * stress_fork.c (docs/percpu_ref.md: gcc 12's ASan takes none of its
+ * allocator's locks around fork()).  A worker's free() may be allocating
+ * the quarantine's next batch, under that size class's lock; a child that
+ * inherits the lock held hangs as soon as the callback thread it starts
+ * frees in ASan's thread start-up (pthread_getattr_np()'s buffer: its
+ * first free allocates a quarantine batch too), and the child's barrier
+ * waits for that thread until the deadline.  (Threads that only free,
+ * forking, each child starting a thread: 3 children of 300 hung so,
+ * stack and all; one CI run in ~85 hung a child of this test in its
+ * barrier.)  And a worker still in its first round may be in ASan's
+ * thread start-up or the runtime's set-up, which allocate too (a child
+ * forked in the latter hung in its fork handler, in aligned_alloc(), with
+ * no deadline armed yet).  So the main thread forks only once every
+ * worker is past its first round (its one-time allocations: thread
+ * start-up, runtime set-up, counter cache), and closes a gate around
+ * fork() that the workers' inits and exits (the calls that allocate and
+ * free) take.  The plain build forks amid all of them.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,6 +58,79 @@ static struct slot slots[WORKERS][RING];
 static unsigned long rounds[WORKERS];	/* atomic: progress */
 static unsigned long kills, releases, bad_callbacks;	/* atomic */
 static bool stop;			/* atomic */
+
+#if defined(__SANITIZE_ADDRESS__)
+/*
+ * Workers that allocate or free (their inits and exits) against the main
+ * thread forking, as stress_fork.c's gate: atomics and yields, no futex
+ * (the child inherits it closed).  Sequentially consistent: each side's
+ * store, then its load of the other side's (a Dekker pair).
+ */
+static unsigned int gate_forking, gate_active;
+static unsigned int workers_ready;	/* atomic: past their first round */
+
+static void allocating_begin(void)
+{
+	for (;;) {
+		if (!__atomic_load_n(&gate_forking, __ATOMIC_SEQ_CST)) {
+			__atomic_fetch_add(&gate_active, 1, __ATOMIC_SEQ_CST);
+			if (!__atomic_load_n(&gate_forking, __ATOMIC_SEQ_CST))
+				return;
+			__atomic_fetch_sub(&gate_active, 1, __ATOMIC_SEQ_CST);
+		}
+		sched_yield();
+	}
+}
+
+static void allocating_end(void)
+{
+	__atomic_fetch_sub(&gate_active, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Release: the worker's one-time allocations before a fork that saw it. */
+static void worker_ready(void)
+{
+	__atomic_fetch_add(&workers_ready, 1, __ATOMIC_RELEASE);
+}
+
+/* False until every worker is ready (acquire: pairs with worker_ready());
+ * then closes the gate and waits for the allocators inside it. */
+static bool fork_begin(void)
+{
+	if (__atomic_load_n(&workers_ready, __ATOMIC_ACQUIRE) < WORKERS)
+		return false;
+	__atomic_store_n(&gate_forking, 1, __ATOMIC_SEQ_CST);
+	while (__atomic_load_n(&gate_active, __ATOMIC_SEQ_CST))
+		sched_yield();
+	return true;
+}
+
+static void fork_end(void)
+{
+	__atomic_store_n(&gate_forking, 0, __ATOMIC_SEQ_CST);
+}
+#else
+static void allocating_begin(void)
+{
+}
+
+static void allocating_end(void)
+{
+}
+
+static void worker_ready(void)
+{
+}
+
+static bool fork_begin(void)
+{
+	return true;
+}
+
+static void fork_end(void)
+{
+}
+#endif
 
 /* This thread: not a polling one, a polling one, or inside its poll. */
 enum poll_state { NOT_POLLING, REGISTERED, IN_POLL };
@@ -92,7 +184,9 @@ static void retire(struct slot *s, bool registered)
 	}
 	if (__atomic_load_n(&s->released, __ATOMIC_ACQUIRE) != 1)
 		__atomic_fetch_add(&bad_callbacks, 1, __ATOMIC_RELAXED);
-	percpu_ref_exit(&s->ref);
+	allocating_begin();
+	percpu_ref_exit(&s->ref);	/* frees */
+	allocating_end();
 	s->released = 0;
 	s->live = false;
 }
@@ -100,7 +194,7 @@ static void retire(struct slot *s, bool registered)
 static void *worker(void *arg)
 {
 	unsigned int id = (unsigned int)(uintptr_t)arg, seed = id * 7919 + 1, next = 0, i;
-	bool registered = false;
+	bool registered = false, failed;
 
 	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
 		struct slot *s = &slots[id][next];
@@ -116,7 +210,10 @@ static void *worker(void *arg)
 			registered = !registered;
 			state = registered ? REGISTERED : NOT_POLLING;
 		}
-		if (percpu_ref_init(&s->ref, release_slot, PERCPU_REF_ALLOW_REINIT))
+		allocating_begin();
+		failed = percpu_ref_init(&s->ref, release_slot, PERCPU_REF_ALLOW_REINIT) != 0;
+		allocating_end();
+		if (failed)
 			continue;
 		s->live = true;
 		percpu_ref_get(&s->ref);
@@ -135,7 +232,8 @@ static void *worker(void *arg)
 		__atomic_fetch_add(&kills, 1, __ATOMIC_RELAXED);
 		if (registered && r / 256 % 4 == 0)
 			(void)poll_as(IN_POLL, r / 1024 % 8 ? 0 : PERCPU_REF_POLL_WAIT);
-		__atomic_fetch_add(&rounds[id], 1, __ATOMIC_RELAXED);
+		if (__atomic_fetch_add(&rounds[id], 1, __ATOMIC_RELAXED) == 0)
+			worker_ready();
 	}
 	for (i = 0; i < RING; i++)
 		retire(&slots[id][i], registered);
@@ -145,11 +243,15 @@ static void *worker(void *arg)
 }
 
 /* A fork child: its barrier finishes what the parent's threads queued;
- * nothing is released twice. */
-static void fork_once(void)
+ * nothing is released twice.  False if no fork was made (ASan: a worker
+ * not ready yet). */
+static bool fork_once(void)
 {
-	pid_t pid = fork();
+	pid_t pid;
 
+	if (!fork_begin())
+		return false;
+	pid = fork();
 	if (pid == 0) {
 		unsigned int w, i;
 
@@ -162,8 +264,10 @@ static void fork_once(void)
 					_exit(5);
 		_exit(0);
 	}
+	fork_end();
 	if (wait_child(pid) != 0)
 		__atomic_fetch_add(&bad_callbacks, 1, __ATOMIC_RELAXED);
+	return true;
 }
 
 int main(void)
@@ -186,10 +290,8 @@ int main(void)
 		if (percpu_ref_barrier())
 			__atomic_fetch_add(&bad_callbacks, 1, __ATOMIC_RELAXED);
 		barriers++;
-		if (forks && rnd(&seed) % 16 == 0) {
-			fork_once();
+		if (forks && rnd(&seed) % 16 == 0 && fork_once())
 			nr_forks++;
-		}
 		for (i = 0; i < WORKERS; i++) {
 			unsigned long r = __atomic_load_n(&rounds[i], __ATOMIC_RELAXED);
 
