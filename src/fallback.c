@@ -28,8 +28,10 @@
  * the fence or a registration takes the unit back (before this, a fence
  * read the dead thread's TLS, and crashed if its stack was unmapped).  The
  * dead owner's adds stay in the counters, where they belong, and it left
- * no section open (a thread leaves none but by its end).  Where marks
- * never read orphaned (qemu-user) such a thread's unit stays taken, and
+ * no section open: a section ends before its get or put returns, and a
+ * thread exits from none (short of pthread_exit() from a signal handler
+ * that interrupted one).  Where marks never read orphaned (qemu-user,
+ * outside glibc, ThreadSanitizer) such a thread's unit stays taken, and
  * later threads may find the units gone and use the atomic count: slower,
  * never wrong.  This is liburcu-bp's registry arena, which keeps its
  * readers off the TLS for the same reason, with the kernel rather than
@@ -104,7 +106,7 @@ struct unit_record {
 /* nr_unit_records of them, never freed; NULL if the allocation failed. */
 static struct unit_record *unit_records;
 static unsigned int nr_unit_records;
-/* Units owned, readers_lock; read without it by the fence's early exit. */
+/* Units owned, readers_lock; read without it by percpuref_readers_registered(). */
 static unsigned int nr_readers;
 /* Warned once: a fence skipped its own thread's interrupted section. */
 static bool self_skip_warned;
@@ -338,14 +340,20 @@ static void readers_fork_parent(void)
 static void readers_fork_child(void)
 {
 	struct percpuref_reader *self = &percpuref_reader_self;
+	struct unit_record *mine = self->state == PERCPUREF_READER_UNIT ?
+					   &unit_records[self->unit] : NULL;
+	/* A fork from a signal handler may have interrupted a section of
+	 * this thread's: its counter goes on (relaxed: one thread here). */
+	unsigned long ctr = mine ? __atomic_load_n(&mine->ctr, __ATOMIC_RELAXED) : 0;
 
 	/* The parent's owners are not here, and the marks they held are no
 	 * child thread's: all fresh, then this thread takes its unit back. */
 	init_unit_records();
 	__atomic_store_n(&nr_readers, 0, __ATOMIC_RELAXED);
-	if (self->state == PERCPUREF_READER_UNIT) {
-		percpuref_owner_mark_take(&unit_records[self->unit].owner);
-		set_unit_owned(&unit_records[self->unit], true);
+	if (mine) {
+		__atomic_store_n(&mine->ctr, ctr, __ATOMIC_RELAXED);
+		percpuref_owner_mark_take(&mine->owner);
+		set_unit_owned(mine, true);
 	}
 	pthread_mutex_unlock(&readers_lock);
 }

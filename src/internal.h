@@ -254,11 +254,16 @@ bool percpuref_at_thread_exit(void (*fn)(void *), void *arg);
  * that hook running (thread_exit.c).  Callers serialise the calls on one
  * mark with a lock of their own, except owner_mark_give_back().
  */
-struct percpuref_owner_mark {
-#ifdef PERCPUREF_TSAN
-	bool held;			/* a flag only: thread_exit.c */
+#if defined(__GLIBC__) && !defined(PERCPUREF_TSAN)
+#define PERCPUREF_ROBUST_MARKS 1
 #else
+#define PERCPUREF_ROBUST_MARKS 0
+#endif
+struct percpuref_owner_mark {
+#if PERCPUREF_ROBUST_MARKS
 	pthread_mutex_t held;
+#else
+	bool held;			/* a flag only: thread_exit.c */
 #endif
 };
 /* Unowned.  Also in a fork child, over a mark a parent's thread held. */
@@ -270,7 +275,8 @@ void percpuref_owner_mark_give_back(struct percpuref_owner_mark *mark);
 /*
  * True if its owner exited holding it (then it is unowned again, and the
  * owner's writes are visible to the caller); false while the owner lives,
- * and always where the kernel keeps no robust-futex list (qemu-user).
+ * and always where the kernel keeps no robust-futex list (qemu-user),
+ * outside glibc and under ThreadSanitizer.
  */
 bool percpuref_owner_mark_orphaned(struct percpuref_owner_mark *mark);
 /* Fork child: only the forking thread's registration survives. */

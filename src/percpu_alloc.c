@@ -48,7 +48,8 @@
  * destructor in glibc's last round registers a hook that never runs
  * (thread_exit.c), and a registry node in its TLS would outlive the
  * thread, reused by the next thread on that stack (a list looped on
- * itself: helper-60).  On the heap such a cache stays in the registry
+ * itself: test_percpu_ref, first call in the last destructor round).  On
+ * the heap such a cache stays in the registry
  * until the pool is about to map a chunk: then each cache whose owner mark
  * reads orphaned (thread_exit.c) is emptied into the pool and freed.
  * (Before the marks its slots were lost, up to 2 * MAGAZINE_SLOTS a
@@ -83,6 +84,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -271,9 +273,14 @@ static void cache_retire(void *arg)
 	pthread_mutex_lock(&alloc_lock);
 	cache_unlink(c);
 	pthread_mutex_unlock(&alloc_lock);
-	percpuref_owner_mark_give_back(&c->owner);
+	/* Not this thread's cache from here on, before the mark goes: a fork
+	 * from a signal handler past this point took the mark again in the
+	 * child (alloc_fork_child()), and the free() below left it on the
+	 * child thread's robust list. */
 	cache_state = CACHE_RETIRED;
 	cache = NULL;
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	percpuref_owner_mark_give_back(&c->owner);
 	free(c);
 }
 
@@ -281,6 +288,7 @@ static void cache_retire(void *arg)
  * library thread; its exit hook could not be registered, or it ran). */
 static struct slot_cache *my_cache(void)
 {
+	sigset_t all, old;
 	struct slot_cache *c;
 
 	if (cache_state == CACHE_ACTIVE)
@@ -293,7 +301,14 @@ static struct slot_cache *my_cache(void)
 	if (!c)
 		return NULL;
 	percpuref_owner_mark_init(&c->owner);
+	/* No signal handler between the mark's lock and its enqueue on this
+	 * thread's robust list: one that forked there left the child thread
+	 * a mark on its list that it could not unlock (the word holds the
+	 * parent's thread id), and cache_retire() freed it under the list. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
 	percpuref_owner_mark_take(&c->owner);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (!percpuref_at_thread_exit(cache_retire, c)) {
 		percpuref_owner_mark_give_back(&c->owner);
 		free(c);

@@ -33,25 +33,29 @@
  * So what a hook gives back lives on the heap, and its owner holds an
  * owner mark, a robust mutex: glibc registers a robust-futex list for
  * every thread, and at the thread's exit the kernel marks each mutex
- * still on it (FUTEX_OWNER_DIED in its word; percpuref_owner_mark_orphaned()
- * reads that, where a trylock would return EOWNERDEAD).
+ * still on it: FUTEX_OWNER_DIED in its word, which
+ * percpuref_owner_mark_orphaned() reads (a trylock, which would return
+ * EOWNERDEAD, writes the caller's robust-list state: below).
  * That is the only news of a thread's end that needs nothing of it and
  * reads nothing of its memory (pthread_kill(tid, 0) reads the thread's
  * descriptor, gone with its stack, and a tid is reused).  Ordering: the
  * owner's writes precede its exit, the kernel's atomic update of the
  * futex word follows them, and the load that sees it is an acquire.
- * In a fork child glibc empties the thread's robust list (ownership is
- * not inherited), so the marks are initialised again there.  Where the
- * kernel keeps no list (qemu-user refuses set_robust_list; glibc then
- * makes no robust mutex either, or one nobody marks) a mark never reads
- * orphaned: what it guards stays taken, as it did before marks existed.
- * Under ThreadSanitizer a mark is a flag that never reads orphaned: TSan
- * ends its view of a thread in a key destructor, so it misses the unlock
- * of a hook that runs after that, and took the next owner's trylock for a
- * double lock.
+ * In a fork child glibc empties the thread's robust list before the
+ * child handlers run (ownership is not inherited), so the marks are
+ * initialised again there.  Where the kernel keeps no list (qemu-user
+ * refuses set_robust_list; glibc then makes no robust mutex either, or one
+ * nobody marks) a mark never reads orphaned: what it guards stays taken,
+ * as it did before marks existed.
+ *
+ * Robust marks on glibc only.  Elsewhere a mark is a flag that never reads
+ * orphaned: musl's fork child keeps the forking thread's robust list, and
+ * a mark initialised again there while on it corrupted it.  Under
+ * ThreadSanitizer too: TSan ends its view of a thread in a key destructor,
+ * so it misses the unlock of a hook that runs after that, and took the
+ * next owner's trylock for a double lock.
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
 
@@ -108,7 +112,7 @@ bool percpuref_at_thread_exit(void (*fn)(void *), void *arg)
 	return true;
 }
 
-#ifdef PERCPUREF_TSAN
+#if !PERCPUREF_ROBUST_MARKS
 void percpuref_owner_mark_init(struct percpuref_owner_mark *mark)
 {
 	__atomic_store_n(&mark->held, false, __ATOMIC_RELAXED);
@@ -163,33 +167,25 @@ void percpuref_owner_mark_give_back(struct percpuref_owner_mark *mark)
 }
 
 /*
- * Read, not locked, where the C library's layout is known (glibc): a
- * robust trylock, even one that fails, writes the calling thread's
- * robust-futex state (list_op_pending, and the list itself on EOWNERDEAD),
- * and the fence that asks runs in signal handlers too
- * (docs/percpu_ref.md, "Signal handlers"), over code that may be locking
- * a robust mutex of its own: the pending slot cleared under it, a process
- * killed before that lock's enqueue left its (process-shared) mutex locked
- * for ever (tests/unit/test_fallback_edges.c, handler-robust-pending).
- * The kernel sets FUTEX_OWNER_DIED in a word only once the owner is dead,
- * after the walk of that owner's list has left the entry: the mark is on
- * no thread's list, and initialising it again makes it unowned.  Acquire:
- * pairs with the kernel's atomic update, after the owner's last writes.
+ * Read, not locked: a robust trylock, even one that fails, writes the
+ * calling thread's robust-futex state (list_op_pending, and the list
+ * itself on EOWNERDEAD), and the fence that asks runs in signal handlers
+ * too (docs/percpu_ref.md, "Signal handlers"), over code that may be
+ * locking a robust mutex of its own: the pending slot cleared under it, a
+ * process killed before that lock's enqueue left its (process-shared)
+ * mutex locked for ever (tests/unit/test_fallback_edges.c,
+ * handler-robust-pending).  The kernel sets FUTEX_OWNER_DIED in a word
+ * only once the owner is dead, after the walk of that owner's list has
+ * left the entry: the mark is on no thread's list, and initialising it
+ * again makes it unowned.  __data.__lock is the futex word on every glibc
+ * port.  Acquire: pairs with the kernel's atomic update, after the owner's
+ * last writes.
  */
 bool percpuref_owner_mark_orphaned(struct percpuref_owner_mark *mark)
 {
-#ifdef __GLIBC__
 	if (!(__atomic_load_n(&mark->held.__data.__lock, __ATOMIC_ACQUIRE) & FUTEX_OWNER_DIED))
 		return false;
 	percpuref_owner_mark_init(mark);
 	return true;
-#else
-	/* EBUSY while the owner lives: it holds the mutex. */
-	if (pthread_mutex_trylock(&mark->held) != EOWNERDEAD)
-		return false;
-	pthread_mutex_consistent(&mark->held);
-	pthread_mutex_unlock(&mark->held);
-	return true;
-#endif
 }
 #endif
