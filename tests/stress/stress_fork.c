@@ -70,6 +70,7 @@
 #include <percpuref/percpu_ref.h>
 
 #include "child.h"
+#include "fork_gate.h"
 #include "rnd.h"
 #include "tap.h"
 
@@ -93,67 +94,6 @@ static void worker_started(void)
 	 * that saw the count (fork_once()). */
 	__atomic_fetch_add(&workers_started, 1, __ATOMIC_RELEASE);
 }
-
-#if defined(__SANITIZE_ADDRESS__)
-/*
- * Allocating threads (workers, and the @release that frees) against the
- * main thread forking: an allocator is active, or a fork is coming (new
- * allocators wait, the forker waits for the active ones).  Atomics and
- * yields, no futex: the fork child inherits the gate closed, and its own
- * reclaimer may wait on it before the main thread opens it there; a
- * pthread rwlock kept the marks of the parent's waiters, and a thread
- * waiting on one before the child reinitialised it waited for ever.
- * Sequentially consistent: each side's store, then its load of the other
- * side's (a Dekker pair).
- */
-static unsigned int gate_forking, gate_active;
-
-static void allocating_begin(void)
-{
-	for (;;) {
-		if (!__atomic_load_n(&gate_forking, __ATOMIC_SEQ_CST)) {
-			__atomic_fetch_add(&gate_active, 1, __ATOMIC_SEQ_CST);
-			if (!__atomic_load_n(&gate_forking, __ATOMIC_SEQ_CST))
-				return;
-			__atomic_fetch_sub(&gate_active, 1, __ATOMIC_SEQ_CST);
-		}
-		sched_yield();
-	}
-}
-
-static void allocating_end(void)
-{
-	__atomic_fetch_sub(&gate_active, 1, __ATOMIC_SEQ_CST);
-}
-
-static void fork_begin(void)
-{
-	__atomic_store_n(&gate_forking, 1, __ATOMIC_SEQ_CST);
-	while (__atomic_load_n(&gate_active, __ATOMIC_SEQ_CST))
-		sched_yield();
-}
-
-static void fork_end(void)
-{
-	__atomic_store_n(&gate_forking, 0, __ATOMIC_SEQ_CST);
-}
-#else
-static void allocating_begin(void)
-{
-}
-
-static void allocating_end(void)
-{
-}
-
-static void fork_begin(void)
-{
-}
-
-static void fork_end(void)
-{
-}
-#endif
 
 static bool stopping(void)
 {
@@ -306,7 +246,7 @@ static void robj_release(struct percpu_rcuref *ref)
 	struct robj *o = caa_container_of(ref, struct robj, ref);
 
 	/* It frees, on the reclaimer, which a fork no longer waits for in
-	 * a @release: gated like the workers' allocations (ASan, above). */
+	 * a @release: gated like the workers' allocations (ASan, fork_gate.h). */
 	allocating_begin();
 	percpu_rcuref_exit(ref);
 	free(o);

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "child.h"
+#include "fork_gate.h"
 #include "percpuref/percpu_ref.h"
 #include "rnd.h"
 #include "tap.h"
@@ -59,33 +60,9 @@ static unsigned long rounds[WORKERS];	/* atomic: progress */
 static unsigned long kills, releases, bad_callbacks;	/* atomic */
 static bool stop;			/* atomic */
 
-#if defined(__SANITIZE_ADDRESS__)
-/*
- * Workers that allocate or free (their inits and exits) against the main
- * thread forking, as stress_fork.c's gate: atomics and yields, no futex
- * (the child inherits it closed).  Sequentially consistent: each side's
- * store, then its load of the other side's (a Dekker pair).
- */
-static unsigned int gate_forking, gate_active;
-static unsigned int workers_ready;	/* atomic: past their first round */
-
-static void allocating_begin(void)
-{
-	for (;;) {
-		if (!__atomic_load_n(&gate_forking, __ATOMIC_SEQ_CST)) {
-			__atomic_fetch_add(&gate_active, 1, __ATOMIC_SEQ_CST);
-			if (!__atomic_load_n(&gate_forking, __ATOMIC_SEQ_CST))
-				return;
-			__atomic_fetch_sub(&gate_active, 1, __ATOMIC_SEQ_CST);
-		}
-		sched_yield();
-	}
-}
-
-static void allocating_end(void)
-{
-	__atomic_fetch_sub(&gate_active, 1, __ATOMIC_SEQ_CST);
-}
+/* Workers past their first round (atomic): under ASan a fork waits for
+ * them (their one-time allocations), then closes tests/fork_gate.h. */
+static unsigned int workers_ready;
 
 /* Release: the worker's one-time allocations before a fork that saw it. */
 static void worker_ready(void)
@@ -93,44 +70,17 @@ static void worker_ready(void)
 	__atomic_fetch_add(&workers_ready, 1, __ATOMIC_RELEASE);
 }
 
-/* False until every worker is ready (acquire: pairs with worker_ready());
- * then closes the gate and waits for the allocators inside it. */
-static bool fork_begin(void)
+/* Under ASan, false until every worker is ready (acquire: pairs with
+ * worker_ready()); then the gate closes behind the allocators inside. */
+static bool fork_when_ready(void)
 {
+#if defined(__SANITIZE_ADDRESS__)
 	if (__atomic_load_n(&workers_ready, __ATOMIC_ACQUIRE) < WORKERS)
 		return false;
-	__atomic_store_n(&gate_forking, 1, __ATOMIC_SEQ_CST);
-	while (__atomic_load_n(&gate_active, __ATOMIC_SEQ_CST))
-		sched_yield();
-	return true;
-}
-
-static void fork_end(void)
-{
-	__atomic_store_n(&gate_forking, 0, __ATOMIC_SEQ_CST);
-}
-#else
-static void allocating_begin(void)
-{
-}
-
-static void allocating_end(void)
-{
-}
-
-static void worker_ready(void)
-{
-}
-
-static bool fork_begin(void)
-{
-	return true;
-}
-
-static void fork_end(void)
-{
-}
 #endif
+	fork_begin();
+	return true;
+}
 
 /* This thread: not a polling one, a polling one, or inside its poll. */
 enum poll_state { NOT_POLLING, REGISTERED, IN_POLL };
@@ -249,7 +199,7 @@ static bool fork_once(void)
 {
 	pid_t pid;
 
-	if (!fork_begin())
+	if (!fork_when_ready())
 		return false;
 	pid = fork();
 	if (pid == 0) {
