@@ -395,6 +395,12 @@ json micro 4 no --threads 2 --oversubscribe --processes --variants private,kref
 	>"$tmp/out" 2>"$tmp/err" &
 parent=$!
 # The processes whose parent is $1 (from /proc: procps may be missing).
+# still_alive PID...: those of the PIDs still running, each after a space.
+still_alive() {
+	for pid in "$@"; do
+		kill -0 "$pid" 2>/dev/null && printf ' %s' "$pid"
+	done
+}
 children_of() {
 	for stat in /proc/[0-9]*/stat; do
 		read -r pid _ _ ppid _ 2>/dev/null <"$stat" && [ "$ppid" = "$1" ] && echo "$pid"
@@ -413,10 +419,7 @@ wait_for_two_children "$parent"
 kill -KILL $(echo $children | cut -d' ' -f1) 2>/dev/null
 wait "$parent"
 status=$?
-alive=""
-for child in $children; do
-	kill -0 "$child" 2>/dev/null && alive="$alive $child"
-done
+alive=$(still_alive $children)
 if [ "$status" -eq 1 ] && grep -q -- '--processes: the process on CPU .* failed (signal 9)' "$tmp/err" &&
    [ -n "$children" ] && [ -z "$alive" ]; then
 	echo "ok: a --processes child killed: exit 1, siblings gone"
@@ -435,12 +438,8 @@ parent=$!
 wait_for_two_children "$parent"
 kill -KILL "$parent"
 wait "$parent" 2>/dev/null
-alive=""
 for _ in $(seq 40); do
-	alive=""
-	for child in $children; do
-		kill -0 "$child" 2>/dev/null && alive="$alive $child"
-	done
+	alive=$(still_alive $children)
 	[ -z "$alive" ] && break
 	sleep 0.05
 done
@@ -478,10 +477,7 @@ if running "$parent"; then
 fi
 wait "$parent"
 status=$?
-alive=""
-for child in $children; do
-	kill -0 "$child" 2>/dev/null && alive="$alive $child"
-done
+alive=$(still_alive $children)
 if [ "$hung" = no ] && [ "$status" -eq 1 ] && [ -n "$children" ] && [ -z "$alive" ] &&
    grep -q -- "--processes: the process on CPU [0-9]* (pid $stopped) was stopped (signal [0-9]*)" \
 	"$tmp/err"; then
