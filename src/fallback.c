@@ -138,15 +138,20 @@ static bool owner_died(struct unit_record *rec)
 	return true;
 }
 
+/* readers_lock.  By its owner: the unit is free again. */
+static void give_back_unit(struct unit_record *rec)
+{
+	set_unit_owned(rec, false);
+	percpuref_owner_mark_give_back(&rec->owner);
+}
+
 static void reader_exit(void *unused)
 {
 	struct percpuref_reader *self = &percpuref_reader_self;
-	struct unit_record *rec = &unit_records[self->unit];
 
 	(void)unused;
 	pthread_mutex_lock(&readers_lock);
-	set_unit_owned(rec, false);
-	percpuref_owner_mark_give_back(&rec->owner);
+	give_back_unit(&unit_records[self->unit]);
 	self->state = PERCPUREF_READER_ATOMIC;
 	pthread_mutex_unlock(&readers_lock);
 }
@@ -227,8 +232,7 @@ bool percpuref_reader_register(void)
 	pthread_mutex_lock(&readers_lock);
 	unit = claim_unit();
 	if (unit >= 0 && !percpuref_at_thread_exit(reader_exit, NULL)) {
-		set_unit_owned(&unit_records[unit], false);
-		percpuref_owner_mark_give_back(&unit_records[unit].owner);
+		give_back_unit(&unit_records[unit]);
 		unit = -1;
 	}
 	if (unit < 0) {

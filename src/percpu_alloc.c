@@ -84,7 +84,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -288,7 +287,6 @@ static void cache_retire(void *arg)
  * library thread; its exit hook could not be registered, or it ran). */
 static struct slot_cache *my_cache(void)
 {
-	sigset_t all, old;
 	struct slot_cache *c;
 
 	if (cache_state == CACHE_ACTIVE)
@@ -301,14 +299,7 @@ static struct slot_cache *my_cache(void)
 	if (!c)
 		return NULL;
 	percpuref_owner_mark_init(&c->owner);
-	/* No signal handler between the mark's lock and its enqueue on this
-	 * thread's robust list: one that forked there left the child thread
-	 * a mark on its list that it could not unlock (the word holds the
-	 * parent's thread id), and cache_retire() freed it under the list. */
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
 	percpuref_owner_mark_take(&c->owner);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (!percpuref_at_thread_exit(cache_retire, c)) {
 		percpuref_owner_mark_give_back(&c->owner);
 		free(c);

@@ -58,6 +58,7 @@
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include "internal.h"
 
@@ -156,9 +157,23 @@ void percpuref_owner_mark_init(struct percpuref_owner_mark *mark)
 		pthread_mutex_init(&mark->held, NULL);	/* never reads orphaned */
 }
 
+/*
+ * No signal handler between the lock and its enqueue on this thread's
+ * robust list: one that forked there left the child thread a mark on its
+ * list that it could not unlock (the word holds the parent's thread id),
+ * which the owner then freed under the list (a counters cache).  Two
+ * system calls, once per thread and object.
+ */
 bool percpuref_owner_mark_take(struct percpuref_owner_mark *mark)
 {
-	return pthread_mutex_trylock(&mark->held) == 0;
+	sigset_t all, old;
+	bool taken;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	taken = pthread_mutex_trylock(&mark->held) == 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return taken;
 }
 
 void percpuref_owner_mark_give_back(struct percpuref_owner_mark *mark)
