@@ -26,6 +26,18 @@
 #define UNDER_TSAN 0
 #endif
 
+/* Why a test whose fork children start threads is skipped here, or NULL:
+ * ThreadSanitizer allows no threads in a fork child, and under valgrind
+ * the children leak by design. */
+static inline const char *fork_children_untestable(void)
+{
+	if (UNDER_TSAN)
+		return "ThreadSanitizer: no threads in a fork child";
+	if (getenv("PERCPUREF_VALGRIND"))
+		return "valgrind: fork children leak by design";
+	return NULL;
+}
+
 /* ASan's stack printer symbolises; ThreadSanitizer would report its
  * allocations inside a signal handler (and halt_on_error stops there). */
 #if defined(__SANITIZE_ADDRESS__)

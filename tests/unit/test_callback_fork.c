@@ -490,12 +490,10 @@ static int run_case(int (*fn)(void))
 
 int main(void)
 {
-#if defined(__SANITIZE_THREAD__)
-	ok(1, "skipped under ThreadSanitizer: no threads in a fork child");
-	return done_testing();
-#endif
-	if (getenv("PERCPUREF_VALGRIND")) {
-		ok(1, "skipped under valgrind: fork children leak by design");
+	const char *untestable = fork_children_untestable();
+
+	if (untestable) {
+		ok(1, "skipped under %s", untestable);
 		return done_testing();
 	}
 	/* Exit status 2: set-up failed; 3: a fork failed; 4: a barrier or flush

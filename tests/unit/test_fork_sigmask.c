@@ -147,16 +147,13 @@ static int child(void)
 
 int main(void)
 {
+	const char *untestable = fork_children_untestable();
 	sigset_t usr2;
 	pid_t pid;
 	int i;
 
-#if defined(__SANITIZE_THREAD__)
-	ok(1, "skipped under ThreadSanitizer: no threads in a fork child");
-	return done_testing();
-#endif
-	if (getenv("PERCPUREF_VALGRIND")) {
-		ok(1, "skipped under valgrind: fork children leak by design");
+	if (untestable) {
+		ok(1, "skipped under %s", untestable);
 		return done_testing();
 	}
 	/* qemu-user: /proc/self/task lists the emulator's own threads too,
