@@ -2,7 +2,8 @@
 /*
  * Minimal TAP producer shared by the unit and stress tests.
  *
- * ok()/is() print one TAP line each and count failures; done_testing()
+ * ok()/is() print one TAP line each and count failures; skip() prints a
+ * test that cannot run here as "ok N - # SKIP why"; done_testing()
  * prints the plan and the closing "N passed, N failed" line and returns the
  * exit status.  Nothing here is concurrent: call from the main thread, or
  * use tap_fail_count() under your own lock.
@@ -37,6 +38,19 @@ static inline int tap_ok(int cond, const char *file, int line, const char *fmt, 
 }
 
 #define ok(cond, ...) tap_ok(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
+
+/* One planned test that cannot run here; the reason says why. */
+static inline __attribute__((format(printf, 1, 2))) void skip(const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("ok %d - # SKIP ", ++tap_run);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+}
 #define is(got, want, ...)                                                   \
 	do {                                                                 \
 		long long got_ = (long long)(got), want_ = (long long)(want); \

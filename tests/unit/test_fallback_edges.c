@@ -318,8 +318,7 @@ int main(int argc, char **argv)
 	 * too, before a later key's destructor: any call it intercepts there
 	 * (malloc, a mutex) crashes it, whatever this library does. */
 	if (UNDER_TSAN)
-		printf("ok %d - # SKIP last key-destructor round: ThreadSanitizer "
-		       "crashes in it\n", ++tap_run);
+		skip("last key-destructor round: ThreadSanitizer crashes in it");
 	else
 		is(run_mode("last-round"), 0,
 		   "first call in the last key-destructor round: no stale TLS read, unit back");
@@ -329,13 +328,12 @@ int main(int argc, char **argv)
 	/* Its fork's prepare handlers hold more locks than ThreadSanitizer's
 	 * deadlock detector counts (a CHECK fails in it). */
 	if (UNDER_TSAN)
-		printf("ok %d - # SKIP robust lock under a handler's fence: fork under "
-		       "ThreadSanitizer\n", ++tap_run);
+		skip("robust lock under a handler's fence: fork under ThreadSanitizer");
 	else
 		is(run_mode("handler-robust-pending"), 0,
 		   "a handler's fence leaves the interrupted robust mutex lock alone");
 #else
-	printf("ok %d - # SKIP robust lock under a handler's fence: not glibc\n", ++tap_run);
+	skip("robust lock under a handler's fence: not glibc");
 #endif
 	return done_testing();
 }

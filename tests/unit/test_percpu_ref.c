@@ -762,7 +762,7 @@ static void test_magazine_trades(void)
  * pool alone; what cached threads give back goes to the depot in whole
  * magazines.  It must find them there: it mapped a chunk instead, and
  * churn between the two grew memory by a chunk every few hundred rounds
- * with nothing in use (helper-69).
+ * with nothing in use.
  */
 #define NOCACHE_BATCH 64
 #define NOCACHE_ROUNDS 2000
@@ -814,7 +814,7 @@ static void test_nocache_thread_reuses_depot(void)
  * The stats while another thread trades magazines: a depot push or pop
  * moves 32 slots in or out of the pool under the lock, and the cache's
  * count must move with it, under that hold: published after it, a reader
- * saw the slots twice or not at all (in use read 2^64 - 31, helper-69).
+ * saw the slots twice or not at all (in use read 2^64 - 31).
  * Lock-free pops and pushes may leave the count one behind.
  */
 #define STATS_HELD 200
@@ -992,7 +992,7 @@ static void test_stats_while_passing(void)
  * library's key was visited already.  Its counter cache, kept in its TLS,
  * stayed in the registry after the thread was gone; the next thread on
  * that stack registered the same address again, the list looped, and the
- * stats walk spun for ever holding the allocator's lock (helper-60).
+ * stats walk spun for ever holding the allocator's lock.
  */
 static pthread_key_t late_key;
 static int late_rounds;
@@ -1082,8 +1082,8 @@ static void test_last_round_caches_come_back(void)
 	void *head;
 
 	if (!PERCPUREF_ROBUST_MARKS || syscall(SYS_get_robust_list, 0, &head, &len) != 0) {
-		printf("ok %d - # SKIP caches of threads past their exit hook: "
-		       "no robust marks here (glibc, a robust-futex list)\n", ++tap_run);
+		skip("caches of threads past their exit hook: "
+		     "no robust marks here (glibc, a robust-futex list)");
 		return;
 	}
 	pthread_key_create(&late_key, late_first_calls);
