@@ -69,13 +69,18 @@ struct sample {
 	struct bench_metrics metrics;
 };
 
-/* One measurement of @duration seconds, after duration / 5 of warm-up. */
+/* One measurement of @duration seconds, after duration / 5 of warm-up.
+ * A thread that has not returned @hang_limit seconds after the window
+ * closed ends the run (exit 1, the thread named): its loop hangs. */
 struct sample measure(const struct bench_workload *w, const struct bench_variant *v,
-		      unsigned int nthreads, const struct topology *topo, double duration);
+		      unsigned int nthreads, const struct topology *topo, double duration,
+		      double hang_limit);
 /* The same point as @nprocs one-thread processes at once (--processes):
- * the summed throughput, no metrics. */
+ * the summed throughput, no metrics.  The children must have ended
+ * @hang_limit seconds after their windows would have closed. */
 struct sample measure_processes(const struct bench_workload *w, const struct bench_variant *v,
-				unsigned int nprocs, const struct topology *topo, double duration);
+				unsigned int nprocs, const struct topology *topo, double duration,
+				double hang_limit);
 
 /* One row-and-column cell of the report, after the repetitions. */
 struct result {
@@ -105,6 +110,7 @@ struct report {
 	unsigned int baseline_row;	/* its index in threads[] */
 	const char *fast_path;	/* percpuref_fast_path(): "rseq-glibc", "fallback" ... */
 	double duration;
+	double hang_limit;	/* --hang-limit: seconds a point may overrun its window */
 	bool processes;		/* --processes: rows are one-thread processes */
 	char started[32];	/* ISO 8601 UTC */
 };

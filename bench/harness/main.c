@@ -6,6 +6,7 @@
  *   percpuref-bench <workload> [--threads LIST] [--variants LIST]
  *                   [--duration S] [--repeat N] [--stat median|best]
  *                   [--baseline N] [--oversubscribe] [--processes]
+ *                   [--hang-limit S]
  *                   [--json FILE|-] [--list] [workload options]
  *   percpuref-bench --help | --list | --topology | --version
  *
@@ -109,6 +110,7 @@ enum {
 	OPT_STAT,
 	OPT_OVERSUBSCRIBE,
 	OPT_PROCESSES,
+	OPT_HANG_LIMIT,
 	OPT_BASELINE,
 	OPT_JSON,
 	OPT_LIST,
@@ -124,6 +126,7 @@ static const struct option common_options[] = {
 	{ "stat", required_argument, NULL, OPT_STAT },
 	{ "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
 	{ "processes", no_argument, NULL, OPT_PROCESSES },
+	{ "hang-limit", required_argument, NULL, OPT_HANG_LIMIT },
 	{ "baseline", required_argument, NULL, OPT_BASELINE },
 	{ "json", required_argument, NULL, OPT_JSON },
 	{ "list", no_argument, NULL, OPT_LIST },
@@ -206,6 +209,9 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"  --processes         run each row of T threads as T one-thread processes at once,\n"
 		"                      pinned as the threads would be: the machine's own scaling,\n"
 		"                      nothing shared (throughput only; not for signal1, fence-cost)\n"
+		"  --hang-limit S      fail the run (exit 1) when a point's thread has not returned,\n"
+		"                      or a --processes child not ended, S seconds past its window\n"
+		"                      (0.01..86400, default 60)\n"
 		"  --baseline N        efficiency relative to the N-thread row, as the reports'\n"
 		"                      8C16T = 100%%: (throughput(T) / T) / (throughput(N) / N)\n"
 		"                      (default 1)\n"
@@ -543,6 +549,12 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 #endif
 			r->processes = true;
 			break;
+		case OPT_HANG_LIMIT:
+			if (!parse_real(optarg, &r->hang_limit) || !(r->hang_limit >= 0.01) ||
+			    r->hang_limit > 86400)
+				usage_error(w, "--hang-limit: want seconds in [0.01, 86400], got \"%s\"",
+					    optarg);
+			break;
 		case OPT_BASELINE:
 			if (!parse_uint(optarg, 1, 1u << 16, &cli->baseline))
 				usage_error(w, "--baseline: want a thread count 1..65536, got \"%s\"",
@@ -707,7 +719,8 @@ static void run_schedule(struct report *r)
 				fprintf(stderr, "\033[K");
 			}
 			res->samples[k] = (r->processes ? measure_processes : measure)(
-				r->workload, res->variant, res->threads, r->topo, r->duration);
+				r->workload, res->variant, res->threads, r->topo, r->duration,
+				r->hang_limit);
 			done++;
 		}
 	}
@@ -846,8 +859,8 @@ static FILE *open_json_early(const char *path)
 int main(int argc, char **argv)
 {
 	struct topology topo;
-	struct report r = { .repeat = 1, .stat = "median", .duration = 0.5, .topo = &topo,
-			    .baseline = 1, .fast_path = percpuref_fast_path() };
+	struct report r = { .repeat = 1, .stat = "median", .duration = 0.5, .hang_limit = 60,
+			    .topo = &topo, .baseline = 1, .fast_path = percpuref_fast_path() };
 	struct cli cli = { 0 };
 	FILE *table_out = stdout, *json_out = NULL;
 

@@ -19,6 +19,17 @@
  * ordering either: the threads' results are read after pthread_join(),
  * which orders everything.
  *
+ * A point that does not end is reported, not waited on for ever: after the
+ * stop flag each thread has --hang-limit seconds to return (joins with a
+ * timeout), and a --processes child as long past its window; then the run
+ * fails, naming the thread or process (a hung thread cannot be taken back:
+ * _exit(), no atexit handlers that might wait on it).  Those seconds count
+ * the time this process was awake to watch (awake_clock): a job stopped
+ * with Ctrl-Z and resumed does not fail on resuming.  Such a pause counts
+ * in the point's time per operation, as does a window that overran its
+ * end (this process got no CPU): standard error says so, having seen a
+ * SIGCONT (a handler counts them) or the window's length.
+ *
  * The workload's own figures (bench_report_metric()) go into the sample,
  * from setup() and teardown() only: run->metrics is NULL while the threads
  * exist, so a call from a thread's hook fails loudly instead of racing.
@@ -123,6 +134,112 @@ static void sleep_until(double when)
 		;
 }
 
+/*
+ * Seconds this process was awake since awake_clock_start(): a gap of more
+ * than a second between two reads (the job stopped, this thread not run)
+ * counts as one second.  Read it at least every few hundred milliseconds.
+ */
+struct awake_clock {
+	double last;
+	double awake;
+};
+
+static void awake_clock_start(struct awake_clock *c)
+{
+	c->last = bench_seconds();
+	c->awake = 0;
+}
+
+static double awake_seconds(struct awake_clock *c)
+{
+	double now = bench_seconds();
+
+	c->awake += fmin(now - c->last, 1.0);
+	c->last = now;
+	return c->awake;
+}
+
+/* SIGCONTs received: a stop (Ctrl-Z, SIGSTOP) ended since a read. */
+static unsigned long continues;
+
+static void count_continue(int sig)
+{
+	(void)sig;
+	/* Read by the main thread after the point: only the count matters. */
+	__atomic_fetch_add(&continues, 1, __ATOMIC_RELAXED);
+}
+
+/* The count of SIGCONTs so far, the handler installed on the first call. */
+static unsigned long continues_so_far(void)
+{
+	static bool installed;
+
+	if (!installed) {
+		struct sigaction sa = { .sa_handler = count_continue, .sa_flags = SA_RESTART };
+
+		sigemptyset(&sa.sa_mask);
+		if (sigaction(SIGCONT, &sa, NULL))
+			bench_die("sigaction (SIGCONT): %s", strerror(errno));
+		installed = true;
+	}
+	return __atomic_load_n(&continues, __ATOMIC_RELAXED);
+}
+
+/* A point the run was stopped in, or whose window lasted well past
+ * @duration (no CPU for this process), measured that time too: says so on
+ * standard error.  @since: continues_so_far() before the point. */
+static void warn_if_disturbed(const struct bench_workload *w, const struct bench_variant *v,
+			      unsigned int n, const char *units, double seconds, double duration,
+			      unsigned long since)
+{
+	if (continues_so_far() != since)
+		fprintf(stderr, "percpuref-bench: warning: %s %s, %u %s: the run was stopped "
+			"and continued during this point; its time per operation counts the "
+			"pause\n", w->name, v->name, n, units);
+	else if (seconds - duration > fmax(0.5, duration / 4))
+		fprintf(stderr, "percpuref-bench: warning: %s %s, %u %s: the window lasted "
+			"%.3g s instead of %.3g s (the run got no CPU); its time per "
+			"operation counts that\n", w->name, v->name, n, units, seconds,
+			duration);
+}
+
+/* Joins the threads of a point whose window has closed, each within
+ * @hang_limit awake seconds. */
+static void join_threads(const struct bench_workload *w, const struct bench_variant *v,
+			 const struct bench_thread *threads, const pthread_t *tids,
+			 unsigned int nthreads, double hang_limit)
+{
+	struct awake_clock clock;
+
+	awake_clock_start(&clock);
+	for (unsigned int i = 0; i < nthreads; i++) {
+		for (;;) {
+			struct timespec until;
+			int err;
+
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_nsec += 100 * 1000 * 1000;
+			if (until.tv_nsec >= 1000 * 1000 * 1000) {
+				until.tv_sec++;
+				until.tv_nsec -= 1000 * 1000 * 1000;
+			}
+			err = pthread_timedjoin_np(tids[i], NULL, &until);
+			if (!err)
+				break;
+			if (err != ETIMEDOUT)
+				bench_die("pthread_timedjoin_np (thread %u): %s", i, strerror(err));
+			if (awake_seconds(&clock) > hang_limit) {
+				fflush(stdout);
+				fprintf(stderr, "percpuref-bench: %s %s, %u thread%s: thread %u (CPU %d) "
+					"has not returned %g s after its window closed (--hang-limit): "
+					"its loop hangs\n", w->name, v->name, nthreads,
+					nthreads == 1 ? "" : "s", i, threads[i].cpu, hang_limit);
+				_exit(1);
+			}
+		}
+	}
+}
+
 static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
 {
 	uint64_t sum = 0;
@@ -136,7 +253,8 @@ static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
  * processes of a --processes point before its warm-up. */
 static struct sample measure_with(const struct bench_workload *w, const struct bench_variant *v,
 				  unsigned int nthreads, const struct topology *topo,
-				  double duration, pthread_barrier_t *processes)
+				  double duration, double hang_limit,
+				  pthread_barrier_t *processes)
 {
 	struct sample s = { 0 };
 	struct bench_run run = { .workload = w, .variant = v, .nthreads = nthreads,
@@ -195,8 +313,7 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 	s.ops = snapshot(threads, nthreads) - ops0;
 	__atomic_store_n(&run.stop, true, __ATOMIC_RELAXED);
 
-	for (unsigned int i = 0; i < nthreads; i++)
-		pthread_join(tids[i], NULL);
+	join_threads(w, v, threads, tids, nthreads, hang_limit);
 	pthread_barrier_destroy(&start_barrier);
 	run.metrics = &s.metrics;
 	if (w->teardown)
@@ -207,9 +324,15 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 }
 
 struct sample measure(const struct bench_workload *w, const struct bench_variant *v,
-		      unsigned int nthreads, const struct topology *topo, double duration)
+		      unsigned int nthreads, const struct topology *topo, double duration,
+		      double hang_limit)
 {
-	return measure_with(w, v, nthreads, topo, duration, NULL);
+	unsigned long since = continues_so_far();
+	struct sample s = measure_with(w, v, nthreads, topo, duration, hang_limit, NULL);
+
+	warn_if_disturbed(w, v, nthreads, nthreads == 1 ? "thread" : "threads", s.seconds,
+			  duration, since);
+	return s;
 }
 
 /* What the children of a --processes point share with the parent. */
@@ -233,8 +356,10 @@ static void kill_children(const pid_t *pids, const bool *reaped, unsigned int n)
 }
 
 struct sample measure_processes(const struct bench_workload *w, const struct bench_variant *v,
-				unsigned int nprocs, const struct topology *topo, double duration)
+				unsigned int nprocs, const struct topology *topo, double duration,
+				double hang_limit)
 {
+	struct awake_clock clock;
 	struct processes_shared *sh;
 	size_t size = sizeof(*sh) + nprocs * sizeof(sh->out[0]);
 	pthread_barrierattr_t attr;
@@ -242,7 +367,8 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 	pid_t *pids = calloc(nprocs, sizeof(*pids));
 	bool *reaped = calloc(nprocs, sizeof(*reaped));
 	pid_t parent = getpid();
-	double seconds = 0;
+	double seconds = 0, longest = 0;
+	unsigned long since = continues_so_far();
 
 	if (!pids || !reaped)
 		bench_die("out of memory");
@@ -277,21 +403,37 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 
 			one.ncpus = 1;
 			one.order = &cpu;
-			mine = measure_with(w, v, 1, &one, duration, &sh->barrier);
+			mine = measure_with(w, v, 1, &one, duration, hang_limit, &sh->barrier);
 			sh->out[i].ops = mine.ops;
 			sh->out[i].seconds = mine.seconds;
 			_exit(0);
 		}
 	}
+	/* From the last fork: each child's warm-up and window, then
+	 * --hang-limit for its set-up, start and teardown. */
+	awake_clock_start(&clock);
 	for (unsigned int left = nprocs; left;) {
 		int status;
 		/* Stops too: a child stopped (SIGSTOP) held the others at the
 		 * barrier, and this wait, until something continued it. */
-		pid_t pid = waitpid(-1, &status, WUNTRACED);
+		pid_t pid = waitpid(-1, &status, WUNTRACED | WNOHANG);
 		unsigned int i = 0;
 
 		if (pid < 0)
 			bench_die("--processes: wait: %s", strerror(errno));
+		if (!pid) {
+			if (awake_seconds(&clock) > 1.2 * duration + hang_limit) {
+				while (reaped[i])
+					i++;
+				kill_children(pids, reaped, nprocs);
+				bench_die("--processes: %u of %u processes (the first on CPU %d, "
+					  "pid %d) had not ended %g s after their windows would "
+					  "have closed (--hang-limit); killed", left, nprocs,
+					  topo->order[i % topo->ncpus], (int)pids[i], hang_limit);
+			}
+			nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 }, NULL);
+			continue;
+		}
 		while (i < nprocs && pids[i] != pid)
 			i++;
 		if (i == nprocs)
@@ -335,8 +477,11 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 		if (!(sh->out[i].seconds > 0))
 			bench_die("--processes: the process on CPU %d reported no window",
 				  topo->order[i % topo->ncpus]);
+		longest = fmax(longest, sh->out[i].seconds);
 		seconds += sh->out[i].seconds / nprocs;
 	}
+	warn_if_disturbed(w, v, nprocs, nprocs == 1 ? "process" : "processes", longest,
+			  duration, since);
 	for (unsigned int i = 0; i < nprocs; i++)
 		s.ops += (uint64_t)llround(sh->out[i].ops * (seconds / sh->out[i].seconds));
 	s.seconds = seconds;

@@ -61,6 +61,9 @@ expect 2 micro --duration 0
 expect 2 micro --duration -1
 expect 2 micro --duration 1s
 expect 2 micro --duration 1e-300 --threads 1 --variants private
+expect 2 micro --hang-limit 0 --threads 1 --variants private
+expect 2 micro --hang-limit 86401 --threads 1 --variants private
+expect 2 micro --hang-limit 1m --threads 1 --variants private
 expect 2 micro --repeat 0
 # Past 32 bits: once truncated to 1000 and run.
 expect 2 micro --repeat 4294968296 --threads 1 --variants private $short
@@ -247,6 +250,115 @@ if cc -shared -fPIC -o "$tmp/attr_affinity_fails.so" \
 else
 	echo "ok: pthread_attr_setaffinity_np refused # skip: no cc, or no preload"
 fi
+# A point that never ends fails the run after --hang-limit, naming the
+# thread (exit 1; _exit, as a hung thread cannot be waited for) instead of
+# waiting for ever.  Its worker, the one thread pinned to a single CPU, is
+# frozen with ptrace: a stop its process cannot see.  Skipped where ptrace
+# is refused, or with one CPU (every thread "pinned").
+# frozen PID...: freezes those threads (or processes) in the background
+# ($freezer) and waits up to 5 s for them to be; false if ptrace refused.
+frozen() {
+	"$tmp/freeze_threads" "$@" >"$tmp/frozen" 2>"$tmp/freeze_err" &
+	freezer=$!
+	for _ in $(seq 100); do
+		grep -q frozen "$tmp/frozen" && return 0
+		running "$freezer" || break
+		sleep 0.05
+	done
+	wait "$freezer"
+	[ $? -ne 77 ] || return 1
+	echo "FAIL: freeze_threads $*: $(head -1 "$tmp/freeze_err")"
+	fails=$((fails + 1))
+	return 1
+}
+# The processes whose parent is $1 (from /proc: procps may be missing):
+# the kernel's list where it keeps one (a walk of every process takes
+# seconds on a loaded machine, past a short point's end).
+children_of() {
+	if [ -r "/proc/$1/task/$1/children" ]; then
+		for pid in $(cat "/proc/$1/task/$1/children"); do
+			echo "$pid"
+		done
+		return
+	fi
+	for stat in /proc/[0-9]*/stat; do
+		read -r pid _ _ ppid _ 2>/dev/null <"$stat" && [ "$ppid" = "$1" ] && echo "$pid"
+	done
+}
+# running PID: PID has not ended (a zombie has: only its status is left).
+running() {
+	read -r _ _ state _ 2>/dev/null <"/proc/$1/stat" && [ "$state" != Z ]
+}
+# The threads of process $1 pinned to one CPU, once there are $2 (5 s at most).
+pinned_threads() {
+	for _ in $(seq 100); do
+		pinned=""
+		for task in /proc/"$1"/task/*; do
+			[ "${task##*/}" != "$1" ] &&
+			grep -q '^Cpus_allowed_list:[[:space:]]*[0-9]*$' "$task/status" 2>/dev/null &&
+			pinned="$pinned ${task##*/}"
+		done
+		[ "$(echo $pinned | wc -w)" -eq "$2" ] && return
+		sleep 0.05
+	done
+}
+if [ "$cpus" -lt 2 ] || ! cc -o "$tmp/freeze_threads" "$(dirname -- "$0")/lib/freeze_threads.c" \
+	2>/dev/null; then
+	echo "ok: a thread that never returns # skip: one CPU, or no cc"
+else
+	# Frozen in its window (from 0.4 s), not before the start barrier,
+	# where the main thread would wait for it with no limit.
+	timeout -s KILL 60 "$bench" micro --threads 1 --variants private --duration 2 \
+		--hang-limit 0.5 >/dev/null 2>"$tmp/err" &
+	parent=$!
+	for _ in $(seq 100); do
+		run=$(children_of "$parent")
+		[ -n "$run" ] && break
+		sleep 0.05
+	done
+	pinned_threads "$run" 1
+	sleep 0.6
+	if [ -z "$pinned" ] || ! frozen $pinned; then
+		wait "$parent"
+		if [ -z "$pinned" ]; then
+			echo "FAIL: a thread that never returns: no pinned worker found"
+			fails=$((fails + 1))
+		else
+			echo "ok: a thread that never returns # skip: ptrace refused here"
+		fi
+	else
+		wait "$parent"
+		status=$?
+		wait "$freezer"
+		want='percpuref-bench: micro private, 1 thread: thread 0 (CPU [0-9]*) has not'
+		want="$want returned 0.5 s after its window closed (--hang-limit): its loop hangs"
+		if [ "$status" -eq 1 ] && grep -qx "$want" "$tmp/err"; then
+			echo "ok: a thread that never returns: exit 1 after --hang-limit, named"
+		else
+			echo "FAIL: a thread that never returns: exit $status, $(head -1 "$tmp/err")"
+			fails=$((fails + 1))
+		fi
+	fi
+fi
+# A stop of the whole run (Ctrl-Z, then fg) in a window: the point is
+# still measured (exit 0), and standard error says it counts the pause.
+"$bench" micro --threads 1 --variants private --duration 2 >/dev/null 2>"$tmp/err" &
+parent=$!
+pinned_threads "$parent" 1
+sleep 0.6	# into the window, after 0.4 s of warm-up
+kill -STOP "$parent"
+sleep 1
+kill -CONT "$parent"
+wait "$parent"
+status=$?
+want='percpuref-bench: warning: micro private, 1 thread: the run was stopped and continued'
+want="$want during this point; its time per operation counts the pause"
+if [ "$status" -eq 0 ] && grep -qx "$want" "$tmp/err"; then
+	echo "ok: a stopped and continued run: exit 0, the pause said"
+else
+	echo "FAIL: a stopped and continued run: exit $status, $(head -1 "$tmp/err")"
+	fails=$((fails + 1))
+fi
 # managed-latency with more threads than its default: their sums are
 # shared (ThreadSanitizer builds report a race if they are not).
 expect 0 managed-latency --threads 2 --interval-ms 1 --variants filtered $short
@@ -394,16 +506,10 @@ json micro 4 no --threads 2 --oversubscribe --processes --variants private,kref
 "$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private --duration 30 \
 	>"$tmp/out" 2>"$tmp/err" &
 parent=$!
-# The processes whose parent is $1 (from /proc: procps may be missing).
 # still_alive PID...: those of the PIDs still running, each after a space.
 still_alive() {
 	for pid in "$@"; do
 		kill -0 "$pid" 2>/dev/null && printf ' %s' "$pid"
-	done
-}
-children_of() {
-	for stat in /proc/[0-9]*/stat; do
-		read -r pid _ _ ppid _ 2>/dev/null <"$stat" && [ "$ppid" = "$1" ] && echo "$pid"
 	done
 }
 # Sets $children to the two processes $1 forks, within 5 s.
@@ -456,10 +562,6 @@ fi
 # for it, and the parent for it, until something continued it (and a
 # window stretched by the stop was then reported as measured).  The
 # parent has 10 s to end by itself; then it and the children are killed.
-# running PID: PID has not ended (a zombie has: only its status is left).
-running() {
-	read -r _ _ state _ 2>/dev/null <"/proc/$1/stat" && [ "$state" != Z ]
-}
 "$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private --duration 30 \
 	>"$tmp/out" 2>"$tmp/err" &
 parent=$!
@@ -503,12 +605,50 @@ sleep 0.2
 kill -CONT -"$parent"
 wait "$parent"
 status=$?
-if [ "$status" -eq 0 ] && [ -n "$children" ]; then
-	echo "ok: a --processes job stopped and continued: exit 0"
+want='percpuref-bench: warning: micro private, 2 processes: the run was stopped and continued'
+if [ "$status" -eq 0 ] && [ -n "$children" ] && grep -q "^$want" "$tmp/err"; then
+	echo "ok: a --processes job stopped and continued: exit 0, the pause said"
 else
 	echo "FAIL: a --processes job stopped and continued: exit $status, children $children"
 	sed 's/^/  stderr: /' "$tmp/err" | head -5
 	fails=$((fails + 1))
+fi
+
+# A --processes child that never ends (frozen with ptrace, a stop its
+# parent cannot see) fails the run after its window and --hang-limit,
+# named, and its siblings go too.
+if [ -x "$tmp/freeze_threads" ]; then
+	"$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
+		--duration 2 --hang-limit 2 >/dev/null 2>"$tmp/err" &
+	parent=$!
+	# Had the limit no effect, this would wait for ever: killed at 60 s
+	# (its children go with it), the test fails instead.
+	(sleep 60; kill -KILL "$parent" 2>/dev/null) &
+	killer=$!
+	wait_for_two_children "$parent"
+	hung=$(echo $children | cut -d' ' -f1)
+	sleep 0.5	# past the barrier: its sibling runs its window out
+	if [ -n "$hung" ] && frozen $(ls /proc/"$hung"/task); then
+		wait "$parent"
+		status=$?
+		kill "$killer" 2>/dev/null
+		wait "$freezer"
+		alive=$(still_alive $children)
+		want="percpuref-bench: --processes: 1 of 2 processes (the first on CPU [0-9]*, pid $hung)"
+		want="$want had not ended 2 s after their windows would have closed (--hang-limit); killed"
+		if [ "$status" -eq 1 ] && [ -z "$alive" ] && grep -qx "$want" "$tmp/err"; then
+			echo "ok: a --processes child that never ends: exit 1 after --hang-limit, named"
+		else
+			echo "FAIL: a --processes child that never ends: exit $status, alive:$alive," \
+			     "$(head -1 "$tmp/err")"
+			[ -n "$alive" ] && kill -KILL $alive
+			fails=$((fails + 1))
+		fi
+	else
+		wait "$parent"
+		kill "$killer" 2>/dev/null
+		echo "ok: a --processes child that never ends # skip: not frozen (see above)"
+	fi
 fi
 
 # A child the bench did not fork (inherited across an exec) is not taken
