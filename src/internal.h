@@ -122,7 +122,7 @@ bool percpuref_holds_batch_lock(void);
  * Around a user's @release run under a batch lock: the batch mutexes the
  * thread holds are released meanwhile, so a fork need not wait for the
  * callback (a @release that waits for a lock the forking thread holds
- * deadlocked both: helper-52, a Rust Drop and std's Command).  The thread
+ * deadlocked both: a Rust Drop and std's Command).  The thread
  * still counts as holding them (percpuref_holds_batch_lock()), and the
  * batch's owner keeps the runner role (deferred.c's batch_running,
  * managed.c's scan_running), so no other batch starts meanwhile.  What
@@ -137,7 +137,7 @@ void percpuref_batch_resume(void);
  * (its item off the queue, its mark still set), so a @release nested in
  * the callback (a put of another ref's last reference) pauses nothing: a
  * fork child would inherit the switch half done, and its exit of that ref
- * waited for ever (helper-54).  Strictly nested within pauses.
+ * waited for ever.  Strictly nested within pauses.
  */
 void percpuref_batch_pin(void);
 void percpuref_batch_unpin(void);

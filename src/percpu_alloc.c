@@ -183,7 +183,7 @@ static void take_back_orphaned_caches(void);
  * library thread, one past its exit hook) allocates only here: the depot's
  * magazines are its too, unpacked onto the free list when that is empty,
  * or a chunk was mapped while they sat there, and memory grew under churn
- * without bound (helper-69). */
+ * without bound. */
 static uintptr_t pool_take(bool may_grow)
 {
 	uintptr_t cpu0;
@@ -458,8 +458,8 @@ static void alloc_fork_child(void)
 	bool mine_linked = false;
 
 	/* Ours is kept if linked, whatever its state says: a fork from a
-	 * signal handler may come between the link and the state
-	 * (helper-61), and the thread goes on from there in the child. */
+	 * signal handler may come between the link and the state, and the
+	 * thread goes on from there in the child. */
 	for (c = registry.next; c != &registry; c = next) {
 		next = c->next;
 		if (c == cache)

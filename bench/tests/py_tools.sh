@@ -3,7 +3,7 @@
 # py_tools.sh BENCH - bad input to bench/plot.py, bench/report.py and
 # scripts/fast_paths.py: a message and exit status 2 (1 for a closed pipe),
 # never a Python traceback; and a good input still works.  Each case below
-# once ended in a traceback (helper-51's attack), or, for report.py given
+# once ended in a traceback (an adversarial review), or, for report.py given
 # another workload's file, in a silently wrong table.
 . "$(dirname -- "$0")/lib/preamble.sh"
 here=$(dirname -- "$0")

@@ -21,7 +21,10 @@
  * not a number or out of range is warned and ignored):
  * PERCPUREF_SCAN_INTERVAL_MS (at most PERCPU_REF_MANAGED_INTERVAL_MAX_MS),
  * PERCPUREF_SCAN_MAX (0: no limit),
- * PERCPUREF_SCAN_STRATEGY=faithful|batched|filtered.
+ * PERCPUREF_SCAN_STRATEGY=faithful|batched|filtered,
+ * PERCPUREF_RECLAIMER_NICE (0..19: the reclaimer thread's nice value),
+ * PERCPUREF_MANAGED_WARN_S (warn once for each managed ref still held N
+ * seconds after it was first listed; docs/managed.md).
  */
 #ifndef PERCPUREF_MANAGED_H
 #define PERCPUREF_MANAGED_H

@@ -8,7 +8,7 @@
  * and the object is deleted on the library's callback thread.  The library
  * used to finish that work in its ELF destructor, which runs after every
  * static destructor: ~T wrote into a destroyed vector (ASan:
- * heap-use-after-free, 5 runs of 5, helper-53).  Each scenario runs in a
+ * heap-use-after-free, 5 runs of 5).  Each scenario runs in a
  * child process, whose exit is what is tested.
  */
 #include <atomic>

@@ -262,8 +262,7 @@ static void test_not_made()
  * A ref_ptr taken in T's constructor, before make_owner initialises the
  * counter: empty.  It was not, and its put, once the counter counted,
  * dropped a reference it never got: the kill freed the object while the
- * registry still held it, and clearing the registry read freed memory
- * (helper-53).
+ * registry still held it, and clearing the registry read freed memory.
  */
 struct self_registering;
 static std::vector<ref_ptr<self_registering>> registry;

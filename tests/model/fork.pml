@@ -39,7 +39,7 @@
  * -DMUTANT_NAME_LATE: scan_releasing is set after the lock is released: a
  * fork in between finds a ref neither queued nor named, never finished.
  * -DMUTANT_NO_CLEAR: the name stays after the node is finished: a later
- * fork's child finishes it again (helper-55: on freed memory).
+ * fork's child finishes it again (on freed memory).
  */
 
 #define N	3

@@ -12,7 +12,7 @@
  * With the stripe's broadcast made a signal, two runs of five (5-8 s each)
  * hung: busy stripe-mates end switches often enough to rescue most lost
  * wake-ups.  Every worker round releases its ref exactly once, which the
- * end checks.  Written by helper-62.
+ * end checks.
  */
 #define _GNU_SOURCE
 #include <pthread.h>

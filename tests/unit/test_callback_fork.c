@@ -19,8 +19,8 @@
  *    barrier hung.
  * And a user's fork while a @release run by a library thread waits for a
  * lock the forking thread holds (cases 4-6): fork waited for the batch,
- * callbacks included, the @release for the lock: a deadlock (helper-52: a
- * Rust Drop, std's Command forking under a lock).  A @release now runs
+ * callbacks included, the @release for the lock: a deadlock (a Rust Drop,
+ * std's Command forking under a lock).  A @release now runs
  * with its batch lock released; the fork child finds the rest of the batch
  * requeued and runs it, and never the @release it interrupted.
  * Each case runs in a child of the test (a hang or a crash there fails that
@@ -297,7 +297,7 @@ static int case_rcu_release_waits_for_forker(void)
  * (the switch the confirm belongs to is half done on the stack), so the
  * fork waits for it: the child gets the switch whole.  Paused there, it
  * let the fork in, and the child's exit of the confirmed ref waited for
- * ever for a switch no thread would finish (helper-54).
+ * ever for a switch no thread would finish.
  */
 static struct percpu_ref nested;
 static int nested_in_release, nested_released, confirmed_released;
@@ -406,7 +406,7 @@ static int case_managed_reinit_after_fork(void)
  * Case 9: a fork long after a managed @release returned, its ref exited
  * and its memory reused: the child must find no cut node.  A scanner that
  * left the finished node named would have the child finish it again, on
- * freed memory (helper-55).
+ * freed memory.
  */
 struct heap_ref {
 	struct percpu_ref ref;

@@ -1,17 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Thread cancellation (docs/percpu_ref.md, "Threads"): no library function
- * acts on a cancellation request, and the callbacks it runs run with
- * cancellation disabled.  Each case runs one call on a thread that has a
- * deferred cancellation pending when it makes the call: the call must
- * return, its operation must be complete (a kill's put made, a switch
- * finished), and the thread must then die at its own next cancellation
- * point.  Without that, the thread dies inside the call at its first
- * condition wait, join, sleep or write to stderr, holding a library lock or
- * with an operation half done, and the next call that needs that lock
- * hangs (the alarm turns a hang into a failure).  The last case runs in a
- * child process, which a seccomp filter and a full fd table leave with no
- * fence but a sleep.
+ * Thread cancellation (docs/percpu_ref.md, "What a calling thread must do"):
+ * no library function acts on a cancellation request, and the callbacks it
+ * runs run with cancellation disabled.  Each case runs one call on a thread
+ * that has a deferred cancellation pending when it makes the call: the
+ * call must return, its operation must be complete (a kill's put made, a
+ * switch finished), and the thread must then die at its own next
+ * cancellation point.  Without that, the thread dies inside the call at
+ * its first condition wait, join, sleep or write to stderr, holding a
+ * library lock or with an operation half done, and the next call that
+ * needs that lock hangs (the alarm turns a hang into a failure).  The last
+ * case runs in a child process, which a seccomp filter and a full fd table
+ * leave with no fence but a sleep.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -407,7 +407,7 @@ static size_t malloc_in_use(void)
  * state until then: 222 MB in 5 s of switch-storm at the default interval.
  * Once they are many, the exits ask for a pass, and the memory comes back.
  * With more live refs than a scan checks, so that a pass takes several
- * scans: an ask that brought one scan forward freed nothing (helper-58).
+ * scans: an ask that brought one scan forward freed nothing.
  */
 static void test_exits_ask_for_a_pass(void)
 {
@@ -1179,7 +1179,7 @@ static int run_nice_child(const char *value)
  * The reclaimer runs at the process's priority unless the environment
  * asks for a lower one; it never raises it above the process's.  Relative
  * to the nice value the test runs at (`nice -n 19 test_managed` failed
- * here, helper-55): at 19, a root process's reclaimer went to 7, above
+ * here): at 19, a root process's reclaimer went to 7, above
  * every thread of the process.
  */
 static int at_least(int a, int b)
@@ -1219,7 +1219,7 @@ static uint64_t clock_ns(clockid_t clock)
  * same, whatever else runs on that CPU (other processes shrink both
  * alike).  Counted in this thread's CPU time, not the clock's: with eight
  * busy processes on two CPUs a 200 ms window gave it 7 ms, below what the
- * comparison needed, and the test failed (helper-58).  Exits 0 when the
+ * comparison needed, and the test failed.  Exits 0 when the
  * reclaimer got less than a quarter of this thread's time, in one of three
  * tries; 1 when it never did; 2 when the process cannot be pinned, the
  * reclaimer's CPU clock cannot be read, or no try could compare: 20 s in

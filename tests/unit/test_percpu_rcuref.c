@@ -381,7 +381,7 @@ static void test_zero_again_before_release(void)
 	ok(strstr(out, "reached zero again before its @release ran") != NULL,
 	   "zero again before @release: warned");
 	/* As the kernel's: readers must not find it while @release may free
-	 * it (helper-56: it stayed published). */
+	 * it (it stayed published). */
 	is(unpublished(&o), 1, "and unpublished again");
 	stop_reader(t);
 	is(percpu_rcuref_barrier(), 0, "barrier: 0");

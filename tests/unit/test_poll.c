@@ -325,7 +325,7 @@ static void test_handed_over(enum leave how, const char *what)
  * A thread registered and left, so the library's exit hook ran at its exit;
  * then one of its key destructors registers again and kills.  The hook had
  * to be armed again: the kill waited on a queue nobody would poll until a
- * barrier (helper-68).
+ * barrier.
  */
 static pthread_key_t late_key;
 static int late_register_ret = 1;

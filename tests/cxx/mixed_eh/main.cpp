@@ -5,7 +5,7 @@
  * make_owner<conn>.  Built without optimisation, so that the calls are not
  * inlined: the linker kept one make_owner<conn> for both units, the first
  * one it saw (noeh.cpp's, which aborts), and an init failure here aborted
- * instead of throwing std::bad_alloc (helper-53).  The header's inline
+ * instead of throwing std::bad_alloc.  The header's inline
  * namespace per mode gives the two copies different names.
  */
 #include <new>
