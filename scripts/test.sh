@@ -6,7 +6,8 @@
 # (GLIBC_TUNABLES=glibc.pthread.rseq=0) and the fallback (PERCPUREF_NO_RSEQ=1).
 # The plain build also runs them under valgrind's leak check, the SPIN
 # models, and checks the installed library through pkg-config and CMake.
-# Then cargo test of the Rust bindings (unit tests and doctests), with
+# Then cargo test of the Rust bindings (unit tests and doctests, and a
+# build of each declaration made wrong, which must fail), with
 # Debian's cargo and rustc (/usr/bin, whatever else is on PATH: cargo runs
 # the rustc it finds first, and a rustup one would hide that the crates
 # must build with the Rust 1.63 a fresh Debian 12 has).  Then an
@@ -67,6 +68,10 @@ echo "=== rust bindings"
 if ! (cd bindings/rust && CARGO_TARGET_DIR="$PWD/../../build/cargo" RUSTC=/usr/bin/rustc \
       RUSTDOC=/usr/bin/rustdoc /usr/bin/cargo test --offline); then
   failed+=("rust bindings")
+fi
+# build.rs's checks of the declarations against the headers can fail.
+if ! bindings/rust/check_build_refusals.sh; then
+  failed+=("rust bindings: build refusals")
 fi
 
 # Scripts that run the binary directly (no emulator) and the host

@@ -12,7 +12,8 @@
 //! `extern "C"` blocks and each `extern "C" fn` type alias, turned into C,
 //! must have the type the headers give it (a static assertion naming it),
 //! so a prototype that disagrees, or names no C function, fails the build
-//! instead of the call.
+//! instead of the call; and each `pub const` must have the value the C
+//! headers (or <errno.h>) give the same name.
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -110,6 +111,27 @@ fn checked_shim(manifest: &Path, include: &Path, out_dir: &Path) -> PathBuf {
             );
         }
     }
+    // `pub const NAME: c_int = VALUE;`: the C headers' NAME (a flag, or an
+    // errno value from <errno.h>, which some architectures number unlike
+    // x86 and Arm) must have that value.
+    let mut constants = 0;
+    for piece in code.split("pub const ").skip(1) {
+        let (name, rest) = piece.split_once(':').expect("a `:` after the constant's name");
+        let value = rest
+            .split_once('=')
+            .and_then(|(_, value)| value.split_once(';'))
+            .expect("a constant's `= VALUE;`")
+            .0
+            .trim();
+        c += &format!(
+            "_Static_assert(({}) == ({}), \"src/lib.rs: const {} is not the C headers' value\");\n",
+            name.trim(),
+            value,
+            name.trim()
+        );
+        constants += 1;
+    }
+    assert!(constants > 0, "percpuref-sys: no constant declared in src/lib.rs");
     let mut functions = 0;
     for block in code.split("extern \"C\" {").skip(1) {
         let block = block.split_once('}').expect("a `}` closing the extern block").0;

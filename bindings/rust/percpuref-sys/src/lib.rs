@@ -32,7 +32,8 @@ pub const PERCPU_REF_ALLOW_REINIT: c_uint = 1 << 2;
 pub const PERCPU_REF_POLL_WAIT: c_uint = 1;
 // Errno values that the safe layer and its tests tell apart, as Linux's
 // <errno.h> numbers them on x86 and Arm (some architectures number them
-// otherwise: the test below compares them with the C headers').
+// otherwise: build.rs compares every constant here with the C headers'
+// and <errno.h>'s, and a build for such an architecture fails there).
 /// `percpu_ref_poll_unregister()`: the thread is not registered.
 pub const EPERM: c_int = 1;
 /// `percpu_ref_poll_register()`: the thread is registered already.
