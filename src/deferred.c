@@ -16,7 +16,7 @@
  * shared with every other liburcu user in the process, and we need to stop
  * our thread at shutdown and count fences.
  *
- * The queue.  Queueing takes no lock (issue 9: with one mutex per kill,
+ * The queue.  Queueing takes no lock (with one mutex per kill,
  * threads killing their own refs serialised on it and on a futex wake each,
  * and switch-storm lost half its throughput at two threads): callers push
  * onto a lock-free stack (pending) with a release CAS; the thread takes the
@@ -63,25 +63,24 @@
  * the batches on its own thread rather than fail or wait for ever.
  * tests/model/wakeup.pml checks that no push is stranded.
  *
- * Fork: a batch's runner (the thread, or a stopper that could not start
- * one) holds batch_lock (callback_batch.lock, rank DEFERRED_BATCH) from
- * taking the batch until its items have run and are counted, and fork
- * takes it first (runtime.c), so a fork falls inside a batch only where
- * the runner lets go of the lock: around a @release
- * (percpuref_batch_pause()), which may wait for a lock the forking thread
- * holds (a deadlock when fork waited for it).  The runner then keeps the
- * items not started in batch_rest, and its role (percpuref_batch_begin():
- * no second batch meanwhile, whose count could satisfy a waiter before
- * the first batch ran), so in the child
- * every item is done, queued, or in batch_rest, which the child queues
- * again (a batch cut in half was lost, with barrier and exit hanging for
- * it: issue 8, finding 2), but for the item whose @release was running:
- * its switch was finished, and its release is the parent's thread's.  The
- * thread does not exist in the child; the child starts its own if items
- * are queued.  An item some other thread was pushing at the fork may be
- * missing in the child (its caller does not exist there): the child counts
- * what is queued.  The price: fork waits for a batch's fence and for its
- * confirm callbacks, which run between halves of a switch.
+ * Fork: a batch's runner (the thread, or a stopper that could not start one)
+ * holds batch_lock (callback_batch.lock, rank DEFERRED_BATCH) from taking the
+ * batch until its items have run and are counted, and fork takes it first
+ * (runtime.c), so a fork falls inside a batch only where the runner lets go of
+ * the lock: around a @release (percpuref_batch_pause()), which may wait for a
+ * lock the forking thread holds (a deadlock when fork waited for it).  The
+ * runner then keeps the items not started in batch_rest, and its role
+ * (percpuref_batch_begin(): no second batch meanwhile, whose count could
+ * satisfy a waiter before the first batch ran), so in the child every item is
+ * done, queued, or in batch_rest, which the child queues again (a batch cut in
+ * half was lost, with barrier and exit hanging for it: test_hardening.c,
+ * finding 2), but for the item whose @release was running: its switch was
+ * finished, and its release is the parent's thread's.  The thread does not
+ * exist in the child; the child starts its own if items are queued.  An item
+ * some other thread was pushing at the fork may be missing in the child (its
+ * caller does not exist there): the child counts what is queued.  The price:
+ * fork waits for a batch's fence and for its confirm callbacks, which run
+ * between halves of a switch.
  *
  * Polling threads (percpu_ref_poll_register()).  A registered thread's
  * items go on a queue of its own (struct poller: a FIFO under its lock,

@@ -29,25 +29,23 @@
  * descending), so the child inherits none held by a thread it lacks.
  *
  * The batch locks come first: a library thread, or a polling thread in
- * percpu_ref_poll(), holds one for a whole
- * unit of work (fence, callbacks, and the user's confirm callbacks they
- * call; around a user's @release it lets go, its state where a fork child
- * finds it: percpuref_batch_pause()), so a fork never cuts one in half.
- * Fork takes every polling thread's (rank POLL_BATCH, after the registry
- * of polling threads, in its order); a polling thread takes its own only.
- * The sync-switch lock next: every
- * switch_to_atomic_sync() read-holds it over its fence, so a fork never
- * cuts one in half either; it is only tried under a switch lock (a fork
- * waiting for it makes the switch step back).  liburcu-bp's locks (its grace-period and
- * registry mutexes, urcu_bp_before_fork()) come next, before every lock a
- * reader may take inside a read-side section: a grace period holds
- * liburcu's lock while it waits for such a reader, so a fork holding the
- * reader's lock while it waits for liburcu's would deadlock (issue 8,
- * finding 5).  Consequences for callers: inside a read-side section no call
- * that takes a batch lock or waits for a library thread (barrier, flush,
- * shutdown, exit(); a fork there leaves the scan batch and liburcu alone);
- * from a callback run on a library thread no wait for either library
- * thread (barrier, flush: refused with -EDEADLK).
+ * percpu_ref_poll(), holds one for a whole unit of work (fence, callbacks, and
+ * the user's confirm callbacks they call; around a user's @release it lets go,
+ * its state where a fork child finds it: percpuref_batch_pause()), so a fork
+ * never cuts one in half.  Fork takes every polling thread's (rank POLL_BATCH,
+ * after the registry of polling threads, in its order); a polling thread takes
+ * its own only.  The sync-switch lock next: every switch_to_atomic_sync()
+ * read-holds it over its fence, so a fork never cuts one in half either; it is
+ * only tried under a switch lock (a fork waiting for it makes the switch step
+ * back).  liburcu-bp's locks (its grace-period and registry mutexes,
+ * urcu_bp_before_fork()) come next, before every lock a reader may take inside
+ * a read-side section: a grace period holds liburcu's lock while it waits for
+ * such a reader, so a fork holding the reader's lock while it waits for
+ * liburcu's would deadlock (test_hardening.c, finding 5).  Consequences for
+ * callers: inside a read-side section no call that takes a batch lock or waits
+ * for a library thread (barrier, flush, shutdown, exit(); a fork there leaves
+ * the scan batch and liburcu alone); from a callback run on a library thread no
+ * wait for either library thread (barrier, flush: refused with -EDEADLK).
  */
 enum percpuref_lock_rank {
 	PERCPUREF_RANK_DEFERRED_BATCH,	/* deferred.c: a batch in flight */
@@ -82,7 +80,7 @@ void percpuref_register_fork_hooks(const struct percpuref_fork_hooks *hooks);
  * @fn runs at process exit (highest @rank first, so the reclaimer stops
  * before the callback thread it feeds), unless exit() was called where
  * waiting for the library's threads would hang: on one of them, or inside
- * a liburcu-bp read-side section (finding 7).
+ * a liburcu-bp read-side section (test_hardening.c, finding 7).
  */
 void percpuref_register_exit_hook(enum percpuref_lock_rank rank, void (*fn)(void));
 

@@ -35,7 +35,8 @@
  * It is a batch lock (internal.h): held for a whole scan, the @release
  * calls of its released refs included, and for a whole RCU batch (grace
  * period and releases), and fork takes it, so a fork never cuts a check,
- * a release phase or an RCU batch in half (issue 8, findings 3 and 4: the
+ * a release phase or an RCU batch in half (test_hardening.c, findings 3
+ * and 4: the
  * child lost those refs and its flush and barrier hung).
  *
  * Strategies.  FAITHFUL checks one ref per fence, exactly as the proposal
@@ -72,7 +73,7 @@
  * another thread wants this CPU, that thread usually runs first; on an idle
  * CPU the call returns at once.  Scanning back to back at the process's
  * priority took a fair share of the CPUs the refs' users filled (at two
- * threads on two CPUs the hot ref kept 75-76% of its throughput, issue 9).
+ * threads on two CPUs the hot ref kept 75-76% of its throughput).
  * Unlike a lower priority for the whole thread (PERCPUREF_RECLAIMER_NICE),
  * it gives way while it holds nothing: a fork or a mode change never waits
  * behind a yield, and a flush called meanwhile waits for that one yield at
@@ -774,7 +775,8 @@ PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_
 		percpuref_warn(__func__, "NULL config; ignored");
 		return -EINVAL;
 	}
-	/* Bounded so that interval * 10^6 ns never wraps (finding 12). */
+	/* Bounded so that interval * 10^6 ns never wraps (test_hardening.c,
+	 * finding 12). */
 	if (in->interval_ms > PERCPU_REF_MANAGED_INTERVAL_MAX_MS) {
 		percpuref_warn(__func__, "interval %lu ms is above %lu; ignored", in->interval_ms,
 			       PERCPU_REF_MANAGED_INTERVAL_MAX_MS);

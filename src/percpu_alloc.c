@@ -21,8 +21,8 @@
  *
  * Thread caches.  One mutex (alloc_lock) guards the chunk table, the shared
  * free list and the tail.  Taken on every init and exit, it serialised
- * threads that create and destroy refs (issue 9's switch-storm: sixteen
- * threads spent most of their system time in the futex of this lock, whose
+ * threads that create and destroy refs (switch-storm at sixteen threads:
+ * they spent most of their system time in the futex of this lock, whose
  * holder also zeroed sixteen CPUs' copies of the slot, each a cache miss).
  * So every thread keeps a cache of free slots, Bonwick's magazine layer
  * ("Magazines and Vmem", USENIX 2001): two magazines of up to

@@ -706,7 +706,8 @@ static percpu_ref_func_t *switch_mode_locked(struct percpu_ref *ref, bool force_
 		 * Inside the ref's own confirm callback: the ref is atomic and
 		 * folded already (the switch holds its reference until the
 		 * callback returns), so a kill or a switch to atomic is done
-		 * now, as the kernel does (finding 10); going per-CPU cannot be.
+		 * now, as the kernel does (test_hardening.c, finding 10); going
+		 * per-CPU cannot be.
 		 */
 		if (finishing_switch_of == ref &&
 		    (force_atomic || (mode_word(ref) & __PERCPU_REF_DEAD))) {
@@ -850,7 +851,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 	case SYNC_SWITCH_IN_FLIGHT:
 		if (finishing_switch_of == ref)
 			/* Its own confirm: atomic and folded already, as for
-			 * switch_to_atomic there (finding 10). */
+			 * switch_to_atomic there (test_hardening.c, finding 10). */
 			ref->data->force_atomic = true;
 		else
 			percpuref_warn(__func__, "ref %p switched from a callback while its switch "
@@ -890,9 +891,10 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 
 	if (!lock_unmanaged(ref, __func__))
 		return;
-	/* Refused means nothing done: no DEAD, no put (but see finding 10
-	 * in switch_mode_locked(): from its own confirm callback it works).
-	 * The wait first: a kill that waited with us may have killed it. */
+	/* Refused means nothing done: no DEAD, no put (but see
+	 * test_hardening.c's finding 10 in switch_mode_locked(): from its own
+	 * confirm callback it works).  The wait first: a kill that waited with
+	 * us may have killed it. */
 	if (wait_switch_done(ref) != SWITCH_NONE && finishing_switch_of != ref) {
 		pthread_mutex_unlock(switch_lock_of(ref));
 		percpuref_warn(__func__, "ref %p killed from a callback while its switch is in "
@@ -1234,12 +1236,12 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	/*
 	 * The impl is ours until mstate leaves RELEASING: an exit meanwhile
 	 * only marks it (percpu_ref_exit()).  An exit before the call (the
-	 * release callback of another ref of the batch) means the object may
-	 * be gone: its @release never runs then (finding 6).  Nor after a
-	 * reinit or resurrect since the scan released it (the ref read zero,
-	 * and whoever reinits waits for that): the ref lives again, and its
-	 * next zero, managed or not, has a release of its own; this one would
-	 * free it under its new holders.  Only one that begins while the
+	 * release callback of another ref of the batch) means the object may be
+	 * gone: its @release never runs then (test_hardening.c, finding 6).
+	 * Nor after a reinit or resurrect since the scan released it (the ref
+	 * read zero, and whoever reinits waits for that): the ref lives again,
+	 * and its next zero, managed or not, has a release of its own; this one
+	 * would free it under its new holders.  Only one that begins while the
 	 * callback runs can race it, as with any percpu_ref.
 	 */
 	pthread_mutex_lock(lock);

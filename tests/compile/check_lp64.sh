@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Issue 8, finding 9: a 32-bit (-m32) or x32 (-mx32) build of the public
-# headers must stop at compile time with the library's own #error, not
-# compile and miscount.  Each target is checked only if the compiler can
-# produce it (skipped with a message otherwise); the native build must
-# compile.  Usage: check_lp64.sh CC INCLUDE_DIR
+# test_hardening.c's finding 9: a 32-bit (-m32) or x32 (-mx32) build of the
+# public headers must stop at compile time with the library's own #error, not
+# compile and miscount.  Each target is checked only if the compiler can produce
+# it (skipped with a message otherwise); the native build must compile.  Usage:
+# check_lp64.sh CC INCLUDE_DIR
 set -u
 cc=$1
 include=$2

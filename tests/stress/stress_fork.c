@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Fork torture (issue 8): the main thread forks at random moments while
+ * Fork torture: the main thread forks at random moments while
  * worker threads keep every kind of library activity going: per-CPU refs
  * switched to atomic and back, killed and reinitialised (the callback
  * thread's batches); managed refs created, used and dropped (the

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Callback audit (issue 8): every kind of callback makes every call that
+ * Callback audit: every kind of callback makes every call that
  * docs/percpu_ref.md and docs/managed.md allow it, and the calls they refuse
  * are refused (-EDEADLK and a warning), never a hang.  Kinds:
  *   release on the putter's thread, release on the callback thread (kill),

@@ -1,16 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Regression tests of issue 8: the library where real servers live.  One
- * test per finding: the fast path on an untrustworthy CPU count (1); fork in
- * the middle of the callback thread's batch (2), of the reclaimer's RCU batch
- * (3) and of a scan's release phase (4: the batch goes on in the child,
- * but for the @release the parent was running, which a fork no longer
- * waits for: test_callback_fork.c); fork against a liburcu-bp grace
- * period (5); a release callback exiting another ref of its batch (6); exit()
- * inside a read-side section (7); membarrier refused by seccomp after start-up
- * (8); kill from the ref's own confirm callback (10); a put that dropped the
- * manager's reference (11); bad reclaimer settings (12).  Finding 9 (32-bit
- * builds refused) is tests/compile/check_lp64.sh.
+ * Regression tests of the library where real servers live, numbered by
+ * finding (other files cite them as "test_hardening.c, finding N"): the
+ * fast path on an untrustworthy CPU count (1); fork in the middle of the
+ * callback thread's batch (2), of the reclaimer's RCU batch (3) and of a
+ * scan's release phase (4: the batch goes on in the child, but for the
+ * @release the parent was running, which a fork no longer waits for:
+ * test_callback_fork.c); fork against a liburcu-bp grace period (5); a
+ * release callback exiting another ref of its batch (6); exit() inside a
+ * read-side section (7); membarrier refused by seccomp after start-up (8);
+ * kill from the ref's own confirm callback (10); a put that dropped the
+ * manager's reference (11); bad reclaimer settings (12).  Finding 9
+ * (32-bit builds refused) is tests/compile/check_lp64.sh.
  *
  * Scenarios that can hang or die run in a child process with a deadline:
  * re-executed with a mode argument (posix_spawn: works under every
