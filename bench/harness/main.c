@@ -459,6 +459,17 @@ static double aggregate(const struct result *res, unsigned int repeat, bool best
 	return repeat % 2 ? rates[repeat / 2] : (rates[repeat / 2 - 1] + rates[repeat / 2]) / 2;
 }
 
+/* The value of option @name, seconds in [@min, @max]; else a usage error. */
+static double seconds_option(const struct bench_workload *w, const char *name, const char *arg,
+			     double min, double max)
+{
+	double v;
+
+	if (!parse_real(arg, &v) || !(v >= min) || v > max)
+		usage_error(w, "%s: want seconds in [%g, %g], got \"%s\"", name, min, max, arg);
+	return v;
+}
+
 /* What the command line asked for, beyond the report's own fields. */
 struct cli {
 	const char *threads;
@@ -517,10 +528,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			break;
 		case OPT_DURATION:
 			/* A millisecond at least: a shorter point measures the clock. */
-			if (!parse_real(optarg, &r->duration) || !(r->duration >= 0.001) ||
-			    r->duration > 3600)
-				usage_error(w, "--duration: want seconds in [0.001, 3600], got \"%s\"",
-					    optarg);
+			r->duration = seconds_option(w, "--duration", optarg, 0.001, 3600);
 			break;
 		case OPT_REPEAT:
 			if (!parse_uint(optarg, 1, 1000, &r->repeat))
@@ -550,10 +558,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			r->processes = true;
 			break;
 		case OPT_HANG_LIMIT:
-			if (!parse_real(optarg, &r->hang_limit) || !(r->hang_limit >= 0.01) ||
-			    r->hang_limit > 86400)
-				usage_error(w, "--hang-limit: want seconds in [0.01, 86400], got \"%s\"",
-					    optarg);
+			r->hang_limit = seconds_option(w, "--hang-limit", optarg, 0.01, 86400);
 			break;
 		case OPT_BASELINE:
 			if (!parse_uint(optarg, 1, 1u << 16, &cli->baseline))

@@ -210,19 +210,23 @@ if "$bench" micro --threads 1 --variants private $short --json - >/dev/null 2>/d
 else
 	echo "ok: percpuref-bench micro --json - 2>/dev/full -> $?"
 fi
-# fails_saying WHAT LINE CMD...: CMD must exit 1 with LINE (a basic regular
-# expression for a whole line) on standard error.
+# ended_saying WHAT STATUS WANT LINE: a run that exited with STATUS must
+# have exited with WANT, with LINE (a basic regular expression for a whole
+# line) in its standard error, $tmp/err.
+ended_saying() {
+	if [ "$2" -eq "$3" ] && grep -qx "$4" "$tmp/err"; then
+		echo "ok: $1: exit $3, said"
+	else
+		echo "FAIL: $1: exit $2, $(head -1 "$tmp/err")"
+		fails=$((fails + 1))
+	fi
+}
+# fails_saying WHAT LINE CMD...: CMD must exit 1 with LINE on standard error.
 fails_saying() {
 	what=$1 line=$2
 	shift 2
 	"$@" >/dev/null 2>"$tmp/err"
-	got=$?
-	if [ "$got" -eq 1 ] && grep -qx "$line" "$tmp/err"; then
-		echo "ok: $what: exit 1, said"
-	else
-		echo "FAIL: $what: exit $got, $(head -1 "$tmp/err")"
-		fails=$((fails + 1))
-	fi
+	ended_saying "$what" $? 1 "$line"
 }
 # A CPU the kernel refuses to pin a thread to (one a cpuset excludes, or
 # one gone offline since the topology was read) is named, with the call
@@ -332,12 +336,7 @@ else
 		wait "$freezer"
 		want='percpuref-bench: micro private, 1 thread: thread 0 (CPU [0-9]*) has not'
 		want="$want returned 0.5 s after its window closed (--hang-limit): its loop hangs"
-		if [ "$status" -eq 1 ] && grep -qx "$want" "$tmp/err"; then
-			echo "ok: a thread that never returns: exit 1 after --hang-limit, named"
-		else
-			echo "FAIL: a thread that never returns: exit $status, $(head -1 "$tmp/err")"
-			fails=$((fails + 1))
-		fi
+		ended_saying "a thread that never returns" "$status" 1 "$want"
 	fi
 fi
 # A stop of the whole run (Ctrl-Z, then fg) in a window: the point is
@@ -353,12 +352,7 @@ wait "$parent"
 status=$?
 want='percpuref-bench: warning: micro private, 1 thread: the run was stopped and continued'
 want="$want during this point; its time per operation counts the pause"
-if [ "$status" -eq 0 ] && grep -qx "$want" "$tmp/err"; then
-	echo "ok: a stopped and continued run: exit 0, the pause said"
-else
-	echo "FAIL: a stopped and continued run: exit $status, $(head -1 "$tmp/err")"
-	fails=$((fails + 1))
-fi
+ended_saying "a stopped and continued run" "$status" 0 "$want"
 # managed-latency with more threads than its default: their sums are
 # shared (ThreadSanitizer builds report a race if they are not).
 expect 0 managed-latency --threads 2 --interval-ms 1 --variants filtered $short
