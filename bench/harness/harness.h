@@ -58,6 +58,11 @@ struct bench_metrics {
 	unsigned int n, cap;
 };
 
+/* The progress line on stderr (main.c): shown, or erased if shown (before
+ * a message, which then starts its own line). */
+void progress_shown(void);
+void progress_erase(void);
+
 /* Adds @name or replaces its value. */
 void metrics_set(struct bench_metrics *m, const char *name, double value, const char *unit);
 void metrics_free(struct bench_metrics *m);
@@ -66,6 +71,7 @@ void metrics_free(struct bench_metrics *m);
 struct sample {
 	uint64_t ops;
 	double seconds;
+	bool paused;		/* the run was stopped and continued in the window */
 	struct bench_metrics metrics;
 };
 

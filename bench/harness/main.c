@@ -722,6 +722,7 @@ static void run_schedule(struct report *r)
 					fprintf(stderr, ", ~%.0f s left",
 						elapsed / done * (total - done));
 				fprintf(stderr, "\033[K");
+				progress_shown();
 			}
 			res->samples[k] = (r->processes ? measure_processes : measure)(
 				r->workload, res->variant, res->threads, r->topo, r->duration,
@@ -729,8 +730,7 @@ static void run_schedule(struct report *r)
 			done++;
 		}
 	}
-	if (progress)
-		fprintf(stderr, "\r\033[K");
+	progress_erase();
 }
 
 /* Each metric of @res's samples: its mean over the samples where it is finite. */

@@ -19,16 +19,17 @@
  * ordering either: the threads' results are read after pthread_join(),
  * which orders everything.
  *
- * A point that does not end is reported, not waited on for ever: after the
- * stop flag each thread has --hang-limit seconds to return (joins with a
- * timeout), and a --processes child as long past its window; then the run
- * fails, naming the thread or process (a hung thread cannot be taken back:
- * _exit(), no atexit handlers that might wait on it).  Those seconds count
- * the time this process was awake to watch (awake_clock): a job stopped
- * with Ctrl-Z and resumed does not fail on resuming.  Such a pause counts
- * in the point's time per operation, as does a window that overran its
- * end (this process got no CPU): standard error says so, having seen a
- * SIGCONT (a handler counts them) or the window's length.
+ * A point that does not end is reported, not waited on for ever: a
+ * watchdog thread gives each phase that could hang (the workload's setup,
+ * the threads' start, each thread's return after the stop flag, the
+ * teardown; a --processes point's children, from the last fork) its
+ * --hang-limit, in seconds the run was awake to watch (a pause with
+ * Ctrl-Z does not count), and past it ends the run naming the phase (a
+ * hung thread cannot be taken back: _exit(), no atexit handler that might
+ * wait on it).  The warm-up and the window are the main thread's sleeps,
+ * unwatched.  A SIGCONT handler counts continues: a point whose window
+ * one fell in, or whose window closed well late (no CPU for the run),
+ * gets a warning, since its time per operation counts that.
  *
  * The workload's own figures (bench_report_metric()) go into the sample,
  * from setup() and teardown() only: run->metrics is NULL while the threads
@@ -55,6 +56,8 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -134,110 +137,230 @@ static void sleep_until(double when)
 		;
 }
 
-/*
- * Seconds this process was awake since awake_clock_start(): a gap of more
- * than a second between two reads (the job stopped, this thread not run)
- * counts as one second.  Read it at least every few hundred milliseconds.
- */
-struct awake_clock {
-	double last;
-	double awake;
-};
-
-static void awake_clock_start(struct awake_clock *c)
-{
-	c->last = bench_seconds();
-	c->awake = 0;
-}
-
-static double awake_seconds(struct awake_clock *c)
-{
-	double now = bench_seconds();
-
-	c->awake += fmin(now - c->last, 1.0);
-	c->last = now;
-	return c->awake;
-}
-
 /* SIGCONTs received: a stop (Ctrl-Z, SIGSTOP) ended since a read. */
 static unsigned long continues;
 
 static void count_continue(int sig)
 {
 	(void)sig;
-	/* Read by the main thread after the point: only the count matters. */
+	/* Read after the fact (the window, a watchdog's wake): only the count
+	 * matters, no other memory is ordered by it. */
 	__atomic_fetch_add(&continues, 1, __ATOMIC_RELAXED);
 }
 
-/* The count of SIGCONTs so far, the handler installed on the first call. */
+/* The count of SIGCONTs so far.  The handler is installed by
+ * watch_continues(), on the main thread, before any point. */
 static unsigned long continues_so_far(void)
 {
-	static bool installed;
-
-	if (!installed) {
-		struct sigaction sa = { .sa_handler = count_continue, .sa_flags = SA_RESTART };
-
-		sigemptyset(&sa.sa_mask);
-		if (sigaction(SIGCONT, &sa, NULL))
-			bench_die("sigaction (SIGCONT): %s", strerror(errno));
-		installed = true;
-	}
 	return __atomic_load_n(&continues, __ATOMIC_RELAXED);
 }
 
-/* A point the run was stopped in, or whose window lasted well past
- * @duration (no CPU for this process), measured that time too: says so on
- * standard error.  @since: continues_so_far() before the point. */
+static void watch_continues(void)
+{
+	static bool installed;
+	struct sigaction sa = { .sa_handler = count_continue, .sa_flags = SA_RESTART };
+
+	if (installed)
+		return;
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGCONT, &sa, NULL))
+		bench_die("sigaction (SIGCONT): %s", strerror(errno));
+	installed = true;
+}
+
+/* A point whose window the run was stopped in (@paused), or that lasted
+ * well past @duration (no CPU for this process), measured that time too:
+ * says so on standard error. */
 static void warn_if_disturbed(const struct bench_workload *w, const struct bench_variant *v,
 			      unsigned int n, const char *units, double seconds, double duration,
-			      unsigned long since)
+			      bool paused)
 {
-	if (continues_so_far() != since)
+	if (!paused && !(seconds - duration > fmax(0.5, duration / 4)))
+		return;
+	progress_erase();
+	if (paused)
 		fprintf(stderr, "percpuref-bench: warning: %s %s, %u %s: the run was stopped "
-			"and continued during this point; its time per operation counts the "
-			"pause\n", w->name, v->name, n, units);
-	else if (seconds - duration > fmax(0.5, duration / 4))
+			"and continued during this point's window; its time per operation "
+			"counts the pause\n", w->name, v->name, n, units);
+	else
 		fprintf(stderr, "percpuref-bench: warning: %s %s, %u %s: the window lasted "
 			"%.3g s instead of %.3g s (the run got no CPU); its time per "
 			"operation counts that\n", w->name, v->name, n, units, seconds,
 			duration);
 }
 
-/* Joins the threads of a point whose window has closed, each within
- * @hang_limit awake seconds. */
-static void join_threads(const struct bench_workload *w, const struct bench_variant *v,
-			 const struct bench_thread *threads, const pthread_t *tids,
-			 unsigned int nthreads, double hang_limit)
+/* Kills the children not reaped yet and reaps them, waiting two seconds at
+ * most (one traced by a tracer that does not reap it, or in uninterruptible
+ * sleep, is left to init: the run ends anyway). */
+static void kill_children(const pid_t *pids, const bool *reaped, unsigned int n)
 {
-	struct awake_clock clock;
+	double until = bench_seconds() + 2;
+	unsigned int left = 0;
 
-	awake_clock_start(&clock);
-	for (unsigned int i = 0; i < nthreads; i++) {
-		for (;;) {
-			struct timespec until;
-			int err;
+	for (unsigned int i = 0; i < n; i++)
+		if (pids[i] > 0 && !reaped[i])
+			kill(pids[i], SIGKILL);
+	do {
+		left = 0;
+		for (unsigned int i = 0; i < n; i++)
+			if (pids[i] > 0 && !reaped[i] && !waitpid(pids[i], NULL, WNOHANG))
+				left++;
+		if (left)
+			nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 }, NULL);
+	} while (left && bench_seconds() < until);
+}
 
-			clock_gettime(CLOCK_REALTIME, &until);
-			until.tv_nsec += 100 * 1000 * 1000;
-			if (until.tv_nsec >= 1000 * 1000 * 1000) {
+/*
+ * The watchdog: a thread that ends the run when one phase of a point (the
+ * workload's setup, its threads' start, a thread's return once the window
+ * closed, the teardown; a --processes point's children) has lasted its
+ * limit in seconds of the time the run was awake to watch.  It sleeps on
+ * a condition variable on CLOCK_MONOTONIC (a wall clock stepped back would
+ * stretch the wait), a second at most at a time; each wake adds the time
+ * since the one before, at most a second (more: the process got no CPU),
+ * and nothing when a SIGCONT came in between (the run was stopped: Ctrl-Z,
+ * then fg).  A hung phase cannot be taken back, so the run ends there:
+ * the message, the children killed (--processes), _exit(1), with no atexit
+ * handler that might wait for what hangs.
+ */
+struct watchdog {
+	pthread_mutex_t lock;
+	pthread_cond_t wake;		/* on CLOCK_MONOTONIC */
+	pthread_t thread;
+	unsigned long phase;		/* bumped by each watch(), unwatch() */
+	bool watching;
+	bool quit;
+	double limit;			/* seconds awake */
+	char what[320];			/* the message, if the phase hangs */
+	/* --processes: the children (reaped[] written under the lock), named
+	 * in the message and killed. */
+	const pid_t *pids;
+	const bool *reaped;
+	unsigned int nprocs;
+	const struct topology *topo;
+};
+
+static double timespec_seconds(const struct timespec *ts)
+{
+	return (double)ts->tv_sec + (double)ts->tv_nsec / 1e9;
+}
+
+/* Lock held.  The phase hung: says so and ends the process. */
+static void __attribute__((noreturn)) watchdog_expired(struct watchdog *wd)
+{
+	fflush(stdout);
+	progress_erase();
+	if (wd->pids) {
+		unsigned int left = 0, first = 0;
+
+		for (unsigned int i = wd->nprocs; i-- > 0;)
+			if (!wd->reaped[i]) {
+				left++;
+				first = i;
+			}
+		fprintf(stderr, "percpuref-bench: --processes: %u of %u processes (the first on "
+			"CPU %d, pid %d) %s; killed\n", left, wd->nprocs,
+			wd->topo->order[first % wd->topo->ncpus], (int)wd->pids[first], wd->what);
+		kill_children(wd->pids, wd->reaped, wd->nprocs);
+	} else {
+		fprintf(stderr, "percpuref-bench: %s\n", wd->what);
+	}
+	_exit(1);
+}
+
+static void *watchdog_main(void *arg)
+{
+	struct watchdog *wd = arg;
+
+	pthread_mutex_lock(&wd->lock);
+	while (!wd->quit) {
+		unsigned long phase = wd->phase, since = continues_so_far();
+		struct timespec now, until;
+		double awake = 0, last;
+
+		if (!wd->watching) {
+			pthread_cond_wait(&wd->wake, &wd->lock);
+			continue;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		last = timespec_seconds(&now);
+		while (!wd->quit && wd->phase == phase) {
+			double step = fmin(1.0, wd->limit - awake) + 0.001, t;
+			unsigned long c;
+
+			until = now;
+			until.tv_sec += (time_t)step;
+			until.tv_nsec += (long)((step - (double)(time_t)step) * 1e9);
+			if (until.tv_nsec >= 1000000000L) {
 				until.tv_sec++;
-				until.tv_nsec -= 1000 * 1000 * 1000;
+				until.tv_nsec -= 1000000000L;
 			}
-			err = pthread_timedjoin_np(tids[i], NULL, &until);
-			if (!err)
-				break;
-			if (err != ETIMEDOUT)
-				bench_die("pthread_timedjoin_np (thread %u): %s", i, strerror(err));
-			if (awake_seconds(&clock) > hang_limit) {
-				fflush(stdout);
-				fprintf(stderr, "percpuref-bench: %s %s, %u thread%s: thread %u (CPU %d) "
-					"has not returned %g s after its window closed (--hang-limit): "
-					"its loop hangs\n", w->name, v->name, nthreads,
-					nthreads == 1 ? "" : "s", i, threads[i].cpu, hang_limit);
-				_exit(1);
-			}
+			pthread_cond_timedwait(&wd->wake, &wd->lock, &until);
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			t = timespec_seconds(&now);
+			c = continues_so_far();
+			if (c == since)
+				awake += fmin(t - last, 1.0);
+			since = c;
+			last = t;
+			if (wd->phase == phase && !wd->quit && awake > wd->limit)
+				watchdog_expired(wd);
 		}
 	}
+	pthread_mutex_unlock(&wd->lock);
+	return NULL;
+}
+
+static void watchdog_start(struct watchdog *wd)
+{
+	pthread_condattr_t attr;
+	int err;
+
+	*wd = (struct watchdog){ .lock = PTHREAD_MUTEX_INITIALIZER };
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	pthread_cond_init(&wd->wake, &attr);
+	pthread_condattr_destroy(&attr);
+	err = pthread_create(&wd->thread, NULL, watchdog_main, wd);
+	if (err)
+		bench_die("pthread_create (the watchdog): %s", strerror(err));
+}
+
+static void watchdog_stop(struct watchdog *wd)
+{
+	pthread_mutex_lock(&wd->lock);
+	wd->quit = true;
+	pthread_cond_signal(&wd->wake);
+	pthread_mutex_unlock(&wd->lock);
+	pthread_join(wd->thread, NULL);
+	pthread_cond_destroy(&wd->wake);
+	pthread_mutex_destroy(&wd->lock);
+}
+
+/* From now, the phase that @fmt describes (how it hangs) has @limit
+ * seconds awake to end, which unwatch() or the next watch() says. */
+static void __attribute__((format(printf, 3, 4)))
+watch(struct watchdog *wd, double limit, const char *fmt, ...)
+{
+	va_list ap;
+
+	pthread_mutex_lock(&wd->lock);
+	va_start(ap, fmt);
+	vsnprintf(wd->what, sizeof(wd->what), fmt, ap);
+	va_end(ap);
+	wd->limit = limit;
+	wd->watching = true;
+	wd->phase++;
+	pthread_cond_signal(&wd->wake);
+	pthread_mutex_unlock(&wd->lock);
+}
+
+static void unwatch(struct watchdog *wd)
+{
+	pthread_mutex_lock(&wd->lock);
+	wd->watching = false;
+	wd->phase++;
+	pthread_mutex_unlock(&wd->lock);
 }
 
 static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
@@ -249,11 +372,20 @@ static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
 	return sum;
 }
 
-/* measure(); with @processes, the main thread waits there for the other
- * processes of a --processes point before its warm-up. */
+/* The point as the watchdog's messages name it: "micro private, 2 threads". */
+static void point_name(char *buf, size_t size, const struct bench_workload *w,
+		       const struct bench_variant *v, unsigned int nthreads)
+{
+	snprintf(buf, size, "%s %s, %u thread%s", w->name, v->name, nthreads,
+		 nthreads == 1 ? "" : "s");
+}
+
+/* measure(), its phases watched by @wd; with @processes, the main thread
+ * waits there for the other processes of a --processes point before its
+ * warm-up. */
 static struct sample measure_with(const struct bench_workload *w, const struct bench_variant *v,
 				  unsigned int nthreads, const struct topology *topo,
-				  double duration, double hang_limit,
+				  double duration, double hang_limit, struct watchdog *wd,
 				  pthread_barrier_t *processes)
 {
 	struct sample s = { 0 };
@@ -261,16 +393,25 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 				 .metrics = &s.metrics };
 	struct bench_thread *threads = bench_zalloc(nthreads * sizeof(*threads));
 	pthread_t *tids = calloc(nthreads, sizeof(*tids));
+	unsigned long continues0;
+	char point[160];
 	uint64_t ops0;
 	double t0;
 	int err;
 
 	if (!tids)
 		bench_die("out of memory");
-	if (w->setup)
+	point_name(point, sizeof(point), w, v, nthreads);
+	if (w->setup) {
+		watch(wd, hang_limit, "%s: the workload's setup has not returned after %g s "
+		      "(--hang-limit)", point, hang_limit);
 		w->setup(&run);
+	}
 	/* Metrics come from the main thread's hooks only: none while threads run. */
 	run.metrics = NULL;
+	watch(wd, hang_limit, "%s: the threads have not all started (thread_init, the start "
+	      "barrier%s) after %g s (--hang-limit)", point,
+	      processes ? ", the other processes" : "", hang_limit);
 	pthread_barrier_init(&start_barrier, NULL, nthreads + 1);
 	for (unsigned int i = 0; i < nthreads; i++) {
 		pthread_attr_t attr;
@@ -304,20 +445,33 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 	pthread_barrier_wait(&start_barrier);
 	if (processes)
 		pthread_barrier_wait(processes);
+	/* The warm-up and the window are sleeps: nothing there to hang. */
+	unwatch(wd);
 
 	sleep_until(bench_seconds() + duration / 5);
+	continues0 = continues_so_far();
 	t0 = bench_seconds();
 	ops0 = snapshot(threads, nthreads);
 	sleep_until(t0 + duration);
 	s.seconds = bench_seconds() - t0;
 	s.ops = snapshot(threads, nthreads) - ops0;
+	s.paused = continues_so_far() != continues0;
 	__atomic_store_n(&run.stop, true, __ATOMIC_RELAXED);
 
-	join_threads(w, v, threads, tids, nthreads, hang_limit);
+	for (unsigned int i = 0; i < nthreads; i++) {
+		watch(wd, hang_limit, "%s: thread %u (CPU %d) has not returned %g s after its "
+		      "window closed (--hang-limit): its loop hangs", point, i, threads[i].cpu,
+		      hang_limit);
+		pthread_join(tids[i], NULL);
+	}
 	pthread_barrier_destroy(&start_barrier);
 	run.metrics = &s.metrics;
-	if (w->teardown)
+	if (w->teardown) {
+		watch(wd, hang_limit, "%s: the workload's teardown has not returned after %g s "
+		      "(--hang-limit)", point, hang_limit);
 		w->teardown(&run);
+	}
+	unwatch(wd);
 	free(tids);
 	free(threads);
 	return s;
@@ -327,11 +481,15 @@ struct sample measure(const struct bench_workload *w, const struct bench_variant
 		      unsigned int nthreads, const struct topology *topo, double duration,
 		      double hang_limit)
 {
-	unsigned long since = continues_so_far();
-	struct sample s = measure_with(w, v, nthreads, topo, duration, hang_limit, NULL);
+	struct watchdog wd;
+	struct sample s;
 
+	watch_continues();
+	watchdog_start(&wd);
+	s = measure_with(w, v, nthreads, topo, duration, hang_limit, &wd, NULL);
+	watchdog_stop(&wd);
 	warn_if_disturbed(w, v, nthreads, nthreads == 1 ? "thread" : "threads", s.seconds,
-			  duration, since);
+			  duration, s.paused);
 	return s;
 }
 
@@ -341,25 +499,34 @@ struct processes_shared {
 	struct {
 		uint64_t ops;
 		double seconds;
+		bool paused;
 	} out[];			/* child i's one-thread sample */
 };
 
-/* Kills and reaps the children still running. */
-static void kill_children(const pid_t *pids, const bool *reaped, unsigned int n)
+/* A --processes point failed: the message first (a reap may take time),
+ * then the children killed, exit status 1.  The watchdog's lock is held to
+ * the end, so the watchdog cannot end the run a second time meanwhile. */
+static void __attribute__((noreturn, format(printf, 2, 3)))
+processes_fail(struct watchdog *wd, const char *fmt, ...)
 {
-	for (unsigned int i = 0; i < n; i++)
-		if (pids[i] > 0 && !reaped[i])
-			kill(pids[i], SIGKILL);
-	for (unsigned int i = 0; i < n; i++)
-		if (pids[i] > 0 && !reaped[i])
-			waitpid(pids[i], NULL, 0);
+	va_list ap;
+
+	pthread_mutex_lock(&wd->lock);
+	fflush(stdout);
+	progress_erase();
+	fputs("percpuref-bench: --processes: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	kill_children(wd->pids, wd->reaped, wd->nprocs);
+	exit(1);
 }
 
 struct sample measure_processes(const struct bench_workload *w, const struct bench_variant *v,
 				unsigned int nprocs, const struct topology *topo, double duration,
 				double hang_limit)
 {
-	struct awake_clock clock;
 	struct processes_shared *sh;
 	size_t size = sizeof(*sh) + nprocs * sizeof(sh->out[0]);
 	pthread_barrierattr_t attr;
@@ -368,7 +535,7 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 	bool *reaped = calloc(nprocs, sizeof(*reaped));
 	pid_t parent = getpid();
 	double seconds = 0, longest = 0;
-	unsigned long since = continues_so_far();
+	struct watchdog wd;
 
 	if (!pids || !reaped)
 		bench_die("out of memory");
@@ -379,21 +546,26 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 	pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
 	pthread_barrier_init(&sh->barrier, &attr, nprocs);
 	pthread_barrierattr_destroy(&attr);
+	watch_continues();
+	watchdog_start(&wd);
+	wd.pids = pids;
+	wd.reaped = reaped;
+	wd.nprocs = nprocs;
+	wd.topo = topo;
 	/* Nothing buffered twice: the children exit with _exit(). */
 	fflush(NULL);
 	for (unsigned int i = 0; i < nprocs; i++) {
 		pids[i] = fork();
 		if (pids[i] < 0) {
-			int err = errno;
-
-			kill_children(pids, reaped, i);
-			bench_die("--processes: fork (process %u of %u): %s", i + 1, nprocs,
-				  strerror(err));
+			pids[i] = 0;
+			processes_fail(&wd, "fork (process %u of %u): %s", i + 1, nprocs,
+				       strerror(errno));
 		}
 		if (!pids[i]) {
 			/* Thread i's CPU, as the only one of a copy of the topology. */
 			int cpu = topo->order[i % topo->ncpus];
 			struct topology one = *topo;
+			struct watchdog mine_wd;
 			struct sample mine;
 
 			/* A parent killed before it could kill us would leave us
@@ -403,37 +575,33 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 
 			one.ncpus = 1;
 			one.order = &cpu;
-			mine = measure_with(w, v, 1, &one, duration, hang_limit, &sh->barrier);
+			/* The parent's watchdog thread is not ours: a fork copies
+			 * only this thread. */
+			watchdog_start(&mine_wd);
+			mine = measure_with(w, v, 1, &one, duration, hang_limit, &mine_wd,
+					    &sh->barrier);
+			watchdog_stop(&mine_wd);
 			sh->out[i].ops = mine.ops;
 			sh->out[i].seconds = mine.seconds;
+			sh->out[i].paused = mine.paused;
 			_exit(0);
 		}
 	}
 	/* From the last fork: each child's warm-up and window, then
 	 * --hang-limit for its set-up, start and teardown. */
-	awake_clock_start(&clock);
+	watch(&wd, 1.2 * duration + hang_limit, "had not ended %g s after their windows "
+	      "would have closed (--hang-limit)", hang_limit);
 	for (unsigned int left = nprocs; left;) {
 		int status;
 		/* Stops too: a child stopped (SIGSTOP) held the others at the
 		 * barrier, and this wait, until something continued it. */
-		pid_t pid = waitpid(-1, &status, WUNTRACED | WNOHANG);
+		pid_t pid = waitpid(-1, &status, WUNTRACED);
 		unsigned int i = 0;
 
+		if (pid < 0 && errno == EINTR)
+			continue;	/* a SIGCONT */
 		if (pid < 0)
-			bench_die("--processes: wait: %s", strerror(errno));
-		if (!pid) {
-			if (awake_seconds(&clock) > 1.2 * duration + hang_limit) {
-				while (reaped[i])
-					i++;
-				kill_children(pids, reaped, nprocs);
-				bench_die("--processes: %u of %u processes (the first on CPU %d, "
-					  "pid %d) had not ended %g s after their windows would "
-					  "have closed (--hang-limit); killed", left, nprocs,
-					  topo->order[i % topo->ncpus], (int)pids[i], hang_limit);
-			}
-			nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 }, NULL);
-			continue;
-		}
+			processes_fail(&wd, "wait: %s", strerror(errno));
 		while (i < nprocs && pids[i] != pid)
 			i++;
 		if (i == nprocs)
@@ -449,28 +617,27 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 			 * alone. */
 			pid = waitpid(pids[i], &status, WCONTINUED | WNOHANG);
 			if (pid < 0)
-				bench_die("--processes: wait: %s", strerror(errno));
+				processes_fail(&wd, "wait: %s", strerror(errno));
 			if (pid && WIFCONTINUED(status))
 				continue;
-			if (!pid) {
-				kill_children(pids, reaped, nprocs);
-				bench_die("--processes: the process on CPU %d (pid %d) was stopped "
-					  "(signal %d); its window cannot be measured",
-					  topo->order[i % topo->ncpus], (int)pids[i], stop);
-			}
+			if (!pid)
+				processes_fail(&wd, "the process on CPU %d (pid %d) was stopped "
+					       "(signal %d); its window cannot be measured",
+					       topo->order[i % topo->ncpus], (int)pids[i], stop);
 			/* Ended since: its status is the one to read. */
 		}
+		pthread_mutex_lock(&wd.lock);
 		reaped[i] = true;
+		pthread_mutex_unlock(&wd.lock);
 		left--;
-		if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-			/* The others would wait at the barrier for ever. */
-			kill_children(pids, reaped, nprocs);
-			bench_die("--processes: the process on CPU %d failed (%s %d)",
-				  topo->order[i % topo->ncpus],
-				  WIFEXITED(status) ? "exit status" : "signal",
-				  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-		}
+		/* The others would wait at the barrier for ever. */
+		if (!WIFEXITED(status) || WEXITSTATUS(status))
+			processes_fail(&wd, "the process on CPU %d failed (%s %d)",
+				       topo->order[i % topo->ncpus],
+				       WIFEXITED(status) ? "exit status" : "signal",
+				       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 	}
+	watchdog_stop(&wd);
 	/* One window for all: their mean, each count scaled to it.  Each
 	 * child that exited 0 wrote a window of at least --duration. */
 	for (unsigned int i = 0; i < nprocs; i++) {
@@ -479,9 +646,10 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 				  topo->order[i % topo->ncpus]);
 		longest = fmax(longest, sh->out[i].seconds);
 		seconds += sh->out[i].seconds / nprocs;
+		s.paused |= sh->out[i].paused;
 	}
 	warn_if_disturbed(w, v, nprocs, nprocs == 1 ? "process" : "processes", longest,
-			  duration, since);
+			  duration, s.paused);
 	for (unsigned int i = 0; i < nprocs; i++)
 		s.ops += (uint64_t)llround(sh->out[i].ops * (seconds / sh->out[i].seconds));
 	s.seconds = seconds;

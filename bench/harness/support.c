@@ -2,7 +2,10 @@
 /*
  * support.c - helpers for every harness file and workload (declared in
  * bench.h): bench_die(), bench_zalloc(), bench_clock_ns(), and
- * bench_threads_cpu_ns(), the CPU time of a library thread found by its name.
+ * bench_threads_cpu_ns(), the CPU time of a library thread found by its name;
+ * and for the harness (harness.h), progress_shown()/progress_erase(): the
+ * progress line main.c keeps on stderr, erased before any message so that
+ * the message starts a line of its own.
  *
  * They live apart from main.c so that no harness file depends on the
  * command line's file: topology.c, measure.c and report.c call down into
@@ -10,13 +13,28 @@
  */
 #include <dirent.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <time.h>
 
-#include "bench.h"
+#include "harness.h"
+
+/* Set by the main thread only; read by the watchdog (measure.c) too. */
+static bool progress_on_screen;
+
+void progress_shown(void)
+{
+	__atomic_store_n(&progress_on_screen, true, __ATOMIC_RELAXED);
+}
+
+void progress_erase(void)
+{
+	if (__atomic_exchange_n(&progress_on_screen, false, __ATOMIC_RELAXED))
+		fputs("\r\033[K", stderr);
+}
 
 void bench_die(const char *fmt, ...)
 {
@@ -24,6 +42,7 @@ void bench_die(const char *fmt, ...)
 
 	/* The table so far on stdout first, so the message follows it. */
 	fflush(stdout);
+	progress_erase();
 	fprintf(stderr, "percpuref-bench: ");
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);

@@ -254,14 +254,33 @@ if cc -shared -fPIC -o "$tmp/attr_affinity_fails.so" \
 else
 	echo "ok: pthread_attr_setaffinity_np refused # skip: no cc, or no preload"
 fi
-# A point that never ends fails the run after --hang-limit, naming the
-# thread (exit 1; _exit, as a hung thread cannot be waited for) instead of
-# waiting for ever.  Its worker, the one thread pinned to a single CPU, is
-# frozen with ptrace: a stop its process cannot see.  Skipped where ptrace
-# is refused, or with one CPU (every thread "pinned").
-# frozen PID...: freezes those threads (or processes) in the background
-# ($freezer) and waits up to 5 s for them to be; false if ptrace refused.
+# Points that hang or pause.  A run that never ends must fail after
+# --hang-limit, naming what hangs (exit 1; _exit, since a hung thread
+# cannot be waited for); a pause (Ctrl-Z then fg, or no CPU) must not fail
+# it, but a window it falls in gets a warning.  A thread that "hangs" is
+# frozen with ptrace (bench/tests/lib/freeze_threads.c): a stop its process
+# cannot see.  Each run is killed at 60 s, so a regression that hangs
+# fails here instead of holding the test.
+# start_bench ARGS...: BENCH ARGS in the background, in a process group of
+# its own (timeout makes one: $parent); $run is the bench, within 5 s.
+start_bench() {
+	timeout -s KILL 60 "$bench" "$@" >/dev/null 2>"$tmp/err" &
+	parent=$!
+	run=""
+	for _ in $(seq 100); do
+		run=$(children_of "$parent")
+		[ -n "$run" ] && break
+		sleep 0.05
+	done
+}
+# frozen PID...: freezes those threads in the background ($freezer) and
+# waits up to 5 s for them to be; false (and a skip line) if ptrace is
+# refused or freeze_threads could not be built.
 frozen() {
+	if [ ! -x "$tmp/freeze_threads" ]; then
+		echo "ok: $what # skip: no cc for freeze_threads"
+		return 1
+	fi
 	"$tmp/freeze_threads" "$@" >"$tmp/frozen" 2>"$tmp/freeze_err" &
 	freezer=$!
 	for _ in $(seq 100); do
@@ -270,10 +289,18 @@ frozen() {
 		sleep 0.05
 	done
 	wait "$freezer"
-	[ $? -ne 77 ] || return 1
-	echo "FAIL: freeze_threads $*: $(head -1 "$tmp/freeze_err")"
-	fails=$((fails + 1))
+	if [ $? -eq 77 ]; then
+		echo "ok: $what # skip: ptrace refused here"
+	else
+		echo "FAIL: $what: freeze_threads $*: $(head -1 "$tmp/freeze_err")"
+		fails=$((fails + 1))
+	fi
 	return 1
+}
+# thaw: ends the freezer, whose tracees then run on.
+thaw() {
+	kill -KILL "$freezer" 2>/dev/null
+	wait "$freezer" 2>/dev/null
 }
 # The processes whose parent is $1 (from /proc: procps may be missing):
 # the kernel's list where it keeps one (a walk of every process takes
@@ -289,11 +316,18 @@ children_of() {
 		read -r pid _ _ ppid _ 2>/dev/null <"$stat" && [ "$ppid" = "$1" ] && echo "$pid"
 	done
 }
+# The threads of the processes given.
+tasks_of() {
+	for pid in "$@"; do
+		ls "/proc/$pid/task" 2>/dev/null
+	done
+}
 # running PID: PID has not ended (a zombie has: only its status is left).
 running() {
 	read -r _ _ state _ 2>/dev/null <"/proc/$1/stat" && [ "$state" != Z ]
 }
-# The threads of process $1 pinned to one CPU, once there are $2 (5 s at most).
+# The threads of process $1 pinned to one CPU, once there are $2 (5 s at
+# most): the workers (the main thread and the watchdog are not pinned).
 pinned_threads() {
 	for _ in $(seq 100); do
 		pinned=""
@@ -306,56 +340,62 @@ pinned_threads() {
 		sleep 0.05
 	done
 }
-if [ "$cpus" -lt 2 ] || ! cc -o "$tmp/freeze_threads" "$(dirname -- "$0")/lib/freeze_threads.c" \
-	2>/dev/null; then
-	echo "ok: a thread that never returns # skip: one CPU, or no cc"
+cc -o "$tmp/freeze_threads" "$(dirname -- "$0")/lib/freeze_threads.c" 2>/dev/null
+# A worker that never returns from its loop (frozen in its window, from
+# 0.4 s).  With one CPU every thread is "pinned": skipped.
+what="a thread that never returns"
+if [ "$cpus" -lt 2 ]; then
+	echo "ok: $what # skip: one CPU"
 else
-	# Frozen in its window (from 0.4 s), not before the start barrier,
-	# where the main thread would wait for it with no limit.
-	timeout -s KILL 60 "$bench" micro --threads 1 --variants private --duration 2 \
-		--hang-limit 0.5 >/dev/null 2>"$tmp/err" &
-	parent=$!
-	for _ in $(seq 100); do
-		run=$(children_of "$parent")
-		[ -n "$run" ] && break
-		sleep 0.05
-	done
+	start_bench micro --threads 1 --variants private --duration 2 --hang-limit 0.5
 	pinned_threads "$run" 1
 	sleep 0.6
-	if [ -z "$pinned" ] || ! frozen $pinned; then
+	if [ -z "$pinned" ]; then
+		echo "FAIL: $what: no pinned worker found"
+		fails=$((fails + 1))
 		wait "$parent"
-		if [ -z "$pinned" ]; then
-			echo "FAIL: a thread that never returns: no pinned worker found"
-			fails=$((fails + 1))
-		else
-			echo "ok: a thread that never returns # skip: ptrace refused here"
-		fi
-	else
+	elif frozen $pinned; then
 		wait "$parent"
 		status=$?
-		wait "$freezer"
+		thaw
 		want='percpuref-bench: micro private, 1 thread: thread 0 (CPU [0-9]*) has not'
 		want="$want returned 0.5 s after its window closed (--hang-limit): its loop hangs"
-		ended_saying "a thread that never returns" "$status" 1 "$want"
+		ended_saying "$what" "$status" 1 "$want"
+	else
+		wait "$parent"
 	fi
 fi
-# A stop of the whole run (Ctrl-Z, then fg) in a window: the point is
-# still measured (exit 0), and standard error says it counts the pause.
-"$bench" micro --threads 1 --variants private --duration 2 >/dev/null 2>"$tmp/err" &
-parent=$!
-pinned_threads "$parent" 1
-sleep 0.6	# into the window, after 0.4 s of warm-up
-kill -STOP "$parent"
+# The whole run stopped and continued in its window: measured (exit 0),
+# and the warning says the point counts the pause.
+start_bench micro --threads 1 --variants private --duration 2 --hang-limit 0.5
+sleep 0.8	# into the window, after 0.4 s of warm-up
+kill -STOP -"$parent"
 sleep 1
-kill -CONT "$parent"
+kill -CONT -"$parent"
 wait "$parent"
 status=$?
 want='percpuref-bench: warning: micro private, 1 thread: the run was stopped and continued'
-want="$want during this point; its time per operation counts the pause"
-ended_saying "a stopped and continued run" "$status" 0 "$want"
+want="$want during this point's window; its time per operation counts the pause"
+ended_saying "a run stopped and continued" "$status" 0 "$want"
+# The whole run given no CPU across its window's end (frozen, which sends
+# no SIGCONT): measured, and the warning says how long the window lasted.
+what="a run given no CPU"
+start_bench micro --threads 1 --variants private --duration 1 --hang-limit 0.5
+sleep 0.5
+if frozen $(tasks_of "$run"); then
+	sleep 2
+	thaw
+	wait "$parent"
+	status=$?
+	want='percpuref-bench: warning: micro private, 1 thread: the window lasted [0-9.]* s'
+	want="$want instead of 1 s (the run got no CPU); its time per operation counts that"
+	ended_saying "$what" "$status" 0 "$want"
+else
+	wait "$parent"
+fi
 # managed-latency with more threads than its default: their sums are
 # shared (ThreadSanitizer builds report a race if they are not).
-expect 0 managed-latency --threads 2 --interval-ms 1 --variants filtered $short
+expect 0 managed-latency --threads 2 --oversubscribe --interval-ms 1 --variants filtered $short
 # An operation longer than the window counts nowhere: its point shows "-"
 # and standard error says how many measurements completed none (the table
 # said "nan" and nothing said why).  A release waits for a scan every
@@ -587,62 +627,67 @@ else
 fi
 # ... but a stop of the whole job (Ctrl-Z, then fg) is no failure, as it is
 # none for a run of threads: the parent, stopped with its children, may
-# still be handed a child's stop once it is continued.  The run gets a
-# process group of its own to stop and continue.
-"$python" -c 'import os, sys; os.setpgid(0, 0); os.execv(sys.argv[1], sys.argv[1:])' \
-	"$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
-	--duration 1 >"$tmp/out" 2>"$tmp/err" &
-parent=$!
-wait_for_two_children "$parent"
+# still be handed a child's stop once it is continued.  Nor does the pause
+# count against --hang-limit: the parent allows 1.2 x 1 + 0.5 s from its
+# last fork, and the pause comes 1 s in (in the windows, which close at
+# 1.2 s) and lasts 3 s.  Counted as a second of waiting, it failed the run.
+start_bench micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
+	--duration 1 --hang-limit 0.5
+wait_for_two_children "$run"
+sleep 1
 kill -STOP -"$parent"
-sleep 0.2
+sleep 3
 kill -CONT -"$parent"
 wait "$parent"
 status=$?
 want='percpuref-bench: warning: micro private, 2 processes: the run was stopped and continued'
-if [ "$status" -eq 0 ] && [ -n "$children" ] && grep -q "^$want" "$tmp/err"; then
-	echo "ok: a --processes job stopped and continued: exit 0, the pause said"
+want="$want during this point's window; its time per operation counts the pause"
+ended_saying "a --processes job stopped and continued" "$status" 0 "$want"
+# The whole job given no CPU for 3 s (frozen: no SIGCONT) is no failure
+# either: a gap the watchdog sleeps through counts as one second (the
+# limit is 1.2 x 1 + 1 s here), and the windows get the warning.
+what="a --processes job given no CPU"
+start_bench micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
+	--duration 1 --hang-limit 1
+wait_for_two_children "$run"
+sleep 0.5
+if frozen $(tasks_of "$run" $children); then
+	sleep 3
+	thaw
+	wait "$parent"
+	status=$?
+	want='percpuref-bench: warning: micro private, 2 processes: the window lasted [0-9.]* s'
+	want="$want instead of 1 s (the run got no CPU); its time per operation counts that"
+	ended_saying "$what" "$status" 0 "$want"
 else
-	echo "FAIL: a --processes job stopped and continued: exit $status, children $children"
-	sed 's/^/  stderr: /' "$tmp/err" | head -5
-	fails=$((fails + 1))
+	wait "$parent"
 fi
 
-# A --processes child that never ends (frozen with ptrace, a stop its
-# parent cannot see) fails the run after its window and --hang-limit,
-# named, and its siblings go too.
-if [ -x "$tmp/freeze_threads" ]; then
-	"$bench" micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
-		--duration 2 --hang-limit 2 >/dev/null 2>"$tmp/err" &
-	parent=$!
-	# Had the limit no effect, this would wait for ever: killed at 60 s
-	# (its children go with it), the test fails instead.
-	(sleep 60; kill -KILL "$parent" 2>/dev/null) &
-	killer=$!
-	wait_for_two_children "$parent"
-	hung=$(echo $children | cut -d' ' -f1)
-	sleep 0.5	# past the barrier: its sibling runs its window out
-	if [ -n "$hung" ] && frozen $(ls /proc/"$hung"/task); then
-		wait "$parent"
-		status=$?
-		kill "$killer" 2>/dev/null
-		wait "$freezer"
-		alive=$(still_alive $children)
-		want="percpuref-bench: --processes: 1 of 2 processes (the first on CPU [0-9]*, pid $hung)"
-		want="$want had not ended 2 s after their windows would have closed (--hang-limit); killed"
-		if [ "$status" -eq 1 ] && [ -z "$alive" ] && grep -qx "$want" "$tmp/err"; then
-			echo "ok: a --processes child that never ends: exit 1 after --hang-limit, named"
-		else
-			echo "FAIL: a --processes child that never ends: exit $status, alive:$alive," \
-			     "$(head -1 "$tmp/err")"
-			[ -n "$alive" ] && kill -KILL $alive
-			fails=$((fails + 1))
-		fi
+# A --processes child that never ends (frozen, past the barrier: its
+# sibling runs its window out) fails the run after its window and
+# --hang-limit, named, and its sibling is gone too.
+what="a --processes child that never ends"
+start_bench micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
+	--duration 2 --hang-limit 2
+wait_for_two_children "$run"
+hung=$(echo $children | cut -d' ' -f1)
+sleep 0.5
+if [ -n "$hung" ] && frozen $(tasks_of "$hung"); then
+	wait "$parent"
+	status=$?
+	thaw
+	alive=$(still_alive $children)
+	want="percpuref-bench: --processes: 1 of 2 processes (the first on CPU [0-9]*, pid $hung)"
+	want="$want had not ended 2 s after their windows would have closed (--hang-limit); killed"
+	if [ -z "$alive" ]; then
+		ended_saying "$what" "$status" 1 "$want"
 	else
-		wait "$parent"
-		kill "$killer" 2>/dev/null
-		echo "ok: a --processes child that never ends # skip: not frozen (see above)"
+		echo "FAIL: $what: alive:$alive"
+		kill -KILL $alive
+		fails=$((fails + 1))
 	fi
+else
+	wait "$parent"
 fi
 
 # A child the bench did not fork (inherited across an exec) is not taken
