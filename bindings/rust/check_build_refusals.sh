@@ -4,7 +4,9 @@
 # against the C headers (a prototype, a function type, a constant); this
 # shows that each check can fail.  A copy of the workspace is built once as
 # it is (it must build), then once per declaration made wrong: the build
-# must fail with the static assertion that names it.  Run from anywhere;
+# must fail with the static assertion that names it, or with build.rs's
+# refusal of what it cannot check; and once with a const fn and a
+# commented-out constant, which it must leave alone.  Run from anywhere;
 # uses Debian's cargo and rustc, offline, as scripts/test.sh does.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -58,4 +60,20 @@ refused "a return of another type" 's/pub fn percpu_ref_is_zero(r: \*mut percpu_
 	"src/lib.rs: fn percpu_ref_is_zero disagrees with its C prototype"
 refused "a function type with another parameter" 's/pub type percpu_ref_func_t = unsafe extern "C" fn(\*mut percpu_ref);/pub type percpu_ref_func_t = unsafe extern "C" fn(*mut c_void);/' \
 	"src/lib.rs: type percpu_ref_func_t"
+refused "a constant C has no counterpart for" 's/^pub const EPERM: c_int = 1;/&\npub const ABI_WORDS: usize = 8;/' \
+	"only c_int and c_uint constants have a C counterpart here"
+refused "a value C would read otherwise" 's/pub const PERCPU_REF_POLL_WAIT: c_uint = 1;/pub const PERCPU_REF_POLL_WAIT: c_uint = 1u32;/' \
+	"the value must be a number, or a number shifted left by one"
+refused "a constant under #[cfg]" 's/^pub const EDEADLK: c_int = 35;/#[cfg(target_arch = "mips")]\npub const EDEADLK: c_int = 45;\n#[cfg(not(target_arch = "mips"))]\n&/' \
+	"has a #[cfg]: build.rs checks every constant on every target"
+# ... while what is no constant of C's is left alone: a const fn, and a
+# declaration in a block comment.
+what="a const fn and a commented-out constant"
+if build accepted 's/^pub const EPERM: c_int = 1;/&\npub const fn percpuref_sys_flag(x: c_uint) -> c_uint { x }\n\/* pub const GONE: c_uint = 8; *\//'; then
+	echo "ok: $what: built"
+else
+	echo "FAIL: $what: refused:"
+	grep -m3 'error\|panicked' "$tmp/accepted.log" | sed 's/^/  /'
+	fails=$((fails + 1))
+fi
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }

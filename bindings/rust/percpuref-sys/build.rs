@@ -55,9 +55,49 @@ fn c_function_pointer(signature: &str) -> String {
 }
 
 /// src/lib.rs without comments, on one line, each run of whitespace one space.
+/// Block comments (`/* ... */`, not nested) are taken out too.
 fn normalized(text: &str) -> String {
     let code: Vec<&str> = text.lines().map(|line| line.split("//").next().unwrap_or("")).collect();
-    code.join(" ").split_whitespace().collect::<Vec<_>>().join(" ")
+    let mut code = code.join(" ");
+    while let Some(start) = code.find("/*") {
+        let end = code[start..].find("*/").map_or(code.len(), |end| start + end + 2);
+        code.replace_range(start..end, " ");
+    }
+    code.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The C static assertion for one `pub const NAME: TYPE = VALUE;` of
+/// src/lib.rs (@item: from NAME to the `;`).  Only what C can read the
+/// same way is taken: a c_int or c_uint, a decimal or hexadecimal number
+/// or a shift of one; anything else stops the build, naming it, rather than
+/// feeding C something it would misread.
+fn constant_check(item: &str) -> String {
+    let refuse = |why: &str| -> ! {
+        panic!("percpuref-sys: build.rs cannot check `pub const {}` against C: {}", item, why)
+    };
+    let (name, rest) = item.split_once(':').unwrap_or_else(|| refuse("no `: TYPE`"));
+    let (ty, value) = rest.split_once('=').unwrap_or_else(|| refuse("no `= VALUE`"));
+    let (name, ty, value) = (name.trim(), ty.trim(), value.trim());
+    if ty != "c_int" && ty != "c_uint" {
+        refuse("only c_int and c_uint constants have a C counterpart here");
+    }
+    let number = |n: &str| {
+        let n = n.trim();
+        n.strip_prefix("0x").map_or(!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()), |hex| {
+            !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        })
+    };
+    let readable = match value.split_once("<<") {
+        Some((base, shift)) => number(base) && number(shift),
+        None => number(value),
+    };
+    if !readable {
+        refuse("the value must be a number, or a number shifted left by one");
+    }
+    format!(
+        "_Static_assert(({}) == ({}), \"src/lib.rs: const {} is not the C headers' value\");\n",
+        name, value, name
+    )
 }
 
 /// A declaration with its attributes (`#[...]`) taken off.  One that
@@ -113,22 +153,25 @@ fn checked_shim(manifest: &Path, include: &Path, out_dir: &Path) -> PathBuf {
     }
     // `pub const NAME: c_int = VALUE;`: the C headers' NAME (a flag, or an
     // errno value from <errno.h>, which some architectures number unlike
-    // x86 and Arm) must have that value.
+    // x86 and Arm) must have that value.  A `const fn` is no constant; one
+    // under `#[cfg(...)]` would be checked on every target, whichever the
+    // cfg keeps, so it is refused.
     let mut constants = 0;
-    for piece in code.split("pub const ").skip(1) {
-        let (name, rest) = piece.split_once(':').expect("a `:` after the constant's name");
-        let value = rest
-            .split_once('=')
-            .and_then(|(_, value)| value.split_once(';'))
-            .expect("a constant's `= VALUE;`")
-            .0
-            .trim();
-        c += &format!(
-            "_Static_assert(({}) == ({}), \"src/lib.rs: const {} is not the C headers' value\");\n",
-            name.trim(),
-            value,
-            name.trim()
-        );
+    for (at, _) in code.match_indices("pub const ") {
+        let item = &code[at + "pub const ".len()..];
+        if item.starts_with("fn ") {
+            continue;
+        }
+        let item = item.split_once(';').map_or(item, |(item, _)| item);
+        let before = code[..at].trim_end();
+        if before.ends_with(']') && before.rsplit_once("#[").map_or(false, |(_, a)| a.starts_with("cfg")) {
+            panic!(
+                "percpuref-sys: `pub const {}` has a #[cfg]: build.rs checks every constant \
+                 on every target; give one value, or check it in the test",
+                item
+            );
+        }
+        c += &constant_check(item);
         constants += 1;
     }
     assert!(constants > 0, "percpuref-sys: no constant declared in src/lib.rs");
