@@ -75,9 +75,14 @@ struct sample {
 	struct bench_metrics metrics;
 };
 
+/* Before any thread but the main one exists (the library's included):
+ * the count of SIGCONTs the measurements read (measure.c). */
+void measure_setup(void);
+
 /* One measurement of @duration seconds, after duration / 5 of warm-up.
- * A thread that has not returned @hang_limit seconds after the window
- * closed ends the run (exit 1, the thread named): its loop hangs. */
+ * A phase that has not ended after @hang_limit seconds (the workload's
+ * setup, the threads' start, their return once the window closed, the
+ * teardown) ends the run (exit 1, the phase named). */
 struct sample measure(const struct bench_workload *w, const struct bench_variant *v,
 		      unsigned int nthreads, const struct topology *topo, double duration,
 		      double hang_limit);

@@ -865,13 +865,16 @@ int main(int argc, char **argv)
 {
 	struct topology topo;
 	struct report r = { .repeat = 1, .stat = "median", .duration = 0.5, .hang_limit = 60,
-			    .topo = &topo, .baseline = 1, .fast_path = percpuref_fast_path() };
+			    .topo = &topo, .baseline = 1 };
 	struct cli cli = { 0 };
 	FILE *table_out = stdout, *json_out = NULL;
 
 	/* A closed pipe ("| head -1") is a write error, exit 1 with a
 	 * message, as documented; SIGPIPE killed the process silently. */
 	signal(SIGPIPE, SIG_IGN);
+	/* First: the library's set-up may start threads. */
+	measure_setup();
+	r.fast_path = percpuref_fast_path();
 	load_workloads();
 	if (argc < 2)
 		usage_error(NULL, "no workload given");

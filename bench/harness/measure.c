@@ -149,23 +149,39 @@ static void count_continue(int sig)
 }
 
 /* The count of SIGCONTs so far.  The handler is installed by
- * watch_continues(), on the main thread, before any point. */
+ * measure_setup(), on the main thread, before any other thread exists. */
 static unsigned long continues_so_far(void)
 {
 	return __atomic_load_n(&continues, __ATOMIC_RELAXED);
 }
 
-static void watch_continues(void)
+/*
+ * Which thread counts a SIGCONT decides whether the count is read after
+ * it: a thread other than the reader might run its handler only after the
+ * reader looked (a pause then counted as time awake).  So SIGCONT is
+ * blocked on the main thread, and so on every thread it creates (the
+ * workers, the library's threads), but around the warm-up and window
+ * sleeps, whose end reads the count (paused); and unblocked on the
+ * watchdog, which reads the count after each wait.  A blocked SIGCONT
+ * still continues a stopped process: only its handler waits.
+ */
+static void continues_to(bool unblocked)
 {
-	static bool installed;
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGCONT);
+	pthread_sigmask(unblocked ? SIG_UNBLOCK : SIG_BLOCK, &set, NULL);
+}
+
+void measure_setup(void)
+{
 	struct sigaction sa = { .sa_handler = count_continue, .sa_flags = SA_RESTART };
 
-	if (installed)
-		return;
 	sigemptyset(&sa.sa_mask);
 	if (sigaction(SIGCONT, &sa, NULL))
 		bench_die("sigaction (SIGCONT): %s", strerror(errno));
-	installed = true;
+	continues_to(false);
 }
 
 /* A point whose window the run was stopped in (@paused), or that lasted
@@ -245,26 +261,68 @@ static double timespec_seconds(const struct timespec *ts)
 	return (double)ts->tv_sec + (double)ts->tv_nsec / 1e9;
 }
 
-/* Lock held.  The phase hung: says so and ends the process. */
-static void __attribute__((noreturn)) watchdog_expired(struct watchdog *wd)
+/* A child of a --processes point not reaped yet: gone (reaped by the main
+ * thread, which has not marked it yet), a zombie, or running. */
+enum child_state { CHILD_GONE, CHILD_ZOMBIE, CHILD_RUNNING };
+
+static enum child_state child_state(pid_t pid)
 {
-	fflush(stdout);
-	progress_erase();
+	siginfo_t info = { 0 };
+
+	/* WNOWAIT: a zombie stays for its reaper. */
+	if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT))
+		return CHILD_GONE;
+	return info.si_pid ? CHILD_ZOMBIE : CHILD_RUNNING;
+}
+
+/*
+ * Lock held.  The phase hung: says so and ends the process; unless the
+ * phase is a --processes point's children and none is running any more
+ * (the main thread reaps them).  The message goes out with write(): a hung
+ * thread may hold stdio's lock on stderr, or a reader that stopped reading
+ * fill stdout's pipe, and the run must end all the same.
+ */
+static void watchdog_expire(struct watchdog *wd)
+{
+	bool *gone = NULL;
+	char msg[512];
+	int len;
+
 	if (wd->pids) {
 		unsigned int left = 0, first = 0;
 
-		for (unsigned int i = wd->nprocs; i-- > 0;)
-			if (!wd->reaped[i]) {
+		gone = calloc(wd->nprocs, sizeof(*gone));
+		for (unsigned int i = wd->nprocs; i-- > 0;) {
+			enum child_state state = wd->reaped[i] ? CHILD_GONE
+							       : child_state(wd->pids[i]);
+
+			if (gone)
+				gone[i] = state == CHILD_GONE;
+			if (state == CHILD_RUNNING) {
 				left++;
 				first = i;
 			}
-		fprintf(stderr, "percpuref-bench: --processes: %u of %u processes (the first on "
-			"CPU %d, pid %d) %s; killed\n", left, wd->nprocs,
-			wd->topo->order[first % wd->topo->ncpus], (int)wd->pids[first], wd->what);
-		kill_children(wd->pids, wd->reaped, wd->nprocs);
+		}
+		if (!left) {
+			free(gone);
+			return;
+		}
+		len = snprintf(msg, sizeof(msg), "percpuref-bench: --processes: %u of %u processes "
+			       "(the first on CPU %d, pid %d) %s; killed\n", left, wd->nprocs,
+			       wd->topo->order[first % wd->topo->ncpus], (int)wd->pids[first],
+			       wd->what);
 	} else {
-		fprintf(stderr, "percpuref-bench: %s\n", wd->what);
+		len = snprintf(msg, sizeof(msg), "percpuref-bench: %s\n", wd->what);
 	}
+	if (!ftrylockfile(stdout)) {
+		fflush_unlocked(stdout);
+		funlockfile(stdout);
+	}
+	progress_erase();
+	if (write(STDERR_FILENO, msg, len < (int)sizeof(msg) ? (size_t)len : sizeof(msg) - 1) < 0)
+		_exit(1);
+	if (wd->pids)
+		kill_children(wd->pids, gone ? gone : wd->reaped, wd->nprocs);
 	_exit(1);
 }
 
@@ -272,6 +330,7 @@ static void *watchdog_main(void *arg)
 {
 	struct watchdog *wd = arg;
 
+	continues_to(true);
 	pthread_mutex_lock(&wd->lock);
 	while (!wd->quit) {
 		unsigned long phase = wd->phase, since = continues_so_far();
@@ -304,7 +363,7 @@ static void *watchdog_main(void *arg)
 			since = c;
 			last = t;
 			if (wd->phase == phase && !wd->quit && awake > wd->limit)
-				watchdog_expired(wd);
+				watchdog_expire(wd);
 		}
 	}
 	pthread_mutex_unlock(&wd->lock);
@@ -337,6 +396,20 @@ static void watchdog_stop(struct watchdog *wd)
 	pthread_mutex_destroy(&wd->lock);
 }
 
+static void vwatch(struct watchdog *wd, bool new_phase, double limit, const char *fmt,
+		   va_list ap)
+{
+	pthread_mutex_lock(&wd->lock);
+	vsnprintf(wd->what, sizeof(wd->what), fmt, ap);
+	wd->limit = limit;
+	if (new_phase || !wd->watching) {
+		wd->watching = true;
+		wd->phase++;
+		pthread_cond_signal(&wd->wake);
+	}
+	pthread_mutex_unlock(&wd->lock);
+}
+
 /* From now, the phase that @fmt describes (how it hangs) has @limit
  * seconds awake to end, which unwatch() or the next watch() says. */
 static void __attribute__((format(printf, 3, 4)))
@@ -344,15 +417,21 @@ watch(struct watchdog *wd, double limit, const char *fmt, ...)
 {
 	va_list ap;
 
-	pthread_mutex_lock(&wd->lock);
 	va_start(ap, fmt);
-	vsnprintf(wd->what, sizeof(wd->what), fmt, ap);
+	vwatch(wd, true, limit, fmt, ap);
 	va_end(ap);
-	wd->limit = limit;
-	wd->watching = true;
-	wd->phase++;
-	pthread_cond_signal(&wd->wake);
-	pthread_mutex_unlock(&wd->lock);
+}
+
+/* watch(), or with !@new_phase the phase watched goes on, its time
+ * kept, only described anew. */
+static void __attribute__((format(printf, 4, 5)))
+rewatch(struct watchdog *wd, bool new_phase, double limit, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vwatch(wd, new_phase, limit, fmt, ap);
+	va_end(ap);
 }
 
 static void unwatch(struct watchdog *wd)
@@ -410,8 +489,7 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 	/* Metrics come from the main thread's hooks only: none while threads run. */
 	run.metrics = NULL;
 	watch(wd, hang_limit, "%s: the threads have not all started (thread_init, the start "
-	      "barrier%s) after %g s (--hang-limit)", point,
-	      processes ? ", the other processes" : "", hang_limit);
+	      "barrier) after %g s (--hang-limit)", point, hang_limit);
 	pthread_barrier_init(&start_barrier, NULL, nthreads + 1);
 	for (unsigned int i = 0; i < nthreads; i++) {
 		pthread_attr_t attr;
@@ -443,11 +521,14 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 				  strerror(err));
 	}
 	pthread_barrier_wait(&start_barrier);
+	/* The other processes are the parent's to wait for (its limit runs
+	 * from its last fork); the warm-up and the window are sleeps, with
+	 * nothing to hang.  A SIGCONT in them is this thread's to count
+	 * (continues_to()). */
+	unwatch(wd);
 	if (processes)
 		pthread_barrier_wait(processes);
-	/* The warm-up and the window are sleeps: nothing there to hang. */
-	unwatch(wd);
-
+	continues_to(true);
 	sleep_until(bench_seconds() + duration / 5);
 	continues0 = continues_so_far();
 	t0 = bench_seconds();
@@ -456,12 +537,14 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 	s.seconds = bench_seconds() - t0;
 	s.ops = snapshot(threads, nthreads) - ops0;
 	s.paused = continues_so_far() != continues0;
+	continues_to(false);
 	__atomic_store_n(&run.stop, true, __ATOMIC_RELAXED);
 
+	/* One limit for all the joins, the thread waited for named. */
 	for (unsigned int i = 0; i < nthreads; i++) {
-		watch(wd, hang_limit, "%s: thread %u (CPU %d) has not returned %g s after its "
-		      "window closed (--hang-limit): its loop hangs", point, i, threads[i].cpu,
-		      hang_limit);
+		rewatch(wd, !i, hang_limit, "%s: thread %u (CPU %d) has not returned %g s after "
+			"the window closed (--hang-limit): its loop hangs", point, i,
+			threads[i].cpu, hang_limit);
 		pthread_join(tids[i], NULL);
 	}
 	pthread_barrier_destroy(&start_barrier);
@@ -484,7 +567,6 @@ struct sample measure(const struct bench_workload *w, const struct bench_variant
 	struct watchdog wd;
 	struct sample s;
 
-	watch_continues();
 	watchdog_start(&wd);
 	s = measure_with(w, v, nthreads, topo, duration, hang_limit, &wd, NULL);
 	watchdog_stop(&wd);
@@ -546,7 +628,6 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 	pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
 	pthread_barrier_init(&sh->barrier, &attr, nprocs);
 	pthread_barrierattr_destroy(&attr);
-	watch_continues();
 	watchdog_start(&wd);
 	wd.pids = pids;
 	wd.reaped = reaped;
@@ -632,8 +713,8 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 		left--;
 		/* The others would wait at the barrier for ever. */
 		if (!WIFEXITED(status) || WEXITSTATUS(status))
-			processes_fail(&wd, "the process on CPU %d failed (%s %d)",
-				       topo->order[i % topo->ncpus],
+			processes_fail(&wd, "the process on CPU %d (pid %d) failed (%s %d)",
+				       topo->order[i % topo->ncpus], (int)pids[i],
 				       WIFEXITED(status) ? "exit status" : "signal",
 				       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 	}

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/types.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -32,8 +33,11 @@ void progress_shown(void)
 
 void progress_erase(void)
 {
-	if (__atomic_exchange_n(&progress_on_screen, false, __ATOMIC_RELAXED))
-		fputs("\r\033[K", stderr);
+	/* write(): stderr is unbuffered, and the watchdog may erase it while
+	 * a hung thread holds stdio's lock on it. */
+	if (__atomic_exchange_n(&progress_on_screen, false, __ATOMIC_RELAXED) &&
+	    write(STDERR_FILENO, "\r\033[K", 4) < 0)
+		return;
 }
 
 void bench_die(const char *fmt, ...)

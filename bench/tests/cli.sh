@@ -359,7 +359,7 @@ else
 		status=$?
 		thaw
 		want='percpuref-bench: micro private, 1 thread: thread 0 (CPU [0-9]*) has not'
-		want="$want returned 0.5 s after its window closed (--hang-limit): its loop hangs"
+		want="$want returned 0.5 s after the window closed (--hang-limit): its loop hangs"
 		ended_saying "$what" "$status" 1 "$want"
 	else
 		wait "$parent"
@@ -367,8 +367,9 @@ else
 fi
 # The whole run stopped and continued in its window: measured (exit 0),
 # and the warning says the point counts the pause.
-start_bench micro --threads 1 --variants private --duration 2 --hang-limit 0.5
-sleep 0.8	# into the window, after 0.4 s of warm-up
+start_bench micro --threads 1 --variants private --duration 2
+pinned_threads "$run" 1	# its worker started: the window opens 0.4 s on
+sleep 0.6
 kill -STOP -"$parent"
 sleep 1
 kill -CONT -"$parent"
@@ -381,6 +382,7 @@ ended_saying "a run stopped and continued" "$status" 0 "$want"
 # no SIGCONT): measured, and the warning says how long the window lasted.
 what="a run given no CPU"
 start_bench micro --threads 1 --variants private --duration 1 --hang-limit 0.5
+pinned_threads "$run" 1	# its worker started: the window opens 0.2 s on
 sleep 0.5
 if frozen $(tasks_of "$run"); then
 	sleep 2
@@ -629,12 +631,16 @@ fi
 # none for a run of threads: the parent, stopped with its children, may
 # still be handed a child's stop once it is continued.  Nor does the pause
 # count against --hang-limit: the parent allows 1.2 x 1 + 0.5 s from its
-# last fork, and the pause comes 1 s in (in the windows, which close at
-# 1.2 s) and lasts 3 s.  Counted as a second of waiting, it failed the run.
+# last fork, and the pause comes 0.7 s after the children started (in
+# their windows, 0.2 to 1.2 s on) and lasts 3 s.  Counted as a second of waiting (a gap
+# with a SIGCONT in it taken for one with no CPU), it failed the run.
 start_bench micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
 	--duration 1 --hang-limit 0.5
 wait_for_two_children "$run"
-sleep 1
+for child in $children; do
+	pinned_threads "$child" 1	# started: their windows open 0.2 s on
+done
+sleep 0.7
 kill -STOP -"$parent"
 sleep 3
 kill -CONT -"$parent"
@@ -650,6 +656,9 @@ what="a --processes job given no CPU"
 start_bench micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
 	--duration 1 --hang-limit 1
 wait_for_two_children "$run"
+for child in $children; do
+	pinned_threads "$child" 1
+done
 sleep 0.5
 if frozen $(tasks_of "$run" $children); then
 	sleep 3
@@ -670,14 +679,18 @@ what="a --processes child that never ends"
 start_bench micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
 	--duration 2 --hang-limit 2
 wait_for_two_children "$run"
-hung=$(echo $children | cut -d' ' -f1)
+hung=$(echo $children | cut -d' ' -f1)	# the first forked
+for child in $children; do
+	pinned_threads "$child" 1
+done
 sleep 0.5
 if [ -n "$hung" ] && frozen $(tasks_of "$hung"); then
 	wait "$parent"
 	status=$?
 	thaw
 	alive=$(still_alive $children)
-	want="percpuref-bench: --processes: 1 of 2 processes (the first on CPU [0-9]*, pid $hung)"
+	# 2 of 2 if it was frozen before the barrier its sibling waits at.
+	want="percpuref-bench: --processes: [12] of 2 processes (the first on CPU [0-9]*, pid $hung)"
 	want="$want had not ended 2 s after their windows would have closed (--hang-limit); killed"
 	if [ -z "$alive" ]; then
 		ended_saying "$what" "$status" 1 "$want"
