@@ -628,19 +628,20 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 	pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
 	pthread_barrier_init(&sh->barrier, &attr, nprocs);
 	pthread_barrierattr_destroy(&attr);
-	watchdog_start(&wd);
-	wd.pids = pids;
-	wd.reaped = reaped;
-	wd.nprocs = nprocs;
-	wd.topo = topo;
 	/* Nothing buffered twice: the children exit with _exit(). */
 	fflush(NULL);
+	/* The forks come while this is the process's only thread: one running
+	 * beside a fork (the watchdog starting, say) may hold a lock of the
+	 * C library's, or a sanitizer's, that the child then waits for. */
 	for (unsigned int i = 0; i < nprocs; i++) {
 		pids[i] = fork();
 		if (pids[i] < 0) {
+			int err = errno;
+
 			pids[i] = 0;
-			processes_fail(&wd, "fork (process %u of %u): %s", i + 1, nprocs,
-				       strerror(errno));
+			kill_children(pids, reaped, i);
+			bench_die("--processes: fork (process %u of %u): %s", i + 1, nprocs,
+				  strerror(err));
 		}
 		if (!pids[i]) {
 			/* Thread i's CPU, as the only one of a copy of the topology. */
@@ -668,6 +669,11 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 			_exit(0);
 		}
 	}
+	watchdog_start(&wd);
+	wd.pids = pids;		/* read by the watchdog after watch()'s lock */
+	wd.reaped = reaped;
+	wd.nprocs = nprocs;
+	wd.topo = topo;
 	/* From the last fork: each child's warm-up and window, then
 	 * --hang-limit for its set-up, start and teardown. */
 	watch(&wd, 1.2 * duration + hang_limit, "had not ended %g s after their windows "
