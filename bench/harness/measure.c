@@ -278,7 +278,7 @@ static enum child_state child_state(pid_t pid)
 /*
  * Lock held.  The phase hung: says so and ends the process; unless the
  * phase is a --processes point's children and none is running any more
- * (the main thread reaps them).  The message goes out with write(): a hung
+ * (the main thread reaps them: the watchdog looks again in 10 ms).  The message goes out with write(): a hung
  * thread may hold stdio's lock on stderr, or a reader that stopped reading
  * fill stdout's pipe, and the run must end all the same.
  */
@@ -314,15 +314,16 @@ static void watchdog_expire(struct watchdog *wd)
 	} else {
 		len = snprintf(msg, sizeof(msg), "percpuref-bench: %s\n", wd->what);
 	}
-	if (!ftrylockfile(stdout)) {
-		fflush_unlocked(stdout);
-		funlockfile(stdout);
-	}
 	progress_erase();
 	if (write(STDERR_FILENO, msg, len < (int)sizeof(msg) ? (size_t)len : sizeof(msg) - 1) < 0)
 		_exit(1);
 	if (wd->pids)
 		kill_children(wd->pids, gone ? gone : wd->reaped, wd->nprocs);
+	/* Last, and only if nothing holds it: a full pipe could block it. */
+	if (!ftrylockfile(stdout)) {
+		fflush_unlocked(stdout);
+		funlockfile(stdout);
+	}
 	_exit(1);
 }
 
@@ -330,6 +331,8 @@ static void *watchdog_main(void *arg)
 {
 	struct watchdog *wd = arg;
 
+	/* Named, so that tests can tell it from the workers. */
+	pthread_setname_np(pthread_self(), "bench-watchdog");
 	continues_to(true);
 	pthread_mutex_lock(&wd->lock);
 	while (!wd->quit) {
@@ -344,7 +347,9 @@ static void *watchdog_main(void *arg)
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		last = timespec_seconds(&now);
 		while (!wd->quit && wd->phase == phase) {
-			double step = fmin(1.0, wd->limit - awake) + 0.001, t;
+			/* Past the limit with nothing to expire (watchdog_expire()):
+			 * 10 ms, not a deadline in the past, each time. */
+			double step = fmax(0.01, fmin(1.0, wd->limit - awake) + 0.001), t;
 			unsigned long c;
 
 			until = now;
