@@ -184,25 +184,35 @@ void measure_setup(void)
 	continues_to(false);
 }
 
+/* The point as messages name it: "micro private, 2 threads" (or processes). */
+static void point_name(char *buf, size_t size, const struct bench_workload *w,
+		       const struct bench_variant *v, unsigned int n, bool processes)
+{
+	snprintf(buf, size, "%s %s, %u %s%s", w->name, v->name, n,
+		 processes ? "process" : "thread", n == 1 ? "" : processes ? "es" : "s");
+}
+
 /* A point whose window the run was stopped in (@paused), or that lasted
  * well past @duration (no CPU for this process), measured that time too:
  * says so on standard error. */
 static void warn_if_disturbed(const struct bench_workload *w, const struct bench_variant *v,
-			      unsigned int n, const char *units, double seconds, double duration,
+			      unsigned int n, bool processes, double seconds, double duration,
 			      bool paused)
 {
+	char point[160];
+
 	if (!paused && !(seconds - duration > fmax(0.5, duration / 4)))
 		return;
+	point_name(point, sizeof(point), w, v, n, processes);
 	progress_erase();
 	if (paused)
-		fprintf(stderr, "percpuref-bench: warning: %s %s, %u %s: the run was stopped "
-			"and continued during this point's window; its time per operation "
-			"counts the pause\n", w->name, v->name, n, units);
+		fprintf(stderr, "percpuref-bench: warning: %s: the run was stopped and continued "
+			"during this point's window; its time per operation counts the "
+			"pause\n", point);
 	else
-		fprintf(stderr, "percpuref-bench: warning: %s %s, %u %s: the window lasted "
-			"%.3g s instead of %.3g s (the run got no CPU); its time per "
-			"operation counts that\n", w->name, v->name, n, units, seconds,
-			duration);
+		fprintf(stderr, "percpuref-bench: warning: %s: the window lasted %.3g s instead "
+			"of %.3g s (the run got no CPU); its time per operation counts that\n",
+			point, seconds, duration);
 }
 
 /* Kills the children not reaped yet and reaps them, waiting two seconds at
@@ -401,11 +411,19 @@ static void watchdog_stop(struct watchdog *wd)
 	pthread_mutex_destroy(&wd->lock);
 }
 
-static void vwatch(struct watchdog *wd, bool new_phase, double limit, const char *fmt,
-		   va_list ap)
+/* With @new_phase, from now the phase that @fmt describes (how it hangs)
+ * has @limit seconds awake to end, which unwatch() or the next new phase
+ * says; without, the phase watched goes on, its time kept, only described
+ * anew. */
+static void __attribute__((format(printf, 4, 5)))
+watch(struct watchdog *wd, bool new_phase, double limit, const char *fmt, ...)
 {
+	va_list ap;
+
 	pthread_mutex_lock(&wd->lock);
+	va_start(ap, fmt);
 	vsnprintf(wd->what, sizeof(wd->what), fmt, ap);
+	va_end(ap);
 	wd->limit = limit;
 	if (new_phase || !wd->watching) {
 		wd->watching = true;
@@ -413,30 +431,6 @@ static void vwatch(struct watchdog *wd, bool new_phase, double limit, const char
 		pthread_cond_signal(&wd->wake);
 	}
 	pthread_mutex_unlock(&wd->lock);
-}
-
-/* From now, the phase that @fmt describes (how it hangs) has @limit
- * seconds awake to end, which unwatch() or the next watch() says. */
-static void __attribute__((format(printf, 3, 4)))
-watch(struct watchdog *wd, double limit, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vwatch(wd, true, limit, fmt, ap);
-	va_end(ap);
-}
-
-/* watch(), or with !@new_phase the phase watched goes on, its time
- * kept, only described anew. */
-static void __attribute__((format(printf, 4, 5)))
-rewatch(struct watchdog *wd, bool new_phase, double limit, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vwatch(wd, new_phase, limit, fmt, ap);
-	va_end(ap);
 }
 
 static void unwatch(struct watchdog *wd)
@@ -454,14 +448,6 @@ static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
 	for (unsigned int i = 0; i < n; i++)
 		sum += __atomic_load_n(&threads[i].ops, __ATOMIC_RELAXED);
 	return sum;
-}
-
-/* The point as the watchdog's messages name it: "micro private, 2 threads". */
-static void point_name(char *buf, size_t size, const struct bench_workload *w,
-		       const struct bench_variant *v, unsigned int nthreads)
-{
-	snprintf(buf, size, "%s %s, %u thread%s", w->name, v->name, nthreads,
-		 nthreads == 1 ? "" : "s");
 }
 
 /* measure(), its phases watched by @wd; with @processes, the main thread
@@ -485,16 +471,16 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 
 	if (!tids)
 		bench_die("out of memory");
-	point_name(point, sizeof(point), w, v, nthreads);
+	point_name(point, sizeof(point), w, v, nthreads, false);
 	if (w->setup) {
-		watch(wd, hang_limit, "%s: the workload's setup has not returned after %g s "
+		watch(wd, true, hang_limit, "%s: the workload's setup has not returned after %g s "
 		      "(--hang-limit)", point, hang_limit);
 		w->setup(&run);
 	}
 	/* Metrics come from the main thread's hooks only: none while threads run. */
 	run.metrics = NULL;
-	watch(wd, hang_limit, "%s: the threads have not all started (thread_init, the start "
-	      "barrier) after %g s (--hang-limit)", point, hang_limit);
+	watch(wd, true, hang_limit, "%s: the threads have not all started (thread_init, the "
+	      "start barrier) after %g s (--hang-limit)", point, hang_limit);
 	pthread_barrier_init(&start_barrier, NULL, nthreads + 1);
 	for (unsigned int i = 0; i < nthreads; i++) {
 		pthread_attr_t attr;
@@ -547,15 +533,15 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 
 	/* One limit for all the joins, the thread waited for named. */
 	for (unsigned int i = 0; i < nthreads; i++) {
-		rewatch(wd, !i, hang_limit, "%s: thread %u (CPU %d) has not returned %g s after "
-			"the window closed (--hang-limit): its loop hangs", point, i,
-			threads[i].cpu, hang_limit);
+		watch(wd, !i, hang_limit, "%s: thread %u (CPU %d) has not returned %g s after "
+		      "the window closed (--hang-limit): its loop hangs", point, i,
+		      threads[i].cpu, hang_limit);
 		pthread_join(tids[i], NULL);
 	}
 	pthread_barrier_destroy(&start_barrier);
 	run.metrics = &s.metrics;
 	if (w->teardown) {
-		watch(wd, hang_limit, "%s: the workload's teardown has not returned after %g s "
+		watch(wd, true, hang_limit, "%s: the workload's teardown has not returned after %g s "
 		      "(--hang-limit)", point, hang_limit);
 		w->teardown(&run);
 	}
@@ -575,8 +561,7 @@ struct sample measure(const struct bench_workload *w, const struct bench_variant
 	watchdog_start(&wd);
 	s = measure_with(w, v, nthreads, topo, duration, hang_limit, &wd, NULL);
 	watchdog_stop(&wd);
-	warn_if_disturbed(w, v, nthreads, nthreads == 1 ? "thread" : "threads", s.seconds,
-			  duration, s.paused);
+	warn_if_disturbed(w, v, nthreads, false, s.seconds, duration, s.paused);
 	return s;
 }
 
@@ -681,7 +666,7 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 	wd.topo = topo;
 	/* From the last fork: each child's warm-up and window, then
 	 * --hang-limit for its set-up, start and teardown. */
-	watch(&wd, 1.2 * duration + hang_limit, "had not ended %g s after their windows "
+	watch(&wd, true, 1.2 * duration + hang_limit, "had not ended %g s after their windows "
 	      "would have closed (--hang-limit)", hang_limit);
 	for (unsigned int left = nprocs; left;) {
 		int status;
@@ -690,8 +675,6 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 		pid_t pid = waitpid(-1, &status, WUNTRACED);
 		unsigned int i = 0;
 
-		if (pid < 0 && errno == EINTR)
-			continue;	/* a SIGCONT */
 		if (pid < 0)
 			processes_fail(&wd, "wait: %s", strerror(errno));
 		while (i < nprocs && pids[i] != pid)
@@ -740,8 +723,7 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 		seconds += sh->out[i].seconds / nprocs;
 		s.paused |= sh->out[i].paused;
 	}
-	warn_if_disturbed(w, v, nprocs, nprocs == 1 ? "process" : "processes", longest,
-			  duration, s.paused);
+	warn_if_disturbed(w, v, nprocs, true, longest, duration, s.paused);
 	for (unsigned int i = 0; i < nprocs; i++)
 		s.ops += (uint64_t)llround(sh->out[i].ops * (seconds / sh->out[i].seconds));
 	s.seconds = seconds;

@@ -559,6 +559,14 @@ wait_for_two_children() {
 		sleep 0.05
 	done
 }
+# Sets $children to the two processes $1 forks, then waits (5 s at most
+# each) until each has started its worker, its one pinned thread.
+two_children_started() {
+	wait_for_two_children "$1"
+	for child in $children; do
+		pinned_threads "$child" 1
+	done
+}
 wait_for_two_children "$parent"
 kill -KILL $(echo $children | cut -d' ' -f1) 2>/dev/null
 wait "$parent"
@@ -638,10 +646,7 @@ fi
 # here on a loaded machine for want of CPU: left to manual runs).
 start_bench micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
 	--duration 1 --hang-limit 1.5
-wait_for_two_children "$run"
-for child in $children; do
-	pinned_threads "$child" 1	# started: their windows open 0.2 s on
-done
+two_children_started "$run"	# their windows open 0.2 s on
 sleep 0.5
 kill -STOP -"$parent"
 sleep 3
@@ -658,10 +663,7 @@ ended_saying "a --processes job stopped and continued" "$status" 0 "$want"
 what="a --processes job given no CPU"
 start_bench micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
 	--duration 1 --hang-limit 2
-wait_for_two_children "$run"
-for child in $children; do
-	pinned_threads "$child" 1
-done
+two_children_started "$run"
 sleep 0.5
 if frozen $(tasks_of "$run" $children); then
 	sleep 3
@@ -681,11 +683,8 @@ fi
 what="a --processes child that never ends"
 start_bench micro --processes --threads 2 --baseline 2 --oversubscribe --variants private \
 	--duration 2 --hang-limit 2
-wait_for_two_children "$run"
+two_children_started "$run"
 hung=$(echo $children | cut -d' ' -f1)	# the first forked
-for child in $children; do
-	pinned_threads "$child" 1
-done
 sleep 0.5
 if [ -n "$hung" ] && frozen $(tasks_of "$hung"); then
 	wait "$parent"
