@@ -457,15 +457,21 @@ bool percpuref_env_ulong(const char *who, const char *name, unsigned long max,
 void *percpuref_zalloc(size_t size);
 
 /*
- * Fault injection for tests: the @nth next allocation made through
- * percpuref_zalloc() or the per-CPU allocator (a chunk, its table, and the
- * depot's growth, which a free may make) fails (1 = the very next);
- * -1: every one fails until disarmed (memory short for a while); 0
- * disarms.  percpuref_fault_refused_allocs(): allocations so refused
- * since the process started.  Exposed (default visibility) so tests
- * linking the static library can reach them; not part of the installed API.
+ * Fault injection for tests.  Counted together: allocations made through
+ * percpuref_zalloc() (a thread's slot cache among them) or the per-CPU
+ * allocator (a chunk, its table, and the depot's growth, which a free may
+ * make), and starts of the library's threads (a stack each: refused as
+ * pthread_create() refuses one, EAGAIN).  percpuref_fault_fail_nth_alloc():
+ * the @nth next fails (1 = the very next), and the hook disarms; -1: every
+ * one fails until disarmed (memory short for a while); 0 disarms.
+ * percpuref_fault_fail_from_nth_alloc(): the @nth next and every one after
+ * fail, until disarmed (memory runs out, at a point a test chooses).
+ * percpuref_fault_refused_allocs(): those so refused since the process
+ * started.  Exposed (default visibility) so tests linking the static
+ * library can reach them; not part of the installed API.
  */
 PERCPUREF_API void percpuref_fault_fail_nth_alloc(long nth);
+PERCPUREF_API void percpuref_fault_fail_from_nth_alloc(long nth);
 PERCPUREF_API unsigned long percpuref_fault_refused_allocs(void);
 bool percpuref_fault_should_fail(void);
 /* The most CPUs the library counts: the kernel's largest NR_CPUS. */

@@ -293,9 +293,10 @@ static struct slot_cache *my_cache(void)
 		return cache;
 	if (cache_state == CACHE_RETIRED || percpuref_on_library_thread())
 		return NULL;
-	/* A failure here is final for the thread: no cache, no retry. */
+	/* A failure here (the fault hook's too) is final for the thread: no
+	 * cache, no retry. */
 	cache_state = CACHE_RETIRED;
-	c = calloc(1, sizeof(*c));
+	c = percpuref_zalloc(sizeof(*c));
 	if (!c)
 		return NULL;
 	percpuref_owner_mark_init(&c->owner);

@@ -220,6 +220,9 @@ static unsigned long outside_work;
 static __thread bool in_shutdown;
 static unsigned long warnings;
 static long fault_countdown;
+/* What the countdown becomes at its refusal: 0 (disarmed) or -1 (every
+ * later one refused too).  Written before the countdown, read after it. */
+static long fault_then;
 static unsigned long fault_refused;
 /* Test hook: the CPU count source's answer (0: ask the kernel). */
 static unsigned int fault_cpu_units;
@@ -922,7 +925,10 @@ bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), con
 	t->set_sigmask = in_fork_child_hooks;
 	if (in_fork_child_hooks)
 		t->sigmask = fork_sigmask;
-	err = pthread_create(&t->id, NULL, library_thread_main, t);
+	/* A start the fault hook refuses fails as one without memory for
+	 * its stack does (internal.h). */
+	err = percpuref_fault_should_fail() ? EAGAIN
+					    : pthread_create(&t->id, NULL, library_thread_main, t);
 	if (err) {
 		if (!t->start_refused)
 			percpuref_warn(name, "cannot start thread: %s", strerror(err));
@@ -1013,10 +1019,22 @@ void *percpuref_zalloc(size_t size)
 	return memset(p, 0, size);
 }
 
+static void fault_arm(long nth, long then)
+{
+	__atomic_store_n(&fault_then, then, __ATOMIC_RELAXED);
+	/* Release: pairs with the acquire loads in fault_refuse(), so a
+	 * library thread that sees the count sees its mode. */
+	__atomic_store_n(&fault_countdown, nth, __ATOMIC_RELEASE);
+}
+
 PERCPUREF_API void percpuref_fault_fail_nth_alloc(long nth)
 {
-	/* Relaxed: tests arm it from the thread that then allocates. */
-	__atomic_store_n(&fault_countdown, nth, __ATOMIC_RELAXED);
+	fault_arm(nth, 0);
+}
+
+PERCPUREF_API void percpuref_fault_fail_from_nth_alloc(long nth)
+{
+	fault_arm(nth, -1);
 }
 
 PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n)
@@ -1032,14 +1050,18 @@ PERCPUREF_API unsigned long percpuref_fault_refused_allocs(void)
 
 static bool fault_refuse(void)
 {
-	long left = __atomic_load_n(&fault_countdown, __ATOMIC_RELAXED);
+	/* Acquire: pairs with fault_arm()'s release, for fault_then. */
+	long left = __atomic_load_n(&fault_countdown, __ATOMIC_ACQUIRE);
 
 	if (left < 0)
 		return true;
 	while (left > 0) {
-		/* Relaxed CAS: only the count itself is shared. */
-		if (__atomic_compare_exchange_n(&fault_countdown, &left, left - 1, false,
-						__ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		/* Relaxed: ordered by the acquire that read @left. */
+		long next = left > 1 ? left - 1 : __atomic_load_n(&fault_then, __ATOMIC_RELAXED);
+
+		/* Acquire: a re-arm's count re-read, as above. */
+		if (__atomic_compare_exchange_n(&fault_countdown, &left, next, false,
+						__ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE))
 			return left == 1;
 	}
 	return false;

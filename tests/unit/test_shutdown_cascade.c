@@ -212,9 +212,10 @@ static void test_no_thread_can_start(void)
 	 * the rcuref's release after a grace period. */
 	percpu_ref_put(&stranded_managed);
 	percpu_rcuref_put(&stranded_managed_rcu);
-	/* Its first allocation is the pass's marker: refused, the flush
-	 * returns (it scanned for ever, warning at each try). */
-	percpuref_fault_fail_nth_alloc(1);
+	/* The hook counts the reclaimer's start (refused here by the
+	 * wrapper), then the pass's marker: refused, the flush returns (it
+	 * scanned for ever, warning at each try). */
+	percpuref_fault_fail_nth_alloc(2);
 	is(percpu_ref_managed_flush(), -ENOMEM,
 	   "percpu_ref_managed_flush() with no memory for a pass fails");
 	percpuref_fault_fail_nth_alloc(0);
