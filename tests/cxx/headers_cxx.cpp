@@ -7,6 +7,7 @@
  * header added to include/percpuref/ gets a line here.
  */
 #include <errno.h>
+#include <string.h>
 
 #include <percpuref/compiler.h>
 #include <percpuref/hcount.h>
@@ -123,8 +124,27 @@ static int check_managed()
 	return percpu_ref_managed_flush() == 0 ? 0 : 1;
 }
 
+/* this_cpu.h's own calls, on the mode word of a ref in atomic mode (which
+ * the library wrote, as the _after_setup variant needs): flagged, or no
+ * rseq, never added. */
+static int check_this_cpu()
+{
+	struct percpu_ref ref;
+	int bad;
+
+	if (percpu_ref_init(&ref, percpu_release, PERCPU_REF_INIT_ATOMIC))
+		return 1;
+	bad = percpuref_this_cpu_add(&ref.percpu_count_ptr, 1) == PERCPUREF_THIS_CPU_DONE ||
+	      percpuref_this_cpu_add_after_setup(&ref.percpu_count_ptr, 1) ==
+		      PERCPUREF_THIS_CPU_DONE;
+	/* The area exactly when the process counts on rseq. */
+	bad |= !percpuref_this_rseq_area() != !strncmp(percpuref_fast_path(), "fallback", 8);
+	percpu_ref_exit(&ref);
+	return bad;
+}
+
 int main()
 {
 	return check_kref() | check_rcuref() | check_percpu_ref() | check_percpu_rcuref() |
-	       check_hcount() | check_managed();
+	       check_hcount() | check_managed() | check_this_cpu();
 }
