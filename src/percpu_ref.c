@@ -318,6 +318,21 @@ static void run_release(struct percpu_ref *ref, percpu_ref_func_t *release)
 	percpuref_batch_resume();
 }
 
+/*
+ * switch_to_atomic's confirm, run at once (the ref was atomic already).
+ * Pinned as every other confirm, so that percpu_ref_poll() refuses inside
+ * it (-EDEADLK, percpu_ref.h: any confirm); unpinned, a poll there ran.
+ * Nothing else changes: a caller under a batch lock is inside a confirm
+ * (pinned already) or a paused @release, where a nested @release pauses
+ * nothing either.
+ */
+static void run_switch_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *confirm)
+{
+	percpuref_batch_pin();
+	run_callback(ref, confirm);
+	percpuref_batch_unpin();
+}
+
 static void run_kill_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 {
 	struct kill_confirm frame = { ref, kill_confirms };
@@ -825,7 +840,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
-		run_callback(ref, confirm_now);
+		run_switch_confirm_at_once(ref, confirm_now);
 }
 
 /* What lock_for_sync_switch() leaves its caller with. */
