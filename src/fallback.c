@@ -308,11 +308,14 @@ void percpuref_readers_fence(void)
 			if (!reader_blocks(rec, gp))
 				continue;
 			/* Our own section, interrupted by the signal handler we
-			 * run in (a put there ran a release that switches): it
-			 * cannot end before we return, and waiting hung for
-			 * ever.  Its add lands after, unfenced: exact unless it
-			 * adds to the very ref being switched (rseq restarts it;
-			 * docs/percpu_ref.md, "Signal handlers"). */
+			 * run in: it cannot end before we return, and waiting
+			 * hung for ever.  A release a handler's put reaches waits
+			 * for the section to end (percpu_ref.c, "Releases in
+			 * signal handlers"), so only a handler that switches a
+			 * ref itself, which the documentation does not allow,
+			 * gets here.  Its add lands after, unfenced: exact
+			 * unless it adds to the very ref being switched (rseq
+			 * restarts it). */
 			if (!__atomic_exchange_n(&self_skip_warned, true, __ATOMIC_RELAXED))
 				percpuref_warn("percpuref_fence_readers", "called from a signal "
 					       "handler that interrupted a get or put; that call "

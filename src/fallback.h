@@ -121,6 +121,20 @@ percpuref_reader_add(const uintptr_t *mode_word, unsigned long delta)
 	return result;
 }
 
+/*
+ * True inside one of this thread's sections.  The library calls nothing
+ * from inside one, so a caller that finds one open runs in a signal
+ * handler that interrupted a get or put of its thread (or in a handler
+ * nested in such a handler).  Relaxed: this thread's own word.
+ */
+static inline bool percpuref_reader_interrupted(void)
+{
+	const struct percpuref_reader *self = &percpuref_reader_self;
+
+	return self->state == PERCPUREF_READER_UNIT &&
+	       (__atomic_load_n(self->ctr, __ATOMIC_RELAXED) & PERCPUREF_READER_NEST_MASK);
+}
+
 /* Set-up for a process (or fork child) without rseq and @nr_units
  * units: membarrier, the unit map, the exit hook. */
 void percpuref_readers_setup(unsigned int nr_units);

@@ -21,11 +21,11 @@
  */
 struct percpuref_mnode {
 	struct percpuref_mnode *next;
-	bool marker;
 	/* Reclaimer's, for PERCPUREF_MANAGED_WARN_S: when the node was last
 	 * pushed, and whether the "still held" warning was given. */
 	uint64_t listed_ns;
 	bool held_warned;
+	bool marker;
 	bool checking;		/* scanner's: begin answered MANAGED_CHECK */
 };
 

@@ -78,6 +78,22 @@
  * warned once, the ref stays atomic with a saturated count, and the next
  * pass unlinks it for good (pinned).
  *
+ * Releases in signal handlers.  A get or put may run in a signal handler
+ * (docs/percpu_ref.md, "Signal handlers"), and its put may reach zero.  On
+ * the fallback path the handler may have interrupted a get or put of its
+ * own thread inside its read-side section (fallback.h), which cannot end
+ * before the handler returns, and which every fence waits for: a @release
+ * run there that waits for a fence (a synchronous switch while another
+ * thread holds the fallback readers' lock for a fence of its own, a
+ * barrier while the callback thread fences, an exit waiting for a switch)
+ * waited for ever.  So a release reached while the thread's own section is
+ * open is not run there: the ref goes on the thread's list of
+ * handler_releases, and the interrupted get or put runs the list once its
+ * section has ended, on the same thread, as it returns.  A count at zero
+ * stays at zero (only @release or a later reinit may change it), and
+ * nothing else runs the ref's @release, so the delay changes only when it
+ * runs, never whether or how often.
+ *
  * Misuse never corrupts the count: a count pushed below zero or a get on a
  * released ref pins the count at PERCPU_REF_SATURATED (the object leaks,
  * release never runs twice); kill twice, resurrect of a live ref, reinit of a
@@ -302,6 +318,21 @@ static void run_release(struct percpu_ref *ref, percpu_ref_func_t *release)
 	percpuref_batch_resume();
 }
 
+/*
+ * switch_to_atomic's confirm, run at once (the ref was atomic already).
+ * Pinned as every other confirm, so that percpu_ref_poll() refuses inside
+ * it (-EDEADLK, percpu_ref.h: any confirm); unpinned, a poll there ran.
+ * Nothing else changes: a caller under a batch lock is inside a confirm
+ * (pinned already) or a paused @release, where a nested @release pauses
+ * nothing either.
+ */
+static void run_switch_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *confirm)
+{
+	percpuref_batch_pin();
+	run_callback(ref, confirm);
+	percpuref_batch_unpin();
+}
+
 static void run_kill_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *confirm)
 {
 	struct kill_confirm frame = { ref, kill_confirms };
@@ -344,6 +375,9 @@ struct percpu_ref_impl {
 	bool pinned;			/* manager's reference put by a user: leaked */
 	bool async_switch;		/* the switch in flight is the callback thread's */
 	const char *switch_caller;	/* the call that started it, for warnings */
+	/* On its thread's handler_releases: a @release a signal handler
+	 * reached inside a section, waiting for the section to end. */
+	struct percpu_ref_impl *handler_next;
 };
 
 static struct percpu_ref_impl *impl_of(struct percpu_ref_data *data)
@@ -806,7 +840,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 	pthread_mutex_unlock(switch_lock_of(ref));
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
-		run_callback(ref, confirm_now);
+		run_switch_confirm_at_once(ref, confirm_now);
 }
 
 /* What lock_for_sync_switch() leaves its caller with. */
@@ -1316,6 +1350,61 @@ own_rseq_percpu_add(struct percpu_ref *ref, unsigned long delta)
 	return percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, delta);
 }
 
+/*
+ * The @releases that signal handlers of this thread reached while it was
+ * inside a read-side section of its own (see the top of the file), newest
+ * first, linked through handler_next.  A handler pushes with a CAS, the
+ * interrupted get or put takes the whole list with an exchange: each one
+ * instruction, which no handler of this thread can split, so a handler
+ * that runs in between finds the word as it was or as it will be.
+ * Relaxed: only this thread reads and writes it.  Initial-exec, as the
+ * reader's own state: read on every fallback get and put.
+ */
+static __thread struct percpu_ref_impl *handler_releases __attribute__((tls_model("initial-exec")));
+
+/* In a signal handler, inside a section of this thread: leave @ref's
+ * @release to the interrupted get or put (fallback_percpu_add()). */
+static void defer_handler_release(struct percpu_ref *ref)
+{
+	struct percpu_ref_impl *impl = impl_of(ref->data);
+	struct percpu_ref_impl *top = __atomic_load_n(&handler_releases, __ATOMIC_RELAXED);
+
+	do
+		impl->handler_next = top;
+	while (!__atomic_compare_exchange_n(&handler_releases, &top, impl, true, __ATOMIC_RELAXED,
+					    __ATOMIC_RELAXED));
+}
+
+/*
+ * Outside every section: the deferred releases, oldest first, with every
+ * signal blocked, as the handler that reached them ran with its own
+ * signal blocked at least: a handler of the next signal would otherwise
+ * interrupt the release's own calls (a switch halfway, its lock held),
+ * which only a get or put may be (docs/percpu_ref.md, "Signal handlers"),
+ * and a release that switched a ref the next handler's release switches
+ * too waited for its own thread.  A release may exit and free its ref:
+ * the next is read before it runs.
+ */
+static __attribute__((noinline)) void run_handler_releases(void)
+{
+	struct percpu_ref_impl *list, *oldest = NULL, *impl;
+	sigset_t all, old;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	list = __atomic_exchange_n(&handler_releases, NULL, __ATOMIC_RELAXED);
+	while ((impl = list)) {
+		list = impl->handler_next;
+		impl->handler_next = oldest;
+		oldest = impl;
+	}
+	while ((impl = oldest)) {
+		oldest = impl->handler_next;
+		run_release(impl->data.ref, impl->data.release);
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 /* Inlined, with the rseq half out of line, so that the fallback reader
  * runs without a call or a saved register. */
 static inline __attribute__((always_inline)) bool
@@ -1323,10 +1412,17 @@ fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
 {
 	enum percpuref_this_cpu_result r;
 
-	if (percpuref_likely(!__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED)))
+	if (percpuref_likely(!__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED))) {
 		r = percpuref_reader_add(&ref->percpu_count_ptr, delta);
-	else
+		/* A handler interrupted our section and reached a release:
+		 * ours to run now that the section has ended, unless it was
+		 * a section nested in the interrupted one. */
+		if (percpuref_unlikely(__atomic_load_n(&handler_releases, __ATOMIC_RELAXED)) &&
+		    !percpuref_reader_interrupted())
+			run_handler_releases();
+	} else {
 		r = own_rseq_percpu_add(ref, delta);
+	}
 	if (r != PERCPUREF_THIS_CPU_DONE)
 		return false;
 	/* For TSAN, as in percpu_ref_put_many(), now covering this
@@ -1455,7 +1551,13 @@ PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
 		pin_dropped_manager_ref(ref);
 		return;
 	}
-	if (ref->data->release)
+	if (!ref->data->release)
+		return;
+	/* A signal handler's put, inside a section of its thread: the fences
+	 * the release may wait for wait for that section (top of the file). */
+	if (percpuref_unlikely(percpuref_reader_interrupted()))
+		defer_handler_release(ref);
+	else
 		run_release(ref, ref->data->release);
 }
 

@@ -83,7 +83,9 @@ PERCPUREF_API void percpu_rcuref_read_unlock(void);
  * percpu_rcuref_barrier - wait until the release of every ref queued for
  * release before the call has run, and of every kill still switching.  A
  * put that reaches zero queues it after @unpublish returns and before the
- * put returns (the reclaimer, likewise, before it goes on): a put still
+ * put returns (the reclaimer, likewise, before it goes on; a put in a
+ * signal handler that interrupted a get or put of its thread on the
+ * fallback path, before that get or put returns): a put still
  * running on another thread is not waited for, even once its @unpublish
  * returned.
  * 0, or -EDEADLK (warned) from a callback or inside a read-side section (it

@@ -174,8 +174,9 @@ static void test_callback_calls_back(void)
 }
 
 /* A confirm that polls: refused, whether it runs at once (the ref was
- * atomic: a @release the poll ran could not let its batch lock go) or in
- * our own poll. */
+ * atomic: a @release the poll ran could not let its batch lock go; a
+ * switch_to_atomic's too, as documented for any confirm) or in our own
+ * poll. */
 static int confirm_poll_ret = 1;
 
 static void confirm_polls(struct percpu_ref *ref)
@@ -197,11 +198,18 @@ static void test_confirm_polls(void)
 	is(confirm_poll_ret, -EDEADLK, "poll from a confirm run at once: -EDEADLK");
 	confirm_poll_ret = 1;
 	percpu_ref_exit(&at_once);
+	ok(!percpu_ref_init(&at_once, count_release, PERCPU_REF_INIT_ATOMIC), "confirm: init atomic");
+	percpu_ref_switch_to_atomic(&at_once, confirm_polls);
+	is(confirm_poll_ret, -EDEADLK,
+	   "poll from switch_to_atomic's confirm run at once: -EDEADLK");
+	confirm_poll_ret = 1;
+	percpu_ref_kill(&at_once);	/* released at once: atomic, nobody holds it */
+	percpu_ref_exit(&at_once);
 	ok(!percpu_ref_init(&at_once, count_release, 0), "confirm: init again");
 	percpu_ref_kill_and_confirm(&at_once, confirm_polls);
 	is(poll_all(), 2, "the queued kills finish");
 	is(confirm_poll_ret, -EDEADLK, "poll from a confirm its own poll runs: -EDEADLK");
-	is(nr_released(), 3, "confirm: all released");
+	is(nr_released(), 4, "confirm: all released");
 	percpu_ref_exit(&at_once);
 	percpu_ref_exit(&queued);
 	is(percpu_ref_poll_unregister(), 0, "confirm: unregister");
