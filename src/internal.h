@@ -9,7 +9,6 @@
 
 #include <pthread.h>
 #include <semaphore.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -396,10 +395,6 @@ struct percpuref_thread {
 	bool start_refused;	/* warned; not again until a start succeeds */
 	void *(*fn)(void *);	/* what it runs; NULL: never started */
 	sem_t started;		/* posted once it runs library code */
-	/* Started from a fork child's hook: the mask it sets first
-	 * (runtime.c, "Signal masks"). */
-	bool set_sigmask;
-	sigset_t sigmask;
 };
 
 /*
@@ -486,6 +481,9 @@ PERCPUREF_API unsigned int percpuref_cpu_count_from_file(FILE *f);
  * anything else of the library.
  */
 PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n);
+/* Test hook: the library's threads started from now on leave @sig open
+ * (runtime.c, "Signal masks"); they block every other. */
+PERCPUREF_API void percpuref_test_library_threads_accept(int sig);
 /*
  * The fence used once membarrier is refused: runs the calling thread on
  * every CPU a thread of the process may use.  The number of CPUs, or -1

@@ -73,21 +73,21 @@
  * lands in a thread's start-up, where a sanitizer runtime holds locks of
  * its own that no hook takes (percpuref_wait_thread_started()).
  *
- * Signal masks.  A thread inherits its creator's mask, so the callback
- * thread and the reclaimer have the mask of whichever thread's call
- * started them, as any thread a user starts.  Not so in a fork child:
- * liburcu-bp's prepare hook (rank URCU) blocks every signal in the forking
- * thread, and its child hook restores them only after our hooks of higher
- * rank ran, among them the ones that start our threads again (a queue that
- * was not empty at the fork).  Such a thread had every signal blocked for
- * its whole life: a profiler's or a user's signal never reached it, and
- * tests/child.h's deadline, which has each thread of a hung child print
- * its stack on SIGURG, got nothing from the very thread a child's barrier
- * waits for (found chasing a hung norseq_stress_poll child under ASan).
- * So fork_prepare() notes the forking thread's mask before any hook, and
- * a thread started from a child hook sets that mask first thing
- * (library_thread_main()): the mask it would have had, started by that
- * thread outside fork().
+ * Signal masks.  The library's threads (the callback thread, the
+ * reclaimer) block every signal for their whole life, as liburcu's
+ * call_rcu threads do and as the kernel's kthreads ignore them: a
+ * process-directed signal then goes to one of the user's threads.  A
+ * library thread is always inside a library call, holding its locks, and
+ * a handler there whose put ran a @release that fences or switches waited
+ * for a lock its own thread held (the readers' lock, in a fence), for
+ * ever; the documented rule (a handler may interrupt only a get or put)
+ * is one no program could keep for threads it does not start, whose mask
+ * was whichever thread's that started them.  percpuref_start_thread()
+ * blocks them all around pthread_create(), so none arrives before the
+ * thread's first instruction; a thread a fork child's hooks start gets
+ * the same mask.  Tests open one signal with
+ * percpuref_test_library_threads_accept() (tests/child.h's deadline has
+ * every thread of a hung child print its stack on SIGURG).
  */
 #define _GNU_SOURCE
 #include <assert.h>
@@ -203,10 +203,8 @@ static __thread unsigned int batch_pins;
  * threads may be inside fork() at once (one waiting for a batch whose
  * callback forks). */
 static __thread unsigned int fork_skipped_ranks;
-/* The forking thread's signal mask when fork_prepare() began, and whether
- * its child hooks are running (threads they start take that mask). */
-static __thread sigset_t fork_sigmask;
-static __thread bool in_fork_child_hooks;
+/* Test hook: signals the library's threads leave open ("Signal masks"). */
+static sigset_t library_threads_accept;
 __thread bool percpuref_library_thread __attribute__((tls_model("initial-exec")));
 /*
  * Work queued from outside while a shutdown drains (percpuref_note_work()):
@@ -481,8 +479,6 @@ static void fork_prepare(void)
 	 * for this very section (an RCU batch of the reclaimer's).  Its child
 	 * may only exec or _exit too.
 	 */
-	/* Before liburcu-bp's hook blocks every signal: see "Signal masks". */
-	pthread_sigmask(SIG_BLOCK, NULL, &fork_sigmask);
 	fork_skipped_ranks = batch_ranks_held ? BATCH_RANKS : 0;
 	if (urcu_bp_read_ongoing())
 		fork_skipped_ranks |= 1u << PERCPUREF_RANK_SCAN | 1u << PERCPUREF_RANK_URCU;
@@ -517,12 +513,10 @@ static void fork_child(void)
 	 * before that sets itself up later, units and all. */
 	if (!percpuref_rseq_offset && percpuref_nr_cpu_units)
 		percpuref_readers_setup(percpuref_nr_cpu_units);
-	in_fork_child_hooks = true;
 	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
 		if (fork_hooks[rank] && fork_hooks[rank]->child &&
 		    !(fork_skipped_ranks & (1u << rank)))
 			fork_hooks[rank]->child();
-	in_fork_child_hooks = false;
 }
 
 /*
@@ -886,11 +880,6 @@ static void *library_thread_main(void *arg)
 
 	percpuref_library_thread = true;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-	/* Started from a fork child's hook: the forking thread's mask, not
-	 * liburcu-bp's all-blocked one ("Signal masks" above).  Read before
-	 * the post below, after which @t may be started again. */
-	if (t->set_sigmask)
-		pthread_sigmask(SIG_SETMASK, &t->sigmask, NULL);
 	/* The C library's and the sanitizers' start-up is behind us. */
 	sem_post(&t->started);
 	return fn(NULL);
@@ -914,6 +903,7 @@ void percpuref_wait_thread_started(struct percpuref_thread *t)
 
 bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), const char *name)
 {
+	sigset_t blocked, creators;
 	int err;
 
 	/* The last thread's post, if no fork took it, is not this one's. */
@@ -921,14 +911,18 @@ bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), con
 	if (!t->fn)
 		sem_init(&t->started, 0, 0);
 	t->fn = fn;
-	/* Read by the thread, which pthread_create() orders after this. */
-	t->set_sigmask = in_fork_child_hooks;
-	if (in_fork_child_hooks)
-		t->sigmask = fork_sigmask;
+	/* The thread inherits this mask: every signal blocked from its
+	 * first instruction on ("Signal masks" above). */
+	sigfillset(&blocked);
+	for (int sig = 1; sig < NSIG; sig++)
+		if (sigismember(&library_threads_accept, sig) == 1)
+			sigdelset(&blocked, sig);
+	pthread_sigmask(SIG_SETMASK, &blocked, &creators);
 	/* A start the fault hook refuses fails as one without memory for
 	 * its stack does (internal.h). */
 	err = percpuref_fault_should_fail() ? EAGAIN
 					    : pthread_create(&t->id, NULL, library_thread_main, t);
+	pthread_sigmask(SIG_SETMASK, &creators, NULL);
 	if (err) {
 		if (!t->start_refused)
 			percpuref_warn(name, "cannot start thread: %s", strerror(err));
@@ -1035,6 +1029,12 @@ PERCPUREF_API void percpuref_fault_fail_nth_alloc(long nth)
 PERCPUREF_API void percpuref_fault_fail_from_nth_alloc(long nth)
 {
 	fault_arm(nth, -1);
+}
+
+PERCPUREF_API void percpuref_test_library_threads_accept(int sig)
+{
+	/* Before the library starts a thread: read by the next starts. */
+	sigaddset(&library_threads_accept, sig);
 }
 
 PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n)

@@ -83,8 +83,9 @@ static inline int run_mode(const char *mode)
  * process print its own, one at a time (a fork child's hang may be in the
  * thread it started: the callback thread a barrier waits for), so that a
  * hang in CI says where it hung; a thread that prints nothing within its
- * 200 ms (it blocks SIGURG, as a library thread started in a fork child
- * did up to 0.3.12, or its handler cannot run) has its /proc stat and
+ * 200 ms (it blocks SIGURG, as the library's threads do in a program
+ * that does not open it to them as this header does below, or its handler
+ * cannot run) has its /proc stat and
  * syscall lines printed instead: its name, its state, and the system call
  * it waits in with its stack pointer and pc.  Where the handler cannot run
  * (ThreadSanitizer defers it until the thread leaves a lock wait), the
@@ -198,6 +199,18 @@ static inline void child_deadline_print_stack(int sig)
 		child_deadline_forward();
 	}
 	errno = saved_errno;
+}
+
+/* The library's threads block every signal but the one a test opens
+ * (src/runtime.c, "Signal masks"): SIGURG, for the deadline's stacks.
+ * Before main(), so before the library starts any. */
+#ifdef __cplusplus
+extern "C"
+#endif
+void percpuref_test_library_threads_accept(int sig);
+static __attribute__((constructor)) void child_deadline_open_library_threads(void)
+{
+	percpuref_test_library_threads_accept(SIGURG);
 }
 
 #if !CHILD_ASAN_STACK

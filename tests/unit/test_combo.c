@@ -11,6 +11,15 @@
  *    (docs/percpu_ref.md, "Signal handlers"); the other thread's fence
  *    waits for the interrupted section, which cannot end before the
  *    handler returns.
+ *  - a process-directed signal whose handler puts the last reference of
+ *    refs whose release switches another ref synchronously, sent while
+ *    only the library's threads have it open, with or without rseq.  Up
+ *    to 0.3.14 a library thread took its creator's mask, so the signal
+ *    landed on the callback thread in the middle of a fence, and the
+ *    release's own fence waited for the readers' lock that thread held.
+ *    The library's threads now block every signal (src/runtime.c, "Signal
+ *    masks"): no handler may run there, and the signals stay pending
+ *    until the main thread opens them.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,10 +36,13 @@
 
 #define DEADLINE_S 20
 #define NR_RELEASES 200
+#define NR_KILL_CYCLES 3000
 
 static struct percpu_ref hot, victims[NR_RELEASES], queued[NR_RELEASES], other, fenced;
 static volatile sig_atomic_t handled;
 static int stop_fencer;
+static pid_t main_tid;
+static int foreign_handlers, stop_sender;	/* atomic */
 
 static void pairs(struct percpu_ref *r, int n)
 {
@@ -123,12 +135,91 @@ static int handler_case(percpu_ref_func_t *release, bool with_fencer)
 	return percpu_ref_barrier() ? 5 : 0;
 }
 
+/* The library-thread case's handler: the put of handler_case()'s, noting
+ * a thread other than the main one (a library thread: nothing else has
+ * the signal open). */
+static void on_process_signal(int sig)
+{
+	int saved_errno = errno;
+
+	if (gettid() != main_tid)
+		__atomic_fetch_add(&foreign_handlers, 1, __ATOMIC_RELAXED);
+	on_signal(sig);
+	errno = saved_errno;
+}
+
+/* Started with SIGUSR1 blocked: kill() picks a thread that has it open. */
+static void *process_signaller(void *arg)
+{
+	(void)arg;
+	while (!__atomic_load_n(&stop_sender, __ATOMIC_RELAXED)) {
+		kill(getpid(), SIGUSR1);
+		usleep(50);
+	}
+	return NULL;
+}
+
+/* Exit status 2: init failed; 3: no thread; 6, 8: a barrier failed; 7: a
+ * handler ran on a library thread; 9: no signal was ever handled. */
+static int library_thread_case(void)
+{
+	struct sigaction sa;
+	struct percpu_ref r;
+	sigset_t usr1;
+	pthread_t t;
+	int i;
+
+	child_deadline(DEADLINE_S);
+	main_tid = gettid();
+	percpu_ref_init(&other, NULL, PERCPU_REF_ALLOW_REINIT);
+	for (i = 0; i < NR_RELEASES; i++)
+		if (percpu_ref_init(&victims[i], release_switches, PERCPU_REF_INIT_ATOMIC))
+			return 2;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_process_signal;
+	sigaction(SIGUSR1, &sa, NULL);
+	/* The callback thread starts with SIGUSR1 open in its creator. */
+	if (percpu_ref_init(&r, NULL, 0))
+		return 2;
+	percpu_ref_kill(&r);
+	if (percpu_ref_barrier())
+		return 6;
+	percpu_ref_exit(&r);
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	pthread_sigmask(SIG_BLOCK, &usr1, NULL);
+	if (pthread_create(&t, NULL, process_signaller, NULL))
+		return 3;
+	/* Fences on the callback thread, back to back, under the signals. */
+	for (i = 0; i < NR_KILL_CYCLES; i++) {
+		if (percpu_ref_init(&r, NULL, 0))
+			return 2;
+		pairs(&r, 10);
+		percpu_ref_kill(&r);
+		if (percpu_ref_barrier())
+			return 8;
+		percpu_ref_exit(&r);
+	}
+	__atomic_store_n(&stop_sender, 1, __ATOMIC_RELAXED);
+	pthread_join(t, NULL);
+	if (__atomic_load_n(&foreign_handlers, __ATOMIC_RELAXED))
+		return 7;
+	/* Pending all along: handled here, once open. */
+	pthread_sigmask(SIG_UNBLOCK, &usr1, NULL);
+	return handled ? 0 : 9;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "handler-barrier"))
 		return handler_case(release_kills_and_waits, false);
 	if (argc > 1 && !strcmp(argv[1], "handler-sync-contended"))
 		return handler_case(release_switches, true);
+	if (argc > 1 && !strcmp(argv[1], "library-thread-signal"))
+		return library_thread_case();
+
+	is(run_mode("library-thread-signal"), 0,
+	   "a process-directed signal whose handler's release fences never runs on a library thread");
 
 	/* The sections that a handler can interrupt are the fallback's. */
 	setenv("PERCPUREF_NO_RSEQ", "1", 1);
@@ -136,5 +227,8 @@ int main(int argc, char **argv)
 	   "fallback: a handler's release kills and waits for a barrier");
 	is(run_mode("handler-sync-contended"), 0,
 	   "fallback: a handler's release switches synchronously while another thread fences");
+	is(run_mode("library-thread-signal"), 0,
+	   "fallback: a process-directed signal whose handler's release fences never runs on a "
+	   "library thread");
 	return done_testing();
 }
