@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <semaphore.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -481,6 +482,12 @@ PERCPUREF_API unsigned int percpuref_cpu_count_from_file(FILE *f);
  * anything else of the library.
  */
 PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n);
+/* Every signal but the synchronous ones (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+ * SIGTRAP, SIGSYS), which the kernel never holds pending: a blocked one
+ * raised by the thread's own instruction is reset to its default action
+ * and kills the process (runtime.c, "Signal masks").  The set to block
+ * around user code that no other signal may interrupt. */
+void percpuref_sigfill_async(sigset_t *set);
 /* Test hook: the library's threads started from now on leave @sig open
  * (runtime.c, "Signal masks"); they block every other. */
 PERCPUREF_API void percpuref_test_library_threads_accept(int sig);

@@ -1378,7 +1378,9 @@ static void defer_handler_release(struct percpu_ref *ref)
 
 /*
  * Outside every section: the deferred releases, oldest first, with every
- * signal blocked, as the handler that reached them ran with its own
+ * signal blocked but the synchronous ones (a blocked one that the
+ * release's own instruction raises kills the process instead of running
+ * the program's handler: internal.h), as the handler ran with its own
  * signal blocked at least: a handler of the next signal would otherwise
  * interrupt the release's own calls (a switch halfway, its lock held),
  * which only a get or put may be (docs/percpu_ref.md, "Signal handlers"),
@@ -1391,7 +1393,7 @@ static __attribute__((noinline)) void run_handler_releases(void)
 	struct percpu_ref_impl *list, *oldest = NULL, *impl;
 	sigset_t all, old;
 
-	sigfillset(&all);
+	percpuref_sigfill_async(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
 	list = __atomic_exchange_n(&handler_releases, NULL, __ATOMIC_RELAXED);
 	while ((impl = list)) {

@@ -83,9 +83,16 @@
  * ever; the documented rule (a handler may interrupt only a get or put)
  * is one no program could keep for threads it does not start, whose mask
  * was whichever thread's that started them.  percpuref_start_thread()
- * blocks them all around pthread_create(), so none arrives before the
+ * blocks them around pthread_create(), so none arrives before the
  * thread's first instruction; a thread a fork child's hooks start gets
- * the same mask.  Tests open one signal with
+ * the same mask.  All but the synchronous ones (SIGSEGV, SIGBUS, SIGFPE,
+ * SIGILL, SIGTRAP, SIGSYS), which the thread's own instruction raises: the
+ * kernel holds none of those pending, it unblocks a blocked one and
+ * resets it to its default action, so blocking them only killed the
+ * process where the program's handler would have run (a callback's write
+ * to a page a SIGSEGV handler maps on demand, a membarrier a seccomp
+ * filter traps to a SIGSYS handler; tests/unit/test_library_thread_signals.c).
+ * Tests open one signal with
  * percpuref_test_library_threads_accept() (tests/child.h's deadline has
  * every thread of a hung child print its stack on SIGURG).
  */
@@ -901,6 +908,16 @@ void percpuref_wait_thread_started(struct percpuref_thread *t)
 	errno = saved_errno;
 }
 
+/* Raised by the thread's own instructions: never blocked ("Signal masks"). */
+static const int synchronous_signals[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS };
+
+void percpuref_sigfill_async(sigset_t *set)
+{
+	sigfillset(set);
+	for (size_t i = 0; i < sizeof(synchronous_signals) / sizeof(synchronous_signals[0]); i++)
+		sigdelset(set, synchronous_signals[i]);
+}
+
 bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), const char *name)
 {
 	sigset_t blocked, creators;
@@ -911,9 +928,9 @@ bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), con
 	if (!t->fn)
 		sem_init(&t->started, 0, 0);
 	t->fn = fn;
-	/* The thread inherits this mask: every signal blocked from its
-	 * first instruction on ("Signal masks" above). */
-	sigfillset(&blocked);
+	/* The thread inherits this mask: every signal but the synchronous
+	 * ones blocked from its first instruction on ("Signal masks" above). */
+	percpuref_sigfill_async(&blocked);
 	for (int sig = 1; sig < NSIG; sig++)
 		if (sigismember(&library_threads_accept, sig) == 1)
 			sigdelset(&blocked, sig);

@@ -26,7 +26,7 @@
  * 0, or -1 where no filter can be installed.  x86_64 system calls only:
  * other architectures' calls pass (tests skip there).
  */
-static int refuse_membarrier(void)
+static inline int refuse_membarrier(void)
 {
 	struct sock_filter filter[] = {
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),

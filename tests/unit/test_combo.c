@@ -20,13 +20,21 @@
  *    The library's threads now block every signal (src/runtime.c, "Signal
  *    masks"): no handler may run there, and the signals stay pending
  *    until the main thread opens them.
+ *  - as the first, the deferred release writing to a page that the
+ *    program's SIGSEGV handler maps on demand: the release runs with the
+ *    handler's signal blocked, not the synchronous ones, which, blocked,
+ *    kill the process (src/runtime.c, "Signal masks").
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "percpuref/percpu_ref.h"
@@ -209,6 +217,43 @@ static int library_thread_case(void)
 	return handled ? 0 : 9;
 }
 
+static char *fault_page;
+static long fault_page_size;
+
+/* Maps the page on demand, as a write barrier or a lazy mapping would. */
+static void on_segv(int sig, siginfo_t *si, void *uc)
+{
+	(void)sig;
+	(void)uc;
+	if ((char *)si->si_addr < fault_page || (char *)si->si_addr >= fault_page + fault_page_size)
+		abort();
+	mprotect(fault_page, (size_t)fault_page_size, PROT_READ | PROT_WRITE);
+}
+
+/* The release of victims[i]: a write that faults, mapped by on_segv(). */
+static void release_faults(struct percpu_ref *r)
+{
+	(void)r;
+	mprotect(fault_page, (size_t)fault_page_size, PROT_NONE);
+	*(volatile char *)fault_page = 1;
+}
+
+static int handler_fault_case(void)
+{
+	struct sigaction sa;
+
+	fault_page_size = sysconf(_SC_PAGESIZE);
+	fault_page = mmap(NULL, (size_t)fault_page_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS,
+			  -1, 0);
+	if (fault_page == MAP_FAILED)
+		return 2;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = on_segv;
+	sa.sa_flags = SA_SIGINFO;
+	sigaction(SIGSEGV, &sa, NULL);
+	return handler_case(release_faults, false);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "handler-barrier"))
@@ -217,6 +262,8 @@ int main(int argc, char **argv)
 		return handler_case(release_switches, true);
 	if (argc > 1 && !strcmp(argv[1], "library-thread-signal"))
 		return library_thread_case();
+	if (argc > 1 && !strcmp(argv[1], "handler-release-faults"))
+		return handler_fault_case();
 
 	is(run_mode("library-thread-signal"), 0,
 	   "a process-directed signal whose handler's release fences never runs on a library thread");
@@ -230,5 +277,7 @@ int main(int argc, char **argv)
 	is(run_mode("library-thread-signal"), 0,
 	   "fallback: a process-directed signal whose handler's release fences never runs on a "
 	   "library thread");
+	is(run_mode("handler-release-faults"), 0,
+	   "fallback: a handler's release faults on a page the SIGSEGV handler maps");
 	return done_testing();
 }

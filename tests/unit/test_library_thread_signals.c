@@ -1,0 +1,166 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The library's threads block every signal a process sends (src/runtime.c,
+ * "Signal masks"), but not those their own instructions raise: a
+ * synchronous SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP or SIGSYS that
+ * finds its signal blocked is not held pending, the kernel unblocks it and
+ * resets it to its default action, which kills the process.  So a callback
+ * on the callback thread that faults on a page the program's SIGSEGV
+ * handler maps on demand (a garbage collector's write barrier, a file
+ * mapping's SIGBUS), or a library system call that a sandbox's seccomp
+ * filter traps (SECCOMP_RET_TRAP, emulated by a SIGSYS handler: docs/
+ * percpu_ref.md allows seccomp after start-up), killed the process where
+ * the same code on any other thread went on.  Each case in a child.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "percpuref/percpu_ref.h"
+#include "child.h"
+#include "sandbox.h"
+#include "tap.h"
+
+static char *page;
+static long page_size;
+static int faults, trapped;	/* atomic */
+
+/* Maps the page on demand, as a write barrier or a lazy mapping would. */
+static void on_segv(int sig, siginfo_t *si, void *uc)
+{
+	(void)sig;
+	(void)uc;
+	if ((char *)si->si_addr < page || (char *)si->si_addr >= page + page_size)
+		abort();
+	mprotect(page, (size_t)page_size, PROT_READ | PROT_WRITE);
+	__atomic_fetch_add(&faults, 1, __ATOMIC_SEQ_CST);
+}
+
+/* The kill's confirm, on the callback thread: a write to the page. */
+static void confirm_writes(struct percpu_ref *ref)
+{
+	(void)ref;
+	*(volatile char *)page = 1;
+}
+
+static void noop_release(struct percpu_ref *ref)
+{
+	(void)ref;
+}
+
+/* Exit status 2: set-up failed; 3: the page was never faulted in. */
+static int confirm_faults(void)
+{
+	struct sigaction sa;
+	struct percpu_ref r;
+
+	child_deadline(20);
+	page_size = sysconf(_SC_PAGESIZE);
+	page = mmap(NULL, (size_t)page_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (page == MAP_FAILED)
+		return 2;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = on_segv;
+	sa.sa_flags = SA_SIGINFO;
+	if (sigaction(SIGSEGV, &sa, NULL) || percpu_ref_init(&r, noop_release, 0))
+		return 2;
+	/* Per-CPU: the callback thread finishes the switch, confirm and all. */
+	percpu_ref_kill_and_confirm(&r, confirm_writes);
+	if (percpu_ref_barrier())
+		return 2;
+	percpu_ref_exit(&r);
+	return __atomic_load_n(&faults, __ATOMIC_SEQ_CST) == 1 ? 0 : 3;
+}
+
+#if defined(__x86_64__)
+/* A sandbox's emulation of a trapped call: it fails with EPERM. */
+static void on_sys(int sig, siginfo_t *si, void *uc)
+{
+	(void)sig;
+	(void)si;
+	((ucontext_t *)uc)->uc_mcontext.gregs[REG_RAX] = -EPERM;
+	__atomic_fetch_add(&trapped, 1, __ATOMIC_SEQ_CST);
+}
+
+/* As sandbox.h's refuse_membarrier(), but trapped to a SIGSYS handler. */
+static int trap_membarrier(void)
+{
+	struct sock_filter filter[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	struct sock_fprog prog = { sizeof(filter) / sizeof(filter[0]), filter };
+
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+		return -1;
+	return (int)syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC,
+			    &prog);
+}
+
+/* Exit status 2: set-up failed; 77: no filter here. */
+static int membarrier_trapped(void)
+{
+	struct sigaction sa;
+	struct percpu_ref r;
+
+	child_deadline(20);
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = on_sys;
+	sa.sa_flags = SA_SIGINFO;
+	if (sigaction(SIGSYS, &sa, NULL))
+		return 2;
+	/* Started up, the callback thread running: then the sandbox. */
+	if (percpu_ref_init(&r, noop_release, 0))
+		return 2;
+	percpu_ref_kill(&r);
+	if (percpu_ref_barrier())
+		return 2;
+	percpu_ref_exit(&r);
+	if (trap_membarrier())
+		return 77;
+	/* The callback thread's fence calls membarrier: trapped there. */
+	if (percpu_ref_init(&r, noop_release, 0))
+		return 2;
+	percpu_ref_kill(&r);
+	if (percpu_ref_barrier())
+		return 2;
+	percpu_ref_exit(&r);
+	return 0;
+}
+#endif
+
+int main(int argc, char **argv)
+{
+	int ret;
+
+	if (argc > 1 && !strcmp(argv[1], "confirm-faults"))
+		return confirm_faults();
+#if defined(__x86_64__)
+	if (argc > 1 && !strcmp(argv[1], "membarrier-trapped"))
+		return membarrier_trapped();
+#endif
+
+	is(run_mode("confirm-faults"), 0,
+	   "a confirm on the callback thread faults on a page the SIGSEGV handler maps");
+#if defined(__x86_64__)
+	if (getenv("PERCPUREF_VALGRIND") || UNDER_TSAN)
+		ok(1, "skipped: seccomp filters under valgrind or ThreadSanitizer");
+	else if ((ret = run_mode_without_membarrier("membarrier-trapped")) == 77)
+		ok(1, "skipped: no seccomp filter here");
+	else
+		is(ret, 0, "membarrier trapped to a SIGSYS handler on the callback thread");
+#else
+	(void)ret;
+#endif
+	return done_testing();
+}
