@@ -154,6 +154,9 @@ static void reader_exit(void *unused)
 	give_back_unit(&unit_records[self->unit]);
 	self->state = PERCPUREF_READER_ATOMIC;
 	pthread_mutex_unlock(&readers_lock);
+	/* A handler that left by pthread_exit() may have left its section
+	 * open, and releases for it to run: no fence waits for it now. */
+	percpuref_run_exiting_handler_releases();
 }
 
 /* A fresh record set: every unit free. */

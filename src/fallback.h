@@ -135,6 +135,10 @@ static inline bool percpuref_reader_interrupted(void)
 	       (__atomic_load_n(self->ctr, __ATOMIC_RELAXED) & PERCPUREF_READER_NEST_MASK);
 }
 
+/* At the thread's exit, outside every section (percpu_ref.c): the
+ * releases its handlers left to a get or put that never returned. */
+void percpuref_run_exiting_handler_releases(void);
+
 /* Set-up for a process (or fork child) without rseq and @nr_units
  * units: membarrier, the unit map, the exit hook. */
 void percpuref_readers_setup(unsigned int nr_units);

@@ -1408,6 +1408,19 @@ static __attribute__((noinline)) void run_handler_releases(void)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+/*
+ * The thread exits (fallback.c, reader_exit(), its unit given back) with
+ * releases its handlers left: a handler that interrupted a get or put left
+ * by pthread_exit() (or a thread_local destructor's put on the way out),
+ * and the interrupted call, which was to run them, never returns.  Run
+ * here, or never: the ref stayed at zero, unreleased.
+ */
+void percpuref_run_exiting_handler_releases(void)
+{
+	if (__atomic_load_n(&handler_releases, __ATOMIC_RELAXED))
+		run_handler_releases();
+}
+
 /* Inlined, with the rseq half out of line, so that the fallback reader
  * runs without a call or a saved register. */
 static inline __attribute__((always_inline)) bool

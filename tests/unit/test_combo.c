@@ -24,6 +24,10 @@
  *    program's SIGSEGV handler maps on demand: the release runs with the
  *    handler's signal blocked, not the synchronous ones, which, blocked,
  *    kill the process (src/runtime.c, "Signal masks").
+ *  - on the fallback fast path, a handler that interrupted a get or put
+ *    puts the last reference of a ref and leaves by pthread_exit(): the
+ *    interrupted get or put never returns to run the @release it was
+ *    left, so the thread's exit runs it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -45,12 +49,15 @@
 #define DEADLINE_S 20
 #define NR_RELEASES 200
 #define NR_KILL_CYCLES 3000
+#define NR_EXIT_TRIALS 2000
 
 static struct percpu_ref hot, victims[NR_RELEASES], queued[NR_RELEASES], other, fenced;
 static volatile sig_atomic_t handled;
 static int stop_fencer;
 static pid_t main_tid;
 static int foreign_handlers, stop_sender;	/* atomic */
+static struct percpu_ref exit_victims[NR_EXIT_TRIALS];
+static int exit_trial, exit_released, spinning;	/* atomic */
 
 static void pairs(struct percpu_ref *r, int n)
 {
@@ -254,6 +261,70 @@ static int handler_fault_case(void)
 	return handler_case(release_faults, false);
 }
 
+static void count_release(struct percpu_ref *r)
+{
+	(void)r;
+	__atomic_fetch_add(&exit_released, 1, __ATOMIC_SEQ_CST);
+}
+
+/* The last reference of this trial's victim, then out of the thread. */
+static void on_signal_exit(int sig)
+{
+	(void)sig;
+	percpu_ref_put(&exit_victims[__atomic_load_n(&exit_trial, __ATOMIC_SEQ_CST)]);
+	pthread_exit(NULL);
+}
+
+/* Gets and puts until the signal's handler ends the thread. */
+static void *spinner(void *arg)
+{
+	(void)arg;
+	pairs(&hot, 10);	/* registered before any handler runs */
+	__atomic_store_n(&spinning, 1, __ATOMIC_SEQ_CST);
+	for (;;) {
+		pairs(&hot, 100);
+#ifdef __SANITIZE_THREAD__
+		nanosleep(&(struct timespec){ 0, 0 }, NULL);
+#endif
+	}
+	return NULL;
+}
+
+/* Exit status 2: init failed; 3: no thread; 10: a release never ran. */
+static int pthread_exit_case(void)
+{
+	/* Under valgrind a thread's start is slow: fewer, within the deadline. */
+	int trials = getenv("PERCPUREF_VALGRIND") ? NR_EXIT_TRIALS / 10 : NR_EXIT_TRIALS;
+	struct sigaction sa;
+	pthread_t t;
+	int i;
+
+	child_deadline(DEADLINE_S);
+	if (percpu_ref_init(&hot, NULL, 0))
+		return 2;
+	pairs(&hot, 10);
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal_exit;
+	sigaction(SIGUSR1, &sa, NULL);
+	for (i = 0; i < trials; i++) {
+		if (percpu_ref_init(&exit_victims[i], count_release, PERCPU_REF_INIT_ATOMIC))
+			return 2;
+		__atomic_store_n(&exit_trial, i, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&spinning, 0, __ATOMIC_SEQ_CST);
+		if (pthread_create(&t, NULL, spinner, NULL))
+			return 3;
+		while (!__atomic_load_n(&spinning, __ATOMIC_SEQ_CST))
+			sched_yield();
+		pthread_kill(t, SIGUSR1);
+		pthread_join(t, NULL);
+		if (__atomic_load_n(&exit_released, __ATOMIC_SEQ_CST) != i + 1) {
+			fprintf(stderr, "# trial %d: the handler's release never ran\n", i);
+			return 10;
+		}
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "handler-barrier"))
@@ -264,6 +335,8 @@ int main(int argc, char **argv)
 		return library_thread_case();
 	if (argc > 1 && !strcmp(argv[1], "handler-release-faults"))
 		return handler_fault_case();
+	if (argc > 1 && !strcmp(argv[1], "handler-pthread-exit"))
+		return pthread_exit_case();
 
 	is(run_mode("library-thread-signal"), 0,
 	   "a process-directed signal whose handler's release fences never runs on a library thread");
@@ -279,5 +352,7 @@ int main(int argc, char **argv)
 	   "library thread");
 	is(run_mode("handler-release-faults"), 0,
 	   "fallback: a handler's release faults on a page the SIGSEGV handler maps");
+	is(run_mode("handler-pthread-exit"), 0,
+	   "fallback: a handler's release runs when the handler leaves by pthread_exit()");
 	return done_testing();
 }
