@@ -77,6 +77,7 @@
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -148,15 +149,27 @@ static void give_back_unit(struct unit_record *rec)
 static void reader_exit(void *unused)
 {
 	struct percpuref_reader *self = &percpuref_reader_self;
+	sigset_t async, old;
 
 	(void)unused;
+	/* No handler of ours may run from here on: one that fenced would wait
+	 * for readers_lock, held below by this very thread. */
+	percpuref_sigfill_async(&async);
+	pthread_sigmask(SIG_SETMASK, &async, &old);
+	/* A handler that left by pthread_exit() left its section open, and
+	 * the section never resumes: closed here, before the lock, which a
+	 * fence waiting for this section holds.  Release: the adds the section
+	 * made are visible to a fence that sees it closed. */
+	if (__atomic_load_n(self->ctr, __ATOMIC_RELAXED) & PERCPUREF_READER_NEST_MASK)
+		__atomic_store_n(self->ctr, 0, __ATOMIC_RELEASE);
 	pthread_mutex_lock(&readers_lock);
 	give_back_unit(&unit_records[self->unit]);
 	self->state = PERCPUREF_READER_ATOMIC;
 	pthread_mutex_unlock(&readers_lock);
-	/* A handler that left by pthread_exit() may have left its section
-	 * open, and releases for it to run: no fence waits for it now. */
+	/* The releases its handlers left to that section, with the
+	 * synchronous signals open, whatever mask the abandoned handler had. */
 	percpuref_run_exiting_handler_releases();
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 /* A fresh record set: every unit free. */

@@ -92,6 +92,8 @@
  * process where the program's handler would have run (a callback's write
  * to a page a SIGSEGV handler maps on demand, a membarrier a seccomp
  * filter traps to a SIGSYS handler; tests/unit/test_library_thread_signals.c).
+ * Those six, sent by kill() to the process, may still land on one of our
+ * threads (docs/percpu_ref.md says so).
  * Tests open one signal with
  * percpuref_test_library_threads_accept() (tests/child.h's deadline has
  * every thread of a hung child print its stack on SIGURG).
