@@ -21,12 +21,13 @@
 #include "child.h"
 
 /*
- * refuse_membarrier() - install a seccomp filter, on every thread of the
- * process (the library's included), that fails membarrier(2) with EPERM.
- * 0, or -1 where no filter can be installed.  x86_64 system calls only:
+ * filter_membarrier() - install a seccomp filter, on every thread of the
+ * process (the library's included), that answers membarrier(2) with
+ * @action (SECCOMP_RET_ERRNO | EPERM: it fails; SECCOMP_RET_TRAP: a SIGSYS
+ * handler emulates it).  0, or -1 where no filter can be installed.  x86_64 system calls only:
  * other architectures' calls pass (tests skip there).
  */
-static inline int refuse_membarrier(void)
+static inline int filter_membarrier(unsigned int action)
 {
 	struct sock_filter filter[] = {
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
@@ -34,7 +35,7 @@ static inline int refuse_membarrier(void)
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
 		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+		BPF_STMT(BPF_RET | BPF_K, action),
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
 	};
 	struct sock_fprog prog = { sizeof(filter) / sizeof(filter[0]), filter };
@@ -43,6 +44,12 @@ static inline int refuse_membarrier(void)
 		return -1;
 	return (int)syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC,
 			    &prog);
+}
+
+/* membarrier(2) fails with EPERM. */
+static inline int refuse_membarrier(void)
+{
+	return filter_membarrier(SECCOMP_RET_ERRNO | EPERM);
 }
 
 /*

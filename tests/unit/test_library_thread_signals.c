@@ -28,7 +28,7 @@
 
 static char *page;
 static long page_size;
-static int faults, trapped;	/* atomic */
+static int faults;		/* atomic */
 static int off_main;		/* atomic: handlers run off the main thread */
 static pid_t main_tid;
 
@@ -91,6 +91,8 @@ static int confirm_faults(void)
 }
 
 #if defined(__x86_64__)
+static int trapped;		/* atomic: membarrier calls trapped */
+
 /* A sandbox's emulation of a trapped call: it fails with EPERM. */
 static void on_sys(int sig, siginfo_t *si, void *uc)
 {
@@ -101,24 +103,19 @@ static void on_sys(int sig, siginfo_t *si, void *uc)
 	__atomic_fetch_add(&trapped, 1, __ATOMIC_SEQ_CST);
 }
 
-/* As sandbox.h's refuse_membarrier(), but trapped to a SIGSYS handler. */
-static int trap_membarrier(void)
+/* A ref killed and waited for: the callback thread finishes its switch,
+ * a fence and all.  0, or -1. */
+static int kill_on_callback_thread(void)
 {
-	struct sock_filter filter[] = {
-		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-	};
-	struct sock_fprog prog = { sizeof(filter) / sizeof(filter[0]), filter };
+	struct percpu_ref r;
 
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+	if (percpu_ref_init(&r, noop_release, 0))
 		return -1;
-	return (int)syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC,
-			    &prog);
+	percpu_ref_kill(&r);
+	if (percpu_ref_barrier())
+		return -1;
+	percpu_ref_exit(&r);
+	return 0;
 }
 
 /* Exit status 2: set-up failed; 4: trapped, never on a library thread;
@@ -127,7 +124,6 @@ static int trap_membarrier(void)
 static int membarrier_trapped(void)
 {
 	struct sigaction sa;
-	struct percpu_ref r;
 
 	child_deadline(20);
 	main_tid = gettid();
@@ -137,21 +133,14 @@ static int membarrier_trapped(void)
 	if (sigaction(SIGSYS, &sa, NULL))
 		return 2;
 	/* Started up, the callback thread running: then the sandbox. */
-	if (percpu_ref_init(&r, noop_release, 0))
+	if (kill_on_callback_thread())
 		return 2;
-	percpu_ref_kill(&r);
-	if (percpu_ref_barrier())
-		return 2;
-	percpu_ref_exit(&r);
-	if (trap_membarrier())
+	/* Trapped to the SIGSYS handler (sandbox.h). */
+	if (filter_membarrier(SECCOMP_RET_TRAP))
 		return 77;
 	/* The callback thread's fence calls membarrier: trapped there. */
-	if (percpu_ref_init(&r, noop_release, 0))
+	if (kill_on_callback_thread())
 		return 2;
-	percpu_ref_kill(&r);
-	if (percpu_ref_barrier())
-		return 2;
-	percpu_ref_exit(&r);
 	if (!__atomic_load_n(&trapped, __ATOMIC_SEQ_CST))
 		return 77;
 	return __atomic_load_n(&off_main, __ATOMIC_SEQ_CST) ? 0 : 4;
