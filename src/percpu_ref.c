@@ -376,8 +376,9 @@ struct percpu_ref_impl {
 	bool pinned;			/* manager's reference put by a user: leaked */
 	bool async_switch;		/* the switch in flight is the callback thread's */
 	const char *switch_caller;	/* the call that started it, for warnings */
-	/* On its thread's handler_releases: a @release a signal handler
-	 * reached inside a section, waiting for the section to end. */
+	/* On its thread's handler_releases (or handler_releases_to_run): a
+	 * @release a signal handler reached inside a section, waiting for
+	 * the section to end. */
 	struct percpu_ref_impl *handler_next;
 };
 
@@ -1377,6 +1378,16 @@ static void defer_handler_release(struct percpu_ref *ref)
 }
 
 /*
+ * The deferred releases that run_handler_releases() took from
+ * handler_releases and has not yet run, oldest first.  Each is unlinked
+ * before its @release runs, so one that leaves by pthread_exit() or a
+ * longjmp leaves the rest here, for the thread's exit or the next run,
+ * never lost, never run twice.  Only this thread, outside every signal
+ * handler's push, touches it: a plain thread-local.
+ */
+static __thread struct percpu_ref_impl *handler_releases_to_run;
+
+/*
  * Outside every section: the deferred releases, oldest first, with every
  * signal blocked but the synchronous ones (a blocked one that the
  * release's own instruction raises kills the process instead of running
@@ -1390,7 +1401,7 @@ static void defer_handler_release(struct percpu_ref *ref)
  */
 static __attribute__((noinline)) void run_handler_releases(void)
 {
-	struct percpu_ref_impl *list, *oldest = NULL, *impl;
+	struct percpu_ref_impl *list, *taken = NULL, **tail, *impl;
 	sigset_t all, old;
 
 	percpuref_sigfill_async(&all);
@@ -1398,11 +1409,15 @@ static __attribute__((noinline)) void run_handler_releases(void)
 	list = __atomic_exchange_n(&handler_releases, NULL, __ATOMIC_RELAXED);
 	while ((impl = list)) {
 		list = impl->handler_next;
-		impl->handler_next = oldest;
-		oldest = impl;
+		impl->handler_next = taken;
+		taken = impl;
 	}
-	while ((impl = oldest)) {
-		oldest = impl->handler_next;
+	/* Behind those that an earlier run left: they are older. */
+	for (tail = &handler_releases_to_run; *tail; tail = &(*tail)->handler_next)
+		;
+	*tail = taken;
+	while ((impl = handler_releases_to_run)) {
+		handler_releases_to_run = impl->handler_next;
 		run_release(impl->data.ref, impl->data.release);
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -1412,12 +1427,13 @@ static __attribute__((noinline)) void run_handler_releases(void)
  * The thread exits (fallback.c, reader_exit(), its unit given back) with
  * releases its handlers left: a handler that interrupted a get or put left
  * by pthread_exit() (or a thread_local destructor's put on the way out),
- * and the interrupted call, which was to run them, never returns.  Run
- * here, or never: the ref stayed at zero, unreleased.
+ * and the interrupted call, which was to run them, never returns; or a
+ * deferred release that left by pthread_exit() before the next one ran.
+ * Run here, or never: the ref stayed at zero, unreleased.
  */
 void percpuref_run_exiting_handler_releases(void)
 {
-	if (__atomic_load_n(&handler_releases, __ATOMIC_RELAXED))
+	if (__atomic_load_n(&handler_releases, __ATOMIC_RELAXED) || handler_releases_to_run)
 		run_handler_releases();
 }
 

@@ -28,6 +28,10 @@
  *    puts the last reference of a ref and leaves by pthread_exit(): the
  *    interrupted get or put never returns to run the @release it was
  *    left, so the thread's exit runs it.
+ *  - as the last, the handler puts the last references of two refs while
+ *    a section of its thread is open, and the first @release, run when
+ *    the section ends, leaves by pthread_exit(): the second still runs, at
+ *    the thread's exit.  Up to 0.3.15 the first took the list with it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -58,6 +62,8 @@ static pid_t main_tid;
 static int foreign_handlers, stop_sender;	/* atomic */
 static struct percpu_ref exit_victims[NR_EXIT_TRIALS];
 static int exit_trial, exit_released, spinning;	/* atomic */
+static struct percpu_ref exiting_victims[NR_RELEASES];
+static int second_put, second_released;	/* atomic */
 
 static void pairs(struct percpu_ref *r, int n)
 {
@@ -275,6 +281,33 @@ static void on_signal_exit(int sig)
 	pthread_exit(NULL);
 }
 
+/* The release of exiting_victims[i]: counted, then out of the thread. */
+static void count_release_and_exit(struct percpu_ref *r)
+{
+	(void)r;
+	__atomic_fetch_add(&exit_released, 1, __ATOMIC_SEQ_CST);
+	pthread_exit(NULL);
+}
+
+static void count_second_release(struct percpu_ref *r)
+{
+	(void)r;
+	__atomic_fetch_add(&second_released, 1, __ATOMIC_SEQ_CST);
+}
+
+/* The last references of this trial's two victims.  Outside a section the
+ * first @release runs here and ends the thread before the second put; in
+ * one, both wait for the section to end, the exiting one first. */
+static void on_signal_two_releases(int sig)
+{
+	int i = __atomic_load_n(&exit_trial, __ATOMIC_SEQ_CST);
+
+	(void)sig;
+	percpu_ref_put(&exiting_victims[i]);
+	__atomic_store_n(&second_put, 1, __ATOMIC_SEQ_CST);
+	percpu_ref_put(&victims[i]);
+}
+
 /* Gets and puts until the signal's handler ends the thread. */
 static void *spinner(void *arg)
 {
@@ -336,6 +369,50 @@ static int pthread_exit_case(void)
 	return 0;
 }
 
+/* Exit status 2: init failed; 3: no thread; 10: a release ran not once;
+ * 11: no trial deferred its releases. */
+static int release_exits_case(void)
+{
+	const char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
+	int trials = getenv("PERCPUREF_VALGRIND") || (emulator && *emulator) ? NR_RELEASES / 10
+									   : NR_RELEASES;
+	int deferred = 0, i;
+	struct sigaction sa;
+	pthread_t t;
+
+	child_deadline(DEADLINE_S);
+	if (percpu_ref_init(&hot, NULL, 0))
+		return 2;
+	pairs(&hot, 10);
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal_two_releases;
+	sigaction(SIGUSR1, &sa, NULL);
+	for (i = 0; i < trials; i++) {
+		if (percpu_ref_init(&exiting_victims[i], count_release_and_exit,
+				    PERCPU_REF_INIT_ATOMIC) ||
+		    percpu_ref_init(&victims[i], count_second_release, PERCPU_REF_INIT_ATOMIC))
+			return 2;
+		__atomic_store_n(&exit_trial, i, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&spinning, 0, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&second_put, 0, __ATOMIC_SEQ_CST);
+		if (pthread_create(&t, NULL, spinner, NULL))
+			return 3;
+		while (!__atomic_load_n(&spinning, __ATOMIC_SEQ_CST))
+			sched_yield();
+		pthread_kill(t, SIGUSR1);
+		pthread_join(t, NULL);
+		deferred += __atomic_load_n(&second_put, __ATOMIC_SEQ_CST);
+		if (__atomic_load_n(&exit_released, __ATOMIC_SEQ_CST) != i + 1 ||
+		    __atomic_load_n(&second_released, __ATOMIC_SEQ_CST) != deferred) {
+			fprintf(stderr, "# trial %d: %d first and %d of %d second releases ran\n", i,
+				exit_released, second_released, deferred);
+			return 10;
+		}
+	}
+	fprintf(stderr, "# %d of %d trials deferred both releases\n", deferred, trials);
+	return deferred ? 0 : 11;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "handler-barrier"))
@@ -348,6 +425,8 @@ int main(int argc, char **argv)
 		return handler_fault_case();
 	if (argc > 1 && !strcmp(argv[1], "handler-pthread-exit"))
 		return pthread_exit_case();
+	if (argc > 1 && !strcmp(argv[1], "handler-release-exits"))
+		return release_exits_case();
 
 	is(run_mode("library-thread-signal"), 0,
 	   "a process-directed signal whose handler's release fences never runs on a library thread");
@@ -367,12 +446,16 @@ int main(int argc, char **argv)
 	if (UNDER_TSAN) {
 		ok(1, "skipped under ThreadSanitizer: a handler's release faults");
 		ok(1, "skipped under ThreadSanitizer: a handler leaves by pthread_exit()");
+		ok(1, "skipped under ThreadSanitizer: a deferred release leaves by pthread_exit()");
 	} else {
 		is(run_mode("handler-release-faults"), 0,
 		   "fallback: a handler's release faults on a page the SIGSEGV handler maps");
 		is(run_mode("handler-pthread-exit"), 0,
 		   "fallback: a handler's release runs when the handler leaves by "
 		   "pthread_exit()");
+		is(run_mode("handler-release-exits"), 0,
+		   "fallback: a deferred release that leaves by pthread_exit() leaves the next one "
+		   "to the thread's exit");
 	}
 	return done_testing();
 }
