@@ -146,8 +146,9 @@ static void report_metrics(FILE *out, const struct report *r)
 	if (units) {
 		fprintf(out, "%7s  %-*s", "", variant_w, "");
 		for (unsigned int c = 0; c < ncols; c++) {
-			snprintf(unit, sizeof(unit), *cols[c]->unit ? "[%s]" : "", cols[c]->unit);
-			fprintf(out, " %*s", width[c], unit);
+			if (*cols[c]->unit)
+				snprintf(unit, sizeof(unit), "[%s]", cols[c]->unit);
+			fprintf(out, " %*s", width[c], *cols[c]->unit ? unit : "");
 		}
 		fputc('\n', out);
 	}

@@ -461,7 +461,7 @@ static const struct bench_variant creds_variants[] = {
 	  fast_perm_loop, CREDS_FAST_PERM },
 	{ "local-copy", "override with a stack copy of the cred: usage untouched (report)",
 	  local_copy_loop, CREDS_LOCAL_COPY },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_workload creds = {

@@ -184,7 +184,7 @@ static void fence_teardown(struct bench_run *run)
 static const struct bench_variant fence_variants[] = {
 	{ "sync-switch", "thread 0 fences in 10 ms bursts, the others make per-CPU pairs",
 	  fence_loop, 0 },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_workload fence_cost = {

@@ -1034,7 +1034,7 @@ static const struct bench_variant labels_variants[] = {
 	  labels_prcu_unmanaged_loop, LABELS_KIND_PRCU_UNMANAGED },
 	{ "hazptr", "a hazard pointer per access instead of a reference (future work)",
 	  labels_hazard_loop, LABELS_KIND_HAZARD },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_option labels_options[] = {
@@ -1052,7 +1052,7 @@ static const struct bench_option labels_options[] = {
 	  .help = "percpu-managed: reclaimer scan interval in ms (0: back to back)" },
 	{ .name = "profile", .type = BENCH_OPT_STRING, .value = &opt_profile,
 	  .help = "the workers' label: unconfined (the report's nginx; no table walk) or nginx" },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_workload labels = {

@@ -177,7 +177,7 @@ static const struct bench_variant scan_variants[] = {
 	  SCAN_ARG(PERCPU_REF_SCAN_FILTERED, 10000) },
 	{ "filtered-100k", "100000 refs, read twice, none switched (all held)", scan_loop,
 	  SCAN_ARG(PERCPU_REF_SCAN_FILTERED, 100000) },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_workload managed_scan = {
@@ -281,13 +281,13 @@ static const struct bench_variant latency_variants[] = {
 	{ "batched", "one fence per scan", latency_loop, PERCPU_REF_SCAN_BATCHED },
 	{ "filtered", "check before switch, then one fence per scan", latency_loop,
 	  PERCPU_REF_SCAN_FILTERED },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_option latency_options[] = {
 	{ .name = "interval-ms", .type = BENCH_OPT_LONG, .value = &opt_interval_ms,
 	  .help = "scan interval of the reclaimer" },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_workload managed_latency = {
@@ -378,13 +378,13 @@ static const struct bench_variant hot_variants[] = {
 	  PERCPU_REF_SCAN_BATCHED },
 	{ "scan-filtered", "reclaimer scanning back to back, check before switch (default)",
 	  hot_loop, PERCPU_REF_SCAN_FILTERED },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_option hot_options[] = {
 	{ .name = "refs", .type = BENCH_OPT_LONG, .value = &opt_cold_refs,
 	  .help = "cold managed refs scanned besides the hot one" },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_workload managed_hot = {

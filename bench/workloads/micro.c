@@ -285,7 +285,7 @@ static const struct bench_variant micro_variants[] = {
 	{ "ref_ptr", "percpuref::ref_ptr copy/destroy (C++)", ref_ptr_loop, MICRO_REF_PTR },
 	{ "unprotected", "LOWER BOUND, not a counter: load cpu_id, plain add; no rseq section",
 	  unprotected_loop, MICRO_UNPROTECTED },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_workload micro = {

@@ -441,7 +441,7 @@ static const struct bench_option signal1_options[] = {
 	  "every namespace's max and the task's rlimit (0: RLIMIT_SIGPENDING)" },
 	{ "override-rlimit", BENCH_OPT_BOOL, &opt_override_rlimit,
 	  "cached-report, percpu-counter: skip the parents' max (override_rlimit)" },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_variant signal1_variants[] = {
@@ -453,7 +453,7 @@ static const struct bench_variant signal1_variants[] = {
 	  signal1_report_loop, SIGNAL1_REPORT },
 	{ "percpu-counter", "a percpu_counter per level, exact read near the limit (v2)",
 	  signal1_pcpu_counter_loop, SIGNAL1_PCPU_COUNTER },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_workload signal1 = {

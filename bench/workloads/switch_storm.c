@@ -270,7 +270,7 @@ static const struct bench_variant storm_variants[] = {
 	  STORM_KILL | STORM_POLL },
 	{ "managed-poll", "managed, each thread finishing its own kills", storm_loop,
 	  STORM_MANAGED | STORM_POLL },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_option storm_options[] = {
@@ -280,7 +280,7 @@ static const struct bench_option storm_options[] = {
 	  .help = "get/put pairs on each ref between init and kill" },
 	{ .name = "in-flight", .type = BENCH_OPT_LONG, .value = &opt_in_flight,
 	  .help = "batches a thread may have killed and not yet released" },
-	{ NULL },
+	{ 0 },
 };
 
 static const struct bench_workload switch_storm = {

@@ -999,7 +999,7 @@ static void test_shutdown(void)
 static void test_fork(void)
 {
 	struct object kept = { 0 }, dropped = { 0 };
-	int status;
+	int status = -1;	/* read as "not exited" if fork or waitpid failed */
 	pid_t pid;
 
 	percpu_ref_init(&kept.ref, obj_release, PERCPU_REF_ALLOW_REINIT);

@@ -228,8 +228,10 @@ int main(int argc, char **argv)
 	child_deadline(DEADLINE_S);
 	pthread_barrier_init(&round_start, NULL, 2);
 	pthread_barrier_init(&round_end, NULL, 2);
-	ok(!pthread_create(&a, NULL, shut_down, (void *)1) &&
-	   !pthread_create(&b, NULL, shut_down, NULL), "threads started");
+	if (!ok(!pthread_create(&a, NULL, shut_down, (void *)1), "first thread started"))
+		return done_testing();
+	if (!ok(!pthread_create(&b, NULL, shut_down, NULL), "second thread started"))
+		return done_testing();	/* the first waits at the barrier: exit ends it */
 	pthread_join(a, NULL);
 	pthread_join(b, NULL);
 	/* Every ref unreferenced before a shutdown is released by it; a hang
