@@ -323,6 +323,22 @@ static void *spinner(void *arg)
 	return NULL;
 }
 
+/* Trial @trial: a thread that gets and puts, its SIGUSR1 handler's end. */
+static int signal_spinner(int trial)
+{
+	pthread_t t;
+
+	__atomic_store_n(&exit_trial, trial, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&spinning, 0, __ATOMIC_SEQ_CST);
+	if (pthread_create(&t, NULL, spinner, NULL))
+		return -1;
+	while (!__atomic_load_n(&spinning, __ATOMIC_SEQ_CST))
+		sched_yield();
+	pthread_kill(t, SIGUSR1);
+	pthread_join(t, NULL);
+	return 0;
+}
+
 /* Exit status 2: init failed; 3: no thread; 10: a release never ran. */
 static int pthread_exit_case(void)
 {
@@ -333,7 +349,7 @@ static int pthread_exit_case(void)
 	int trials = getenv("PERCPUREF_VALGRIND") || (emulator && *emulator) ? NR_EXIT_TRIALS / 100
 									: NR_EXIT_TRIALS / 10;
 	struct sigaction sa;
-	pthread_t t, fences;
+	pthread_t fences;
 	int i;
 
 	child_deadline(DEADLINE_S);
@@ -351,14 +367,8 @@ static int pthread_exit_case(void)
 	for (i = 0; i < trials; i++) {
 		if (percpu_ref_init(&exit_victims[i], count_release, PERCPU_REF_INIT_ATOMIC))
 			return 2;
-		__atomic_store_n(&exit_trial, i, __ATOMIC_SEQ_CST);
-		__atomic_store_n(&spinning, 0, __ATOMIC_SEQ_CST);
-		if (pthread_create(&t, NULL, spinner, NULL))
+		if (signal_spinner(i))
 			return 3;
-		while (!__atomic_load_n(&spinning, __ATOMIC_SEQ_CST))
-			sched_yield();
-		pthread_kill(t, SIGUSR1);
-		pthread_join(t, NULL);
 		if (__atomic_load_n(&exit_released, __ATOMIC_SEQ_CST) != i + 1) {
 			fprintf(stderr, "# trial %d: the handler's release never ran\n", i);
 			return 10;
@@ -379,7 +389,6 @@ static int release_exits_case(void)
 	const int enough = 5;
 	int deferred = 0, i;
 	struct sigaction sa;
-	pthread_t t;
 
 	child_deadline(DEADLINE_S);
 	if (percpu_ref_init(&hot, NULL, 0))
@@ -393,15 +402,9 @@ static int release_exits_case(void)
 				    PERCPU_REF_INIT_ATOMIC) ||
 		    percpu_ref_init(&victims[i], count_second_release, PERCPU_REF_INIT_ATOMIC))
 			return 2;
-		__atomic_store_n(&exit_trial, i, __ATOMIC_SEQ_CST);
-		__atomic_store_n(&spinning, 0, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&second_put, 0, __ATOMIC_SEQ_CST);
-		if (pthread_create(&t, NULL, spinner, NULL))
+		if (signal_spinner(i))
 			return 3;
-		while (!__atomic_load_n(&spinning, __ATOMIC_SEQ_CST))
-			sched_yield();
-		pthread_kill(t, SIGUSR1);
-		pthread_join(t, NULL);
 		deferred += __atomic_load_n(&second_put, __ATOMIC_SEQ_CST);
 		if (__atomic_load_n(&exit_released, __ATOMIC_SEQ_CST) != i + 1 ||
 		    __atomic_load_n(&second_released, __ATOMIC_SEQ_CST) != deferred) {
