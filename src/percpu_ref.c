@@ -548,6 +548,7 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 	struct percpu_ref_data *data;
 	bool left_to_reclaimer;
 	enum switch_wait wait;
+	unsigned long count;
 	uintptr_t cpu0;
 
 	if (!ref)
@@ -576,10 +577,15 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 	cpu0 = counter_of(ref);
 	if (cpu0)
 		percpuref_counter_free(cpu0);
-	/* Keep the final count readable by percpu_ref_is_zero(). */
-	set_mode_word(ref, __PERCPU_REF_ATOMIC_DEAD |
-				   (__atomic_load_n(&data->count, __ATOMIC_RELAXED)
-				    << __PERCPU_REF_FLAG_BITS));
+	/* Keep the final count readable by percpu_ref_is_zero().  One the
+	 * shift past the flag bits would cut (2^62 and above: a per-CPU ref's
+	 * biased count, a pinned one) is kept as the largest that fits: as
+	 * a multiple of 2^62 it read as zero.  Relaxed: no call may race an
+	 * exit. */
+	count = __atomic_load_n(&data->count, __ATOMIC_RELAXED);
+	if (count > ULONG_MAX >> __PERCPU_REF_FLAG_BITS)
+		count = ULONG_MAX >> __PERCPU_REF_FLAG_BITS;
+	set_mode_word(ref, __PERCPU_REF_ATOMIC_DEAD | (count << __PERCPU_REF_FLAG_BITS));
 	ref->data = NULL;
 	/* A node the reclaimer still reaches is freed by the reclaimer. */
 	impl_of(data)->exited = true;

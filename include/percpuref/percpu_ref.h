@@ -153,7 +153,8 @@ struct percpu_ref_data {
 struct percpu_ref {
 	/*
 	 * Address of CPU 0's counter, or'ed with __PERCPU_REF_ATOMIC/_DEAD.
-	 * After percpu_ref_exit(): ATOMIC_DEAD | (final count << FLAG_BITS).
+	 * After percpu_ref_exit(): ATOMIC_DEAD | (final count << FLAG_BITS), a
+	 * count too large for that kept as the largest that fits (never 0).
 	 * Written under the switch lock; read locklessly by the fast paths.
 	 */
 	uintptr_t percpu_count_ptr;

@@ -14,7 +14,9 @@
  *    subtract of 0 as the one reaching zero and ran @release a second
  *    time ("misuse never double-releases"); get_many(ref, 0) there warned
  *    and pinned the count, and a later reinit was refused.  A call of
- *    none now does nothing.
+ *    none now does nothing;
+ *  - an exit kept the count for is_zero() shifted, its top bits lost: a
+ *    held ref exited at a count of 2^63 read as zero.
  */
 #define _GNU_SOURCE
 #include <limits.h>
@@ -169,6 +171,32 @@ static void test_near_limit(void)
 	near_limit("tryget near 2^62 per-CPU", true);
 }
 
+/*
+ * percpu_ref_exit() keeps the count in the mode word for
+ * percpu_ref_is_zero(), shifted past the two flag bits, so a count of 2^62
+ * or more lost its top bits there.  A per-CPU ref's atomic count carries
+ * the bias: with the initial reference and 2^32 - 1 taken in one call it
+ * reads 2^63, which was kept as 0, and is_zero() said true of a ref exited
+ * with all of them held.
+ */
+static void test_exit_keeps_count(void)
+{
+	struct percpu_ref r;
+
+	released = 0;
+	ok(!percpu_ref_init(&r, count_release, 0), "exit keeps count: init");
+	percpu_ref_get_many(&r, (1UL << 32) - 1);
+	percpu_ref_exit(&r);
+	ok(!percpu_ref_is_zero(&r), "exited with 2^32 references held: is_zero() is false");
+	ok(percpu_ref_is_dying(&r), "and it is dying");
+
+	ok(!percpu_ref_init(&r, count_release, PERCPU_REF_INIT_ATOMIC), "exit keeps count: init");
+	percpu_ref_put(&r);
+	is(released, 1, "atomic ref released by its put");
+	percpu_ref_exit(&r);
+	ok(percpu_ref_is_zero(&r), "exited at zero: is_zero() is true");
+}
+
 int main(void)
 {
 	/* get_many(ULONG_MAX) went through 2^40 slices: hours. */
@@ -177,5 +205,6 @@ int main(void)
 	test_huge_counts();
 	test_too_many();
 	test_near_limit();
+	test_exit_keeps_count();
 	return done_testing();
 }
