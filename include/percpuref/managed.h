@@ -18,13 +18,15 @@
  * A ref that is switched stays in atomic mode for about one fence.
  *
  * Environment (read once, at the first use of managed mode; a value that is
- * not a number or out of range is warned and ignored):
+ * not a number or out of range is warned and ignored, an empty one is as if
+ * unset):
  * PERCPUREF_SCAN_INTERVAL_MS (at most PERCPU_REF_MANAGED_INTERVAL_MAX_MS),
  * PERCPUREF_SCAN_MAX (0: no limit),
  * PERCPUREF_SCAN_STRATEGY=faithful|batched|filtered,
  * PERCPUREF_RECLAIMER_NICE (0..19: the reclaimer thread's nice value),
  * PERCPUREF_MANAGED_WARN_S (warn once for each managed ref still held N
- * seconds after it was first listed; docs/managed.md).
+ * seconds after it was first listed; 0, the default: no warning;
+ * docs/managed.md).
  */
 #ifndef PERCPUREF_MANAGED_H
 #define PERCPUREF_MANAGED_H
