@@ -15,8 +15,9 @@
  * Modes: per-CPU -> atomic -> dead.  PERCPU_REF_INIT_ATOMIC starts a ref in
  * atomic mode and percpu_ref_switch_to_atomic() keeps it there ("sticky")
  * until percpu_ref_switch_to_percpu(); both need a ref that was never killed.
- * A dead ref can be brought back with percpu_ref_resurrect() (count > 0) or
- * percpu_ref_reinit() (count == 0), when it was created with
+ * A dead ref can be brought back with percpu_ref_resurrect() (count > 0; at
+ * 0 it does what reinit does, as the kernel's) or percpu_ref_reinit()
+ * (count == 0, else warned and ignored), when it was created with
  * PERCPU_REF_ALLOW_REINIT (or INIT_ATOMIC / INIT_DEAD, which imply it).
  *
  * Threads: nothing to do, but before unloading code that called percpuref
@@ -179,11 +180,12 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref);
  * switch_to_atomic) started before the call has been confirmed, and the
  * releases those switches triggered have run.  For tests and shutdown.
  * Returns 0, or -EDEADLK (and warns) when called from a callback on one
- * of the library's threads or from shutdown, which would wait for itself;
- * a @release run by a put on the putter's own thread may call it.  While
- * the callback thread cannot start (pthread_create() refused), it runs the
- * switches and their callbacks on the calling thread, as an exit or a mode
- * call that waits for such a switch does.
+ * of the library's threads, from shutdown, or from a callback that a poll
+ * runs (or a wait that runs the queued work itself), which would wait for
+ * itself; a @release run by a put on the putter's own thread may call it.
+ * While the callback thread cannot start (pthread_create() refused), it
+ * runs the switches and their callbacks on the calling thread, as an exit
+ * or a mode call that waits for such a switch does.
  */
 PERCPUREF_API int percpu_ref_barrier(void);
 
@@ -292,7 +294,8 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
  * at process exit: before the destructors of the static objects built
  * before the library's first use (an atexit() handler registered then),
  * and once more after all of them.  Not from a callback on one of the
- * library's threads, nor from shutdown (warned, does nothing).
+ * library's threads, nor from shutdown, nor from a callback that a poll or
+ * a wait running the queued work itself runs (warned, does nothing).
  */
 PERCPUREF_API void percpuref_shutdown(void);
 
