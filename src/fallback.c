@@ -70,7 +70,10 @@
  * the unit table the fence walks.  The fence holds the lock while it
  * waits; readers never take it inside a section, so nothing it waits for
  * waits for it.  Fork hooks hold the lock across fork() (rank READERS,
- * internal.h) and give the child only the forking thread's unit.
+ * internal.h) and give the child only the forking thread's unit.  A fork
+ * from a handler inside a section of its thread takes no library lock at
+ * all (runtime.c, fork_prepare()): every fence in flight waits for that
+ * section, holding this lock.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -365,8 +368,8 @@ static void readers_fork_child(void)
 	struct percpuref_reader *self = &percpuref_reader_self;
 	struct unit_record *mine = self->state == PERCPUREF_READER_UNIT ?
 					   &unit_records[self->unit] : NULL;
-	/* A fork from a signal handler may have interrupted a section of
-	 * this thread's: its counter goes on (relaxed: one thread here). */
+	/* Its counter goes on (relaxed: one thread here); closed, as a fork
+	 * from a handler inside a section skips these hooks (runtime.c). */
 	unsigned long ctr = mine ? __atomic_load_n(&mine->ctr, __ATOMIC_RELAXED) : 0;
 
 	/* The parent's owners are not here, and the marks they held are no

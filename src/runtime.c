@@ -491,6 +491,20 @@ static void fork_prepare(void)
 	fork_skipped_ranks = batch_ranks_held ? BATCH_RANKS : 0;
 	if (urcu_bp_read_ongoing())
 		fork_skipped_ranks |= 1u << PERCPUREF_RANK_SCAN | 1u << PERCPUREF_RANK_URCU;
+	/*
+	 * A fork from a signal handler that interrupted a get or put of this
+	 * thread inside its fallback read-side section (the library calls
+	 * nothing from inside one): every reader fence in flight waits for
+	 * that section, which cannot end before the handler returns, and
+	 * holds what fork would wait for (the readers' lock, the sync-switch
+	 * lock, a batch lock; liburcu's, through a reader that fences inside
+	 * its read-side section), so the fork and the fence waited for each
+	 * other for ever (tests/unit/test_fallback_edges.c, handler-fork).
+	 * It leaves every rank alone, waits for none of them, and its child
+	 * may only exec or _exit, as one forked from a callback.
+	 */
+	if (percpuref_reader_interrupted())
+		fork_skipped_ranks = ~0u;
 	for (rank = 0; rank < PERCPUREF_NR_RANKS; rank++)
 		if (fork_hooks[rank] && fork_hooks[rank]->prepare &&
 		    !(fork_skipped_ranks & (1u << rank)))

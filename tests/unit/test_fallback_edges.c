@@ -17,9 +17,15 @@
  *  - such a switch's fence while the interrupted code is locking a robust
  *    mutex (its own, process-shared): the fence must leave the thread's
  *    robust-futex list alone, or a process killed right after loses the
- *    kernel's notice of that mutex's owner death.
+ *    kernel's notice of that mutex's owner death;
+ *  - a handler that interrupted a get or put forks while another thread
+ *    fences back to back: that fence waits for the interrupted section,
+ *    which cannot end before the handler returns, so the fork must not
+ *    wait for it (the readers' lock it holds, the sync-switch lock it
+ *    read-holds).  Up to 0.3.15 the fork waited, and both hung.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -304,6 +310,82 @@ static int case_handler_robust_pending(void)
 }
 #endif
 
+/* Forks from a handler that interrupted a section of its thread. */
+#define NR_HANDLER_FORKS 10
+static struct percpu_ref fenced;
+static int stop_fencer;			/* atomic */
+static volatile sig_atomic_t nr_forks, fork_failed;
+static pid_t forked[NR_HANDLER_FORKS];
+
+static void *fencer(void *arg)
+{
+	(void)arg;
+	while (!__atomic_load_n(&stop_fencer, __ATOMIC_RELAXED)) {
+		percpu_ref_switch_to_atomic_sync(&fenced);
+		percpu_ref_switch_to_percpu(&fenced);
+	}
+	return NULL;
+}
+
+static void on_signal_fork(int sig)
+{
+	int saved_errno = errno;
+	pid_t pid;
+
+	(void)sig;
+	/* Only inside a section: the forks this case is about. */
+	if (nr_forks >= NR_HANDLER_FORKS || !percpuref_reader_interrupted())
+		return;
+	pid = fork();
+	if (pid == 0)
+		_exit(0);	/* a child forked here may only exec or _exit */
+	if (pid < 0)
+		fork_failed = 1;
+	else
+		forked[nr_forks++] = pid;
+	errno = saved_errno;
+}
+
+/* Exit status 2: init failed; 3: no thread; 4: a fork failed; 5: a child
+ * did not exit with 0; 6: no signal landed in a section. */
+static int case_handler_fork(void)
+{
+	/* Each fork copies the process under valgrind: fewer there. */
+	int want = getenv("PERCPUREF_VALGRIND") ? 3 : NR_HANDLER_FORKS;
+	struct signaller signaller;
+	struct timespec start, now;
+	struct sigaction sa;
+	pthread_t t;
+	int i;
+
+	child_deadline(30);
+	if (percpu_ref_init(&ref, NULL, 0) ||
+	    percpu_ref_init(&fenced, NULL, PERCPU_REF_ALLOW_REINIT))
+		return 2;
+	pairs(&ref, 10);	/* registered before any handler runs */
+	if (pthread_create(&t, NULL, fencer, NULL))
+		return 3;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal_fork;
+	sigaction(SIGUSR1, &sa, NULL);
+	signaller_start(&signaller, 50000);
+	/* Up to 10 s: a hang, before the fix, shows as the deadline. */
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	do {
+		pairs(&ref, 1000);
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (nr_forks < want && !fork_failed && now.tv_sec - start.tv_sec < 10);
+	signaller_stop(&signaller);
+	__atomic_store_n(&stop_fencer, 1, __ATOMIC_RELAXED);
+	pthread_join(t, NULL);
+	for (i = 0; i < nr_forks; i++)
+		if (wait_child(forked[i]) != 0)
+			return 5;
+	fprintf(stderr, "# %d forks from a handler inside a section\n", (int)nr_forks);
+	/* Valgrind delivers signals where it likes: seldom in a section. */
+	return fork_failed ? 4 : !nr_forks && !getenv("PERCPUREF_VALGRIND") ? 6 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "last-round"))
@@ -314,6 +396,8 @@ int main(int argc, char **argv)
 	if (argc > 1 && !strcmp(argv[1], "handler-robust-pending"))
 		return case_handler_robust_pending();
 #endif
+	if (argc > 1 && !strcmp(argv[1], "handler-fork"))
+		return case_handler_fork();
 	/* ThreadSanitizer destroys its state of a thread in the last round
 	 * too, before a later key's destructor: any call it intercepts there
 	 * (malloc, a mutex) crashes it, whatever this library does. */
@@ -335,5 +419,14 @@ int main(int argc, char **argv)
 #else
 	skip("robust lock under a handler's fence: not glibc");
 #endif
+	/* A handler interrupts a section only on the fallback path, and
+	 * never under ThreadSanitizer (it runs handlers at blocking calls). */
+	if (UNDER_TSAN)
+		skip("fork from a handler inside a section: ThreadSanitizer runs no handler there");
+	else if (strcmp(percpuref_fast_path(), "fallback"))
+		skip("fork from a handler inside a section: no sections on %s", percpuref_fast_path());
+	else
+		is(run_mode("handler-fork"), 0,
+		   "a handler inside a section forks while another thread fences");
 	return done_testing();
 }
