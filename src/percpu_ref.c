@@ -1454,7 +1454,12 @@ fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
 		r = percpuref_reader_add(&ref->percpu_count_ptr, delta);
 		/* A handler interrupted our section and reached a release:
 		 * ours to run now that the section has ended, unless it was
-		 * a section nested in the interrupted one. */
+		 * a section nested in the interrupted one.  The load below
+		 * stays after the section's closing store, which a relaxed
+		 * load may otherwise pass: a release deferred in between
+		 * would wait for the thread's next get or put.  Against this
+		 * thread's handlers only: a compiler barrier, no instruction. */
+		__atomic_signal_fence(__ATOMIC_SEQ_CST);
 		if (percpuref_unlikely(__atomic_load_n(&handler_releases, __ATOMIC_RELAXED)) &&
 		    !percpuref_reader_interrupted())
 			run_handler_releases();
