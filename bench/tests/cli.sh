@@ -254,6 +254,19 @@ if cc -shared -fPIC -o "$tmp/attr_affinity_fails.so" \
 else
 	echo "ok: pthread_attr_setaffinity_np refused # skip: no cc, or no preload"
 fi
+# C++ memory that runs out is "out of memory", exit 1, as C memory is:
+# the shared_ptr variant's make_shared threw std::bad_alloc through the C
+# harness, and the run aborted (terminate, SIGABRT, a core).  An
+# LD_PRELOAD shim makes every operator new fail; skipped where it cannot
+# load (a sanitizer's runtime must come first).
+if c++ -shared -fPIC -o "$tmp/new_fails.so" "$(dirname -- "$0")/lib/new_fails.cpp" \
+      2>/dev/null && LD_PRELOAD="$tmp/new_fails.so" "$bench" --version >/dev/null 2>&1; then
+	fails_saying "operator new refused" \
+		'percpuref-bench: micro shared_ptr: make_shared: out of memory (std::bad_alloc)' \
+		env LD_PRELOAD="$tmp/new_fails.so" "$bench" micro --threads 1 --variants shared_ptr $short
+else
+	echo "ok: operator new refused # skip: no c++, or no preload"
+fi
 # Points that hang or pause.  A run that never ends must fail after
 # --hang-limit, naming what hangs (exit 1; _exit, since a hung thread
 # cannot be waited for); a pause (Ctrl-Z then fg, or no CPU) must not fail

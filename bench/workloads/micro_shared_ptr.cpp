@@ -9,6 +9,8 @@
  * that, __libc_single_threaded lets libstdc++ use plain adds; the harness
  * has always started its threads by the time this runs).  The pair loop
  * lives here so the copy is a real C++ copy, inlined, with no call per pair.
+ * No exception leaves this file: the harness is C, which an exception
+ * crossing would end in terminate() (SIGABRT) instead of an error exit.
  */
 #include <cstdlib>
 #include <memory>
@@ -24,8 +26,13 @@ void *micro_shared_ptr_new(void)
 	/* Aligned block: the shared_ptr (read by all) shares no line. */
 	void *mem = bench_zalloc(sizeof(long_ptr));
 
-	/* make_shared: one allocation for the control block and the long. */
-	return new (mem) long_ptr(std::make_shared<long>(0));
+	/* make_shared: one allocation for the control block and the long.
+	 * Its std::bad_alloc must not reach the C harness (terminate()). */
+	try {
+		return new (mem) long_ptr(std::make_shared<long>(0));
+	} catch (const std::bad_alloc &e) {
+		bench_die("micro shared_ptr: make_shared: out of memory (%s)", e.what());
+	}
 }
 
 void micro_shared_ptr_delete(void *sp)
