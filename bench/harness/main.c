@@ -861,6 +861,20 @@ static FILE *open_json_early(const char *path)
 	return NULL;
 }
 
+/*
+ * A standard stream the caller closed (">&-", "2>&-") gets /dev/null,
+ * read-only: the next file opened (the --json file) took its number, and
+ * the table or a warning went into that file.  Writes to it now fail, so a
+ * closed standard output fails the run as a full one does.
+ */
+static void hold_closed_streams(void)
+{
+	for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; fd++)
+		/* The lowest free number: this one, the ones below it held. */
+		if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && open("/dev/null", O_RDONLY) != fd)
+			return;	/* no /dev/null (a bare sandbox): as it was */
+}
+
 int main(int argc, char **argv)
 {
 	struct topology topo;
@@ -869,6 +883,8 @@ int main(int argc, char **argv)
 	struct cli cli = { 0 };
 	FILE *table_out = stdout, *json_out = NULL;
 
+	/* Before anything opens a file. */
+	hold_closed_streams();
 	/* A closed pipe ("| head -1") is a write error, exit 1 with a
 	 * message, as documented; SIGPIPE killed the process silently. */
 	signal(SIGPIPE, SIG_IGN);

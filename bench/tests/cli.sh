@@ -210,6 +210,33 @@ if "$bench" micro --threads 1 --variants private $short --json - >/dev/null 2>/d
 else
 	echo "ok: percpuref-bench micro --json - 2>/dev/full -> $?"
 fi
+# A closed standard output (>&-) fails the run, as a full one does: the
+# --json file, opened after it was closed, took its number, and the table
+# went into that file, exit 0.
+"$bench" micro --threads 1 --variants private $short --json /dev/null >&- 2>"$tmp/err"
+got=$?
+if [ "$got" -eq 1 ] && grep -q '^percpuref-bench: standard output: cannot write' "$tmp/err"; then
+	echo "ok: percpuref-bench micro --json /dev/null >&- -> 1"
+else
+	echo "FAIL: percpuref-bench micro --json /dev/null >&-: exit $got, $(head -1 "$tmp/err")"
+	fails=$((fails + 1))
+fi
+# ... and a closed standard error's messages go nowhere, not into a --json
+# pipe that took its number: managed-latency's warning of a window that
+# completed nothing (see below) was a line of the JSON Lines.
+"$bench" managed-latency --interval-ms 500 --duration 0.002 --variants filtered \
+	--json /dev/fd/3 3>&1 >/dev/null 2>&- | cat >"$tmp/closed.json"
+if "$python" -c '
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 1 and json.loads(lines[0])["workload"] == "managed-latency", lines
+' "$tmp/closed.json" 2>/dev/null; then
+	echo "ok: percpuref-bench managed-latency --json /dev/fd/3 2>&-: JSON only"
+else
+	echo "FAIL: percpuref-bench managed-latency --json /dev/fd/3 2>&-: not JSON Lines:"
+	sed 's/^/  /' "$tmp/closed.json" | head -3
+	fails=$((fails + 1))
+fi
 # ended_saying WHAT STATUS WANT LINE: a run that exited with STATUS must
 # have exited with WANT, with LINE (a basic regular expression for a whole
 # line) in its standard error, $tmp/err.
