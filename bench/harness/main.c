@@ -134,17 +134,33 @@ static const struct option common_options[] = {
 };
 #define NCOMMON (sizeof(common_options) / sizeof(common_options[0]))
 
-static void print_option_value(FILE *out, const struct bench_option *o)
+/*
+ * The options of the workload on the command line (defaults_of) as they
+ * were before it set any: the defaults that usage shows.  Its usage error
+ * showed the values given ("signal1 --workers 0" listed "(default 0)"
+ * under the message refusing it).
+ */
+union option_value {
+	long l;
+	double d;
+	const char *s;
+	bool b;
+};
+static const struct bench_workload *defaults_of;
+static union option_value *defaults;
+
+/* @o's default, which @value points to. */
+static void print_option_value(FILE *out, const struct bench_option *o, const void *value)
 {
 	switch (o->type) {
 	case BENCH_OPT_LONG:
-		fprintf(out, " (default %ld)", *(long *)o->value);
+		fprintf(out, " (default %ld)", *(const long *)value);
 		break;
 	case BENCH_OPT_DOUBLE:
-		fprintf(out, " (default %g)", *(double *)o->value);
+		fprintf(out, " (default %g)", *(const double *)value);
 		break;
 	case BENCH_OPT_STRING:
-		fprintf(out, " (default \"%s\")", *(const char **)o->value);
+		fprintf(out, " (default \"%s\")", *(const char *const *)value);
 		break;
 	case BENCH_OPT_BOOL:
 		break;
@@ -169,7 +185,8 @@ static void list_workload(FILE *out, const struct bench_workload *w)
 				 o->type == BENCH_OPT_BOOL ? "" :
 				 o->type == BENCH_OPT_STRING ? " STR" : " N");
 			fprintf(out, "  %-22s %s", flag, o->help ? o->help : "");
-			print_option_value(out, o);
+			print_option_value(out, o, w == defaults_of ? (const void *)&defaults[o - w->options]
+								    : o->value);
 			fputc('\n', out);
 		}
 	}
@@ -424,7 +441,6 @@ static void parse_workload_option(const struct bench_workload *w, const struct b
 		*(bool *)o->value = true;
 		return;
 	}
-	/* Check before storing: the usage message shows the default. */
 	if (!ok)
 		usage_error(w, "--%s: bad number \"%s\"", o->name, arg);
 	if (o->type == BENCH_OPT_LONG)
@@ -495,8 +511,28 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 	/* By option code - OPT_THREADS: a flag given twice is refused (the
 	 * last one won, silently: "--json a --json b" never wrote a). */
 	given = calloc(NCOMMON + nopts, sizeof(*given));
-	if (!longopts || !given)
+	defaults = calloc(nopts + 1, sizeof(*defaults));
+	if (!longopts || !given || !defaults)
 		bench_die("out of memory");
+	for (unsigned int i = 0; i < nopts; i++) {
+		const struct bench_option *o = &w->options[i];
+
+		switch (o->type) {
+		case BENCH_OPT_LONG:
+			defaults[i].l = *(long *)o->value;
+			break;
+		case BENCH_OPT_DOUBLE:
+			defaults[i].d = *(double *)o->value;
+			break;
+		case BENCH_OPT_STRING:
+			defaults[i].s = *(const char **)o->value;
+			break;
+		case BENCH_OPT_BOOL:
+			defaults[i].b = *(bool *)o->value;
+			break;
+		}
+	}
+	defaults_of = w;
 	memcpy(longopts, common_options, sizeof(common_options));
 	for (unsigned int i = 0; i < nopts; i++) {
 		const struct bench_option *o = &w->options[i];
@@ -961,5 +997,6 @@ int main(int argc, char **argv)
 	free_report(&r);
 	topology_free(&topo);
 	free(workloads);
+	free(defaults);
 	return 0;
 }

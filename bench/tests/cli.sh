@@ -476,6 +476,10 @@ else
 	fails=$((fails + 1))
 fi
 expect 2 signal1 --workers 0
+# The usage under it lists the default, not the value refused: it said
+# "(default 0)" under "--workers: want 1..65536".
+grep -q -- '^  --workers N .*(default 1)$' "$tmp/err" ||
+	{ echo "FAIL: signal1 --workers 0: $(grep -- '--workers N' "$tmp/err")"; fails=$((fails + 1)); }
 expect 2 signal1 --workers -3
 expect 2 signal1 --workers 12abc
 expect 2 signal1 --workers ""
