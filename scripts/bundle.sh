@@ -24,7 +24,10 @@ usage() {
 }
 (($# == 1 || $# == 2)) || usage
 build=$1
-bundle=${2:-build/bundle}
+bundle=${2-build/bundle}
+# An empty name (an unset variable) is a mistake, not the default: an
+# empty BUNDLE_DIR packed into build/bundle, wherever the caller stood.
+[[ -n $build && -n $bundle ]] || usage
 [[ $bundle == /* ]] || bundle=./$bundle	# a name starting with '-' is no option
 binaries=(bench/percpuref-bench bench/percpuref-anatomy)
 for binary in "${binaries[@]}"; do

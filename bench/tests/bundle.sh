@@ -29,6 +29,14 @@ status_of() { # status_of WANT COMMAND...: the command exits with WANT
 
 check "bundle.sh without arguments: exit 2" status_of 2 bash "$bundle_sh"
 check "bundle.sh on a folder with no benchmarks: exit 1" status_of 1 bash "$bundle_sh" "$tmp" "$tmp/b"
+# An empty folder name (an unset variable) is a usage error: an empty
+# BUNDLE_DIR packed into the default, build/bundle under the current
+# folder, and an empty BUILD_DIR looked for /bench/percpuref-bench.
+check "bundle.sh with an empty BUNDLE_DIR: exit 2" \
+	status_of 2 sh -c 'cd "$1" && exec bash "$2" "$3" ""' sh "$tmp" "$(readlink -f "$bundle_sh")" \
+	"$(readlink -f "$build")"
+check "and nothing packed" test ! -e "$tmp/build"
+check "bundle.sh with an empty BUILD_DIR: exit 2" status_of 2 bash "$bundle_sh" "" "$tmp/b"
 mkdir "$tmp/keep" && touch "$tmp/keep/precious"
 check "bundle.sh onto a folder that is not a bundle: exit 1" \
 	status_of 1 bash "$bundle_sh" "$build" "$tmp/keep"
