@@ -856,6 +856,19 @@ static void free_report(struct report *r)
 }
 
 /*
+ * True if @path is the regular file standard output writes to ("--json
+ * r.txt >r.txt", "--json /dev/stdout >r.txt"): opened again for the JSON,
+ * it was truncated, and the table written there before was lost.
+ */
+static bool is_stdout_file(const char *path)
+{
+	struct stat file, out;
+
+	return !stat(path, &file) && S_ISREG(file.st_mode) && !fstat(STDOUT_FILENO, &out) &&
+	       file.st_dev == out.st_dev && file.st_ino == out.st_ino;
+}
+
+/*
  * The --json file, checked before the run so that a bad path fails before a
  * long run, but truncated only once there are results to write: a regular
  * file is opened for appending now, which changes nothing, and is opened
@@ -963,6 +976,10 @@ int main(int argc, char **argv)
 		list_workload(stdout, r.workload);
 		return finish_stdout();
 	}
+	if (cli.json && strcmp(cli.json, "-") && is_stdout_file(cli.json))
+		usage_error(r.workload, "--json %s: the file standard output writes the table to; "
+			    "--json - writes the JSON there and the table to standard error",
+			    cli.json);
 
 	topology_read(&topo);
 	plan_report(&r, &cli);

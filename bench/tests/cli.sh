@@ -223,6 +223,11 @@ expect 1 micro --threads 1 --variants private $short --json "$tmp/nosuch/x.json"
 [ -s "$tmp/out" ] && { echo "FAIL: --json nosuch/x.json: measured first"; fails=$((fails + 1)); }
 # An empty name is a usage error, not "percpuref-bench: : No such file".
 expect 2 micro --threads 1 --variants private $short --json ""
+# A --json FILE that is standard output's own file (expect writes it to
+# $tmp/out) is refused: opened again for the JSON, it was truncated and
+# the table written there lost, exit 0.  --json - is the way to both.
+expect 2 micro --threads 1 --variants private $short --json "$tmp/out"
+expect 2 micro --threads 1 --variants private $short --json /dev/stdout
 # With --json -, the table goes to standard error; losing it is an error.
 if "$bench" micro --threads 1 --variants private $short --json - >/dev/null 2>/dev/full; then
 	echo "FAIL: percpuref-bench micro --json - 2>/dev/full: exit 0"
