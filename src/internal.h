@@ -7,6 +7,7 @@
 #ifndef PERCPUREF_INTERNAL_H
 #define PERCPUREF_INTERNAL_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -378,10 +379,13 @@ static inline unsigned long percpuref_counter_sum(uintptr_t cpu0, unsigned int n
 }
 
 /* The per-CPU net count a sum of monotonic words stands for (percpu_ref.h,
- * PERCPU_REF_PUT_DELTA): its low 32 bits, sign-extended. */
+ * PERCPU_REF_PUT_DELTA): its low PERCPU_REF_NET_BITS bits, sign-extended
+ * (gcc and clang shift a negative long right arithmetically). */
 static inline unsigned long percpuref_counter_net(unsigned long sum)
 {
-	return (unsigned long)(long)(int32_t)(uint32_t)sum;
+	const unsigned int high = sizeof(sum) * CHAR_BIT - PERCPU_REF_NET_BITS;
+
+	return (unsigned long)((long)(sum << high) >> high);
 }
 
 /*

@@ -227,10 +227,12 @@ static inline void unprotected_add(uintptr_t cpu0, uint32_t cpu, unsigned long d
 
 #if defined(__x86_64__)
 	/* One addq to memory through one register, as the rseq commit is
-	 * (an indexed address costs more on some cores: this_cpu.h). */
+	 * (an indexed address costs more on some cores: this_cpu.h), of an
+	 * immediate where the delta is a constant, as the commit's is
+	 * (percpu_ref.h, PERCPU_REF_NET_BITS). */
 	__asm__ __volatile__("addq %[delta], (%[word])"
 			     : "+m"(*word)
-			     : [word] "r"(word), [delta] "r"(delta));
+			     : [word] "r"(word), [delta] "er"(delta));
 #else
 	/* Relaxed: plain load, add, store, as the aarch64 commit is. */
 	__atomic_store_n(word, __atomic_load_n(word, __ATOMIC_RELAXED) + delta, __ATOMIC_RELAXED);

@@ -109,8 +109,8 @@ enum {
  * in [0, 2^62); a count in the top quarter, [3 * 2^62, 2^64), went below
  * zero and is pinned at PERCPU_REF_SATURATED.  While per-CPU, the atomic
  * count carries PERCPU_COUNT_BIAS and holds bias + net - P, where net is
- * the whole count (below 2^62) and P the per-CPU words' share (within 2^31
- * either way): it reaches 2^62 + 2^31 when references taken on the atomic
+ * the whole count (below 2^62) and P the per-CPU words' share (within 2^30
+ * either way): it reaches 2^62 + 2^30 when references taken on the atomic
  * count (calls of more than PERCPU_REF_PERCPU_MAX_NR) are dropped on the
  * per-CPU words.  The bias, 2^63 - 2^32, keeps that, plus a switch's extra
  * reference, below the top quarter and the count above zero (with 2^63,
@@ -122,17 +122,24 @@ enum {
  * Per-CPU words count monotonically, so that the reclaimer can tell a ref
  * in use from an idle one without switching it (docs/managed.md, "check
  * before switch"): a get adds nr, a put adds nr * PERCPU_REF_PUT_DELTA, that
- * is nr in the high half and minus nr in the low half.  Every get and put
- * moves a word forward (two equal reads of a word mean nothing happened to
- * it in between), and the low 32 bits of the sum over the CPUs, sign
- * extended, are the per-CPU net count.  Hence the one limit: references
- * that move through the per-CPU words in one per-CPU period stay within
- * 2^31 either way (more live references than that is not a real program);
- * a get_many/tryget_many/put_many of more than PERCPU_REF_PERCPU_MAX_NR
- * goes on the atomic count instead, exact in every mode while the net
- * count stays below 2^62 (and the per-CPU words' share within 2^31).
+ * is nr above the low PERCPU_REF_NET_BITS bits and minus nr in them.  Every
+ * get and put moves a word forward (two equal reads of a word mean nothing
+ * happened to it in between: a word returns to a value only after at
+ * least 2^33 gets and puts on it, 2^33 + 4 puts and 4 gets the fewest), and the low PERCPU_REF_NET_BITS bits of the sum
+ * over the CPUs, sign extended, are the per-CPU net count.  Hence the one
+ * limit: references that move through the per-CPU words in one per-CPU
+ * period stay within 2^30 either way (more live references than that is
+ * not a real program); a get_many/tryget_many/put_many of more than
+ * PERCPU_REF_PERCPU_MAX_NR goes on the atomic count instead, exact in
+ * every mode while the net count stays below 2^62 (and the per-CPU words'
+ * share within 2^30).  31 bits, not 32: a put's 2^31 - 1 fits an x86-64
+ * add's sign-extended 32-bit immediate, and an add of an immediate to
+ * memory costs about half an add of a register on recent Intel cores (the
+ * pair 2.81 -> 1.77 ns, docs/percpu_ref.md "Counts"); 2^32 - 1 needed a
+ * register.  Compiled into callers: a change of either is an ABI change.
  */
-#define PERCPU_REF_PUT_DELTA 0xffffffffUL
+#define PERCPU_REF_NET_BITS 31
+#define PERCPU_REF_PUT_DELTA ((1UL << PERCPU_REF_NET_BITS) - 1)
 #define PERCPU_REF_PERCPU_MAX_NR (1UL << 24)
 #define PERCPU_REF_UNDERFLOW_ZONE (3UL << 62)
 #define PERCPU_REF_SATURATED (7UL << 61)

@@ -63,8 +63,47 @@ static void many_then_kill(const char *what, unsigned int flags, unsigned long n
 	percpu_ref_exit(&r);
 }
 
+/*
+ * The per-CPU words' window (percpu_ref.h, PERCPU_REF_NET_BITS): their
+ * net share of the count may reach 2^30 - 1 references held, or 2^30
+ * dropped of references taken on the atomic count, each through calls of
+ * at most PERCPU_REF_PERCPU_MAX_NR.  Killed at either edge, the ref keeps
+ * its exact count: released once, at the last put.
+ */
+static void window_edge(const char *what, bool held)
+{
+	const unsigned long slice = PERCPU_REF_PERCPU_MAX_NR;
+	const unsigned long edge = 1UL << (PERCPU_REF_NET_BITS - 1);
+	unsigned long share = held ? edge - 1 : edge, left, warnings;
+	struct percpu_ref r;
+
+	released = 0;
+	ok(!percpu_ref_init(&r, count_release, 0), "%s: init", what);
+	warnings = percpuref_warning_count();
+	if (!held)
+		percpu_ref_get_many(&r, share + 5);	/* atomic: above the slice */
+	for (left = share; left; left -= left < slice ? left : slice) {
+		if (held)
+			percpu_ref_get_many(&r, left < slice ? left : slice);
+		else
+			percpu_ref_put_many(&r, left < slice ? left : slice);
+	}
+	percpu_ref_kill(&r);
+	ok(!percpu_ref_barrier(), "%s: barrier", what);
+	is(released, 0, "%s: not released while references are held", what);
+	/* Held: the per-CPU share, taken back on the atomic count now. */
+	percpu_ref_put_many(&r, held ? share - 1 : 4);
+	is(released, 0, "%s: one reference left: not released", what);
+	percpu_ref_put(&r);
+	is(released, 1, "%s: released once at the last put", what);
+	is(percpuref_warning_count() - warnings, 0, "%s: no warning", what);
+	percpu_ref_exit(&r);
+}
+
 static void test_huge_counts(void)
 {
+	window_edge("2^30 - 1 held on the per-CPU words", true);
+	window_edge("2^30 dropped on the per-CPU words", false);
 	many_then_kill("get 2^32 per-CPU", 0, 1UL << 32, false);
 	many_then_kill("get 2^31 per-CPU", 0, 1UL << 31, false);
 	many_then_kill("get 2^32 + 5 per-CPU", 0, (1UL << 32) + 5, false);

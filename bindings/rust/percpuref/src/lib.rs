@@ -63,10 +63,10 @@
 //! exit waits for it.
 //!
 //! Like `Arc`, which aborts when its count would pass `isize::MAX`, the
-//! process aborts when more than 2^30 `PcArc`s are alive at once (all
-//! values together): the C count keeps 32 bits of its per-CPU net count,
-//! and without the check, 2^32 - 1 clones passed to `mem::forget` (safe
-//! code, 6 s on one thread) wrapped it to zero and dropped the value under
+//! process aborts when more than 2^29 `PcArc`s are alive at once (all
+//! values together): the C count keeps 31 bits of its per-CPU net count,
+//! and without the check, 2^31 - 1 clones passed to `mem::forget` (safe
+//! code, 3 s on one thread) wrapped it to zero and dropped the value under
 //! a live `PcArc`.  The check costs a thread-local add per clone and drop
 //! (about 0.5 ns per clone+drop pair on the 2-vCPU test machine).
 //!
@@ -110,13 +110,14 @@ fn check(ret: i32) -> Result<(), Error> {
 }
 
 /// Live [`PcArc`]s, counted so that no safe program can overflow the C
-/// count.  While a count is per-CPU, the library keeps only the low 32 bits
+/// count.  While a count is per-CPU, the library keeps only the low 31 bits
 /// of its per-CPU net count (the high bits of each per-CPU word tell the
-/// reclaimer the ref is in use), so at most 2^31 references may be taken
-/// on the per-CPU words of one ref in one per-CPU period.  C callers take
-/// that as a documented limit; in Rust, `mem::forget` of a clone is safe,
-/// and 2^32 - 1 forgotten clones (6 s on one thread) wrapped the count to
-/// zero: the value was dropped under a live `PcArc`.  `Arc` aborts past
+/// reclaimer the ref is in use), so fewer than 2^30 references may be taken
+/// on the per-CPU words of one ref in one per-CPU period (2^31 up to C
+/// 0.3.16).  C callers take that as a documented limit; in Rust,
+/// `mem::forget` of a clone is safe, and before this limit 2^32 - 1
+/// forgotten clones (6 s on one thread) wrapped the 0.3 count to zero: the
+/// value was dropped under a live `PcArc` (2^31 - 1 would now).  `Arc` aborts past
 /// `isize::MAX` for the same reason.
 ///
 /// Each thread counts the `PcArc`s it makes minus those it drops in a
@@ -126,8 +127,8 @@ fn check(ret: i32) -> Result<(), Error> {
 /// at most the number of live handles (each per-CPU get made one; a put
 /// of a handle made in an earlier period only lowers it), and the
 /// process-wide count trails the truth by less than `CHECK_EVERY` per
-/// thread: with fewer than 2^20 threads, the live handles stay under 2^31
-/// until the abort, and a program with fewer than 2^30 - 2^10 x threads
+/// thread: with fewer than 2^19 threads, the live handles stay under 2^30
+/// until the abort, and a program with fewer than 2^29 - 2^10 x threads
 /// live handles never aborts.  Cost: a thread-local add and compare per
 /// clone or drop; the shared word is written once per `CHECK_EVERY`.
 mod live {
@@ -136,7 +137,7 @@ mod live {
     use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 
     #[cfg(not(test))]
-    pub(crate) const LIMIT: i64 = 1 << 30;
+    pub(crate) const LIMIT: i64 = 1 << 29;
     #[cfg(not(test))]
     const CHECK_EVERY: i64 = 1 << 10;
     // Small in the unit tests, so that reaching the limit takes no time.
