@@ -6,11 +6,12 @@
  * The object.  A percpu_ref is a mode word (percpu_count_ptr: the address of
  * CPU 0's counter with the ATOMIC and DEAD flags in its low bits) plus a
  * separately allocated percpu_ref_data holding the atomic count.  The
- * per-CPU words only ever grow: a get adds nr, a put adds nr * (2^32 - 1),
- * nr in the high half and minus nr in the low half (percpu_ref.h), so the
- * reclaimer can see a ref in use without switching it.  The total number
- * of references is  data->count + net  where net is the low 32 bits of the
- * sum of the per-CPU words, sign-extended: any one word's low half may be
+ * per-CPU words only ever grow: a get adds nr, a put adds nr * (2^31 - 1),
+ * nr above the low 31 bits and minus nr in them (percpu_ref.h,
+ * PERCPU_REF_NET_BITS), so the reclaimer can see a ref in use without
+ * switching it.  The total number of references is  data->count + net
+ * where net is the low 31 bits of the sum of the per-CPU words,
+ * sign-extended (percpuref_counter_net()): any one word's low bits may be
  * "negative" (a get on one CPU, the put on another), only the sum means
  * something.
  *
@@ -1541,9 +1542,9 @@ PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long n
  * get/tryget/put of more than PERCPU_REF_PERCPU_MAX_NR: on the atomic count,
  * which is exact in every mode (per-CPU, the bias keeps it from zero and the
  * fold adds to it).  Not on the per-CPU words, in slices: their sum keeps
- * only the low 32 bits of the net count, so 2^32 references taken so read
- * as none at the fold, and a kill released the ref under them
- * (tests/unit/test_count_limits.c).  An unbiased count lives below 2^62: a
+ * only the low PERCPU_REF_NET_BITS (31) bits of the net count, so 2^31
+ * references taken so read as none at the fold (2^32 up to 0.3.16), and a
+ * kill released the ref under them (tests/unit/test_count_limits.c).  An unbiased count lives below 2^62: a
  * call of that many or more (an unsigned -1) is refused, warned, and, for
  * get and put, pins the count as any misuse does.
  */

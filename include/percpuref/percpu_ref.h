@@ -125,8 +125,11 @@ enum {
  * is nr above the low PERCPU_REF_NET_BITS bits and minus nr in them.  Every
  * get and put moves a word forward (two equal reads of a word mean nothing
  * happened to it in between: a word returns to a value only after at
- * least 2^33 gets and puts on it, 2^33 + 4 puts and 4 gets the fewest), and the low PERCPU_REF_NET_BITS bits of the sum
- * over the CPUs, sign extended, are the per-CPU net count.  Hence the one
+ * least 2^33 gets and puts on it, 2^33 + 4 puts and 4 gets the fewest;
+ * counted in references, so 2^10 calls of PERCPU_REF_PERCPU_MAX_NR that
+ * leave the net count as it was do it: the filter then costs a check), and
+ * the low PERCPU_REF_NET_BITS bits of the sum over the CPUs, sign
+ * extended, are the per-CPU net count.  Hence the one
  * limit: references that move through the per-CPU words in one per-CPU
  * period stay within 2^30 either way (more live references than that is
  * not a real program); a get_many/tryget_many/put_many of more than

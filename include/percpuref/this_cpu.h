@@ -164,9 +164,10 @@ static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
  * the counter) and two stores (rseq_cs, the counter).  The area is addressed
  * %fs-relative, so the thread pointer is not loaded; a delta known at compile
  * time is an immediate (a put's too: percpu_ref.h, PERCPU_REF_NET_BITS).
- * The commit addresses the counter through one register: addressed (base, index) it made a get+put cost 4.9-5.4 ns on
- * a 16-core Intel Xeon, 2.9 ns through one register, and the same either
- * way on AMD (docs/lent-16core.md).  @before_store: "" or a test that
+ * The commit addresses the counter through one register: addressed
+ * (base, index) it made a get+put cost 4.9-5.4 ns on a 16-core Intel
+ * Xeon, 2.9 ns through one register, and the same either way on AMD
+ * (docs/lent-16core.md).  @before_store: "" or a test that
  * leaves for no_unit when the params word allows no unit (shrq sets ZF),
  * before the rseq_cs store: until the runtime is set up the word is 0, and
  * %fs:8 is then glibc's DTV pointer.  Used inside __percpuref_this_cpu_add()

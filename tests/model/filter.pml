@@ -7,7 +7,7 @@
  * without switching (two collects) and skips the ref unless both collects
  * read the same values and those values say that the manager's is the only
  * reference.  The per-CPU words are monotonic: a get adds 1 and a put adds
- * 2^32 - 1 (minus one in the low half, plus one in the high half), so every
+ * 2^31 - 1 (minus one in the low 31 bits, plus one above them), so every
  * operation changes the word and two equal reads of a word mean nothing
  * happened to it in between; two equal collects then prove one consistent
  * snapshot (every word held its value over the interval between the end of
@@ -40,8 +40,8 @@
 #define NCPU	2
 #define PAIRS	3
 
-byte gets[NCPU];		/* per-CPU get totals (the word's low half) */
-byte puts[NCPU];		/* per-CPU put totals (its high half) */
+byte gets[NCPU];		/* per-CPU get totals (the word's low bits) */
+byte puts[NCPU];		/* per-CPU put totals (its high bits) */
 bit u_holding;
 bit check_done;
 byte users_done;

@@ -163,7 +163,7 @@ static void test_none(void)
  * A legitimate count near 2^62 while per-CPU: references taken on the
  * atomic count (calls of more than 2^24) and dropped on the per-CPU words
  * (calls of up to 2^24) leave the atomic count's share above the net count
- * by up to 2^31.  With a bias of 2^63 that share reached the underflow
+ * by up to 2^30.  With a bias of 2^63 that share reached the underflow
  * zone (3 * 2^62) with the net count still below 2^62: the next call on
  * the atomic count read as misuse.  A get pinned the ref without a warning
  * (as already pinned: leaked); a tryget "succeeded" on the pinned-looking

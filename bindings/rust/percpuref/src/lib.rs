@@ -174,7 +174,7 @@ mod live {
             let _ = writeln!(
                 std::io::stderr(),
                 "percpuref: {} live PcArc handles, past the limit of {} (the per-CPU count \
-                 is 32 bits wide: leaked clones?); aborting",
+                 is 31 bits wide: leaked clones?); aborting",
                 live, LIMIT
             );
             std::process::abort();
