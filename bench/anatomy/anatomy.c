@@ -209,7 +209,8 @@ static void library(void)
 
 /* The library's sequence with the put's delta in a register, as it was
  * up to 0.3.16 (2^32 - 1 fits no immediate): put_many of a count the
- * compiler cannot know. */
+ * compiler cannot know, which also compares it with the slice limit (an
+ * upper bound of what the register costs). */
 static void library_put_in_register(void)
 {
 	static volatile unsigned long one = 1;
