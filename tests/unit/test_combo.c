@@ -47,6 +47,7 @@
 
 #include "percpuref/percpu_ref.h"
 #include "child.h"
+#include "fencer.h"
 #include "signaller.h"
 #include "tap.h"
 
@@ -55,9 +56,8 @@
 #define NR_KILL_CYCLES 3000
 #define NR_EXIT_TRIALS 2000
 
-static struct percpu_ref hot, victims[NR_RELEASES], queued[NR_RELEASES], other, fenced;
+static struct percpu_ref hot, victims[NR_RELEASES], queued[NR_RELEASES], other;
 static volatile sig_atomic_t handled;
-static int stop_fencer;
 static pid_t main_tid;
 static int foreign_handlers, stop_sender;	/* atomic */
 static struct percpu_ref exit_victims[NR_EXIT_TRIALS];
@@ -101,28 +101,16 @@ static void on_signal(int sig)
 	errno = saved_errno;
 }
 
-/* Another thread's fences, back to back. */
-static void *fencer(void *arg)
-{
-	(void)arg;
-	while (!__atomic_load_n(&stop_fencer, __ATOMIC_RELAXED)) {
-		percpu_ref_switch_to_atomic_sync(&fenced);
-		percpu_ref_switch_to_percpu(&fenced);
-	}
-	return NULL;
-}
-
 static int handler_case(percpu_ref_func_t *release, bool with_fencer)
 {
 	struct signaller signaller;
+	struct fencer fencer;
 	struct sigaction sa;
-	pthread_t t;
 	int i;
 
 	child_deadline(DEADLINE_S);
 	percpu_ref_init(&hot, NULL, PERCPU_REF_ALLOW_REINIT);
 	percpu_ref_init(&other, NULL, PERCPU_REF_ALLOW_REINIT);
-	percpu_ref_init(&fenced, NULL, PERCPU_REF_ALLOW_REINIT);
 	for (i = 0; i < NR_RELEASES; i++)
 		if (percpu_ref_init(&victims[i], release, PERCPU_REF_INIT_ATOMIC) ||
 		    percpu_ref_init(&queued[i], NULL, 0))
@@ -134,7 +122,7 @@ static int handler_case(percpu_ref_func_t *release, bool with_fencer)
 	if (percpu_ref_barrier())
 		return 6;
 	percpu_ref_reinit(&hot);
-	if (with_fencer && pthread_create(&t, NULL, fencer, NULL))
+	if (with_fencer && fencer_start(&fencer))
 		return 3;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
@@ -149,10 +137,8 @@ static int handler_case(percpu_ref_func_t *release, bool with_fencer)
 #endif
 	}
 	signaller_stop(&signaller);
-	if (with_fencer) {
-		__atomic_store_n(&stop_fencer, 1, __ATOMIC_RELAXED);
-		pthread_join(t, NULL);
-	}
+	if (with_fencer)
+		fencer_stop(&fencer);
 	return percpu_ref_barrier() ? 5 : 0;
 }
 
@@ -348,18 +334,18 @@ static int pthread_exit_case(void)
 	const char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
 	int trials = getenv("PERCPUREF_VALGRIND") || (emulator && *emulator) ? NR_EXIT_TRIALS / 100
 									: NR_EXIT_TRIALS / 10;
+	struct fencer fencer;
 	struct sigaction sa;
-	pthread_t fences;
 	int i;
 
 	child_deadline(DEADLINE_S);
-	if (percpu_ref_init(&hot, NULL, 0) || percpu_ref_init(&fenced, NULL, PERCPU_REF_ALLOW_REINIT))
+	if (percpu_ref_init(&hot, NULL, 0))
 		return 2;
 	pairs(&hot, 10);
 	/* Fences throughout: one that waits for the section a handler left
 	 * open held the readers' lock that the thread's exit hook takes,
 	 * until the hook learnt to close the section first. */
-	if (pthread_create(&fences, NULL, fencer, NULL))
+	if (fencer_start(&fencer))
 		return 3;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal_exit;
@@ -374,8 +360,7 @@ static int pthread_exit_case(void)
 			return 10;
 		}
 	}
-	__atomic_store_n(&stop_fencer, 1, __ATOMIC_RELAXED);
-	pthread_join(fences, NULL);
+	fencer_stop(&fencer);
 	return 0;
 }
 

@@ -41,6 +41,7 @@
 #include "internal.h"
 #include "fallback.h"
 #include "child.h"
+#include "fencer.h"
 #include "signaller.h"
 #include "tap.h"
 
@@ -312,20 +313,8 @@ static int case_handler_robust_pending(void)
 
 /* Forks from a handler that interrupted a section of its thread. */
 #define NR_HANDLER_FORKS 10
-static struct percpu_ref fenced;
-static int stop_fencer;			/* atomic */
 static volatile sig_atomic_t nr_forks, fork_failed;
 static pid_t forked[NR_HANDLER_FORKS];
-
-static void *fencer(void *arg)
-{
-	(void)arg;
-	while (!__atomic_load_n(&stop_fencer, __ATOMIC_RELAXED)) {
-		percpu_ref_switch_to_atomic_sync(&fenced);
-		percpu_ref_switch_to_percpu(&fenced);
-	}
-	return NULL;
-}
 
 static void on_signal_fork(int sig)
 {
@@ -354,16 +343,15 @@ static int case_handler_fork(void)
 	int want = getenv("PERCPUREF_VALGRIND") ? 3 : NR_HANDLER_FORKS;
 	struct signaller signaller;
 	struct timespec start, now;
+	struct fencer fencer;
 	struct sigaction sa;
-	pthread_t t;
 	int i;
 
 	child_deadline(30);
-	if (percpu_ref_init(&ref, NULL, 0) ||
-	    percpu_ref_init(&fenced, NULL, PERCPU_REF_ALLOW_REINIT))
+	if (percpu_ref_init(&ref, NULL, 0))
 		return 2;
 	pairs(&ref, 10);	/* registered before any handler runs */
-	if (pthread_create(&t, NULL, fencer, NULL))
+	if (fencer_start(&fencer))
 		return 3;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal_fork;
@@ -376,8 +364,7 @@ static int case_handler_fork(void)
 		clock_gettime(CLOCK_MONOTONIC, &now);
 	} while (nr_forks < want && !fork_failed && now.tv_sec - start.tv_sec < 10);
 	signaller_stop(&signaller);
-	__atomic_store_n(&stop_fencer, 1, __ATOMIC_RELAXED);
-	pthread_join(t, NULL);
+	fencer_stop(&fencer);
 	for (i = 0; i < nr_forks; i++)
 		if (wait_child(forked[i]) != 0)
 			return 5;
