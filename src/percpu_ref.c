@@ -1544,9 +1544,10 @@ PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long n
  * fold adds to it).  Not on the per-CPU words, in slices: their sum keeps
  * only the low PERCPU_REF_NET_BITS (31) bits of the net count, so 2^31
  * references taken so read as none at the fold (2^32 up to 0.3.16), and a
- * kill released the ref under them (tests/unit/test_count_limits.c).  An unbiased count lives below 2^62: a
- * call of that many or more (an unsigned -1) is refused, warned, and, for
- * get and put, pins the count as any misuse does.
+ * kill released the ref under them (tests/unit/test_count_limits.c).  An
+ * unbiased count lives below 2^62: a call of that many or more (an
+ * unsigned -1) is refused, warned, and, for get and put, pins the count as
+ * any misuse does.
  */
 #define ATOMIC_MAX_NR (1UL << 62)
 
