@@ -368,16 +368,14 @@ static void readers_fork_child(void)
 	struct percpuref_reader *self = &percpuref_reader_self;
 	struct unit_record *mine = self->state == PERCPUREF_READER_UNIT ?
 					   &unit_records[self->unit] : NULL;
-	/* Its counter goes on (relaxed: one thread here); closed, as a fork
-	 * from a handler inside a section skips these hooks (runtime.c). */
-	unsigned long ctr = mine ? __atomic_load_n(&mine->ctr, __ATOMIC_RELAXED) : 0;
 
 	/* The parent's owners are not here, and the marks they held are no
-	 * child thread's: all fresh, then this thread takes its unit back. */
+	 * child thread's: all fresh, then this thread takes its unit back.
+	 * Its section counter starts closed too, as it was: a fork from a
+	 * handler inside a section skips these hooks (runtime.c). */
 	init_unit_records();
 	__atomic_store_n(&nr_readers, 0, __ATOMIC_RELAXED);
 	if (mine) {
-		__atomic_store_n(&mine->ctr, ctr, __ATOMIC_RELAXED);
 		percpuref_owner_mark_take(&mine->owner);
 		set_unit_owned(mine, true);
 	}

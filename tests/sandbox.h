@@ -24,8 +24,9 @@
  * filter_membarrier() - install a seccomp filter, on every thread of the
  * process (the library's included), that answers membarrier(2) with
  * @action (SECCOMP_RET_ERRNO | EPERM: it fails; SECCOMP_RET_TRAP: a SIGSYS
- * handler emulates it).  0, or -1 where no filter can be installed.  x86_64 system calls only:
- * other architectures' calls pass (tests skip there).
+ * handler emulates it).  0, or -1 where no filter can be installed.
+ * x86_64 system calls only: other architectures' calls pass (tests skip
+ * there).
  */
 static inline int filter_membarrier(unsigned int action)
 {
