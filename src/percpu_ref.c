@@ -93,7 +93,12 @@
  * section has ended, on the same thread, as it returns.  A count at zero
  * stays at zero (only @release or a later reinit may change it), and
  * nothing else runs the ref's @release, so the delay changes only when it
- * runs, never whether or how often.
+ * runs, never whether or how often.  A reinit before it ran, and a second
+ * zero, owe two: the impl counts them (owed_and_holds) and sits on one
+ * thread's list once, which runs both.  An exit before it ran means it
+ * never runs (the object may be gone), as a managed ref's; the impl is
+ * freed by whoever lets go of it last, the exit, that list or the
+ * reclaimer (drop_exit_hold()).
  *
  * Misuse never corrupts the count: a count pushed below zero or a get on a
  * released ref pins the count at PERCPU_REF_SATURATED (the object leaks,
@@ -377,11 +382,39 @@ struct percpu_ref_impl {
 	bool pinned;			/* manager's reference put by a user: leaked */
 	bool async_switch;		/* the switch in flight is the callback thread's */
 	const char *switch_caller;	/* the call that started it, for warnings */
-	/* On its thread's handler_releases (or handler_releases_to_run): a
-	 * @release a signal handler reached inside a section, waiting for
-	 * the section to end. */
+	/* On one thread's handler_releases (or handler_releases_to_run)
+	 * while owed_and_holds counts a release: @releases signal handlers
+	 * reached inside sections, waiting for that thread's section to end.
+	 * Only the thread that raised the count from zero links it, and it
+	 * stays linked, once, until the count falls back to zero. */
 	struct percpu_ref_impl *handler_next;
+	/* The handler releases owed (the low bits), and once exited who
+	 * still holds the impl (see IMPL_EXITED): the last to let go frees
+	 * it (drop_exit_hold()). */
+	unsigned int owed_and_holds;
 };
+
+/*
+ * In owed_and_holds.  IMPL_EXITED: exit ran.  Releases still owed then
+ * never run (the object may be gone), and the thread that counts off the
+ * last one lets go of the impl.  IMPL_RECLAIMER_HOLDS: exit found the
+ * reclaimer holding the node (mstate not MNODE_OFF), which lets go when it
+ * frees the node.  A ref switched to managed after a handler deferred its
+ * release (reinit first), or unmanaged and then released in a handler
+ * before the reclaimer unlinked it, has both.
+ */
+#define IMPL_EXITED		(1u << 31)
+#define IMPL_RECLAIMER_HOLDS	(1u << 30)
+#define IMPL_OWED_MASK		(IMPL_RECLAIMER_HOLDS - 1)
+
+/* Exited: @hold (1 for an owed release, IMPL_RECLAIMER_HOLDS) lets go of
+ * @impl; the last frees it.  Acquire-release: every holder's accesses
+ * precede the free. */
+static void drop_exit_hold(struct percpu_ref_impl *impl, unsigned int hold)
+{
+	if (__atomic_sub_fetch(&impl->owed_and_holds, hold, __ATOMIC_ACQ_REL) == IMPL_EXITED)
+		free(impl);
+}
 
 static struct percpu_ref_impl *impl_of(struct percpu_ref_data *data)
 {
@@ -588,10 +621,17 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 		count = ULONG_MAX >> __PERCPU_REF_FLAG_BITS;
 	set_mode_word(ref, __PERCPU_REF_ATOMIC_DEAD | (count << __PERCPU_REF_FLAG_BITS));
 	ref->data = NULL;
-	/* A node the reclaimer still reaches is freed by the reclaimer. */
+	/* A node the reclaimer still reaches, or a release a thread's
+	 * handler list still owes, holds the impl: the last to let go frees
+	 * it.  Acquire-release against the owed count's changes: whichever
+	 * comes second sees the other's (run_one_handler_release()). */
 	impl_of(data)->exited = true;
 	left_to_reclaimer = impl_of(data)->mstate == MNODE_LISTED;
-	if (impl_of(data)->mstate != MNODE_OFF)
+	if (__atomic_fetch_or(&impl_of(data)->owed_and_holds,
+			      IMPL_EXITED | (impl_of(data)->mstate != MNODE_OFF ?
+					     IMPL_RECLAIMER_HOLDS : 0),
+			      __ATOMIC_ACQ_REL) ||
+	    impl_of(data)->mstate != MNODE_OFF)
 		data = NULL;
 	pthread_mutex_unlock(switch_lock_of(ref));
 	if (data)
@@ -1266,7 +1306,7 @@ struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node)
 
 void percpuref_managed_free(struct percpuref_mnode *node)
 {
-	free(impl_of_node(node));
+	drop_exit_hold(impl_of_node(node), IMPL_RECLAIMER_HOLDS);
 }
 
 void percpuref_managed_release(struct percpuref_mnode *node)
@@ -1304,7 +1344,7 @@ void percpuref_managed_release_done(struct percpuref_mnode *node)
 	pthread_mutex_lock(lock);
 	if (impl->exited) {
 		pthread_mutex_unlock(lock);
-		free(impl);
+		drop_exit_hold(impl, IMPL_RECLAIMER_HOLDS);
 		return;
 	}
 	impl->release_voided = false;
@@ -1371,13 +1411,25 @@ own_rseq_percpu_add(struct percpu_ref *ref, unsigned long delta)
  */
 static __thread struct percpu_ref_impl *handler_releases __attribute__((tls_model("initial-exec")));
 
-/* In a signal handler, inside a section of this thread: leave @ref's
- * @release to the interrupted get or put (fallback_percpu_add()). */
+/*
+ * In a signal handler, inside a section of this thread: leave @ref's
+ * @release to the interrupted get or put (fallback_percpu_add()).  A ref
+ * whose earlier release still waits on some thread's list (reinit, then
+ * zero again, before that thread's section ended) is counted there, not
+ * linked twice: its thread runs both, one per zero, as the kernel does.
+ */
 static void defer_handler_release(struct percpu_ref *ref)
 {
 	struct percpu_ref_impl *impl = impl_of(ref->data);
-	struct percpu_ref_impl *top = __atomic_load_n(&handler_releases, __ATOMIC_RELAXED);
+	struct percpu_ref_impl *top;
 
+	/* Acquire-release: acquire against the decrement that took the
+	 * count to zero, so that its thread's read of handler_next precedes
+	 * our write below; release for the reinit and kill the count orders
+	 * after, which that thread's decrement acquires. */
+	if (__atomic_fetch_add(&impl->owed_and_holds, 1, __ATOMIC_ACQ_REL))
+		return;
+	top = __atomic_load_n(&handler_releases, __ATOMIC_RELAXED);
 	do
 		impl->handler_next = top;
 	while (!__atomic_compare_exchange_n(&handler_releases, &top, impl, true, __ATOMIC_RELAXED,
@@ -1386,13 +1438,39 @@ static void defer_handler_release(struct percpu_ref *ref)
 
 /*
  * The deferred releases that run_handler_releases() took from
- * handler_releases and has not yet run, oldest first.  Each is unlinked
- * before its @release runs, so one that leaves by pthread_exit() or a
- * longjmp leaves the rest here, for the thread's exit or the next run,
- * never lost, never run twice.  Only this thread, outside every signal
- * handler's push, touches it: a plain thread-local.
+ * handler_releases and has not yet run, oldest first.  Each is counted
+ * off before its @release runs, and unlinked with its last one, so one
+ * that leaves by pthread_exit() or a longjmp leaves the rest here, for the
+ * thread's exit or the next run, never lost, never run twice.  Only this
+ * thread, outside every signal handler's push, touches it: a plain
+ * thread-local.
  */
 static __thread struct percpu_ref_impl *handler_releases_to_run;
+
+/*
+ * One of the releases @impl, first on handler_releases_to_run, is owed.
+ * Everything it needs is read before the count falls: at zero another
+ * thread's handler may link the impl to its own list, or, exited, it is
+ * ours to free.  An exit came first: the ref's object may be gone, so its
+ * release never runs, as a managed ref's (percpuref_managed_release()).
+ */
+static void run_one_handler_release(struct percpu_ref_impl *impl)
+{
+	struct percpu_ref_impl *next = impl->handler_next;
+	struct percpu_ref *ref = impl->data.ref;
+	percpu_ref_func_t *release = impl->data.release;
+	unsigned int left;
+
+	/* Acquire-release: against defer_handler_release()'s increment and
+	 * the exit's mark (see both). */
+	left = __atomic_sub_fetch(&impl->owed_and_holds, 1, __ATOMIC_ACQ_REL);
+	if (!(left & IMPL_OWED_MASK))
+		handler_releases_to_run = next;
+	if (!(left & IMPL_EXITED))
+		run_release(ref, release);
+	else if (left == IMPL_EXITED)
+		free(impl);
+}
 
 /*
  * Outside every section: the deferred releases, oldest first, with every
@@ -1423,10 +1501,8 @@ static __attribute__((noinline)) void run_handler_releases(void)
 	for (tail = &handler_releases_to_run; *tail; tail = &(*tail)->handler_next)
 		;
 	*tail = taken;
-	while ((impl = handler_releases_to_run)) {
-		handler_releases_to_run = impl->handler_next;
-		run_release(impl->data.ref, impl->data.release);
-	}
+	while ((impl = handler_releases_to_run))
+		run_one_handler_release(impl);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 

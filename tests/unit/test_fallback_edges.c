@@ -23,12 +23,25 @@
  *    which cannot end before the handler returns, so the fork must not
  *    wait for it (the readers' lock it holds, the sync-switch lock it
  *    read-holds).  Up to 0.3.15 the fork waited, and both hung.
+ *  - a handler inside a section puts the last reference of a ref, whose
+ *    @release waits for the section to end, and waits while another
+ *    thread reinits the ref, takes a reference and kills it; the handler's
+ *    second put takes it to zero again.  Each zero has a release of its
+ *    own: two, once each.  Up to 0.4.0 the second deferral linked the ref
+ *    to itself, and the release ran for ever.
+ *  - as the last, but the other thread exits the ref while its release
+ *    waits: the release never runs on an exited ref (its object may be
+ *    gone), and the library frees what it kept of it once.  Up to 0.4.0
+ *    the section's end read the freed ref.  Again with the ref reinited
+ *    and put under management before the exit, so that the reclaimer and
+ *    the handler's thread both hold it: freed once, by the last of them.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -373,6 +386,137 @@ static int case_handler_fork(void)
 	return fork_failed ? 4 : !nr_forks && !getenv("PERCPUREF_VALGRIND") ? 6 : 0;
 }
 
+/*
+ * A handler inside a section puts the last reference of a victim and
+ * waits, still inside, while the helper thread acts on the victim; with
+ * @rezero the handler puts again after the helper's reinit, get and kill.
+ */
+#define NR_PENDING_TRIALS 20
+static struct percpu_ref pending_victims[NR_PENDING_TRIALS];
+static int pending_released[NR_PENDING_TRIALS];	/* atomic */
+static int pending_trial, pending_stage, pending_stop;	/* atomic */
+/* What the helper does while a handler's release waits. */
+enum pending_action { PENDING_REZERO, PENDING_EXIT, PENDING_MANAGE_EXIT };
+static enum pending_action pending_action;
+
+static void count_pending_release(struct percpu_ref *r)
+{
+	__atomic_fetch_add(&pending_released[r - pending_victims], 1, __ATOMIC_SEQ_CST);
+}
+
+/* Stage 1: the handler put its reference; 2: the helper acted on it. */
+static void on_signal_pending(int sig)
+{
+	int trial = __atomic_load_n(&pending_trial, __ATOMIC_SEQ_CST);
+	struct percpu_ref *victim = &pending_victims[trial];
+
+	(void)sig;
+	if (trial >= NR_PENDING_TRIALS || __atomic_load_n(&pending_stage, __ATOMIC_SEQ_CST) ||
+	    !percpuref_reader_interrupted())
+		return;
+	percpu_ref_put(victim);		/* the last: its release waits */
+	__atomic_store_n(&pending_stage, 1, __ATOMIC_SEQ_CST);
+	while (__atomic_load_n(&pending_stage, __ATOMIC_SEQ_CST) != 2)
+		sched_yield();
+	if (pending_action == PENDING_REZERO)
+		percpu_ref_put(victim);	/* the last again */
+	__atomic_store_n(&pending_stage, 0, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&pending_trial, trial + 1, __ATOMIC_SEQ_CST);
+}
+
+static void *pending_helper(void *arg)
+{
+	(void)arg;
+	while (!__atomic_load_n(&pending_stop, __ATOMIC_SEQ_CST)) {
+		struct percpu_ref *victim;
+
+		if (__atomic_load_n(&pending_stage, __ATOMIC_SEQ_CST) != 1) {
+			sched_yield();
+			continue;
+		}
+		victim = &pending_victims[__atomic_load_n(&pending_trial, __ATOMIC_SEQ_CST)];
+		/* None of these waits for a fence, which would wait for
+		 * the handler's section: the victim is atomic, and a switch
+		 * to per-CPU mode needs none. */
+		switch (pending_action) {
+		case PENDING_REZERO:
+			percpu_ref_reinit(victim);
+			percpu_ref_get(victim);
+			percpu_ref_kill(victim);
+			break;
+		case PENDING_MANAGE_EXIT:
+			percpu_ref_reinit(victim);
+			if (percpu_ref_switch_to_managed(victim))
+				abort();
+			/* fall through */
+		case PENDING_EXIT:
+			percpu_ref_exit(victim);
+			break;
+		}
+		__atomic_store_n(&pending_stage, 2, __ATOMIC_SEQ_CST);
+	}
+	return NULL;
+}
+
+/* Exit status 2: init failed; 3: no thread; 6: no signal landed in a
+ * section; 10: a trial's releases ran a wrong number of times. */
+static int case_handler_release_pending(enum pending_action action)
+{
+	bool rezero = action == PENDING_REZERO;
+	int want = getenv("PERCPUREF_VALGRIND") ? 3 : NR_PENDING_TRIALS;
+	struct signaller signaller;
+	struct timespec start, now;
+	struct sigaction sa;
+	pthread_t helper;
+	int i, trials;
+
+	child_deadline(30);
+	pending_action = action;
+	for (i = 0; i < NR_PENDING_TRIALS; i++) {
+		if (percpu_ref_init(&pending_victims[i], count_pending_release,
+				    PERCPU_REF_INIT_ATOMIC | PERCPU_REF_ALLOW_REINIT))
+			return 2;
+		/* Dead, one reference left: the handler's. */
+		percpu_ref_get(&pending_victims[i]);
+		percpu_ref_kill(&pending_victims[i]);
+	}
+	if (percpu_ref_init(&ref, NULL, 0))
+		return 2;
+	pairs(&ref, 10);	/* registered before any handler runs */
+	if (pthread_create(&helper, NULL, pending_helper, NULL))
+		return 3;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal_pending;
+	sigaction(SIGUSR1, &sa, NULL);
+	signaller_start(&signaller, 50000);
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	do {
+		pairs(&ref, 1000);
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (__atomic_load_n(&pending_trial, __ATOMIC_SEQ_CST) < want &&
+		 now.tv_sec - start.tv_sec < 10);
+	signaller_stop(&signaller);
+	__atomic_store_n(&pending_stop, 1, __ATOMIC_SEQ_CST);
+	pthread_join(helper, NULL);
+	pairs(&ref, 1);	/* a trial's handler that returned since: its section ends */
+	trials = __atomic_load_n(&pending_trial, __ATOMIC_SEQ_CST);
+	for (i = 0; i < trials; i++) {
+		int released = __atomic_load_n(&pending_released[i], __ATOMIC_SEQ_CST);
+
+		if (released != (rezero ? 2 : 0)) {
+			fprintf(stderr, "# trial %d: %d releases\n", i, released);
+			return 10;
+		}
+		if (rezero)
+			percpu_ref_exit(&pending_victims[i]);
+	}
+	for (; i < NR_PENDING_TRIALS; i++)
+		percpu_ref_exit(&pending_victims[i]);
+	percpu_ref_exit(&ref);
+	fprintf(stderr, "# %d trials\n", trials);
+	return !trials && !getenv("PERCPUREF_VALGRIND") ? 6 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "last-round"))
@@ -385,6 +529,12 @@ int main(int argc, char **argv)
 #endif
 	if (argc > 1 && !strcmp(argv[1], "handler-fork"))
 		return case_handler_fork();
+	if (argc > 1 && !strcmp(argv[1], "handler-release-rezero"))
+		return case_handler_release_pending(PENDING_REZERO);
+	if (argc > 1 && !strcmp(argv[1], "handler-release-exited"))
+		return case_handler_release_pending(PENDING_EXIT);
+	if (argc > 1 && !strcmp(argv[1], "handler-release-managed-exited"))
+		return case_handler_release_pending(PENDING_MANAGE_EXIT);
 	/* ThreadSanitizer destroys its state of a thread in the last round
 	 * too, before a later key's destructor: any call it intercepts there
 	 * (malloc, a mutex) crashes it, whatever this library does. */
@@ -415,5 +565,24 @@ int main(int argc, char **argv)
 	else
 		is(run_mode("handler-fork"), 0,
 		   "a handler inside a section forks while another thread fences");
+	if (UNDER_TSAN) {
+		skip("a deferred release's ref zeroed again: ThreadSanitizer runs no handler there");
+		skip("a deferred release's ref exited: ThreadSanitizer runs no handler there");
+		skip("a deferred release's ref managed and exited: ThreadSanitizer runs no handler "
+		     "there");
+	} else if (strcmp(percpuref_fast_path(), "fallback")) {
+		skip("a deferred release's ref zeroed again: no sections on %s",
+		     percpuref_fast_path());
+		skip("a deferred release's ref exited: no sections on %s", percpuref_fast_path());
+		skip("a deferred release's ref managed and exited: no sections on %s",
+		     percpuref_fast_path());
+	} else {
+		is(run_mode("handler-release-rezero"), 0,
+		   "a ref zeroed again while its handler's release waits: two releases");
+		is(run_mode("handler-release-exited"), 0,
+		   "a ref exited while its handler's release waits: no release, no stale read");
+		is(run_mode("handler-release-managed-exited"), 0,
+		   "a ref managed and exited while its handler's release waits: freed once");
+	}
 	return done_testing();
 }
