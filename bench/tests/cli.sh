@@ -319,6 +319,33 @@ if c++ -shared -fPIC -o "$tmp/new_fails.so" "$(dirname -- "$0")/lib/new_fails.cp
 else
 	echo "ok: operator new refused # skip: no c++, or no preload"
 fi
+# A sandbox that refuses new threads once the program runs: the library's
+# threads never start, and switch-storm's kills wait for the callback one.  The
+# run must not wait out --hang-limit (it did, up to 0.4.0): a wait that
+# sees no release for a second turns to percpu_ref_barrier(), which runs
+# the queued kills on its caller, and says so.  An LD_PRELOAD shim refuses
+# the library's pthread_create() calls; skipped where it cannot load.
+if cc -shared -fPIC -o "$tmp/library_threads_refused.so" \
+      "$(dirname -- "$0")/lib/library_threads_refused.c" -ldl 2>/dev/null &&
+   LD_PRELOAD="$tmp/library_threads_refused.so" "$bench" --version >/dev/null 2>&1; then
+	for v in kill managed; do
+		env LD_PRELOAD="$tmp/library_threads_refused.so" "$bench" switch-storm \
+			--threads 1 --variants $v $short --hang-limit 20 >/dev/null 2>"$tmp/err"
+		ended_saying "switch-storm $v, the library's threads refused" $? 0 \
+			'percpuref-bench: warning: switch-storm: no release for 1 s; waiting with percpu_ref_barrier() from now on (could the library.s callback thread start?)'
+	done
+	# Without the reclaimer, managed-hot's scan rows and managed-latency
+	# measured an idle reclaimer and printed "-": they fail, naming why.
+	for wv in managed-hot:scan-batched managed-latency:faithful; do
+		w=${wv%%:*} v=${wv#*:}
+		fails_saying "$w $v, the library's threads refused" \
+			"percpuref-bench: $w $v: no scan, and the library.s reclaimer thread (percpuref-recl) does not run: could it start?" \
+			env LD_PRELOAD="$tmp/library_threads_refused.so" "$bench" $w --threads 1 \
+			--variants $v $short --hang-limit 20
+	done
+else
+	echo "ok: switch-storm, the library's threads refused # skip: no cc, or no preload"
+fi
 # Points that hang or pause.  A run that never ends must fail after
 # --hang-limit, naming what hangs (exit 1; _exit, since a hung thread
 # cannot be waited for); a pause (Ctrl-Z then fg, or no CPU) must not fail
@@ -823,7 +850,8 @@ else
 	fails=$((fails + 1))
 fi
 # switch-storm measures the CPU a cycle costs on its thread and on the
-# library's callback thread (found by name): both measured, both positive.
+# library's callback thread (found by name): both measured, both positive;
+# and no wait needed a barrier (the callback thread started).
 if "$bench" switch-storm --threads 1 --duration 0.05 --batch 8 --variants kill --json - \
 	>"$tmp/json" 2>"$tmp/table" &&
    "$python" -c '
@@ -832,6 +860,7 @@ m = json.loads(open(sys.argv[1]).read())["metrics"]
 assert m["worker_cpu"] and m["worker_cpu"] > 0, m
 assert m["callback_cpu"] and m["callback_cpu"] > 0, m
 assert 0 < m["offload_bound"] < 100, m
+assert m["barrier_waits"] == 0, m
 ' "$tmp/json"; then
 	echo "ok: switch-storm --json -: worker and callback CPU per cycle"
 else

@@ -44,6 +44,20 @@ struct mref {
 	uint64_t released_ns;	/* atomic: set by the reclaimer */
 };
 
+/*
+ * A point whose figures need the reclaimer's scans got none, and no
+ * thread of the reclaimer's name runs: it could not start (a sandbox that
+ * refuses new threads; the library said why).  The figures would be an
+ * idle reclaimer's: fail the run, naming the cause.
+ */
+static void need_reclaimer(const struct bench_run *run, bool scanned)
+{
+	if (scanned || bench_threads_cpu_ns("percpuref-recl"))
+		return;
+	bench_die("%s %s: no scan, and the library's reclaimer thread (percpuref-recl) "
+		  "does not run: could it start?", run->workload->name, run->variant->name);
+}
+
 static void mref_release(struct percpu_ref *ref)
 {
 	struct mref *m = (struct mref *)ref;
@@ -262,6 +276,7 @@ static void latency_teardown(struct bench_run *run)
 {
 	struct latency_state *s = run->state;
 
+	need_reclaimer(run, s->n);
 	bench_report_metric(run, "releases", s->n, NULL);
 	bench_report_metric(run, "release_mean", s->n ? s->sum_ns / (double)s->n / 1e6 : NAN,
 			    "ms");
@@ -355,6 +370,8 @@ static void hot_teardown(struct bench_run *run)
 
 	configure(IDLE_INTERVAL_MS, 0, PERCPU_REF_SCAN_BATCHED);
 	percpu_ref_managed_get_stats(&after);
+	if (run->variant->arg != HOT_IDLE)
+		need_reclaimer(run, after.scans != s->before.scans);
 	bench_report_metric(run, "refs", s->n, NULL);
 	bench_report_metric(run, "scan_rate", (after.scans - s->before.scans) / secs, "/s");
 	bench_report_metric(run, "fence_rate", (after.fences - s->before.fences) / secs, "/s");

@@ -24,8 +24,16 @@
  * One operation is one ref's whole life (a "cycle"), counted when its batch
  * is retired.  The release callback counts releases per batch; a thread
  * exits a batch only once every ref of it was released, and fails the run
- * if a batch counts more releases than refs (a doubled release; a lost one
- * leaves the thread waiting, and the run hangs).
+ * if a batch counts more releases than refs (a doubled release), or fewer
+ * after a percpu_ref_barrier() (a lost one).
+ *
+ * The callback thread may never start (a sandbox that refuses new threads
+ * once the program runs; the library warns), and the kills then wait in
+ * its queue until a barrier runs them on its caller.  A wait that sees no
+ * release for STORM_STALL_NS turns to percpu_ref_barrier(), and so does
+ * every later wait of the process, with a warning: the figures then time
+ * kills finished on their own threads (metric barrier_waits).  Up to 0.4.0
+ * the run waited out --hang-limit and failed.
  *
  * Metrics: the CPU time a cycle costs on its own thread, not counting the
  * waits for releases (worker_cpu), and on the library's callback thread,
@@ -39,6 +47,7 @@
  */
 #include <math.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,6 +59,13 @@
 enum storm_kind { STORM_KILL, STORM_MANAGED, STORM_KIND = 1, STORM_POLL = 2 };
 
 static long opt_batch = 32, opt_burst = 16, opt_in_flight = 1;
+
+/* No release for this long: wait with a barrier instead (top of file). */
+#define STORM_STALL_NS 1000000000ull
+
+/* Set once a wait stalled: every later wait uses the barrier.  Relaxed: a
+ * flag alone, which a thread that misses it finds again by stalling. */
+static bool storm_barrier_waits;
 
 struct storm_ref {
 	struct percpu_ref ref;
@@ -63,6 +79,7 @@ struct storm_batch {
 };
 
 struct storm_local {
+	struct storm_state *state;
 	struct storm_batch *batches;	/* --in-flight of them, a ring */
 	long next;			/* the slot the next batch takes */
 	unsigned long lives;		/* refs this thread initialised */
@@ -75,6 +92,7 @@ struct storm_state {
 	uint64_t callback_cpu_ns_before;
 	uint64_t worker_cpu_ns;		/* atomic: summed by thread_fini */
 	uint64_t lives;			/* atomic: likewise */
+	uint64_t barrier_waits;		/* atomic: waits that used a barrier */
 };
 
 static void storm_setup(struct bench_run *run)
@@ -102,6 +120,56 @@ static int storm_poll(unsigned int flags)
 	return ret;
 }
 
+/* Turns every wait of the process to the barrier, saying so once. */
+static void storm_stalled(void)
+{
+	if (__atomic_exchange_n(&storm_barrier_waits, true, __ATOMIC_RELAXED))
+		return;
+	fprintf(stderr, "percpuref-bench: warning: switch-storm: no release for %llu s; waiting "
+		"with percpu_ref_barrier() from now on (could the library's callback thread "
+		"start?)\n", STORM_STALL_NS / 1000000000ull);
+}
+
+/*
+ * Yields until every ref of @b was released (the callback thread that
+ * finishes the kills may need this CPU), or after a stall waits with the
+ * barrier (top of the file).  Acquire: pairs with storm_release().
+ */
+static void storm_wait_released(struct storm_local *l, struct storm_batch *b)
+{
+	unsigned long seen = 0, now;
+	unsigned int yields = 0;
+	uint64_t since = 0;
+	int ret;
+
+	while ((now = __atomic_load_n(&b->released, __ATOMIC_ACQUIRE)) < b->lives) {
+		if (!__atomic_load_n(&storm_barrier_waits, __ATOMIC_RELAXED)) {
+			sched_yield();
+			/* The clock every 256 yields, from the first release
+			 * count seen on. */
+			if (++yields % 256)
+				continue;
+			if (!since || now != seen) {
+				seen = now;
+				since = bench_clock_ns(CLOCK_MONOTONIC);
+				continue;
+			}
+			if (bench_clock_ns(CLOCK_MONOTONIC) - since < STORM_STALL_NS)
+				continue;
+			storm_stalled();
+		}
+		/* Every kill of @b was started before the call. */
+		ret = percpu_ref_barrier();
+		if (ret)
+			bench_die("switch-storm: percpu_ref_barrier: %s", strerror(-ret));
+		__atomic_fetch_add(&l->state->barrier_waits, 1, __ATOMIC_RELAXED);
+		now = __atomic_load_n(&b->released, __ATOMIC_ACQUIRE);
+		if (now < b->lives)
+			bench_die("switch-storm: %lu releases for %lu refs after a barrier", now,
+				  b->lives);
+	}
+}
+
 /*
  * Waits for the releases of @b's refs, exits them and frees the slot: the
  * batch's cycles are complete.  Their count, or 0 for a free slot.
@@ -112,9 +180,8 @@ static unsigned long storm_retire(struct storm_local *l, struct storm_batch *b)
 
 	if (!b->lives)
 		return 0;
-	/* Acquire: pairs with storm_release().  Yield: the callback thread
-	 * that finishes the kills may need this CPU.  The time spent so is
-	 * waiting, not the cycle's work (worker_cpu). */
+	/* Acquire: pairs with storm_release().  The time spent waiting is
+	 * not the cycle's work (worker_cpu). */
 	if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
 		uint64_t wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
 
@@ -122,8 +189,7 @@ static unsigned long storm_retire(struct storm_local *l, struct storm_batch *b)
 		while (l->polling && __atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives &&
 		       storm_poll(PERCPU_REF_POLL_WAIT) > 0)
 			wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
-		while (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives)
-			sched_yield();
+		storm_wait_released(l, b);
 		l->cpu_ns_waiting += bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - wait_start;
 	}
 	for (i = 0; i < b->lives; i++)
@@ -183,6 +249,7 @@ static void storm_thread_init(struct bench_thread *t)
 	struct storm_local *l = bench_zalloc(sizeof(*l));
 	long i;
 
+	l->state = t->run->state;
 	l->polling = t->run->variant->arg & STORM_POLL;
 	if (l->polling && (i = percpu_ref_poll_register()))
 		bench_die("switch-storm: percpu_ref_poll_register: %s", strerror((int)-i));
@@ -248,6 +315,7 @@ static void storm_teardown(struct bench_run *run)
 	bench_report_metric(run, "worker_cpu", worker, "ns");
 	bench_report_metric(run, "callback_cpu", callback, "ns");
 	bench_report_metric(run, "offload_bound", 100.0 * worker / (worker + callback), "%");
+	bench_report_metric(run, "barrier_waits", (double)s->barrier_waits, NULL);
 	free(s);
 }
 
