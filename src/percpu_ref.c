@@ -92,12 +92,14 @@
  * handler_releases, and the interrupted get or put runs the list once its
  * section has ended, on the same thread, as it returns.  A count at zero
  * stays at zero (only @release or a later reinit may change it), and
- * nothing else runs the ref's @release, so the delay changes only when it
- * runs, never whether or how often.  A reinit before it ran, and a second
- * zero, owe two: the impl counts them (owed_and_holds) and sits on one
- * thread's list once, which runs both.  An exit before it ran means it
- * never runs (the object may be gone), as a managed ref's; the impl is
- * freed by whoever lets go of it last, the exit, that list or the
+ * nothing else runs the ref's @release, so the delay changes when it runs,
+ * not how often.  A reinit before it ran, and a second zero that a
+ * handler defers too (on any thread), owe two: the impl counts them
+ * (owed_and_holds) and sits on the first thread's list once, which runs
+ * both (a second zero outside a handler runs its release at once, as any).
+ * An exit before that thread took a release off the count means that
+ * release never runs (the object may be gone), as a managed ref's; the
+ * impl is freed by whoever lets go of it last, the exit, that list or the
  * reclaimer (drop_exit_hold()).
  *
  * Misuse never corrupts the count: a count pushed below zero or a get on a
@@ -1451,8 +1453,10 @@ static __thread struct percpu_ref_impl *handler_releases_to_run;
  * One of the releases @impl, first on handler_releases_to_run, is owed.
  * Everything it needs is read before the count falls: at zero another
  * thread's handler may link the impl to its own list, or, exited, it is
- * ours to free.  An exit came first: the ref's object may be gone, so its
- * release never runs, as a managed ref's (percpuref_managed_release()).
+ * ours to free.  An exit that came before the count fell means the ref's
+ * object may be gone: this release never runs, as a managed ref's
+ * (percpuref_managed_release()).  One after it finds the release running
+ * or run, as an exit racing any release.
  */
 static void run_one_handler_release(struct percpu_ref_impl *impl)
 {

@@ -32,7 +32,8 @@
  * then an exit or none, and for an exit whether the reclaimer holds the
  * node.  A put after the exit is the caller's misuse: not modelled.
  * Checked: the impl is never read after it is freed, never freed twice,
- * never on two lists or twice on one; at the end it is off every list,
+ * never on two lists or twice on one; the handler_next a runner follows
+ * is the one its own thread's link wrote; at the end it is off every list,
  * freed if and only if exited, and every release owed either ran or was
  * counted off after the exit (never one of those before it skipped).
  *
@@ -45,6 +46,9 @@
  * reclaimer frees the node of an exited ref whatever is owed, as it did
  * before the handler lists held the impl: the runner reads the freed impl
  * (a ref made managed after a handler deferred its release).
+ * -DMUTANT_NEXT_AFTER_COUNT: the runner reads handler_next after its
+ * decrement: at zero another thread's handler may have linked the impl to
+ * its own list meanwhile, and the runner goes on down that list.
  */
 
 #define OWED	3	/* the low bits: releases owed (at most 2 here) */
@@ -53,6 +57,7 @@
 
 byte w;			/* owed_and_holds */
 bit on_list[2];		/* linked to thread t's list */
+byte next_of;		/* handler_next: written by thread next_of - 1's link */
 byte links;		/* lists the impl is on */
 bit freed;
 byte owed_total;	/* releases deferred */
@@ -102,6 +107,7 @@ inline defer(t)
 		atomic {
 			assert(!on_list[t]);
 			on_list[t] = 1;
+			next_of = t + 1;
 			links++;
 			assert(links == 1)
 		}
@@ -120,7 +126,10 @@ proctype runner(byte t)
 		lock(t);
 		if
 		:: on_list[t] ->
+#ifndef MUTANT_NEXT_AFTER_COUNT
 			touch();	/* next, ref, release */
+			assert(next_of == t + 1);
+#endif
 #ifdef MUTANT_UNLINK_ON_LOAD
 			if
 			:: (w & OWED) == 1 ->
@@ -140,6 +149,9 @@ proctype runner(byte t)
 				:: else -> skip
 				fi
 			}
+#endif
+#ifdef MUTANT_NEXT_AFTER_COUNT
+			assert(next_of == t + 1);
 #endif
 			if
 			:: !(left & EXITED) -> released++

@@ -51,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "percpuref/managed.h"
 #include "internal.h"
 #include "fallback.h"
 #include "child.h"
@@ -448,7 +449,14 @@ static void *pending_helper(void *arg)
 			percpu_ref_reinit(victim);
 			if (percpu_ref_switch_to_managed(victim))
 				abort();
-			/* fall through */
+			percpu_ref_exit(victim);
+			/* Every other trial, a pass frees the reclaimer's
+			 * hold first (the exited node alone needs no fence),
+			 * and the handler's thread lets go last. */
+			if (__atomic_load_n(&pending_trial, __ATOMIC_SEQ_CST) % 2 &&
+			    percpu_ref_managed_flush())
+				abort();
+			break;
 		case PENDING_EXIT:
 			percpu_ref_exit(victim);
 			break;
