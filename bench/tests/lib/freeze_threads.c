@@ -10,8 +10,9 @@
  * then "frozen" goes to standard output, and this program reaps what its
  * tracees do until none is left: it never resumes one, and a tracee
  * killed must be reaped here before its real parent can see it end.
- * Exit status 77 (skip) when ptrace is refused (a sandbox, Yama), 1 on
- * any other failure.
+ * Exit status 77 (skip) when ptrace is refused (a sandbox, Yama), 78 when
+ * a thread is gone already (the run ended before it could be frozen, on a
+ * loaded machine), 1 on any other failure.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,7 +37,7 @@ int main(int argc, char **argv)
 		if (ptrace(PTRACE_SEIZE, tid, NULL, NULL)) {
 			fprintf(stderr, "freeze_threads: PTRACE_SEIZE %d: %s\n", tid,
 				strerror(errno));
-			return errno == EPERM ? 77 : 1;
+			return errno == EPERM ? 77 : errno == ESRCH ? 78 : 1;
 		}
 		if (ptrace(PTRACE_INTERRUPT, tid, NULL, NULL) ||
 		    waitpid(tid, &status, __WALL) != tid || !WIFSTOPPED(status)) {
