@@ -325,10 +325,39 @@ static int case_handler_robust_pending(void)
 }
 #endif
 
+/*
+ * Signals this thread every 50 us, @handler running, while it gets and
+ * puts @ref, until @done() or for 10 s: a hang, before a fix, shows as
+ * the case's deadline.
+ */
+static void pairs_under_signals(void (*handler)(int), bool (*done)(void))
+{
+	struct signaller signaller;
+	struct timespec start, now;
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = handler;
+	sigaction(SIGUSR1, &sa, NULL);
+	signaller_start(&signaller, 50000);
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	do {
+		pairs(&ref, 1000);
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (!done() && now.tv_sec - start.tv_sec < 10);
+	signaller_stop(&signaller);
+}
+
 /* Forks from a handler that interrupted a section of its thread. */
 #define NR_HANDLER_FORKS 10
 static volatile sig_atomic_t nr_forks, fork_failed;
 static pid_t forked[NR_HANDLER_FORKS];
+static int forks_wanted;
+
+static bool forks_done(void)
+{
+	return nr_forks >= forks_wanted || fork_failed;
+}
 
 static void on_signal_fork(int sig)
 {
@@ -353,12 +382,7 @@ static void on_signal_fork(int sig)
  * did not exit with 0; 6: no signal landed in a section. */
 static int case_handler_fork(void)
 {
-	/* Each fork copies the process under valgrind: fewer there. */
-	int want = getenv("PERCPUREF_VALGRIND") ? 3 : NR_HANDLER_FORKS;
-	struct signaller signaller;
-	struct timespec start, now;
 	struct fencer fencer;
-	struct sigaction sa;
 	int i;
 
 	child_deadline(30);
@@ -367,17 +391,9 @@ static int case_handler_fork(void)
 	pairs(&ref, 10);	/* registered before any handler runs */
 	if (fencer_start(&fencer))
 		return 3;
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_signal_fork;
-	sigaction(SIGUSR1, &sa, NULL);
-	signaller_start(&signaller, 50000);
-	/* Up to 10 s: a hang, before the fix, shows as the deadline. */
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	do {
-		pairs(&ref, 1000);
-		clock_gettime(CLOCK_MONOTONIC, &now);
-	} while (nr_forks < want && !fork_failed && now.tv_sec - start.tv_sec < 10);
-	signaller_stop(&signaller);
+	/* Each fork copies the process under valgrind: fewer there. */
+	forks_wanted = getenv("PERCPUREF_VALGRIND") ? 3 : NR_HANDLER_FORKS;
+	pairs_under_signals(on_signal_fork, forks_done);
 	fencer_stop(&fencer);
 	for (i = 0; i < nr_forks; i++)
 		if (wait_child(forked[i]) != 0)
@@ -396,6 +412,7 @@ static int case_handler_fork(void)
 static struct percpu_ref pending_victims[NR_PENDING_TRIALS];
 static int pending_released[NR_PENDING_TRIALS];	/* atomic */
 static int pending_trial, pending_stage, pending_stop;	/* atomic */
+static int pending_wanted;
 /* What the helper does while a handler's release waits. */
 enum pending_action { PENDING_REZERO, PENDING_EXIT, PENDING_MANAGE_EXIT };
 static enum pending_action pending_action;
@@ -466,15 +483,16 @@ static void *pending_helper(void *arg)
 	return NULL;
 }
 
+static bool pending_done(void)
+{
+	return __atomic_load_n(&pending_trial, __ATOMIC_SEQ_CST) >= pending_wanted;
+}
+
 /* Exit status 2: init failed; 3: no thread; 6: no signal landed in a
  * section; 10: a trial's releases ran a wrong number of times. */
 static int case_handler_release_pending(enum pending_action action)
 {
 	bool rezero = action == PENDING_REZERO;
-	int want = getenv("PERCPUREF_VALGRIND") ? 3 : NR_PENDING_TRIALS;
-	struct signaller signaller;
-	struct timespec start, now;
-	struct sigaction sa;
 	pthread_t helper;
 	int i, trials;
 
@@ -493,17 +511,8 @@ static int case_handler_release_pending(enum pending_action action)
 	pairs(&ref, 10);	/* registered before any handler runs */
 	if (pthread_create(&helper, NULL, pending_helper, NULL))
 		return 3;
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_signal_pending;
-	sigaction(SIGUSR1, &sa, NULL);
-	signaller_start(&signaller, 50000);
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	do {
-		pairs(&ref, 1000);
-		clock_gettime(CLOCK_MONOTONIC, &now);
-	} while (__atomic_load_n(&pending_trial, __ATOMIC_SEQ_CST) < want &&
-		 now.tv_sec - start.tv_sec < 10);
-	signaller_stop(&signaller);
+	pending_wanted = getenv("PERCPUREF_VALGRIND") ? 3 : NR_PENDING_TRIALS;
+	pairs_under_signals(on_signal_pending, pending_done);
 	__atomic_store_n(&pending_stop, 1, __ATOMIC_SEQ_CST);
 	pthread_join(helper, NULL);
 	pairs(&ref, 1);	/* a trial's handler that returned since: its section ends */
