@@ -75,6 +75,10 @@ struct bench_workload;
 struct bench_variant;
 struct bench_metrics;
 
+/* The most threads a row may have (--threads, --baseline, a workload's
+ * group size): the harness keeps a flag per count up to it. */
+#define BENCH_MAX_THREADS (1u << 16)
+
 /* One measurement: a variant at a thread count. */
 struct bench_run {
 	const struct bench_workload *workload;
@@ -182,7 +186,7 @@ struct bench_workload {
 	 * ceil(N / size) groups (the last one short when size does not
 	 * divide N).  size is *group_size, the value of one of the
 	 * workload's BENCH_OPT_LONG options, which validate() keeps in
-	 * 1..65536; NULL: one thread per group.
+	 * 1..BENCH_MAX_THREADS; NULL: one thread per group.
 	 */
 	const char *group;
 	const long *group_size;
@@ -242,11 +246,14 @@ static inline double bench_seconds(void)
 }
 
 /*
- * bench_threads_cpu_ns - the CPU time, in ns, of this process's threads
- * named @name ("percpuref-cb"), summed: for a workload's metrics on the
- * library's own threads.  0 when there are none.
+ * bench_threads_named - how many of this process's threads are named
+ * @name ("percpuref-cb"), and their CPU time in ns, summed, in *@cpu_ns
+ * (when not NULL; 0 when there are none or their clocks cannot be read):
+ * for a workload's metrics on the library's own threads, and to tell
+ * whether they run.  -1, *@cpu_ns untouched, when /proc/self/task cannot
+ * be read (a sandbox without /proc): unknown.
  */
-uint64_t bench_threads_cpu_ns(const char *name);
+int bench_threads_named(const char *name, uint64_t *cpu_ns);
 
 /* Print "percpuref-bench: <message>" on stderr and exit with status 1. */
 void bench_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));

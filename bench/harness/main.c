@@ -134,10 +134,6 @@ static const struct option common_options[] = {
 };
 #define NCOMMON (sizeof(common_options) / sizeof(common_options[0]))
 
-/* The most threads a row may have (--threads, --baseline, a workload's
- * groups): the harness keeps a flag per count up to it. */
-#define MAX_ROW_THREADS (1u << 16)
-
 /*
  * The options of the workload on the command line (defaults_of) as they
  * were before it set any: the defaults that usage shows.  Its usage error
@@ -234,8 +230,8 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"                      or a --processes child not ended, S seconds past its window\n"
 		"                      (0.01..86400, default 60)\n"
 		"  --baseline N        efficiency relative to the N-thread row (1..65536), as the\n"
-		"                      reports' 8C16T = 100%%: (throughput(T) / T) / (throughput(N) / N)\n"
-		"                      (default 1)\n"
+		"                      reports' 8C16T = 100%%:\n"
+		"                      (throughput(T) / T) / (throughput(N) / N) (default 1)\n"
 		"  --json FILE         also write JSON Lines to FILE; \"-\": JSON on stdout, table on stderr\n"
 		"  --list              list workloads, or the workload's variants and options\n"
 		"  --topology          (no workload) print the usable CPUs in placement order\n"
@@ -330,7 +326,7 @@ static unsigned int parse_threads(const struct bench_workload *w, const char *wh
 				  const char *arg, unsigned int max, unsigned int **out)
 {
 	unsigned int n = 0, *list;
-	bool *given = calloc(MAX_ROW_THREADS + 1, sizeof(*given));
+	bool *given = calloc(BENCH_MAX_THREADS + 1, sizeof(*given));
 	char *copy = strdup(arg), *rest = copy, *tok;
 
 	if (!given || !copy)
@@ -350,7 +346,7 @@ static unsigned int parse_threads(const struct bench_workload *w, const char *wh
 			hi = lo;
 			if (ok && *end == '-')
 				ok = parse_decimal(end + 1, &end, &hi);
-			if (!ok || *end || lo == 0 || hi < lo || hi > MAX_ROW_THREADS)
+			if (!ok || *end || lo == 0 || hi < lo || hi > BENCH_MAX_THREADS)
 				usage_error(w, "%s: bad element \"%s\"", what, tok);
 		}
 		for (unsigned long t = lo; t <= hi; t++) {
@@ -363,7 +359,7 @@ static unsigned int parse_threads(const struct bench_workload *w, const char *wh
 	if (!list)
 		bench_die("out of memory");
 	n = 0;
-	for (unsigned int t = 1; t <= MAX_ROW_THREADS; t++)
+	for (unsigned int t = 1; t <= BENCH_MAX_THREADS; t++)
 		if (given[t])
 			list[n++] = t;
 	free(given);
@@ -600,7 +596,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			r->hang_limit = seconds_option(w, "--hang-limit", optarg, 0.01, 86400);
 			break;
 		case OPT_BASELINE:
-			if (!parse_uint(optarg, 1, MAX_ROW_THREADS, &cli->baseline))
+			if (!parse_uint(optarg, 1, BENCH_MAX_THREADS, &cli->baseline))
 				usage_error(w, "--baseline: want a thread count 1..65536, got \"%s\"",
 					    optarg);
 			if (w->no_efficiency)
@@ -644,7 +640,7 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 	free(given);
 	if (w->validate && (why = w->validate()))
 		usage_error(w, "%s: %s", w->name, why);
-	if (w->group_size && (*w->group_size < 1 || *w->group_size > MAX_ROW_THREADS))
+	if (w->group_size && (*w->group_size < 1 || *w->group_size > BENCH_MAX_THREADS))
 		bench_die("workload %s: %s size %ld; its validate() must keep it in 1..65536",
 			  w->name, w->group, *w->group_size);
 }
@@ -667,7 +663,7 @@ static void plan_report(struct report *r, const struct cli *cli)
 		r->nthreads = parse_threads(w, "the workload's default rows", w->threads,
 					    ncpus > size ? ncpus / size : 1, &threads);
 		for (unsigned int i = 0; i < r->nthreads; i++) {
-			if ((uint64_t)threads[i] * size > MAX_ROW_THREADS)
+			if ((uint64_t)threads[i] * size > BENCH_MAX_THREADS)
 				usage_error(w, "%u %ss of %u threads: more than 65536 threads",
 					    threads[i], w->group, size);
 			threads[i] *= size;

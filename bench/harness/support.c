@@ -2,7 +2,7 @@
 /*
  * support.c - helpers for every harness file and workload (declared in
  * bench.h): bench_die(), bench_zalloc(), bench_clock_ns(), and
- * bench_threads_cpu_ns(), the CPU time of a library thread found by its name;
+ * bench_threads_named(), a library thread found by its name, and its CPU time;
  * and for the harness (harness.h), progress_shown()/progress_erase(): the
  * progress line main.c keeps on stderr, erased before any message so that
  * the message starts a line of its own.
@@ -74,15 +74,18 @@ uint64_t bench_clock_ns(clockid_t clock)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t bench_threads_cpu_ns(const char *name)
+int bench_threads_named(const char *name, uint64_t *cpu_ns)
 {
 	char path[300], comm[32];
 	DIR *tasks = opendir("/proc/self/task");
 	struct dirent *d;
 	uint64_t sum = 0;
+	int found = 0;
 	FILE *f;
 
-	while (tasks && (d = readdir(tasks))) {
+	if (!tasks)
+		return -1;
+	while ((d = readdir(tasks))) {
 		pid_t tid = (pid_t)atoi(d->d_name);
 
 		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", d->d_name);
@@ -92,11 +95,14 @@ uint64_t bench_threads_cpu_ns(const char *name)
 		/* Another thread's CPU clock: Linux's MAKE_THREAD_CPUCLOCK(tid,
 		 * CPUCLOCK_SCHED), what glibc's pthread_getcpuclockid() returns. */
 		if (fgets(comm, sizeof(comm), f) && !strncmp(comm, name, strlen(name)) &&
-		    comm[strlen(name)] == '\n')
+		    comm[strlen(name)] == '\n') {
+			found++;
 			sum += bench_clock_ns((clockid_t)(((unsigned int)~tid << 3) | 6));
+		}
 		fclose(f);
 	}
-	if (tasks)
-		closedir(tasks);
-	return sum;
+	closedir(tasks);
+	if (cpu_ns)
+		*cpu_ns = sum;
+	return found;
 }

@@ -321,9 +321,10 @@ else
 fi
 # A sandbox that refuses new threads once the program runs: the library's
 # threads never start, and switch-storm's kills wait for the callback one.  The
-# run must not wait out --hang-limit (it did, up to 0.4.0): a wait that
-# sees no release for a second turns to percpu_ref_barrier(), which runs
-# the queued kills on its caller, and says so.  An LD_PRELOAD shim refuses
+# run must not wait out --hang-limit (it did, up to 0.4.0): a probe before
+# the first point finds the callback thread missing, and the threads wait
+# with percpu_ref_barrier(), which runs the queued kills on its caller,
+# saying so.  An LD_PRELOAD shim refuses
 # the library's pthread_create() calls; skipped where it cannot load.
 if cc -shared -fPIC -o "$tmp/library_threads_refused.so" \
       "$(dirname -- "$0")/lib/library_threads_refused.c" -ldl 2>/dev/null &&
@@ -332,7 +333,7 @@ if cc -shared -fPIC -o "$tmp/library_threads_refused.so" \
 		env LD_PRELOAD="$tmp/library_threads_refused.so" "$bench" switch-storm \
 			--threads 1 --variants $v $short --hang-limit 20 >/dev/null 2>"$tmp/err"
 		ended_saying "switch-storm $v, the library's threads refused" $? 0 \
-			'percpuref-bench: warning: switch-storm: no release for 1 s; waiting with percpu_ref_barrier() from now on (could the library.s callback thread start?)'
+			'percpuref-bench: warning: switch-storm: the library.s callback thread does not run (could it start?); kill and managed wait for their releases with percpu_ref_barrier(), which runs the kills on its caller'
 	done
 	# Without the reclaimer, managed-hot's scan rows and managed-latency
 	# measured an idle reclaimer and printed "-": they fail, naming why.
@@ -367,16 +368,19 @@ start_bench() {
 }
 # frozen PID...: freezes those threads in the background ($freezer) and
 # waits up to 5 s for them to be; false (and a skip line) if ptrace is
-# refused, freeze_threads could not be built, or the threads are gone.
+# refused or freeze_threads could not be built; false with gone=yes if
+# the threads are gone (see not_frozen).
 frozen() {
+	gone=no
 	if [ ! -x "$tmp/freeze_threads" ]; then
 		echo "ok: $what # skip: no cc for freeze_threads"
 		return 1
 	fi
 	# No thread left to freeze: on a loaded machine the run may end
-	# before this test gets the CPU to freeze it (CI saw that).
+	# before this test gets the CPU to freeze it (CI saw that); the
+	# caller's not_frozen judges how it ended.
 	if [ $# -eq 0 ]; then
-		echo "ok: $what # skip: the run ended before it could be frozen"
+		gone=yes
 		return 1
 	fi
 	"$tmp/freeze_threads" "$@" >"$tmp/frozen" 2>"$tmp/freeze_err" &
@@ -389,11 +393,25 @@ frozen() {
 	wait "$freezer"
 	case $? in
 	77)	echo "ok: $what # skip: ptrace refused here" ;;
-	78)	echo "ok: $what # skip: the run ended before it could be frozen" ;;
+	78)	gone=yes ;;
 	*)	echo "FAIL: $what: freeze_threads $*: $(head -1 "$tmp/freeze_err")"
 		fails=$((fails + 1)) ;;
 	esac
 	return 1
+}
+# not_frozen: after frozen failed, waits for the run; one that ended
+# before it could be frozen is a skip if it ended well, a failure if not.
+not_frozen() {
+	wait "$parent"
+	status=$?
+	[ "$gone" = yes ] || return 0
+	if [ "$status" -eq 0 ]; then
+		echo "ok: $what # skip: the run ended before it could be frozen"
+	else
+		echo "FAIL: $what: the run ended before it could be frozen, exit $status"
+		sed 's/^/  stderr: /' "$tmp/err" | head -5
+		fails=$((fails + 1))
+	fi
 }
 # thaw: ends the freezer, whose tracees then run on.
 thaw() {
@@ -493,7 +511,7 @@ if frozen $(tasks_of "$run"); then
 	want="$want instead of 1 s (the run got no CPU); its time per operation counts that"
 	ended_saying "$what" "$status" 0 "$want"
 else
-	wait "$parent"
+	not_frozen
 fi
 # managed-latency with more threads than its default: their sums are
 # shared (ThreadSanitizer builds report a race if they are not).
@@ -776,7 +794,7 @@ if frozen $(tasks_of "$run" $children); then
 	want="$want instead of 1 s (the run got no CPU); its time per operation counts that"
 	ended_saying "$what" "$status" 0 "$want"
 else
-	wait "$parent"
+	not_frozen
 fi
 
 # A --processes child that never ends (frozen, past the barrier: its
@@ -788,6 +806,7 @@ start_bench micro --processes --threads 2 --baseline 2 --oversubscribe --variant
 two_children_started "$run"
 hung=$(echo $children | cut -d' ' -f1)	# the first forked
 sleep 0.5
+gone=no
 if [ -n "$hung" ] && frozen $(tasks_of "$hung"); then
 	wait "$parent"
 	status=$?
@@ -804,7 +823,7 @@ if [ -n "$hung" ] && frozen $(tasks_of "$hung"); then
 		fails=$((fails + 1))
 	fi
 else
-	wait "$parent"
+	not_frozen
 fi
 
 # A child the bench did not fork (inherited across an exec) is not taken

@@ -48,11 +48,12 @@ struct mref {
  * A point whose figures need the reclaimer's scans got none, and no
  * thread of the reclaimer's name runs: it could not start (a sandbox that
  * refuses new threads; the library said why).  The figures would be an
- * idle reclaimer's: fail the run, naming the cause.
+ * idle reclaimer's: fail the run, naming the cause.  Where the threads
+ * cannot be listed (no /proc), a point with no scan stays as measured.
  */
 static void need_reclaimer(const struct bench_run *run, bool scanned)
 {
-	if (scanned || bench_threads_cpu_ns("percpuref-recl"))
+	if (scanned || bench_threads_named("percpuref-recl", NULL))
 		return;
 	bench_die("%s %s: no scan, and the library's reclaimer thread (percpuref-recl) "
 		  "does not run: could it start?", run->workload->name, run->variant->name);

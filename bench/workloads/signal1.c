@@ -406,7 +406,7 @@ static const char *signal1_validate(void)
 {
 	static char why[64];
 
-	if (opt_workers < 1 || opt_workers > 1 << 16)
+	if (opt_workers < 1 || opt_workers > BENCH_MAX_THREADS)
 		return "--workers: want 1..65536";
 	if (opt_batch < 1 || opt_batch > (long)HCOUNT_BATCH_MAX) {
 		snprintf(why, sizeof(why), "--batch: want 1..%u", HCOUNT_BATCH_MAX);

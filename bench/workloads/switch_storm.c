@@ -25,15 +25,20 @@
  * is retired.  The release callback counts releases per batch; a thread
  * exits a batch only once every ref of it was released, and fails the run
  * if a batch counts more releases than refs (a doubled release), or fewer
- * after a percpu_ref_barrier() (a lost one).
+ * after a percpu_ref_barrier() (a lost one; otherwise a lost one leaves
+ * the thread waiting, and the run fails at --hang-limit).
  *
- * The callback thread may never start (a sandbox that refuses new threads
- * once the program runs; the library warns), and the kills then wait in
- * its queue until a barrier runs them on its caller.  A wait that sees no
- * release for STORM_STALL_NS turns to percpu_ref_barrier(), and so does
- * every later wait of the process, with a warning: the figures then time
- * kills finished on their own threads (metric barrier_waits).  Up to 0.4.0
- * the run waited out --hang-limit and failed.
+ * The library's threads may never start (a sandbox that refuses new
+ * threads once the program runs; the library warns), and kills then wait
+ * in the callback thread's queue until a barrier runs them on its caller.
+ * So before its first point the process probes: one kill whose release has
+ * not come STORM_PROBE_NS later, and no thread named percpuref-cb (or no
+ * /proc to tell), and the threads of kill and managed wait for their
+ * releases with percpu_ref_barrier() instead, which runs every queued kill
+ * on its caller, as work (worker_cpu), with a warning; metric
+ * barrier_waits counts those waits.  The managed variants then also flush
+ * after each batch: no reclaimer frees the exited refs' nodes.  Up to
+ * 0.4.0 such a run waited out --hang-limit and failed.
  *
  * Metrics: the CPU time a cycle costs on its own thread, not counting the
  * waits for releases (worker_cpu), and on the library's callback thread,
@@ -52,6 +57,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <percpuref/managed.h>
 #include <percpuref/percpu_ref.h>
 
 #include "bench.h"
@@ -60,12 +66,12 @@ enum storm_kind { STORM_KILL, STORM_MANAGED, STORM_KIND = 1, STORM_POLL = 2 };
 
 static long opt_batch = 32, opt_burst = 16, opt_in_flight = 1;
 
-/* No release for this long: wait with a barrier instead (top of file). */
-#define STORM_STALL_NS 1000000000ull
+/* How long the probe waits for the callback thread (top of the file). */
+#define STORM_PROBE_NS 1000000000ull
 
-/* Set once a wait stalled: every later wait uses the barrier.  Relaxed: a
- * flag alone, which a thread that misses it finds again by stalling. */
-static bool storm_barrier_waits;
+/* The probe ran; it found the library's threads refused.  Written by the
+ * main thread before any point's threads start. */
+static bool storm_probed, storm_threads_refused;
 
 struct storm_ref {
 	struct percpu_ref ref;
@@ -86,6 +92,7 @@ struct storm_local {
 	uint64_t cpu_ns_at_start;	/* this thread's CPU clock */
 	uint64_t cpu_ns_waiting;	/* of it, waiting for releases */
 	bool polling;			/* a -poll variant's thread */
+	bool managed;			/* a managed variant's thread */
 };
 
 struct storm_state {
@@ -94,14 +101,6 @@ struct storm_state {
 	uint64_t lives;			/* atomic: likewise */
 	uint64_t barrier_waits;		/* atomic: waits that used a barrier */
 };
-
-static void storm_setup(struct bench_run *run)
-{
-	struct storm_state *s = bench_zalloc(sizeof(*s));
-
-	s->callback_cpu_ns_before = bench_threads_cpu_ns("percpuref-cb");
-	run->state = s;
-}
 
 static void storm_release(struct percpu_ref *ref)
 {
@@ -120,54 +119,56 @@ static int storm_poll(unsigned int flags)
 	return ret;
 }
 
-/* Turns every wait of the process to the barrier, saying so once. */
-static void storm_stalled(void)
+/* Every release of @b, which percpu_ref_barrier() finished here. */
+static void storm_barrier(struct storm_batch *b)
 {
-	if (__atomic_exchange_n(&storm_barrier_waits, true, __ATOMIC_RELAXED))
-		return;
-	fprintf(stderr, "percpuref-bench: warning: switch-storm: no release for %llu s; waiting "
-		"with percpu_ref_barrier() from now on (could the library's callback thread "
-		"start?)\n", STORM_STALL_NS / 1000000000ull);
+	unsigned long released;
+	int ret = percpu_ref_barrier();
+
+	if (ret)
+		bench_die("switch-storm: percpu_ref_barrier: %s", strerror(-ret));
+	/* Acquire: pairs with storm_release(). */
+	released = __atomic_load_n(&b->released, __ATOMIC_ACQUIRE);
+	if (released < b->lives)
+		bench_die("switch-storm: %lu releases for %lu refs after a barrier", released,
+			  b->lives);
 }
 
-/*
- * Yields until every ref of @b was released (the callback thread that
- * finishes the kills may need this CPU), or after a stall waits with the
- * barrier (top of the file).  Acquire: pairs with storm_release().
- */
-static void storm_wait_released(struct storm_local *l, struct storm_batch *b)
+/* Before the first point: do the library's threads run (top of the file)? */
+static void storm_probe(void)
 {
-	unsigned long seen = 0, now;
-	unsigned int yields = 0;
-	uint64_t since = 0;
-	int ret;
+	struct storm_batch probe = { .lives = 1 };
+	struct storm_ref r = { .released = &probe.released };
+	uint64_t now, until = bench_clock_ns(CLOCK_MONOTONIC) + STORM_PROBE_NS;
 
-	while ((now = __atomic_load_n(&b->released, __ATOMIC_ACQUIRE)) < b->lives) {
-		if (!__atomic_load_n(&storm_barrier_waits, __ATOMIC_RELAXED)) {
-			sched_yield();
-			/* The clock every 256 yields, from the first release
-			 * count seen on. */
-			if (++yields % 256)
-				continue;
-			if (!since || now != seen) {
-				seen = now;
-				since = bench_clock_ns(CLOCK_MONOTONIC);
-				continue;
-			}
-			if (bench_clock_ns(CLOCK_MONOTONIC) - since < STORM_STALL_NS)
-				continue;
-			storm_stalled();
-		}
-		/* Every kill of @b was started before the call. */
-		ret = percpu_ref_barrier();
-		if (ret)
-			bench_die("switch-storm: percpu_ref_barrier: %s", strerror(-ret));
-		__atomic_fetch_add(&l->state->barrier_waits, 1, __ATOMIC_RELAXED);
-		now = __atomic_load_n(&b->released, __ATOMIC_ACQUIRE);
-		if (now < b->lives)
-			bench_die("switch-storm: %lu releases for %lu refs after a barrier", now,
-				  b->lives);
+	storm_probed = true;
+	if (percpu_ref_init(&r.ref, storm_release, 0))
+		bench_die("switch-storm: percpu_ref_init failed");
+	percpu_ref_kill(&r.ref);
+	/* Acquire: pairs with storm_release().  A clock that cannot be read
+	 * (0) ends the wait. */
+	while (!__atomic_load_n(&probe.released, __ATOMIC_ACQUIRE) &&
+	       (now = bench_clock_ns(CLOCK_MONOTONIC)) && now < until)
+		sched_yield();
+	if (!__atomic_load_n(&probe.released, __ATOMIC_ACQUIRE) &&
+	    bench_threads_named("percpuref-cb", NULL) <= 0) {
+		storm_threads_refused = true;
+		fprintf(stderr, "percpuref-bench: warning: switch-storm: the library's callback "
+			"thread does not run (could it start?); kill and managed wait for their "
+			"releases with percpu_ref_barrier(), which runs the kills on its caller\n");
 	}
+	storm_barrier(&probe);
+	percpu_ref_exit(&r.ref);
+}
+
+static void storm_setup(struct bench_run *run)
+{
+	struct storm_state *s = bench_zalloc(sizeof(*s));
+
+	if (!storm_probed)
+		storm_probe();
+	(void)bench_threads_named("percpuref-cb", &s->callback_cpu_ns_before);
+	run->state = s;
 }
 
 /*
@@ -180,20 +181,30 @@ static unsigned long storm_retire(struct storm_local *l, struct storm_batch *b)
 
 	if (!b->lives)
 		return 0;
-	/* Acquire: pairs with storm_release().  The time spent waiting is
-	 * not the cycle's work (worker_cpu). */
-	if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
+	/* Acquire: pairs with storm_release().  Yield: the callback thread
+	 * that finishes the kills may need this CPU.  The time spent so is
+	 * waiting, not the cycle's work (worker_cpu). */
+	if (storm_threads_refused && !l->polling &&
+	    __atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
+		storm_barrier(b);
+		__atomic_fetch_add(&l->state->barrier_waits, 1, __ATOMIC_RELAXED);
+	} else if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
 		uint64_t wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
 
 		/* A polling thread finishes them itself (work, not waiting). */
 		while (l->polling && __atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives &&
 		       storm_poll(PERCPU_REF_POLL_WAIT) > 0)
 			wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
-		storm_wait_released(l, b);
+		while (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives)
+			sched_yield();
 		l->cpu_ns_waiting += bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - wait_start;
 	}
 	for (i = 0; i < b->lives; i++)
 		percpu_ref_exit(&b->refs[i].ref);
+	/* No reclaimer frees the nodes of refs exited while listed: a pass
+	 * here does (it runs on its caller when no thread can start). */
+	if (storm_threads_refused && l->managed && percpu_ref_managed_flush())
+		bench_die("switch-storm: percpu_ref_managed_flush failed");
 	/* Relaxed: every release of the batch was seen above; one more now
 	 * would be a doubled release, which the check below catches. */
 	released = __atomic_exchange_n(&b->released, 0, __ATOMIC_RELAXED);
@@ -251,6 +262,7 @@ static void storm_thread_init(struct bench_thread *t)
 
 	l->state = t->run->state;
 	l->polling = t->run->variant->arg & STORM_POLL;
+	l->managed = (t->run->variant->arg & STORM_KIND) == STORM_MANAGED;
 	if (l->polling && (i = percpu_ref_poll_register()))
 		bench_die("switch-storm: percpu_ref_poll_register: %s", strerror((int)-i));
 	l->batches = bench_zalloc((size_t)opt_in_flight * sizeof(*l->batches));
@@ -303,9 +315,10 @@ static void storm_thread_fini(struct bench_thread *t)
 static void storm_teardown(struct bench_run *run)
 {
 	struct storm_state *s = run->state;
-	uint64_t callback_now = bench_threads_cpu_ns("percpuref-cb");
+	uint64_t callback_now = 0;
 	double worker, callback;
 
+	(void)bench_threads_named("percpuref-cb", &callback_now);
 	/* Every kill of the run was released before its thread ended. */
 	worker = s->lives ? (double)s->worker_cpu_ns / (double)s->lives : NAN;
 	/* No callback thread found (or its clock refused): not measured. */

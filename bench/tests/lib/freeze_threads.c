@@ -23,26 +23,53 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 
+/* Whether thread @tid has ended: gone, or a zombie not yet reaped (whose
+ * PTRACE_SEIZE fails with EPERM, as a refusal would). */
+static int ended(pid_t tid)
+{
+	char path[64], line[512], state = 0, *comm_end;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)tid);
+	f = fopen(path, "r");
+	if (!f)
+		return 1;
+	/* "pid (comm) state ...": comm may hold spaces and parentheses. */
+	if (fgets(line, sizeof(line), f) && (comm_end = strrchr(line, ')')))
+		(void)sscanf(comm_end + 1, " %c", &state);
+	fclose(f);
+	return state == 'Z' || state == 'X';
+}
+
 int main(int argc, char **argv)
 {
-	int status;
+	int status, err;
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: freeze_threads TID...\n");
 		return 1;
 	}
 	for (int i = 1; i < argc; i++) {
-		pid_t tid = (pid_t)atoi(argv[i]);
+		char *end;
+		long tid = strtol(argv[i], &end, 10);
 
-		if (ptrace(PTRACE_SEIZE, tid, NULL, NULL)) {
-			fprintf(stderr, "freeze_threads: PTRACE_SEIZE %d: %s\n", tid,
-				strerror(errno));
-			return errno == EPERM ? 77 : errno == ESRCH ? 78 : 1;
-		}
-		if (ptrace(PTRACE_INTERRUPT, tid, NULL, NULL) ||
-		    waitpid(tid, &status, __WALL) != tid || !WIFSTOPPED(status)) {
-			fprintf(stderr, "freeze_threads: thread %d did not stop\n", tid);
+		if (*end || end == argv[i] || tid <= 0 || tid != (pid_t)tid) {
+			fprintf(stderr, "freeze_threads: not a thread id: \"%s\"\n", argv[i]);
 			return 1;
+		}
+		if (ptrace(PTRACE_SEIZE, (pid_t)tid, NULL, NULL)) {
+			err = errno;
+			fprintf(stderr, "freeze_threads: PTRACE_SEIZE %ld: %s\n", tid, strerror(err));
+			if (err == ESRCH || ended((pid_t)tid))
+				return 78;
+			return err == EPERM ? 77 : 1;
+		}
+		/* A thread that ends meanwhile reports its exit, not a stop. */
+		if (ptrace(PTRACE_INTERRUPT, (pid_t)tid, NULL, NULL) ||
+		    waitpid((pid_t)tid, &status, __WALL) != (pid_t)tid || !WIFSTOPPED(status)) {
+			err = errno;
+			fprintf(stderr, "freeze_threads: thread %ld did not stop\n", tid);
+			return err == ESRCH || ended((pid_t)tid) ? 78 : 1;
 		}
 	}
 	printf("frozen\n");
