@@ -16,10 +16,14 @@
 //!   value is dropped when the last [`PcArc`] goes.  Use it for objects
 //!   with a clear end of life: a connection, a request, a loaded module.
 //! * **Managed** ([`PcArc::new_managed`]): nobody owns the value.  The
-//!   library's reclaimer thread holds a reference of its own, checks the
-//!   value every few seconds, and drops it once its reference is the only
-//!   one left.  Use it for cache entries, labels, anything shared with no
-//!   natural owner.
+//!   library's reclaimer thread holds a reference of its own, checks up to
+//!   100 managed values every 5 s (the C library's defaults, set by
+//!   `PERCPUREF_SCAN_MAX` and `PERCPUREF_SCAN_INTERVAL_MS`), and drops a
+//!   value once its reference is the only one left.  Use it for cache
+//!   entries, labels, anything shared with no natural owner, made at a
+//!   rate the reclaimer keeps up with: at the defaults it drops at most 20
+//!   values a second, and values made faster than that accumulate
+//!   ([`flush_managed`] drops every one that is unreferenced).
 //!
 //! ```
 //! use percpuref::{Owner, PcArc};
@@ -125,7 +129,13 @@ fn check(ret: i32) -> Result<(), Error> {
 /// reaches `CHECK_EVERY` either way (and at thread exit); past `LIMIT`
 /// live handles there, the process aborts.  One ref's per-CPU net count is
 /// at most the number of live handles (each per-CPU get made one; a put
-/// of a handle made in an earlier period only lowers it), and the
+/// of a handle made in an earlier period only lowers it) while every get
+/// and put of its handles lands on the per-CPU words; those that land on
+/// the C atomic count instead (a thread with no unit on the fallback
+/// path, a call after the thread's exit hook) let the per-CPU share drift
+/// from the live handles, and 2^30 such crossings leak the value (never
+/// drop it early): a limit of the C library, `docs/percpu_ref.md`,
+/// "Counts".  The
 /// process-wide count trails the truth by less than `CHECK_EVERY` per
 /// thread: with fewer than 2^19 threads, the live handles stay under 2^30
 /// until the abort, and a program with fewer than 2^29 - 2^10 x threads
@@ -269,7 +279,7 @@ mod exiting {
     }
 
     pub(crate) fn now() -> bool {
-        // Relaxed: see set().
+        // Relaxed: see drop_released_then_mark().
         EXITING.load(Ordering::Relaxed)
     }
 }
@@ -307,7 +317,12 @@ fn allocate<T>(value: T, flags: u32) -> Result<NonNull<Inner<T>>, Error> {
         value,
     }));
     // SAFETY: inner is a fresh, unique allocation that never moves again.
-    let ret = unsafe { sys::percpu_ref_init(&mut (*inner).counter, Some(release::<T>), flags) };
+    // Taken from the raw box pointer, not through a reference to the
+    // field, the pointer keeps the whole box's provenance: release::<T>
+    // frees the box through it (as counter_of() does).
+    let ret = unsafe {
+        sys::percpu_ref_init(ptr::addr_of_mut!((*inner).counter), Some(release::<T>), flags)
+    };
     if let Err(e) = check(ret) {
         // SAFETY: init failed and allocated nothing; we still own the box.
         drop(unsafe { Box::from_raw(inner) });
@@ -361,9 +376,10 @@ unsafe impl<T: Send + Sync + 'static> Sync for PcArc<T> {}
 impl<T: Send + Sync + 'static> PcArc<T> {
     /// A managed value: nobody owns it; the library's reclaimer holds a
     /// reference of its own and drops the value, on its own thread, once
-    /// no `PcArc` is left (at its next scan, every 5 s by default, or at
-    /// [`flush_managed`]).  The returned `PcArc` is the creator's
-    /// reference.
+    /// no `PcArc` is left: at the scan that reaches it (a scan every 5 s
+    /// checks up to 100 values by default, so with N managed values one
+    /// may wait up to N / 100 scans), or at [`flush_managed`].  The
+    /// returned `PcArc` is the creator's reference.
     pub fn new_managed(value: T) -> Result<PcArc<T>, Error> {
         // Atomic until managed: the failure path below is an exact put.
         let inner = allocate(value, sys::PERCPU_REF_INIT_ATOMIC)?;
