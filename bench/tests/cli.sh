@@ -321,10 +321,10 @@ else
 fi
 # A sandbox that refuses new threads once the program runs: the library's
 # threads never start, and switch-storm's kills wait for the callback one.  The
-# run must not wait out --hang-limit (it did, up to 0.4.0): a probe before
-# the first point finds the callback thread missing, and the threads wait
-# with percpu_ref_barrier(), which runs the queued kills on its caller,
-# saying so.  An LD_PRELOAD shim refuses
+# run must not wait out --hang-limit (it did, up to 0.4.0): a wait that
+# sees no release looks for the callback thread, finds none, and the
+# threads wait with percpu_ref_barrier() from then on, which runs the
+# queued kills on their caller, saying so.  An LD_PRELOAD shim refuses
 # the library's pthread_create() calls; skipped where it cannot load.
 if cc -shared -fPIC -o "$tmp/library_threads_refused.so" \
       "$(dirname -- "$0")/lib/library_threads_refused.c" -ldl 2>/dev/null &&

@@ -31,14 +31,22 @@
  * The library's threads may never start (a sandbox that refuses new
  * threads once the program runs; the library warns), and kills then wait
  * in the callback thread's queue until a barrier runs them on its caller.
- * So before its first point the process probes: one kill whose release has
- * not come STORM_PROBE_NS later, and no thread named percpuref-cb (or no
- * /proc to tell), and the threads of kill and managed wait for their
- * releases with percpu_ref_barrier() instead, which runs every queued kill
- * on its caller, as work (worker_cpu), with a warning; metric
- * barrier_waits counts those waits.  The managed variants then also flush
- * after each batch: no reclaimer frees the exited refs' nodes.  Up to
- * 0.4.0 such a run waited out --hang-limit and failed.
+ * So a wait that sees no release for STORM_LOOK_YIELDS yields looks for a
+ * thread named percpuref-cb, and when two looks STORM_LOOK_NS apart find
+ * none (one just created is named by its creator right after), the
+ * threads of kill and managed wait for their releases with
+ * percpu_ref_barrier() from then on, which runs every queued kill on its
+ * caller, as work (worker_cpu), with a warning; metric barrier_waits
+ * counts those waits.  The managed variants then also flush after each
+ * batch: no reclaimer frees the exited refs' nodes.  Where /proc cannot
+ * be read, nothing is looked for.  The first point's window holds the
+ * first wait's looks (about 10 ms).  Up to 0.4.0 such a run waited out
+ * --hang-limit and failed.  (A probe before the first point would start
+ * the callback thread from the main thread; the library's
+ * threads take the CPU affinity of the thread that starts them, so the
+ * callback thread would no longer share worker 0's CPU as it does when
+ * that worker's kill starts it, and the figures would change: 1.1 ->
+ * 2.2 us a kill cycle at one thread on the 2-vCPU guest.)
  *
  * Metrics: the CPU time a cycle costs on its own thread, not counting the
  * waits for releases (worker_cpu), and on the library's callback thread,
@@ -66,12 +74,14 @@ enum storm_kind { STORM_KILL, STORM_MANAGED, STORM_KIND = 1, STORM_POLL = 2 };
 
 static long opt_batch = 32, opt_burst = 16, opt_in_flight = 1;
 
-/* How long the probe waits for the callback thread (top of the file). */
-#define STORM_PROBE_NS 1000000000ull
+/* When a wait looks for the callback thread (top of the file). */
+#define STORM_LOOK_YIELDS 4096u
+#define STORM_LOOK_NS 10000000ull
 
-/* The probe ran; it found the library's threads refused.  Written by the
- * main thread before any point's threads start. */
-static bool storm_probed, storm_threads_refused;
+/* Set once two looks found no callback thread: every later wait of the
+ * process uses the barrier.  Relaxed: a flag alone, which a thread that
+ * misses it finds again by looking. */
+static bool storm_threads_refused;
 
 struct storm_ref {
 	struct percpu_ref ref;
@@ -134,39 +144,52 @@ static void storm_barrier(struct storm_batch *b)
 			  b->lives);
 }
 
-/* Before the first point: do the library's threads run (top of the file)? */
-static void storm_probe(void)
+/* No callback thread runs (two looks: top of the file)?  Says so once. */
+static bool storm_no_callback_thread(void)
 {
-	struct storm_batch probe = { .lives = 1 };
-	struct storm_ref r = { .released = &probe.released };
-	uint64_t now, until = bench_clock_ns(CLOCK_MONOTONIC) + STORM_PROBE_NS;
+	struct timespec pause = { 0, (long)STORM_LOOK_NS };
 
-	storm_probed = true;
-	if (percpu_ref_init(&r.ref, storm_release, 0))
-		bench_die("switch-storm: percpu_ref_init failed");
-	percpu_ref_kill(&r.ref);
-	/* Acquire: pairs with storm_release().  A clock that cannot be read
-	 * (0) ends the wait. */
-	while (!__atomic_load_n(&probe.released, __ATOMIC_ACQUIRE) &&
-	       (now = bench_clock_ns(CLOCK_MONOTONIC)) && now < until)
-		sched_yield();
-	if (!__atomic_load_n(&probe.released, __ATOMIC_ACQUIRE) &&
-	    bench_threads_named("percpuref-cb", NULL) <= 0) {
-		storm_threads_refused = true;
+	if (bench_threads_named("percpuref-cb", NULL) != 0)
+		return false;
+	nanosleep(&pause, NULL);
+	if (bench_threads_named("percpuref-cb", NULL) != 0)
+		return false;
+	if (!__atomic_exchange_n(&storm_threads_refused, true, __ATOMIC_RELAXED))
 		fprintf(stderr, "percpuref-bench: warning: switch-storm: the library's callback "
 			"thread does not run (could it start?); kill and managed wait for their "
 			"releases with percpu_ref_barrier(), which runs the kills on its caller\n");
+	return true;
+}
+
+/*
+ * Yields until every ref of @b was released (the callback thread that
+ * finishes the kills may need this CPU); false if it turned out that no
+ * callback thread runs, and the barrier must finish them.  Acquire: pairs
+ * with storm_release().
+ */
+static bool storm_yield_released(struct storm_batch *b)
+{
+	unsigned long seen = __atomic_load_n(&b->released, __ATOMIC_ACQUIRE), now;
+	unsigned int yields = 0;
+
+	while ((now = __atomic_load_n(&b->released, __ATOMIC_ACQUIRE)) < b->lives) {
+		sched_yield();
+		if (now != seen) {
+			seen = now;
+			yields = 0;
+		} else if (++yields == STORM_LOOK_YIELDS) {
+			yields = 0;
+			if (storm_no_callback_thread())
+				return false;
+		}
 	}
-	storm_barrier(&probe);
-	percpu_ref_exit(&r.ref);
+	return true;
 }
 
 static void storm_setup(struct bench_run *run)
 {
 	struct storm_state *s = bench_zalloc(sizeof(*s));
 
-	if (!storm_probed)
-		storm_probe();
 	(void)bench_threads_named("percpuref-cb", &s->callback_cpu_ns_before);
 	run->state = s;
 }
@@ -184,20 +207,30 @@ static unsigned long storm_retire(struct storm_local *l, struct storm_batch *b)
 	/* Acquire: pairs with storm_release().  Yield: the callback thread
 	 * that finishes the kills may need this CPU.  The time spent so is
 	 * waiting, not the cycle's work (worker_cpu). */
-	if (storm_threads_refused && !l->polling &&
-	    __atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
-		storm_barrier(b);
-		__atomic_fetch_add(&l->state->barrier_waits, 1, __ATOMIC_RELAXED);
-	} else if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
+	if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives &&
+	    (l->polling || !__atomic_load_n(&storm_threads_refused, __ATOMIC_RELAXED))) {
 		uint64_t wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+		bool finished = true;
 
 		/* A polling thread finishes them itself (work, not waiting). */
 		while (l->polling && __atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives &&
 		       storm_poll(PERCPU_REF_POLL_WAIT) > 0)
 			wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
-		while (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives)
-			sched_yield();
+		if (l->polling) {
+			while (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives)
+				sched_yield();
+		} else {
+			finished = storm_yield_released(b);
+		}
 		l->cpu_ns_waiting += bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - wait_start;
+		if (!finished) {
+			storm_barrier(b);
+			__atomic_fetch_add(&l->state->barrier_waits, 1, __ATOMIC_RELAXED);
+		}
+	} else if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
+		/* Work: the barrier runs the kills here. */
+		storm_barrier(b);
+		__atomic_fetch_add(&l->state->barrier_waits, 1, __ATOMIC_RELAXED);
 	}
 	for (i = 0; i < b->lives; i++)
 		percpu_ref_exit(&b->refs[i].ref);
