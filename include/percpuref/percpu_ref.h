@@ -321,9 +321,10 @@ PERCPUREF_API void percpuref_shutdown(void);
  * chunk, and those each live thread keeps for its own next inits (up to 64
  * a thread, given back when it exits): another thread may map a chunk while
  * some are kept.  A thread whose first call came from its last TLS
- * destructor cannot give them back: they stay counted as free, unusable.
- * In a fork child, the counters other threads of the parent kept count as
- * in use.
+ * destructor cannot give them back itself: they stay counted as free, and
+ * the allocator takes them back before it maps a new chunk.  In a fork
+ * child, the counters other threads of the parent kept, dead threads' left
+ * behind so included, count as in use.
  */
 struct percpuref_counter_stats {
 	size_t chunks;		/* chunks mapped (one unit per possible CPU each) */
