@@ -236,7 +236,8 @@ static unsigned long storm_retire(struct storm_local *l, struct storm_batch *b)
 		percpu_ref_exit(&b->refs[i].ref);
 	/* No reclaimer frees the nodes of refs exited while listed: a pass
 	 * here does (it runs on its caller when no thread can start). */
-	if (storm_threads_refused && l->managed && percpu_ref_managed_flush())
+	if (l->managed && __atomic_load_n(&storm_threads_refused, __ATOMIC_RELAXED) &&
+	    percpu_ref_managed_flush())
 		bench_die("switch-storm: percpu_ref_managed_flush failed");
 	/* Relaxed: every release of the batch was seen above; one more now
 	 * would be a doubled release, which the check below catches. */
