@@ -409,13 +409,17 @@ struct percpu_ref_impl {
 #define IMPL_RECLAIMER_HOLDS	(1u << 30)
 #define IMPL_OWED_MASK		(IMPL_RECLAIMER_HOLDS - 1)
 
-/* Exited: @hold (1 for an owed release, IMPL_RECLAIMER_HOLDS) lets go of
- * @impl; the last frees it.  Acquire-release: every holder's accesses
- * precede the free. */
-static void drop_exit_hold(struct percpu_ref_impl *impl, unsigned int hold)
+/* @hold (1 for an owed release, IMPL_RECLAIMER_HOLDS) lets go of @impl;
+ * the last to let go of an exited one frees it.  Returns what is left of
+ * owed_and_holds (the impl may be gone: read nothing of it after).
+ * Acquire-release: every holder's accesses precede the free. */
+static unsigned int drop_exit_hold(struct percpu_ref_impl *impl, unsigned int hold)
 {
-	if (__atomic_sub_fetch(&impl->owed_and_holds, hold, __ATOMIC_ACQ_REL) == IMPL_EXITED)
+	unsigned int left = __atomic_sub_fetch(&impl->owed_and_holds, hold, __ATOMIC_ACQ_REL);
+
+	if (left == IMPL_EXITED)
 		free(impl);
+	return left;
 }
 
 static struct percpu_ref_impl *impl_of(struct percpu_ref_data *data)
@@ -1308,7 +1312,7 @@ struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node)
 
 void percpuref_managed_free(struct percpuref_mnode *node)
 {
-	drop_exit_hold(impl_of_node(node), IMPL_RECLAIMER_HOLDS);
+	(void)drop_exit_hold(impl_of_node(node), IMPL_RECLAIMER_HOLDS);
 }
 
 void percpuref_managed_release(struct percpuref_mnode *node)
@@ -1346,7 +1350,7 @@ void percpuref_managed_release_done(struct percpuref_mnode *node)
 	pthread_mutex_lock(lock);
 	if (impl->exited) {
 		pthread_mutex_unlock(lock);
-		drop_exit_hold(impl, IMPL_RECLAIMER_HOLDS);
+		(void)drop_exit_hold(impl, IMPL_RECLAIMER_HOLDS);
 		return;
 	}
 	impl->release_voided = false;
@@ -1463,17 +1467,15 @@ static void run_one_handler_release(struct percpu_ref_impl *impl)
 	struct percpu_ref_impl *next = impl->handler_next;
 	struct percpu_ref *ref = impl->data.ref;
 	percpu_ref_func_t *release = impl->data.release;
-	unsigned int left;
+	/* Acquire-release (in drop_exit_hold()): against
+	 * defer_handler_release()'s increment and the exit's mark (see
+	 * both).  Exited, the last one owed frees the impl there. */
+	unsigned int left = drop_exit_hold(impl, 1);
 
-	/* Acquire-release: against defer_handler_release()'s increment and
-	 * the exit's mark (see both). */
-	left = __atomic_sub_fetch(&impl->owed_and_holds, 1, __ATOMIC_ACQ_REL);
 	if (!(left & IMPL_OWED_MASK))
 		handler_releases_to_run = next;
 	if (!(left & IMPL_EXITED))
 		run_release(ref, release);
-	else if (left == IMPL_EXITED)
-		free(impl);
 }
 
 /*
