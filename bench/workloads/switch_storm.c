@@ -206,31 +206,33 @@ static unsigned long storm_retire(struct storm_local *l, struct storm_batch *b)
 		return 0;
 	/* Acquire: pairs with storm_release().  Yield: the callback thread
 	 * that finishes the kills may need this CPU.  The time spent so is
-	 * waiting, not the cycle's work (worker_cpu). */
-	if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives &&
-	    (l->polling || !__atomic_load_n(&storm_threads_refused, __ATOMIC_RELAXED))) {
-		uint64_t wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
-		bool finished = true;
+	 * waiting, not the cycle's work (worker_cpu); a barrier that runs
+	 * the kills here is work. */
+	if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
+		bool finished = false;
 
-		/* A polling thread finishes them itself (work, not waiting). */
-		while (l->polling && __atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives &&
-		       storm_poll(PERCPU_REF_POLL_WAIT) > 0)
-			wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
-		if (l->polling) {
-			while (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives)
-				sched_yield();
-		} else {
-			finished = storm_yield_released(b);
+		if (l->polling || !__atomic_load_n(&storm_threads_refused, __ATOMIC_RELAXED)) {
+			uint64_t wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+
+			/* A polling thread finishes them itself (work, not
+			 * waiting), and needs no callback thread. */
+			while (l->polling &&
+			       __atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives &&
+			       storm_poll(PERCPU_REF_POLL_WAIT) > 0)
+				wait_start = bench_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+			if (l->polling) {
+				while (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives)
+					sched_yield();
+				finished = true;
+			} else {
+				finished = storm_yield_released(b);
+			}
+			l->cpu_ns_waiting += bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - wait_start;
 		}
-		l->cpu_ns_waiting += bench_clock_ns(CLOCK_THREAD_CPUTIME_ID) - wait_start;
 		if (!finished) {
 			storm_barrier(b);
 			__atomic_fetch_add(&l->state->barrier_waits, 1, __ATOMIC_RELAXED);
 		}
-	} else if (__atomic_load_n(&b->released, __ATOMIC_ACQUIRE) < b->lives) {
-		/* Work: the barrier runs the kills here. */
-		storm_barrier(b);
-		__atomic_fetch_add(&l->state->barrier_waits, 1, __ATOMIC_RELAXED);
 	}
 	for (i = 0; i < b->lives; i++)
 		percpu_ref_exit(&b->refs[i].ref);
