@@ -511,5 +511,9 @@ void percpuref_warn(const char *fn, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* Count of warnings printed so far (tests assert misuse was reported). */
 PERCPUREF_API unsigned long percpuref_warning_count(void);
+/* The net count a per-CPU ref's words hold, its unit-less word included
+ * (src/percpu_ref.c), sign-extended: for tests, while nothing switches it. */
+struct percpu_ref;
+PERCPUREF_API unsigned long percpuref_test_percpu_net(struct percpu_ref *ref);
 
 #endif

@@ -394,7 +394,18 @@ struct percpu_ref_impl {
 	 * still holds the impl (see IMPL_EXITED): the last to let go frees
 	 * it (drop_exit_hold()). */
 	unsigned int owed_and_holds;
+	/* The per-CPU word of callers without a unit (unitless_add()),
+	 * UNITLESS_FOLDED set from the fold to the next per-CPU period. */
+	unsigned long unitless_word;
 };
+
+/*
+ * unitless_word: counts as the per-CPU words do (a get adds nr, a put nr *
+ * PERCPU_REF_PUT_DELTA), modulo 2^63, its top bit set once the fold has
+ * taken it (and while the ref is atomic): then callers use the atomic
+ * count.
+ */
+#define UNITLESS_FOLDED (1UL << 63)
 
 /*
  * In owed_and_holds.  IMPL_EXITED: exit ran.  Releases still owed then
@@ -489,6 +500,7 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	if (flags & (PERCPU_REF_INIT_ATOMIC | PERCPU_REF_INIT_DEAD)) {
 		cpu0 |= __PERCPU_REF_ATOMIC;
 		impl->data.allow_reinit = true;
+		impl->unitless_word = UNITLESS_FOLDED;
 	} else {
 		start_count += PERCPU_COUNT_BIAS;
 	}
@@ -666,12 +678,19 @@ static void pin_count(struct percpu_ref *ref)
  */
 static void fold_percpu_counts(struct percpu_ref *ref)
 {
-	unsigned long net, count;
+	unsigned long net, count, unitless;
 
 	/* For TSAN: pairs with the release in percpu_ref_put_many(). */
 	percpuref_tsan_acquire(&ref->data);
-	/* The fence made every update visible already. */
-	net = percpuref_counter_net(percpuref_counter_sum(counter_of(ref), percpuref_nr_units()));
+	/* Closes the word of callers without a unit: each of their adds lands
+	 * before this (counted here) or finds it closed (and goes on the
+	 * atomic count).  Acquire: pairs with a put's release CAS, so that
+	 * the putter's accesses happen before @release. */
+	unitless = __atomic_exchange_n(&impl_of(ref->data)->unitless_word, UNITLESS_FOLDED,
+				       __ATOMIC_ACQUIRE);
+	/* The fence made every update of the per-CPU words visible already. */
+	net = percpuref_counter_net(percpuref_counter_sum(counter_of(ref), percpuref_nr_units()) +
+				    unitless);
 	/* Relaxed: no release can race (extra reference held); the putter
 	 * that reaches zero later orders after this through the RMW chain. */
 	count = __atomic_add_fetch(&ref->data->count, net - PERCPU_COUNT_BIAS, __ATOMIC_RELAXED);
@@ -774,6 +793,10 @@ static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 	__atomic_fetch_add(&ref->data->count, PERCPU_COUNT_BIAS, __ATOMIC_RELAXED);
 	for (cpu = 0; cpu < nr_units; cpu++)
 		__atomic_store_n(percpuref_counter_on(cpu0, cpu), 0, __ATOMIC_RELAXED);
+	/* Reopened.  Relaxed: callers without a unit read it, not the mode
+	 * word; an add that lands on it now belongs to the new period, whose
+	 * fold takes it (the exchange reads the latest value). */
+	__atomic_store_n(&impl_of(ref->data)->unitless_word, 0, __ATOMIC_RELAXED);
 	/* Release: a reader that sees ATOMIC clear sees the bias and the zeroed
 	 * counters (pairs with the acquire/TSO load of the mode word). */
 	__atomic_store_n(&ref->percpu_count_ptr, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_ATOMIC,
@@ -1197,16 +1220,28 @@ static bool snapshot_held(struct percpu_ref *ref, unsigned long *held)
 {
 	uintptr_t cpu0 = counter_of(ref);
 	unsigned int nr_units = percpuref_nr_units();
-	unsigned long count1, count2, sum1, sum2;
+	unsigned long *unitless = &impl_of(ref->data)->unitless_word;
+	unsigned long count1, count2, sum1, sum2, unitless1, unitless2;
 
 	/* Acquire loads throughout: the second collect is read after the
-	 * first (the double-collect argument). */
+	 * first (the double-collect argument).  The unit-less word is one
+	 * more per-CPU word, moving forward with every add. */
 	count1 = __atomic_load_n(&ref->data->count, __ATOMIC_ACQUIRE);
+	unitless1 = __atomic_load_n(unitless, __ATOMIC_ACQUIRE);
 	sum1 = percpuref_counter_sum(cpu0, nr_units);
 	sum2 = percpuref_counter_sum(cpu0, nr_units);
+	unitless2 = __atomic_load_n(unitless, __ATOMIC_ACQUIRE);
 	count2 = __atomic_load_n(&ref->data->count, __ATOMIC_ACQUIRE);
-	*held = count2 - PERCPU_COUNT_BIAS + percpuref_counter_net(sum2);
-	return sum1 == sum2 && count1 == count2;
+	*held = count2 - PERCPU_COUNT_BIAS + percpuref_counter_net(sum2 + unitless2);
+	return sum1 == sum2 && unitless1 == unitless2 && count1 == count2;
+}
+
+PERCPUREF_API unsigned long percpuref_test_percpu_net(struct percpu_ref *ref)
+{
+	/* Relaxed: the test ordered the adds before the call. */
+	return percpuref_counter_net(percpuref_counter_sum(counter_of(ref), percpuref_nr_units()) +
+				     __atomic_load_n(&impl_of(ref->data)->unitless_word,
+						     __ATOMIC_RELAXED));
 }
 
 enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *node, bool filter,
@@ -1527,8 +1562,9 @@ void percpuref_run_exiting_handler_releases(void)
 }
 
 /* Inlined, with the rseq half out of line, so that the fallback reader
- * runs without a call or a saved register. */
-static inline __attribute__((always_inline)) bool
+ * runs without a call or a saved register.  DONE, FLAGGED (atomic mode:
+ * nothing added) or NO_RSEQ (this thread has no unit: nothing added). */
+static inline __attribute__((always_inline)) enum percpuref_this_cpu_result
 fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
 {
 	enum percpuref_this_cpu_result r;
@@ -1549,12 +1585,11 @@ fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
 	} else {
 		r = own_rseq_percpu_add(ref, delta);
 	}
-	if (r != PERCPUREF_THIS_CPU_DONE)
-		return false;
 	/* For TSAN, as in percpu_ref_put_many(), now covering this
 	 * function's own accesses to the ref and its counter. */
-	percpuref_tsan_release(&ref->data);
-	return true;
+	if (r == PERCPUREF_THIS_CPU_DONE)
+		percpuref_tsan_release(&ref->data);
+	return r;
 }
 
 /* Whether an inline sequence may have run before the runtime's set-up,
@@ -1597,26 +1632,79 @@ static bool has_no_data(struct percpu_ref *ref, const char *fn)
 	return true;
 }
 
+/*
+ * A caller without a unit (more threads than fallback units, a CPU past
+ * the units counted, a call after its thread's exit hook): adds @delta to
+ * the ref's unit-less word, as to one more per-CPU word, while the ref is
+ * per-CPU and the fold has not closed the word; false otherwise (the
+ * caller uses the atomic count).  On the atomic count instead, a
+ * reference taken on a per-CPU word and dropped here (or the other way)
+ * moved the words' share, read modulo 2^31 at the fold, by one for good:
+ * 2^30 of them in one per-CPU period read the count 2^31 off
+ * (docs/percpu_ref.md, "Counts"; tests/model/unitless.pml).  Atomic mode
+ * goes to the count before the fold closes the word, since callers with a
+ * unit do: with the word open, crossings between the two while the switch
+ * fences would move its share.  The CAS lands before the fold's exchange
+ * (counted there) or finds the word closed; if the next per-CPU period
+ * reopened it at the value read (0), the add lands in that period, and
+ * counts there.  Relaxed mode load: an add that read per-CPU mode and
+ * lands after the flag is one crossing, at most one a thread each period.
+ * Release CAS: a put's accesses before the fold's acquire exchange.
+ */
+static bool unitless_add(struct percpu_ref *ref, unsigned long delta)
+{
+	unsigned long *word = &impl_of(ref->data)->unitless_word;
+	unsigned long old;
+
+	if (mode_word(ref) & __PERCPU_REF_ATOMIC)
+		return false;
+	old = __atomic_load_n(word, __ATOMIC_RELAXED);
+	do {
+		if (old & UNITLESS_FOLDED)
+			return false;
+	} while (!__atomic_compare_exchange_n(word, &old, (old + delta) & ~UNITLESS_FOLDED, true,
+					      __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+	return true;
+}
+
+/* A slow-path add: true if it landed on a per-CPU word or the unit-less
+ * one, or if the ref has no data (warned); false if the caller must use
+ * the atomic count. */
+static bool slow_percpu_add(struct percpu_ref *ref, unsigned long delta, const char *fn)
+{
+	enum percpuref_this_cpu_result r = fallback_percpu_add(ref, delta);
+
+	if (r == PERCPUREF_THIS_CPU_DONE || has_no_data(ref, fn))
+		return true;
+	return r == PERCPUREF_THIS_CPU_NO_RSEQ && unitless_add(ref, delta);
+}
+
 PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr)
 {
-	if (!fallback_percpu_add(ref, nr) && !has_no_data(ref, "percpu_ref_get"))
+	if (!slow_percpu_add(ref, nr, "percpu_ref_get"))
 		__percpu_ref_atomic_add(ref, nr);
 }
 
 PERCPUREF_API bool __percpu_ref_tryget_slow(struct percpu_ref *ref, unsigned long nr, bool live)
 {
-	if (fallback_percpu_add(ref, nr))
+	enum percpuref_this_cpu_result r = fallback_percpu_add(ref, nr);
+
+	if (r == PERCPUREF_THIS_CPU_DONE)
 		return true;
 	if (live && (mode_word(ref) & __PERCPU_REF_DEAD))
 		return false;
-	return !has_no_data(ref, "percpu_ref_tryget") &&
-	       __percpu_ref_atomic_add_not_zero(ref, nr);
+	if (has_no_data(ref, "percpu_ref_tryget"))
+		return false;
+	/* Per-CPU or mid-switch (the switch's reference held): succeeds. */
+	if (r == PERCPUREF_THIS_CPU_NO_RSEQ && unitless_add(ref, nr))
+		return true;
+	return __percpu_ref_atomic_add_not_zero(ref, nr);
 }
 
 PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long nr)
 {
-	if (!fallback_percpu_add(ref, nr * PERCPU_REF_PUT_DELTA) &&
-	    !has_no_data(ref, "percpu_ref_put") && __percpu_ref_atomic_sub_and_test(ref, nr))
+	if (!slow_percpu_add(ref, nr * PERCPU_REF_PUT_DELTA, "percpu_ref_put") &&
+	    __percpu_ref_atomic_sub_and_test(ref, nr))
 		__percpu_ref_release(ref);
 }
 

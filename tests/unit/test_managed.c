@@ -134,9 +134,7 @@ static unsigned long held(struct percpu_ref *ref)
 
 	if (word & __PERCPU_REF_ATOMIC)
 		return sum;
-	return sum - PERCPU_COUNT_BIAS +
-	       percpuref_counter_net(percpuref_counter_sum(word & ~(uintptr_t)__PERCPU_REF_ATOMIC_DEAD,
-							   percpuref_nr_units()));
+	return sum - PERCPU_COUNT_BIAS + percpuref_test_percpu_net(ref);
 }
 
 /* Every row of the transition table in docs/managed.md. */

@@ -61,9 +61,7 @@ static unsigned long total(struct percpu_ref *ref)
 	unsigned long sum = ref->data->count;
 
 	if (!is_atomic(ref))
-		sum += percpuref_counter_net(percpuref_counter_sum(ref->percpu_count_ptr & ~3UL,
-								   percpuref_nr_units())) -
-		       PERCPU_COUNT_BIAS;
+		sum += percpuref_test_percpu_net(ref) - PERCPU_COUNT_BIAS;
 	return sum;
 }
 
