@@ -132,9 +132,11 @@ enum {
  * extended, are the per-CPU net count.  Hence the one
  * limit: references that move through the per-CPU words in one per-CPU
  * period stay within 2^30 either way (more live references than that is
- * not a real program; but references taken on the words and dropped on
- * the atomic count, or the other way, move the words' share with none
- * held, and 2^30 of them net leak the ref: docs/percpu_ref.md, "Counts");
+ * not a real program; callers without a unit add to one more word of the
+ * ref's, counted with these; but references taken on the words by calls
+ * of up to PERCPU_REF_PERCPU_MAX_NR and dropped by larger ones, or the
+ * other way, move the words' share with none held, and 2^30 of them net
+ * leak the ref: docs/percpu_ref.md, "Counts");
  * a get_many/tryget_many/put_many of more than
  * PERCPU_REF_PERCPU_MAX_NR goes on the atomic count instead, exact in
  * every mode while the net count stays below 2^62 (and the per-CPU words'

@@ -5,6 +5,14 @@
  * thread flips modes (async and sync switch to atomic, back to per-CPU),
  * kills and resurrects, kills and reinits, at random.
  *
+ * With the argument "unitless" the runtime counts one CPU
+ * (percpuref_fault_cpu_units()), so callers lack a unit part of the time:
+ * on CPU 1 with rseq (workers move between CPUs 0 and 1), and all but two
+ * threads on the fallback path (two units a CPU); and workers hand some
+ * references to whichever worker drops them next.  References then cross
+ * between the per-CPU words and the ref's unit-less word while the modes
+ * flip (docs/percpu_ref.md, "Counts"; tests/model/unitless.pml).
+ *
  * Checked: every life (init or reinit) ends in exactly one release; no
  * tryget succeeds on a released ref; every confirm callback runs exactly
  * once; at the end every count is exactly the initial reference.
@@ -15,9 +23,11 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <stddef.h>
+#include <string.h>
 
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
 
+#include "internal.h"
 #include "percpuref/percpu_ref.h"
 #include "rnd.h"
 #include "tap.h"
@@ -30,11 +40,33 @@ struct obj {
 	int released;		/* set by release, cleared before reinit */
 	long releases;		/* releases seen */
 	long lives_ended;	/* kills meant to end a life */
+	unsigned long handed;	/* references left for another worker to drop */
 };
 
 static struct obj objs[NR_REFS];
 static int stop;
 static long errors, confirms_wanted, confirms_seen, worker_ops;
+static bool unitless;
+
+/* Drops the references handed over on @o, if any. */
+static void drop_handed(struct obj *o)
+{
+	/* Relaxed: the references are held until the put, which orders. */
+	unsigned long n = __atomic_exchange_n(&o->handed, 0, __ATOMIC_RELAXED);
+
+	if (n)
+		percpu_ref_put_many(&o->ref, n);
+}
+
+/* To CPU 0 or 1, whichever is allowed (a refused move changes nothing). */
+static void move_to_cpu(unsigned int cpu)
+{
+	cpu_set_t one;
+
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	(void)sched_setaffinity(0, sizeof(one), &one);
+}
 
 static void obj_release(struct percpu_ref *ref)
 {
@@ -62,6 +94,8 @@ static void *worker(void *arg)
 		bool live = rnd(&seed) & 1;
 		bool got = live ? percpu_ref_tryget_live(&o->ref) : percpu_ref_tryget(&o->ref);
 
+		if (unitless)
+			drop_handed(&objs[rnd(&seed) % NR_REFS]);
 		if (!got)
 			continue;
 		if (__atomic_load_n(&o->released, __ATOMIC_SEQ_CST))
@@ -70,9 +104,15 @@ static void *worker(void *arg)
 		for (k = 0; k < extra; k++)
 			percpu_ref_get(&o->ref);
 		percpu_ref_get_many(&o->ref, 3);
-		if (rnd(&seed) % 8 == 0)
+		if (rnd(&seed) % 8 == 0) {
+			if (unitless)
+				move_to_cpu(rnd(&seed) % 2);
 			sched_yield();
-		percpu_ref_put_many(&o->ref, 3);
+		}
+		if (unitless && rnd(&seed) % 2)
+			__atomic_fetch_add(&o->handed, 3, __ATOMIC_RELAXED);
+		else
+			percpu_ref_put_many(&o->ref, 3);
 		for (k = 0; k < extra; k++)
 			percpu_ref_put(&o->ref);
 		percpu_ref_put(&o->ref);
@@ -82,11 +122,23 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-static void wait_released(struct obj *o)
+/* False, and the run stops, if a killed ref is not released within 30 s:
+ * a reference lost by the count, not a hang until ctest's timeout. */
+static bool wait_released(struct obj *o)
 {
-	while (!__atomic_load_n(&o->released, __ATOMIC_SEQ_CST))
+	double start = now_seconds();
+
+	while (!__atomic_load_n(&o->released, __ATOMIC_SEQ_CST)) {
+		if (now_seconds() - start > 30) {
+			printf("# ref %td not released 30 s after its kill\n", o - objs);
+			return false;
+		}
 		sched_yield();
+	}
+	return true;
 }
+
+static bool stuck;
 
 static long controller(double seconds)
 {
@@ -121,7 +173,10 @@ static long controller(double seconds)
 		case 5:	/* end this life, start the next */
 			o->lives_ended++;
 			percpu_ref_kill(&o->ref);
-			wait_released(o);
+			if (!wait_released(o)) {
+				stuck = true;
+				return ops;
+			}
 			__atomic_store_n(&o->released, 0, __ATOMIC_SEQ_CST);
 			percpu_ref_reinit(&o->ref);
 			break;
@@ -131,11 +186,15 @@ static long controller(double seconds)
 	return ops;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	pthread_t threads[NR_WORKERS];
 	long control_ops, i;
 	bool exact = true, once = true;
+
+	unitless = argc > 1 && !strcmp(argv[1], "unitless");
+	if (unitless)
+		percpuref_fault_cpu_units(1);
 
 	for (i = 0; i < NR_REFS; i++)
 		if (percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT))
@@ -146,9 +205,12 @@ int main(void)
 	__atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
 	for (i = 0; i < NR_WORKERS; i++)
 		pthread_join(threads[i], NULL);
+	for (i = 0; i < NR_REFS; i++)
+		drop_handed(&objs[i]);
 	percpu_ref_barrier();
 
 	printf("# %ld controller ops, %ld worker ops\n", control_ops, worker_ops);
+	ok(!stuck, "every kill that ended a life released the ref");
 	ok(control_ops > 100 && worker_ops > 1000, "both sides made progress");
 	for (i = 0; i < NR_REFS; i++) {
 		struct obj *o = &objs[i];

@@ -130,12 +130,12 @@ fn check(ret: i32) -> Result<(), Error> {
 /// live handles there, the process aborts.  One ref's per-CPU net count is
 /// at most the number of live handles (each per-CPU get made one; a put
 /// of a handle made in an earlier period only lowers it) while every get
-/// and put of its handles lands on the per-CPU words; those that land on
-/// the C atomic count instead (a thread with no unit on the fallback
-/// path, a call after the thread's exit hook) let the per-CPU share drift
-/// from the live handles, and 2^30 such crossings leak the value (never
-/// drop it early): a limit of the C library, `docs/percpu_ref.md`,
-/// "Counts".  The
+/// and put of its handles lands on the per-CPU words (a thread with no
+/// unit on the fallback path, or a call after the thread's exit hook,
+/// counts on one more word of the ref's since C 0.4.2; up to 0.4.1 it used
+/// the atomic count, which let the per-CPU share drift from the live
+/// handles, and 2^30 such crossings leaked the value: `docs/percpu_ref.md`,
+/// "Counts"; the handles make no call of more than one).  The
 /// process-wide count trails the truth by less than `CHECK_EVERY` per
 /// thread: with fewer than 2^19 threads, the live handles stay under 2^30
 /// until the abort, and a program with fewer than 2^29 - 2^10 x threads
