@@ -32,8 +32,8 @@
  * thread exits from none (short of pthread_exit() from a signal handler
  * that interrupted one).  Where marks never read orphaned (qemu-user,
  * outside glibc, ThreadSanitizer) such a thread's unit stays taken, and
- * later threads may find the units gone and use the atomic count: slower,
- * never wrong.  This is liburcu-bp's registry arena, which keeps its
+ * later threads may find the units gone and count without one (a ref's
+ * shared unit-less word, percpu_ref.c): slower, never wrong.  This is liburcu-bp's registry arena, which keeps its
  * readers off the TLS for the same reason, with the kernel rather than
  * pthread_kill(tid, 0) telling whether the owner lives.
  *
@@ -202,7 +202,7 @@ void percpuref_readers_setup(unsigned int nr_units)
 	if (unit_records)
 		return;		/* a fork child: readers_fork_child() */
 	/* Not percpuref_zalloc(): tests' injected failures aim elsewhere.
-	 * Without it every thread uses the atomic count. */
+	 * Without it no thread has a unit. */
 	unit_records = aligned_alloc(PERCPUREF_CACHELINE, nr_units * sizeof(*unit_records));
 	if (!unit_records)
 		return;

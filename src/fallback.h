@@ -67,7 +67,7 @@ static inline void percpuref_reader_unit_add(unsigned long *counter, unsigned lo
  * percpuref_reader_add - the fallback fast path: add @delta to this
  * thread's unit of the counter whose mode word is *@mode_word, inside a
  * read-side section, unless the word is flagged.  NO_RSEQ: this thread has
- * no unit (the caller uses the atomic count, which is exact in any mode).
+ * no unit (the caller counts without one: percpu_ref.c, unitless_add()).
  */
 static inline enum percpuref_this_cpu_result
 percpuref_reader_add(const uintptr_t *mode_word, unsigned long delta)

@@ -34,6 +34,17 @@
  *    (an rseq load on x86 is ordered by TSO; the fallback loads with acquire)
  *    so any reader that sees the flag clear also sees the zeroed counters.
  *
+ * Callers without a unit (more threads than fallback units, a CPU past the
+ * units counted, a call after the thread's exit hook) count on one more
+ * word, the impl's unitless_word, with a CAS, while the mode word says
+ * per-CPU and the word is open (unitless_add()): the fold closes it with
+ * an exchange and adds it to the per-CPU words' sum, and the switch to
+ * per-CPU mode reopens it at 0, so a reference taken on a per-CPU word and
+ * dropped without a unit cancels out in the sum (on the atomic count, 2^30
+ * of them read the count 2^31 off).  Every add lands before the exchange
+ * or finds the word closed (one RMW order on the word), so the fold counts
+ * each once; tests/model/unitless.pml.
+ *
  * Concurrency.  A ref's mode changes serialise on its switch lock, one of
  * SWITCH_STRIPES mutexes its address hashes to (the kernel and the proposal
  * have one global lock: limitation 4); independent refs switch in
@@ -793,9 +804,10 @@ static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 	__atomic_fetch_add(&ref->data->count, PERCPU_COUNT_BIAS, __ATOMIC_RELAXED);
 	for (cpu = 0; cpu < nr_units; cpu++)
 		__atomic_store_n(percpuref_counter_on(cpu0, cpu), 0, __ATOMIC_RELAXED);
-	/* Reopened.  Relaxed: callers without a unit read it, not the mode
-	 * word; an add that lands on it now belongs to the new period, whose
-	 * fold takes it (the exchange reads the latest value). */
+	/* Reopened.  Relaxed: published by the release store below, which
+	 * unitless_add()'s acquire load of the mode word pairs with; an add
+	 * that lands on it now belongs to the new period, whose fold takes
+	 * it (the exchange reads the latest value). */
 	__atomic_store_n(&impl_of(ref->data)->unitless_word, 0, __ATOMIC_RELAXED);
 	/* Release: a reader that sees ATOMIC clear sees the bias and the zeroed
 	 * counters (pairs with the acquire/TSO load of the mode word). */
@@ -1428,9 +1440,9 @@ PERCPUREF_API int percpu_ref_barrier(void)
  * not make.  In a process that uses own rseq areas a thread's first call
  * registers its area and retries the sequence; in a process without rseq
  * the fallback reader adds to the thread's own unit (fallback.h).  Either
- * way a thread that still cannot count per-CPU uses the atomic count, which
- * is exact in per-CPU mode too (the bias keeps it from zero; the fold adds
- * to it).  Release callbacks run after the read-side section has ended.
+ * way a thread that still has no unit adds to the ref's unit-less word
+ * (unitless_add()), or, while the ref is atomic, to the atomic count.
+ * Release callbacks run after the read-side section has ended.
  */
 static __attribute__((noinline)) enum percpuref_this_cpu_result
 own_rseq_percpu_add(struct percpu_ref *ref, unsigned long delta)
@@ -1641,22 +1653,28 @@ static bool has_no_data(struct percpu_ref *ref, const char *fn)
  * reference taken on a per-CPU word and dropped here (or the other way)
  * moved the words' share, read modulo 2^31 at the fold, by one for good:
  * 2^30 of them in one per-CPU period read the count 2^31 off
- * (docs/percpu_ref.md, "Counts"; tests/model/unitless.pml).  Atomic mode
- * goes to the count before the fold closes the word, since callers with a
- * unit do: with the word open, crossings between the two while the switch
- * fences would move its share.  The CAS lands before the fold's exchange
- * (counted there) or finds the word closed; if the next per-CPU period
- * reopened it at the value read (0), the add lands in that period, and
- * counts there.  Relaxed mode load: an add that read per-CPU mode and
- * lands after the flag is one crossing, at most one a thread each period.
- * Release CAS: a put's accesses before the fold's acquire exchange.
+ * (docs/percpu_ref.md, "Counts"; tests/model/unitless.pml).  A flagged
+ * mode word (atomic, or dead: a kill sets DEAD before its switch sets
+ * ATOMIC) goes to the count before the fold closes the word, since callers
+ * with a unit do: with the word open, crossings between the two for as
+ * long as the kill or the switch's fence lasts would move its share.  The
+ * CAS lands before the fold's exchange (counted there) or finds the word
+ * closed; if the next per-CPU period reopened it at the value read (0),
+ * the add lands in that period, and counts there.  Acquire mode load:
+ * pairs with switch_to_percpu_locked()'s release store, so a caller that
+ * reads per-CPU mode reads the reopened word, not the closed one (no
+ * crossing onto the count on a weakly ordered CPU); an add that read
+ * per-CPU mode and lands after a flag is one crossing, at most one a
+ * thread each period.  Release CAS: a put's accesses before the fold's
+ * acquire exchange (ThreadSanitizer sees that through the put's
+ * annotation on &ref->data as well, so only review guards this order).
  */
 static bool unitless_add(struct percpu_ref *ref, unsigned long delta)
 {
 	unsigned long *word = &impl_of(ref->data)->unitless_word;
 	unsigned long old;
 
-	if (mode_word(ref) & __PERCPU_REF_ATOMIC)
+	if (__atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_ACQUIRE) & PERCPUREF_MODE_FLAGS)
 		return false;
 	old = __atomic_load_n(word, __ATOMIC_RELAXED);
 	do {

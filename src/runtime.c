@@ -10,7 +10,8 @@
  * (b) membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) succeeded.
  * Threads without a registered area see cpu_id < 0 and take the slow path
  * per call (this_cpu.h), which registers the library's own area if that is
- * the one in use, else counts on the atomic count.  A process without rseq
+ * the one in use, else counts without a unit (percpu_ref.c: the ref's
+ * unit-less word, or its atomic count).  A process without rseq
  * uses the fallback readers of fallback.c instead, with two units per CPU.
  *
  * Unloading.  Each sequence leaves its thread's rseq area pointing at its
@@ -628,7 +629,7 @@ static void runtime_init_once(void)
 	}
 	if (!offset) {
 		/* Fallback readers own a unit each: room for two per CPU
-		 * before threads fall back to the atomic count. */
+		 * before threads count without one. */
 		percpuref_nr_cpu_units *= PERCPUREF_READER_UNITS_PER_CPU;
 		percpuref_readers_setup(percpuref_nr_cpu_units);
 	}

@@ -18,7 +18,9 @@
  * the fence lasts).  The fold closes the word with one exchange and adds
  * its value to the per-CPU words' sum; the switch to per-CPU mode reopens
  * it at 0 (src/percpu_ref.c: unitless_add(), fold_percpu_counts(),
- * switch_to_percpu_locked()).
+ * switch_to_percpu_locked()).  "Atomic" is either flag of the mode word:
+ * a kill sets DEAD before its switch sets ATOMIC, and callers with a unit
+ * use the count from the first.
  *
  * Modelled with the modulus 8 for 2^31 (the net read in [-4, 3]): one
  * user, holding a reference of its own, makes ROUNDS crossings, each a
@@ -47,6 +49,9 @@
  *   store: an add landing in between is lost.
  *  -DMUTANT_IGNORE_FOLDED: a unit-less add goes on the word even when it
  *   is closed: counted by no fold.
+ *  -DMUTANT_NO_REOPEN: the switch to per-CPU mode leaves the word closed:
+ *   unit-less callers stay on the atomic count while the ref is per-CPU,
+ *   and their crossings move the words' net as before.
  *  -DMUTANT_NO_MODE_CHECK: a unit-less add uses the word until the fold
  *   closes it, atomic mode or not (a first version of this change): while
  *   the switch fences, callers with a unit use the atomic count, and four
@@ -182,7 +187,11 @@ active proctype switcher()
 	to_atomic_and_fold();
 	count_add(-1);
 	/* switch_to_percpu_locked(). */
+#ifdef MUTANT_NO_REOPEN
+	atomic { count = count + BIAS; words = 0; atomic_mode = 0 };
+#else
 	atomic { count = count + BIAS; words = 0; uw = 0; uw_closed = 0; atomic_mode = 0 };
+#endif
 	/* kill: fold, the extra reference, the initial one. */
 	to_atomic_and_fold();
 	count_add(-1);

@@ -16,10 +16,14 @@
  * snapshot, a reference taken on the words and dropped on it read as
  * held, and the filter skipped the ref for ever.
  *
- * Each case runs in its own process, the runtime told there is one CPU
- * (percpuref_fault_cpu_units()): with rseq the worker thread runs on CPU 1,
- * which has no unit; on the fallback path (two units a CPU) this thread
- * and a parked thread hold both units, and the worker has none.
+ * Each case runs in its own process.  With rseq, of the first two CPUs
+ * this process may run on, A and B, the runtime is told there are B
+ * (percpuref_fault_cpu_units()): this thread runs on A, which has a unit,
+ * the worker on B, which has none.  On the fallback path the runtime is
+ * told there is one CPU (two units): this thread and a parked thread hold
+ * both, and the worker has none.  The worker's gets alternate get_many
+ * and tryget_many; a variant first takes the ref to atomic mode and back
+ * (the word closed by the fold, reopened by the switch back).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -41,13 +45,14 @@
 #define ROUNDS 65
 
 /* What the unit-less worker does for each round. */
-enum worker_op { WORKER_PUT, WORKER_GET, WORKER_CHECK_UNITLESS, WORKER_QUIT };
+enum worker_op { WORKER_PUT, WORKER_GET, WORKER_TRYGET, WORKER_CHECK_UNITLESS, WORKER_QUIT };
 
 static struct percpu_ref ref, scratch;
 static int released;
 static sem_t go, done;
 static enum worker_op op;
-static bool worker_unitless;
+static bool worker_unitless, tryget_failed;
+static int cpu_a, cpu_b;	/* with rseq: this thread's, the worker's */
 static sem_t park, parked;
 
 static void count_release(struct percpu_ref *r)
@@ -97,7 +102,7 @@ static void *worker(void *arg)
 
 	(void)arg;
 	if (!on_fallback())
-		pinned = pin_to(1);
+		pinned = pin_to(cpu_b);
 	for (;;) {
 		sem_wait(&go);
 		switch (op) {
@@ -106,6 +111,10 @@ static void *worker(void *arg)
 			break;
 		case WORKER_GET:
 			percpu_ref_get_many(&ref, CHUNK);
+			break;
+		case WORKER_TRYGET:
+			if (!percpu_ref_tryget_many(&ref, CHUNK))
+				tryget_failed = true;
 			break;
 		case WORKER_CHECK_UNITLESS:
 			worker_unitless = pinned && thread_is_unitless();
@@ -134,10 +143,21 @@ static pthread_t worker_thread, parked_holder;
  */
 static int set_up(void)
 {
-	percpuref_fault_cpu_units(1);
+	cpu_set_t allowed;
+	int cpu, found = 0;
+
+	if (sched_getaffinity(0, sizeof(allowed), &allowed))
+		return 1;
+	for (cpu = 0; cpu < CPU_SETSIZE && found < 2; cpu++)
+		if (CPU_ISSET(cpu, &allowed))
+			*(found++ ? &cpu_b : &cpu_a) = cpu;
+	/* Units for CPUs 0 to B - 1 with rseq; the fallback path counts
+	 * two a CPU, so one CPU there. */
+	percpuref_fault_cpu_units(found == 2 && !getenv("PERCPUREF_NO_RSEQ") ?
+				  (unsigned int)cpu_b : 1);
 	if (percpu_ref_init(&scratch, NULL, 0))
 		return 2;
-	if (!on_fallback() && !pin_to(0))
+	if (!on_fallback() && (found < 2 || !pin_to(cpu_a)))
 		return 77;
 	if (thread_is_unitless())
 		return 3;	/* this thread must own the unit */
@@ -154,7 +174,7 @@ static int set_up(void)
 		return 5;
 	worker_do(WORKER_CHECK_UNITLESS);
 	if (!worker_unitless)
-		return on_fallback() ? 6 : 77;	/* no CPU 1 to run on */
+		return 6;
 	return 0;
 }
 
@@ -171,26 +191,32 @@ static void tear_down(void)
 
 /* Takes CHUNK on this thread's unit and the worker drops them (or the
  * other way round), ROUNDS times, then kills: released once, at the kill,
- * without a warning. */
-static int case_crossing(bool words_to_unitless)
+ * without a warning.  With @flip, after a switch to atomic mode and back. */
+static int case_crossing(bool words_to_unitless, bool flip)
 {
 	unsigned long warnings;
 	int i, err = set_up();
 
 	if (err)
 		return err;
-	if (percpu_ref_init(&ref, count_release, 0))
+	if (percpu_ref_init(&ref, count_release, flip ? PERCPU_REF_ALLOW_REINIT : 0))
 		return 10;
+	if (flip) {
+		percpu_ref_switch_to_atomic_sync(&ref);
+		percpu_ref_switch_to_percpu(&ref);
+	}
 	warnings = percpuref_warning_count();
 	for (i = 0; i < ROUNDS; i++) {
 		if (words_to_unitless) {
 			percpu_ref_get_many(&ref, CHUNK);
 			worker_do(WORKER_PUT);
 		} else {
-			worker_do(WORKER_GET);
+			worker_do(i % 2 ? WORKER_TRYGET : WORKER_GET);
 			percpu_ref_put_many(&ref, CHUNK);
 		}
 	}
+	if (tryget_failed)
+		return 14;
 	percpu_ref_kill(&ref);
 	if (percpu_ref_barrier())
 		return 11;
@@ -250,17 +276,20 @@ int main(int argc, char **argv)
 	if (argc > 1) {
 		child_deadline(60);
 		if (!strcmp(argv[1], "words-to-unitless"))
-			return case_crossing(true);
+			return case_crossing(true, false);
 		if (!strcmp(argv[1], "unitless-to-words"))
-			return case_crossing(false);
+			return case_crossing(false, false);
+		if (!strcmp(argv[1], "flipped"))
+			return case_crossing(true, true);
 		if (!strcmp(argv[1], "managed"))
 			return case_managed();
 		return 99;
 	}
 	run_case("words-to-unitless", "2^30 + 2^24 references taken on a unit, dropped without "
 		 "one: released once at the kill, no warning");
-	run_case("unitless-to-words", "2^30 + 2^24 references taken without a unit, dropped on "
-		 "one: released once at the kill");
+	run_case("unitless-to-words", "2^30 + 2^24 references taken without a unit (get_many and "
+		 "tryget_many), dropped on one: released once at the kill");
+	run_case("flipped", "the same after a switch to atomic mode and back (the word reopened)");
 	run_case("managed", "managed ref, a reference taken on a unit and dropped without one: "
 		 "released by a filtered flush");
 	return done_testing();
