@@ -1713,7 +1713,7 @@ PERCPUREF_API bool __percpu_ref_tryget_slow(struct percpu_ref *ref, unsigned lon
 		return false;
 	if (has_no_data(ref, "percpu_ref_tryget"))
 		return false;
-	/* Per-CPU or mid-switch (the switch's reference held): succeeds. */
+	/* Per-CPU mode: succeeds, as on a unit. */
 	if (r == PERCPUREF_THIS_CPU_NO_RSEQ && unitless_add(ref, nr))
 		return true;
 	return __percpu_ref_atomic_add_not_zero(ref, nr);
