@@ -14,9 +14,12 @@
 #   6. boots that x86_64 kernel under qemu with 2 CPUs and the static init of
 #      kernel/boot/init.c, and fails if any of its checks fails.
 #
-# --prepare: steps 1-3 only (scripts/test.sh runs it in the background
-# while the userspace suites run: unpacking and committing the source is
-# a minute of one CPU).
+# --prepare: steps 1-3, then the two KUnit kernels built (kunit.py build,
+# UML then x86_64), and no test.  scripts/test.sh runs it in the
+# background at the lowest priority while the userspace suites run: it
+# takes the CPU time they leave idle (cmake's configure steps, links, tests
+# that sleep), and step 5's builds then find little or nothing left to do.
+# A build that fails here is only logged: step 5 builds again and reports.
 #
 # --prefixes (not part of the test command): builds the x86_64 kernel for
 # every prefix of the series and boots the unpatched and the fully patched
@@ -137,14 +140,28 @@ run_checkpatch() {
 	[ "$errors" -eq 0 ]
 }
 
+# The kunit.py options that choose each kernel (its architecture, build
+# directory, configuration), for its build and for its run.
+uml_opts=(--build_dir="$build/uml" --kunitconfig="$kunitconfig")
+x86_opts=(--arch=x86_64 --build_dir="$build/x86" --kunitconfig="$kunitconfig"
+	  --kunitconfig="$x86config")
+
+# prebuild WHAT OPTS...: kunit.py build, logged; never fails.
+prebuild() {
+	local what=$1 t0 status=0; shift
+	t0=$(now)
+	(cd "$src" && python3 tools/testing/kunit/kunit.py build --jobs="$jobs" "$@") \
+		>"$build/kunit-$what-prebuild.log" 2>&1 || status=$?
+	log "$what kernel built ahead: exit $status, $(($(now) - t0)) s (log: $build/kunit-$what-prebuild.log)"
+}
+
 kunit() {
 	local what=$1; shift
 	local t0 status=0
 	t0=$(now)
 	(cd "$src" && python3 tools/testing/kunit/kunit.py run --jobs="$jobs" \
-		--kunitconfig="$kunitconfig" --timeout=900 \
-		"${kernel_args[@]/#/--kernel_args=}" "$@") >"$build/kunit-$what.log" 2>&1 ||
-		status=$?
+		--timeout=900 "${kernel_args[@]/#/--kernel_args=}" "$@") \
+		>"$build/kunit-$what.log" 2>&1 || status=$?
 	grep -E '=+ .*(percpu|apparmor|ucounts).* =+$|Testing complete|Elapsed time|FAILED|CRASHED|SKIPPED' \
 		"$build/kunit-$what.log" || true
 	# what passing cases report: the torture verdicts, the CPUs used
@@ -153,12 +170,9 @@ kunit() {
 	return $status
 }
 
-kunit_uml() { kunit uml --build_dir="$build/uml"; }
+kunit_uml() { kunit uml "${uml_opts[@]}"; }
 
-kunit_x86() {
-	kunit x86 --arch=x86_64 --build_dir="$build/x86" \
-		--kunitconfig="$x86config" --qemu_args='-smp 2'
-}
+kunit_x86() { kunit x86 "${x86_opts[@]}" --qemu_args='-smp 2'; }
 
 initramfs() {
 	local dir=$build/boot
@@ -241,6 +255,8 @@ main() {
 	case ${1:-} in
 	--prepare)
 		log "prepared in $(($(now) - t0)) s"
+		prebuild uml "${uml_opts[@]}"
+		prebuild x86 "${x86_opts[@]}"
 		return ;;
 	--prefixes)
 		prefixes

@@ -13,15 +13,22 @@
 # must build with the Rust 1.63 a fresh Debian 12 has).  Then an
 # aarch64 cross build runs the suite under qemu-user (the fallback path:
 # qemu-user has no rseq) and the aarch64 rseq sequence is compiled.
-# STRESS_SECONDS bounds each stress test (default here 8 s, 4 s under
-# qemu; valgrind runs 1 s).
+# STRESS_SECONDS bounds each stress test: 8 s by default in the plain
+# build, half of it (rounded up) under the sanitizers, a quarter under
+# qemu, 1 s under valgrind.  The sanitizers slow every access 2-15 times, so
+# their runs see fewer interleavings a second than the plain build's; what
+# they add (a race TSan sees without the two accesses colliding, a use
+# ASan sees after a free) shows in fewer of them.  A soak: STRESS_SECONDS=60.
+# Each stage prints its wall time, and the last lines sum them up: the
+# whole command must stay under ~25 minutes on 2 CPUs.
 # Then kernel/run.sh builds the kernel patch series on linux-source-6.12 and
 # runs checkpatch, its KUnit suites (UML and x86_64 under qemu) and its boot
 # test; KERNEL_TESTS=0 skips that part.  As root, its source is installed,
-# unpacked and patched in the background meanwhile (kernel/run.sh
-# --prepare, niced, log in build/kernel-prepare.log): a minute of one CPU
-# off the run's length.  (Not as another user: sudo would ask for a
-# password where nobody sees it.)
+# unpacked and patched, and its two KUnit kernels built, in the background
+# meanwhile (kernel/run.sh --prepare, at nice 19, log in
+# build/kernel-prepare.log): it runs on the CPU time the userspace stages
+# leave idle and barely slows them.  (Not as another user: sudo would ask
+# for a password where nobody sees it.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -37,6 +44,20 @@ if [ "${KERNEL_TESTS:-1}" != 0 ] && [ "$(id -u)" -eq 0 ]; then
   trap 'kill -- -"$kernel_prepare" 2>/dev/null || true' EXIT
 fi
 
+# stage NAME: starts timing a stage (and ends the previous one's); the
+# times are printed at the end.
+stage_names=()
+stage_secs=()
+stage_start=$SECONDS
+stage() {
+  if [ ${#stage_names[@]} -ne 0 ]; then
+    stage_secs+=($((SECONDS - stage_start)))
+  fi
+  stage_names+=("$1")
+  stage_start=$SECONDS
+  echo "=== $1"
+}
+
 jobs=$(nproc)
 # configure_and_build DIR CMAKE_ARGS...: false if either step fails.
 configure_and_build() {
@@ -51,20 +72,23 @@ failed=()
 for variant in plain address thread; do
   dir=build/test-$variant
   sanitize=$([ $variant = plain ] && echo "" || echo $variant)
-  echo "=== $variant build"
+  stress_seconds=$([ $variant = plain ] && echo "$STRESS_SECONDS" ||
+                   echo $(( (STRESS_SECONDS + 1) / 2 )))
+  stage "$variant build"
   if ! configure_and_build "$dir" -DPERCPUREF_SANITIZE="$sanitize"; then
     failed+=("$variant build")
     continue
   fi
+  stage "$variant tests (stress tests ${stress_seconds} s each)"
   # halt_on_error: a sanitizer report fails the test even if it recovers.
-  if ! ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 \
+  if ! STRESS_SECONDS=$stress_seconds ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 \
        TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
        ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900; then
     failed+=("$variant tests")
   fi
 done
 
-echo "=== rust bindings"
+stage "rust bindings"
 if ! (cd bindings/rust && CARGO_TARGET_DIR="$PWD/../../build/cargo" RUSTC=/usr/bin/rustc \
       RUSTDOC=/usr/bin/rustdoc /usr/bin/cargo test --offline); then
   failed+=("rust bindings")
@@ -77,31 +101,41 @@ fi
 # Scripts that run the binary directly (no emulator) and the host
 # install check (a host consumer) do not apply to a cross build.
 dir=build/test-aarch64
-echo "=== aarch64 cross build, tests under qemu-user"
+stage "aarch64 cross build"
 if ! configure_and_build "$dir" -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
                          -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND; then
   failed+=("aarch64 build")
-elif ! STRESS_SECONDS=$(( STRESS_SECONDS < 4 ? STRESS_SECONDS : 4 )) \
+else
+  stage "aarch64 tests under qemu-user (stress tests $(( (STRESS_SECONDS + 3) / 4 )) s each)"
+  if ! STRESS_SECONDS=$(( (STRESS_SECONDS + 3) / 4 )) \
        ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 \
              -E '^(install_check|bench_cli|bench_topology|bench_bundle|bench_py_tools)$'; then
-  failed+=("aarch64 tests")
+    failed+=("aarch64 tests")
+  fi
 fi
-echo "=== aarch64 rseq sequence (PERCPUREF_ARM64_RSEQ=ON): compiled, not run"
+stage "aarch64 rseq sequence (PERCPUREF_ARM64_RSEQ=ON): compiled, not run"
 if ! configure_and_build build/test-aarch64-rseq -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
                          -DPERCPUREF_ARM64_RSEQ=ON -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND; then
   failed+=("aarch64 rseq build")
 fi
 
 if [ "${KERNEL_TESTS:-1}" != 0 ]; then
-  echo "=== kernel series"
   if [ -n "$kernel_prepare" ]; then
+    stage "kernel series: what the background preparation has left to do"
     # A failed preparation is repeated, and reported, by the full run.
     wait "$kernel_prepare" || true
     trap - EXIT
     cat build/kernel-prepare.log
   fi
+  stage "kernel series"
   kernel/run.sh || failed+=("kernel series")
 fi
+stage_secs+=($((SECONDS - stage_start)))
+echo "=== wall time of each stage (s):"
+for i in "${!stage_names[@]}"; do
+  printf '%6d  %s\n' "${stage_secs[$i]}" "${stage_names[$i]}"
+done
+printf '%6d  in all (from the start, dependencies included)\n' "$SECONDS"
 if [ ${#failed[@]} -ne 0 ]; then
   printf '=== FAILED stages:'
   printf ' [%s]' "${failed[@]}"
