@@ -88,4 +88,22 @@ static inline double now_seconds(void)
 	return (double)now_ns() / 1e9;
 }
 
+/* How long past its time a stress run may go on for its progress. */
+#define STRESS_PATIENCE_S 30
+
+/*
+ * Whether a stress run goes on: until @end_ns, and past it while
+ * @progressed is false, STRESS_PATIENCE_S more at most.  Under valgrind or
+ * a sanitizer on a loaded machine a 1 s run could end before its threads
+ * did anything, and its check that they made progress fail for the
+ * machine's sake (valgrind_stress_poll did so once, CI's CPUs shared with
+ * a kernel build); a run that makes no progress in that time fails it.
+ */
+static inline int stress_goes_on(uint64_t end_ns, int progressed)
+{
+	uint64_t now = now_ns();
+
+	return now < end_ns || (!progressed && now - end_ns < STRESS_PATIENCE_S * UINT64_C(1000000000));
+}
+
 #endif

@@ -9,9 +9,10 @@
 #   fail: SPIN must find a violation (a mutant: proof that the model can fail)
 # Prints one line: "model NAME [MACROS]: OK|FAILED (errors N, S states, T s)".
 # Environment: SPIN (default spin), CC (default cc), PAN_MEMLIM (pan's
-# memory limit in MB, default 2048), PAN_OPT (the verifier's optimisation,
-# default -O0: compiling pan.c at -O2 takes 3.5 s and saves less than that
-# on every model but the largest, whose tests set -O2).
+# memory limit in MB, default 2048), PAN_OPT (one compiler flag, the
+# verifier's optimisation, default -O0: compiling pan.c at -O2 takes 3.5 s
+# and saves less than that on every model but the two largest searches,
+# whose tests set -O2).
 set -euo pipefail
 
 model=$(realpath "$1")

@@ -34,6 +34,7 @@
 
 #define LOST_AFTER_S 10.0
 #define SPIN_MAX 256
+#define MIN_PUSHES 100
 
 struct item {
 	struct percpuref_deferred deferred;
@@ -111,21 +112,21 @@ static void *pusher(void *arg)
 
 int main(void)
 {
-	double seconds = stress_seconds(2);
-	struct timespec run = { (time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9) };
+	uint64_t end = now_ns() + (uint64_t)(stress_seconds(2) * 1e9);
 	pthread_t thread;
 
 	/* The runtime, so that every batch pays its real reader fence. */
 	printf("# fast path: %s\n", percpuref_fast_path());
 	if (pthread_create(&thread, NULL, pusher, NULL))
 		return 1;
-	nanosleep(&run, NULL);
+	while (stress_goes_on(end, __atomic_load_n(&ran, __ATOMIC_RELAXED) > MIN_PUSHES))
+		percpuref_sleep_us(10000);
 	__atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
 	pthread_join(thread, NULL);
 	is(percpuref_wait_deferred(), 0, "every queued item finished");
 	printf("# %ld items pushed, %ld ran, %lu batches\n", pushes, ran,
 	       percpuref_deferred_fences());
-	ok(pushes > 100 || lost, "the pusher made progress");
+	ok(pushes > MIN_PUSHES || lost, "the pusher made progress");
 	is(ran, pushes, "every item ran");
 	is(not_in_turn, 0, "every item ran once, in turn");
 	is(lost, 0, "no item waited %.0f s for a thread that slept (lost wake-up)",

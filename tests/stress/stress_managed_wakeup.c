@@ -30,11 +30,14 @@
 
 #define NR_THREADS 2
 #define RELEASE_TIMEOUT_S 5.0
+#define MIN_ROUNDS 100
+
+static long all_rounds;	/* atomic: the threads' rounds, for their progress */
 
 struct waiter {
 	struct percpu_ref ref;
 	int released;		/* set by release */
-	long rounds, lost;
+	long lost;
 	int init_failed;
 	double seconds;
 	unsigned int seed;
@@ -51,9 +54,10 @@ static void waiter_release(struct percpu_ref *ref)
 static void *cycle(void *arg)
 {
 	struct waiter *w = arg;
-	double end = now_seconds() + w->seconds;
+	uint64_t end = now_ns() + (uint64_t)(w->seconds * 1e9);
 
-	while (now_seconds() < end && !w->lost) {
+	while (stress_goes_on(end, __atomic_load_n(&all_rounds, __ATOMIC_RELAXED) > MIN_ROUNDS) &&
+	       !w->lost) {
 		unsigned int spin;
 		double deadline;
 
@@ -76,7 +80,7 @@ static void *cycle(void *arg)
 			sched_yield();
 		}
 		percpu_ref_exit(&w->ref);
-		w->rounds++;
+		__atomic_fetch_add(&all_rounds, 1, __ATOMIC_RELAXED);
 	}
 	return NULL;
 }
@@ -90,7 +94,7 @@ int main(void)
 	};
 	static struct waiter waiters[NR_THREADS];
 	pthread_t threads[NR_THREADS];
-	long rounds = 0, lost = 0;
+	long rounds, lost = 0;
 	int i, started = 0, init_failed = 0;
 
 	ok(percpu_ref_managed_set_config(&config) == 0, "interval 0");
@@ -103,13 +107,13 @@ int main(void)
 	for (i = 0; i < started; i++)
 		pthread_join(threads[i], NULL);
 	for (i = 0; i < started; i++) {
-		rounds += waiters[i].rounds;
 		lost += waiters[i].lost;
 		init_failed += waiters[i].init_failed;
 	}
+	rounds = __atomic_load_n(&all_rounds, __ATOMIC_RELAXED);
 	is(init_failed, 0, "percpu_ref_init");
 	printf("# %ld refs released one at a time per thread\n", rounds);
 	is(lost, 0, "every ref released within %.0f s (no push left unseen)", RELEASE_TIMEOUT_S);
-	ok(rounds > 100, "refs went through");
+	ok(rounds > MIN_ROUNDS, "refs went through");
 	return done_testing();
 }

@@ -45,7 +45,8 @@ struct obj {
 
 static struct obj objs[NR_REFS];
 static int stop;
-static long errors, confirms_wanted, confirms_seen, worker_ops;
+static long errors, confirms_wanted, confirms_seen;
+static long worker_ops;	/* atomic: the workers' ops, 64 at a time while they run */
 static bool unitless;
 
 /* Drops the references handed over on @o, if any. */
@@ -116,9 +117,10 @@ static void *worker(void *arg)
 		for (k = 0; k < extra; k++)
 			percpu_ref_put(&o->ref);
 		percpu_ref_put(&o->ref);
-		ops++;
+		if (++ops % 64 == 0)
+			__atomic_fetch_add(&worker_ops, 64, __ATOMIC_RELAXED);
 	}
-	__atomic_fetch_add(&worker_ops, ops, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&worker_ops, ops % 64, __ATOMIC_RELAXED);
 	return NULL;
 }
 
@@ -140,9 +142,13 @@ static bool wait_released(struct obj *o)
 
 static bool stuck;
 
+/* The progress the run must make on each side. */
+#define MIN_CONTROL_OPS 100
+#define MIN_WORKER_OPS 1000
+
 static long controller(double seconds)
 {
-	double start = now_seconds();
+	uint64_t end = now_ns() + (uint64_t)(seconds * 1e9);
 	unsigned int seed = 42;
 	long ops = 0;
 
@@ -182,7 +188,8 @@ static long controller(double seconds)
 			break;
 		}
 		ops++;
-	} while (now_seconds() - start < seconds);
+	} while (stress_goes_on(end, ops > MIN_CONTROL_OPS &&
+			       __atomic_load_n(&worker_ops, __ATOMIC_RELAXED) > MIN_WORKER_OPS));
 	return ops;
 }
 
@@ -211,7 +218,7 @@ int main(int argc, char **argv)
 
 	printf("# %ld controller ops, %ld worker ops\n", control_ops, worker_ops);
 	ok(!stuck, "every kill that ended a life released the ref");
-	ok(control_ops > 100 && worker_ops > 1000, "both sides made progress");
+	ok(control_ops > MIN_CONTROL_OPS && worker_ops > MIN_WORKER_OPS, "both sides made progress");
 	for (i = 0; i < NR_REFS; i++) {
 		struct obj *o = &objs[i];
 

@@ -235,7 +235,7 @@ int main(void)
 		if (pthread_create(&threads[i], NULL, worker, (void *)(uintptr_t)i))
 			return 1;
 	}
-	while (now_ns() < end) {
+	while (stress_goes_on(end, __atomic_load_n(&polls_that_finished, __ATOMIC_RELAXED) > 0)) {
 		usleep(1000 + rnd(&seed) % 4000);
 		if (percpu_ref_barrier())
 			__atomic_fetch_add(&bad_callbacks, 1, __ATOMIC_RELAXED);

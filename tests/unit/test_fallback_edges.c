@@ -327,8 +327,8 @@ static int case_handler_robust_pending(void)
 
 /*
  * Signals this thread every 50 us, @handler running, while it gets and
- * puts @ref, until @done() or for 10 s: a hang, before a fix, shows as
- * the case's deadline.
+ * puts @ref, until @done() or for 10 s (2 under valgrind): a hang, before
+ * a fix, shows as the case's deadline.
  */
 static void pairs_under_signals(void (*handler)(int), bool (*done)(void))
 {
