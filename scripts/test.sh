@@ -19,9 +19,10 @@
 # their runs see fewer interleavings a second than the plain build's; what
 # they add (a race TSan sees without the two accesses colliding, a use
 # ASan sees after a free) shows in fewer of them.  Under qemu, not less
-# than half: a broken stress_deferred or stress_hcount loses an item there
-# only (a sequentially consistent store passing a later load), after
-# thousands of pushes.  A soak: STRESS_SECONDS=60.
+# than half: stress_deferred (a lost wake-up) and stress_hcount (a charge
+# past the limit) catch their broken variants only there, where a
+# sequentially consistent store may pass a later load, after thousands of
+# rounds.  A soak: STRESS_SECONDS=60.
 # Each stage prints its wall time, and the last lines sum them up: the
 # whole command must stay under ~25 minutes on 2 CPUs.
 # Then kernel/run.sh builds the kernel patch series on linux-source-6.12 and
@@ -34,12 +35,12 @@
 # for a password where nobody sees it.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
 export STRESS_SECONDS=${STRESS_SECONDS:-8}
 if ! [[ $STRESS_SECONDS =~ ^[1-9][0-9]{0,5}$ ]]; then
   echo "scripts/test.sh: STRESS_SECONDS=$STRESS_SECONDS: want whole seconds, 1 to 999999" >&2
   exit 2
 fi
+scripts/deps.sh
 
 kernel_prepare=""
 if [ "${KERNEL_TESTS:-1}" != 0 ] && [ "$(id -u)" -eq 0 ]; then
