@@ -23,7 +23,6 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <percpuref/percpu_ref.h>
