@@ -33,9 +33,10 @@
  * that interrupted one).  Where marks never read orphaned (qemu-user,
  * outside glibc, ThreadSanitizer) such a thread's unit stays taken, and
  * later threads may find the units gone and count without one (a ref's
- * shared unit-less word, percpu_ref.c): slower, never wrong.  This is liburcu-bp's registry arena, which keeps its
- * readers off the TLS for the same reason, with the kernel rather than
- * pthread_kill(tid, 0) telling whether the owner lives.
+ * shared unit-less word, percpu_ref.c): slower, never wrong.  This is
+ * liburcu-bp's registry arena, which keeps its readers off the TLS for the
+ * same reason, with the kernel rather than pthread_kill(tid, 0) telling
+ * whether the owner lives.
  *
  * The section.  Enter stores the grace-period counter into the thread's
  * ctr (nesting bits 1), a compiler barrier, then the mode word is loaded;
