@@ -59,7 +59,7 @@ enum percpuref_lock_rank {
 	PERCPUREF_RANK_DEFERRED,	/* deferred.c: the queue */
 	PERCPUREF_RANK_MANAGED,		/* managed.c: thread, config, stats */
 	PERCPUREF_RANK_READERS,		/* fallback.c: the fallback readers */
-	PERCPUREF_RANK_MIGRATION,	/* runtime.c: the migration fence */
+	PERCPUREF_RANK_AFFINITY,	/* runtime.c: threads' CPUs, migration fence */
 	PERCPUREF_NR_RANKS
 };
 

@@ -97,7 +97,18 @@
  * threads (docs/percpu_ref.md says so).
  * Tests open one signal with
  * percpuref_test_library_threads_accept() (tests/child.h's deadline has
- * every thread of a hung child print its stack on SIGURG).
+ * every thread of a hung child print its stack on SIGURG). *
+ * Placement.  A library thread runs where the thread whose call started
+ * it may run (its affinity, which pthread_create() copies: a callback
+ * thread started by a pinned worker's kill shares that worker's CPU),
+ * unless percpuref_set_library_cpus() or PERCPUREF_LIBRARY_CPUS chose
+ * their CPUs.  Each library thread lists itself (library_threads, under
+ * affinity_lock) as it starts, taking the choice then, and delists itself
+ * as it ends, by return or pthread_exit() (a cleanup handler).  A set
+ * changes every listed thread under the lock, all or none.  So a set
+ * reaches only live threads of ours (the id of a thread that ended may
+ * name another thread by then, of ours or of another process), and a
+ * fork child lists none of the parent's.
  */
 #define _GNU_SOURCE
 #include <assert.h>
@@ -247,6 +258,28 @@ static int sys_membarrier(int cmd, unsigned int flags)
 	return (int)syscall(__NR_membarrier, cmd, flags, 0);
 }
 
+/* A CPU set as large as the library's CPU cap (cpu_set_t holds 1024). */
+struct cpu_mask {
+	unsigned long bits[PERCPUREF_MAX_CPUS / (8 * sizeof(unsigned long))];
+};
+#define CPU_MASK_BYTES sizeof(struct cpu_mask)
+
+static bool cpu_mask_isset(unsigned int cpu, const struct cpu_mask *set)
+{
+	return CPU_ISSET_S(cpu, CPU_MASK_BYTES, (const cpu_set_t *)set->bits);
+}
+
+/* The affinity of thread @tid (0: the caller); 0, or -1 with errno set. */
+static int cpu_mask_get(pid_t tid, struct cpu_mask *set)
+{
+	return sched_getaffinity(tid, CPU_MASK_BYTES, (cpu_set_t *)set->bits);
+}
+
+static int cpu_mask_set(pid_t tid, const struct cpu_mask *set)
+{
+	return sched_setaffinity(tid, CPU_MASK_BYTES, (const cpu_set_t *)set->bits);
+}
+
 /* The CPU number @p starts with into *@out, *@end past it; false if none
  * (strtoul() alone would skip blanks and take a sign). */
 static bool read_cpu_number(const char *p, char **end, unsigned long *out)
@@ -259,18 +292,21 @@ static bool read_cpu_number(const char *p, char **end, unsigned long *out)
 }
 
 /*
- * The CPU count, from the text of the kernel's "possible" mask ("0-191\n",
- * "0,2-5"): the highest CPU id + 1, or 0 when the text is no such list or
- * names a CPU at or above PERCPUREF_MAX_CPUS (a sysfs that lies: a count
- * of 2^32 wrapped and failed every allocation, one of 100000 made every
- * ref cost 400 MB).  The kernel's own limit (NR_CPUS) is 8192 at most.
+ * A list of CPUs in the kernel's syntax ("0-191\n", "0,2-5": sysfs masks,
+ * cpuset.cpus, taskset -c), into @set unless NULL: the highest CPU id + 1,
+ * or 0 when the text is no such list or names a CPU at or above
+ * PERCPUREF_MAX_CPUS (a sysfs that lies: a count of 2^32 wrapped and
+ * failed every allocation, one of 100000 made every ref cost 400 MB).
+ * The kernel's own limit (NR_CPUS) is 8192 at most.
  */
-PERCPUREF_API unsigned int percpuref_cpu_count_from_mask(const char *text)
+static unsigned int parse_cpu_list(const char *text, struct cpu_mask *set)
 {
 	unsigned long lo, hi, count = 0;
 	const char *p = text;
 	char *end;
 
+	if (set)
+		memset(set, 0, sizeof(*set));
 	for (;;) {
 		if (!read_cpu_number(p, &end, &lo))
 			return 0;
@@ -281,11 +317,19 @@ PERCPUREF_API unsigned int percpuref_cpu_count_from_mask(const char *text)
 			return 0;
 		if (hi + 1 > count)
 			count = hi + 1;
+		for (; set && lo <= hi; lo++)
+			CPU_SET_S(lo, CPU_MASK_BYTES, (cpu_set_t *)set->bits);
 		if (*end != ',')
 			break;
 		p = end + 1;
 	}
 	return *end == '\0' || *end == '\n' ? (unsigned int)count : 0;
+}
+
+/* The CPU count from the text of the kernel's "possible" mask. */
+PERCPUREF_API unsigned int percpuref_cpu_count_from_mask(const char *text)
+{
+	return parse_cpu_list(text, NULL);
 }
 
 /*
@@ -544,21 +588,167 @@ static void fork_child(void)
 }
 
 /*
- * One migration fence at a time: one that read, through /proc, another's
- * passing affinity (widened, or on a CPU out of its reach) refused
- * spuriously, and a refusal turns the fast path off for good.  A leaf
- * lock (rank MIGRATION, last): the fence takes no other library lock.
+ * Thread affinity: one lock for every change the library makes to a
+ * thread's CPUs, a leaf (rank AFFINITY, last: its holders take no other
+ * library lock).  One migration fence at a time: one that read, through
+ * /proc, another's passing affinity (widened, or on a CPU out of its
+ * reach) refused spuriously, and a refusal turns the fast path off for
+ * good.  And the library's threads' CPUs ("Placement" at the top): a
+ * fence on a library thread restores the affinity it saved, which would
+ * undo a change made to that thread meanwhile.
  */
-static pthread_mutex_t migration_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t affinity_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void migration_fork_lock(void)
+/* A library thread, listed (affinity_lock) from its start to its end. */
+struct library_thread_node {
+	pid_t tid;
+	bool inherited_known;		/* false: its affinity could not be read */
+	bool changed;			/* by the set in progress */
+	struct cpu_mask inherited;	/* its affinity at its start */
+	struct cpu_mask before;		/* before the set in progress changed it */
+	struct library_thread_node *prev, *next;
+};
+
+static struct library_thread_node library_threads = {
+	.prev = &library_threads,
+	.next = &library_threads,
+};
+/* This thread's node while it is a listed library thread. */
+static __thread struct library_thread_node *own_library_node;
+/* The CPUs chosen for the library's threads, if chosen (affinity_lock). */
+static struct cpu_mask library_cpus;
+static bool library_cpus_chosen;
+/* A start that could not take them has warned since they were chosen. */
+static bool library_cpus_warned;
+
+static void library_threads_link(struct library_thread_node *node)
 {
-	pthread_mutex_lock(&migration_lock);
+	node->next = &library_threads;
+	node->prev = library_threads.prev;
+	library_threads.prev->next = node;
+	library_threads.prev = node;
 }
 
-static void migration_fork_unlock(void)
+/*
+ * A library thread's first step: listed, it takes the chosen CPUs, if
+ * any.  After the start-up post (percpuref_wait_thread_started()): a
+ * fork's prepare hook may hold affinity_lock while this thread waits for
+ * it, never the other way round.  A set that ran meanwhile chose what is
+ * read here, under the lock.
+ */
+static void library_thread_enter(struct library_thread_node *node)
 {
-	pthread_mutex_unlock(&migration_lock);
+	int err = 0;
+
+	node->tid = (pid_t)syscall(SYS_gettid);
+	node->inherited_known = cpu_mask_get(0, &node->inherited) == 0;
+	node->changed = false;
+	pthread_mutex_lock(&affinity_lock);
+	library_threads_link(node);
+	own_library_node = node;
+	if (library_cpus_chosen && cpu_mask_set(0, &library_cpus) && !library_cpus_warned) {
+		err = errno;
+		library_cpus_warned = true;
+	}
+	pthread_mutex_unlock(&affinity_lock);
+	if (err)
+		percpuref_warn("percpuref_set_library_cpus", "a library thread cannot run on "
+			       "the CPUs chosen (%s); it runs where it started", strerror(err));
+}
+
+/* Its last step, by return or pthread_exit(): never listed dead, so a
+ * set never reaches a thread id the kernel may have given to another. */
+static void library_thread_leave(void *arg)
+{
+	struct library_thread_node *node = arg;
+
+	pthread_mutex_lock(&affinity_lock);
+	node->prev->next = node->next;
+	node->next->prev = node->prev;
+	own_library_node = NULL;
+	pthread_mutex_unlock(&affinity_lock);
+}
+
+PERCPUREF_API int percpuref_set_library_cpus(const char *cpus)
+{
+	struct library_thread_node *node, *done;
+	struct cpu_mask chosen;
+	int err = 0;
+
+	if (cpus && !parse_cpu_list(cpus, &chosen))
+		return -EINVAL;
+	/* The environment's choice is read there: a call overrides it. */
+	percpuref_runtime_init();
+	pthread_mutex_lock(&affinity_lock);
+	for (node = library_threads.next; node != &library_threads; node = node->next) {
+		node->changed = false;
+		if (!cpus && !node->inherited_known)
+			continue;
+		if (cpu_mask_get(node->tid, &node->before) ||
+		    cpu_mask_set(node->tid, cpus ? &chosen : &node->inherited)) {
+			err = errno;
+			break;
+		}
+		node->changed = true;
+	}
+	if (err) {
+		/* All or nothing: the threads changed so far go back. */
+		for (done = library_threads.next; done != node; done = done->next)
+			if (done->changed)
+				cpu_mask_set(done->tid, &done->before);
+	} else {
+		library_cpus_chosen = cpus != NULL;
+		if (cpus)
+			library_cpus = chosen;
+		library_cpus_warned = false;
+	}
+	pthread_mutex_unlock(&affinity_lock);
+	return -err;
+}
+
+/* PERCPUREF_LIBRARY_CPUS, at set-up: before any library thread exists. */
+static void library_cpus_from_env(void)
+{
+	const char *env = getenv("PERCPUREF_LIBRARY_CPUS");
+	struct cpu_mask chosen;
+
+	if (!env || !*env)
+		return;
+	if (!parse_cpu_list(env, &chosen)) {
+		percpuref_warn("percpuref", "PERCPUREF_LIBRARY_CPUS=\"%s\" is not a list of CPUs "
+			       "below %u; ignored", env, PERCPUREF_MAX_CPUS);
+		return;
+	}
+	pthread_mutex_lock(&affinity_lock);
+	library_cpus = chosen;
+	library_cpus_chosen = true;
+	pthread_mutex_unlock(&affinity_lock);
+}
+
+static void affinity_fork_lock(void)
+{
+	pthread_mutex_lock(&affinity_lock);
+}
+
+static void affinity_fork_parent(void)
+{
+	pthread_mutex_unlock(&affinity_lock);
+}
+
+/*
+ * The parent's library threads do not exist here: a set must not reach
+ * their ids, which name the parent's threads (the same user may move
+ * those).  A library thread that forked (from a callback) goes on here
+ * as one, under its new id.
+ */
+static void affinity_fork_child(void)
+{
+	library_threads.next = library_threads.prev = &library_threads;
+	if (own_library_node) {
+		own_library_node->tid = (pid_t)syscall(SYS_gettid);
+		library_threads_link(own_library_node);
+	}
+	pthread_mutex_unlock(&affinity_lock);
 }
 
 static const struct percpuref_fork_hooks urcu_fork_hooks = {
@@ -568,17 +758,17 @@ static const struct percpuref_fork_hooks urcu_fork_hooks = {
 	.child = urcu_bp_after_fork_child,
 };
 
-static const struct percpuref_fork_hooks migration_fork_hooks = {
-	.rank = PERCPUREF_RANK_MIGRATION,
-	.prepare = migration_fork_lock,
-	.parent = migration_fork_unlock,
-	.child = migration_fork_unlock,
+static const struct percpuref_fork_hooks affinity_fork_hooks = {
+	.rank = PERCPUREF_RANK_AFFINITY,
+	.prepare = affinity_fork_lock,
+	.parent = affinity_fork_parent,
+	.child = affinity_fork_child,
 };
 
 static __attribute__((constructor)) void runtime_register(void)
 {
 	percpuref_register_fork_hooks(&urcu_fork_hooks);
-	percpuref_register_fork_hooks(&migration_fork_hooks);
+	percpuref_register_fork_hooks(&affinity_fork_hooks);
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
@@ -613,6 +803,7 @@ static void runtime_init_once(void)
 	/* Reading sysfs (stdio) is a cancellation point. */
 	int cancel = percpuref_cancel_disable();
 
+	library_cpus_from_env();
 	/* Before anything can be pending: see runtime_at_exit(). */
 	if (atexit(runtime_at_exit))
 		percpuref_warn("percpuref", "atexit refused: releases pending at exit run after "
@@ -649,39 +840,18 @@ unsigned int percpuref_nr_units(void)
 	return percpuref_nr_cpu_units;
 }
 
-/* A CPU set as large as the library's CPU cap (cpu_set_t holds 1024). */
-struct fence_cpus {
-	unsigned long bits[PERCPUREF_MAX_CPUS / (8 * sizeof(unsigned long))];
-};
-#define FENCE_CPUS_SIZE sizeof(struct fence_cpus)
-
-static bool fence_cpu_isset(unsigned int cpu, const struct fence_cpus *set)
-{
-	return CPU_ISSET_S(cpu, FENCE_CPUS_SIZE, (const cpu_set_t *)set->bits);
-}
-
-static int fence_getaffinity(pid_t tid, struct fence_cpus *set)
-{
-	return sched_getaffinity(tid, FENCE_CPUS_SIZE, (cpu_set_t *)set->bits);
-}
-
-static int fence_setaffinity(const struct fence_cpus *set)
-{
-	return sched_setaffinity(0, FENCE_CPUS_SIZE, (const cpu_set_t *)set->bits);
-}
-
 /*
  * Adds to @used the CPUs every thread of the process may run on.  False,
  * errno set, when /proc cannot list them (a chroot, a full fd table), or
  * lists ids of another pid namespace (a /proc mounted outside ours: every
  * id would read as an exited thread); the caller's own id is the check.
  */
-static bool add_threads_cpus(struct fence_cpus *used)
+static bool add_threads_cpus(struct cpu_mask *used)
 {
 	DIR *dir = opendir("/proc/self/task");
 	pid_t self = (pid_t)syscall(SYS_gettid);
 	bool self_listed = false;
-	struct fence_cpus one;
+	struct cpu_mask one;
 	struct dirent *d;
 	int err;
 
@@ -692,7 +862,7 @@ static bool add_threads_cpus(struct fence_cpus *used)
 
 		self_listed |= tid == self;
 		/* A thread that exited meanwhile (ESRCH) runs nowhere. */
-		if (tid > 0 && fence_getaffinity((pid_t)tid, &one) == 0)
+		if (tid > 0 && cpu_mask_get((pid_t)tid, &one) == 0)
 			for (size_t i = 0; i < sizeof(one.bits) / sizeof(one.bits[0]); i++)
 				used->bits[i] |= one.bits[i];
 	}
@@ -721,15 +891,15 @@ static bool add_threads_cpus(struct fence_cpus *used)
  */
 static int fence_by_migration_locked(void)
 {
-	struct fence_cpus saved, every, reach, used = { { 0 } }, one;
+	struct cpu_mask saved, every, reach, used = { { 0 } }, one;
 	int visited = 0, err = 0;
 
 	memset(&every, 0xff, sizeof(every));
-	if (fence_getaffinity(0, &saved))
+	if (cpu_mask_get(0, &saved))
 		return -1;
-	if (fence_setaffinity(&every) || fence_getaffinity(0, &reach)) {
+	if (cpu_mask_set(0, &every) || cpu_mask_get(0, &reach)) {
 		err = errno;
-		fence_setaffinity(&saved);
+		cpu_mask_set(0, &saved);
 		errno = err;
 		return -1;
 	}
@@ -737,22 +907,22 @@ static int fence_by_migration_locked(void)
 	if (!add_threads_cpus(&used))
 		err = errno ? errno : ENOENT;
 	for (unsigned int cpu = 0; cpu < PERCPUREF_MAX_CPUS && !err; cpu++) {
-		if (!fence_cpu_isset(cpu, &reach)) {
-			if (fence_cpu_isset(cpu, &used))
+		if (!cpu_mask_isset(cpu, &reach)) {
+			if (cpu_mask_isset(cpu, &used))
 				err = EINVAL;	/* what a move there would get */
 			continue;
 		}
 		memset(&one, 0, sizeof(one));
-		CPU_SET_S(cpu, FENCE_CPUS_SIZE, (cpu_set_t *)one.bits);
-		if (fence_setaffinity(&one) == 0)
+		CPU_SET_S(cpu, CPU_MASK_BYTES, (cpu_set_t *)one.bits);
+		if (cpu_mask_set(0, &one) == 0)
 			visited++;
 		/* EINVAL: the CPU went offline, or left this thread's cpuset
 		 * meanwhile; only one no thread may use can be skipped. */
-		else if (errno != EINVAL || fence_cpu_isset(cpu, &used))
+		else if (errno != EINVAL || cpu_mask_isset(cpu, &used))
 			err = errno;
 	}
-	if (!memcmp(&saved, &reach, sizeof(saved)) || fence_setaffinity(&saved))
-		fence_setaffinity(&every);
+	if (!memcmp(&saved, &reach, sizeof(saved)) || cpu_mask_set(0, &saved))
+		cpu_mask_set(0, &every);
 	if (err) {
 		errno = err;
 		return -1;
@@ -764,9 +934,9 @@ int percpuref_fence_by_migration(void)
 {
 	int ret;
 
-	pthread_mutex_lock(&migration_lock);
+	pthread_mutex_lock(&affinity_lock);
 	ret = fence_by_migration_locked();
-	pthread_mutex_unlock(&migration_lock);
+	pthread_mutex_unlock(&affinity_lock);
 	return ret;
 }
 
@@ -902,11 +1072,18 @@ static void *library_thread_main(void *arg)
 	/* pthread_create() ordered the creator's store before us. */
 	void *(*fn)(void *) = t->fn;
 
+	struct library_thread_node node;
+	void *ret;
+
 	percpuref_library_thread = true;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	/* The C library's and the sanitizers' start-up is behind us. */
 	sem_post(&t->started);
-	return fn(NULL);
+	library_thread_enter(&node);
+	pthread_cleanup_push(library_thread_leave, &node);
+	ret = fn(NULL);
+	pthread_cleanup_pop(1);
+	return ret;
 }
 
 /* Also consumes its post: the count is 0 again for the next start. */

@@ -26,7 +26,8 @@
  * PERCPUREF_RECLAIMER_NICE (0..19: the reclaimer thread's nice value),
  * PERCPUREF_MANAGED_WARN_S (warn once for each managed ref still held N
  * seconds after it was first listed; 0, the default: no warning;
- * docs/managed.md).
+ * docs/managed.md).  Where the reclaimer may run: percpu_ref.h,
+ * percpuref_set_library_cpus() (PERCPUREF_LIBRARY_CPUS).
  */
 #ifndef PERCPUREF_MANAGED_H
 #define PERCPUREF_MANAGED_H

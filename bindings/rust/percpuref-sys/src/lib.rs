@@ -40,6 +40,8 @@ pub const EPERM: c_int = 1;
 pub const EALREADY: c_int = 114;
 /// Refused inside a callback the library runs (a wait, a poll).
 pub const EDEADLK: c_int = 35;
+/// `percpuref_set_library_cpus()`: not a list of CPUs, or none usable.
+pub const EINVAL: c_int = 22;
 
 extern "C" {
     pub fn percpu_ref_init(r: *mut percpu_ref, release: Option<percpu_ref_func_t>, flags: c_uint) -> c_int;
@@ -54,6 +56,7 @@ extern "C" {
     pub fn percpu_ref_poll(flags: c_uint) -> c_int;
     pub fn percpu_ref_poll_unregister() -> c_int;
     pub fn percpuref_shutdown();
+    pub fn percpuref_set_library_cpus(cpus: *const c_char) -> c_int;
     pub fn percpuref_prepare_unload();
     /// Also sets the library up (and so registers its exit handler).
     pub fn percpuref_fast_path() -> *const c_char;
@@ -82,7 +85,7 @@ mod tests {
 
     #[test]
     fn layout_flags_and_errno_match_the_headers() {
-        let mut c = [0usize; 11];
+        let mut c = [0usize; 12];
         let r = std::mem::MaybeUninit::<percpu_ref>::uninit();
         let base = r.as_ptr() as usize;
         // SAFETY: only field addresses are taken; nothing is read.
@@ -105,6 +108,7 @@ mod tests {
             EPERM as usize,
             EALREADY as usize,
             EDEADLK as usize,
+            EINVAL as usize,
         ];
         assert_eq!(c, rust, "C (size, align, offsets, flags, errno values) against this crate");
     }

@@ -48,7 +48,7 @@ PERCPUREF_API bool percpuref_sys_is_dying(struct percpu_ref *ref)
  * values the library returns that the Rust crates tell apart, in this
  * order.
  */
-PERCPUREF_API void percpuref_sys_abi(size_t out[11])
+PERCPUREF_API void percpuref_sys_abi(size_t out[12])
 {
 	out[0] = sizeof(struct percpu_ref);
 	out[1] = _Alignof(struct percpu_ref);
@@ -61,4 +61,5 @@ PERCPUREF_API void percpuref_sys_abi(size_t out[11])
 	out[8] = EPERM;
 	out[9] = EALREADY;
 	out[10] = EDEADLK;
+	out[11] = EINVAL;
 }

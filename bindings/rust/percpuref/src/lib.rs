@@ -548,6 +548,27 @@ pub fn flush_managed() -> Result<(), Error> {
     check(unsafe { sys::percpu_ref_managed_flush() })
 }
 
+/// Chooses the CPUs the C library's threads (its callback thread, which
+/// drops killed values, and the reclaimer) may run on: `Some` list in the
+/// kernel's syntax (`"3"`, `"0-3,8"`, as `taskset -c` takes it), or `None`
+/// for the default, where each runs where the thread whose call started it
+/// could (a pinned thread's first kill pins the callback thread beside
+/// it).  Running threads change at once, all or none; later ones as they
+/// start.  `Err(EINVAL)` for a list that is not one (a NUL byte in it
+/// included) or CPUs no running library thread may use, the kernel's
+/// refusal otherwise (the C library's `percpuref_set_library_cpus()`;
+/// docs/percpu_ref.md).  `PERCPUREF_LIBRARY_CPUS` in the environment
+/// makes the same choice at start-up.
+pub fn set_library_cpus(cpus: Option<&str>) -> Result<(), Error> {
+    let list = match cpus {
+        Some(text) => Some(std::ffi::CString::new(text).map_err(|_| Error(sys::EINVAL))?),
+        None => None,
+    };
+    let text = list.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+    // SAFETY: `text` is NULL or a NUL-terminated string that outlives the call.
+    check(unsafe { sys::percpuref_set_library_cpus(text) })
+}
+
 /// Lets code that used this crate be unloaded: a `cdylib` that uses it
 /// carries the C library, fast paths included, and each call (a clone or
 /// drop of a `PcArc`, `Owner::new`, `share`, `kill`) leaves the calling
@@ -1043,6 +1064,14 @@ mod tests {
             });
             s.spawn(move || rx.iter().for_each(drop));
         });
+    }
+
+    #[test]
+    fn library_cpus_refuses_what_is_no_list() {
+        for bad in ["", "x", "1-0", "0,", "8192", "0\u{0}1"] {
+            assert_eq!(set_library_cpus(Some(bad)), Err(Error(sys::EINVAL)), "{:?}", bad);
+        }
+        assert_eq!(set_library_cpus(None), Ok(()));
     }
 
     #[test]
