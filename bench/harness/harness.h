@@ -120,6 +120,7 @@ struct report {
 	unsigned int baseline;	/* efficiency's baseline row, in threads (default 1) */
 	unsigned int baseline_row;	/* its index in threads[] */
 	const char *fast_path;	/* percpuref_fast_path(): "rseq-glibc", "fallback" ... */
+	const char *library_cpus; /* the library's threads' CPUs chosen; NULL: inherited */
 	double duration;
 	double hang_limit;	/* --hang-limit: seconds a point may overrun its window */
 	bool processes;		/* --processes: rows are one-thread processes */

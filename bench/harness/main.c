@@ -113,6 +113,7 @@ enum {
 	OPT_HANG_LIMIT,
 	OPT_BASELINE,
 	OPT_JSON,
+	OPT_LIBRARY_CPUS,
 	OPT_LIST,
 	OPT_HELP,
 	OPT_WORKLOAD,	/* + index of the workload's option */
@@ -129,6 +130,7 @@ static const struct option common_options[] = {
 	{ "hang-limit", required_argument, NULL, OPT_HANG_LIMIT },
 	{ "baseline", required_argument, NULL, OPT_BASELINE },
 	{ "json", required_argument, NULL, OPT_JSON },
+	{ "library-cpus", required_argument, NULL, OPT_LIBRARY_CPUS },
 	{ "list", no_argument, NULL, OPT_LIST },
 	{ "help", no_argument, NULL, OPT_HELP },
 };
@@ -233,6 +235,9 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"                      reports' 8C16T = 100%%:\n"
 		"                      (throughput(T) / T) / (throughput(N) / N) (default 1)\n"
 		"  --json FILE         also write JSON Lines to FILE; \"-\": JSON on stdout, table on stderr\n"
+		"  --library-cpus LIST CPUs the library's threads (callback thread, reclaimer) run on\n"
+		"                      (\"0-3,8\"; default: $PERCPUREF_LIBRARY_CPUS, else where the\n"
+		"                      thread whose call starts them may run)\n"
 		"  --list              list workloads, or the workload's variants and options\n"
 		"  --topology          (no workload) print the usable CPUs in placement order\n"
 		"                      and the per-CPU fast path this process uses\n"
@@ -490,6 +495,7 @@ struct cli {
 	const char *threads;
 	const char *variants;
 	const char *json;
+	const char *library_cpus;
 	unsigned int baseline;	/* 0: not given (one thread) */
 	bool oversubscribe;
 	bool list;
@@ -606,6 +612,9 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			if (!*optarg)
 				usage_error(w, "--json: empty file name");
 			cli->json = optarg;
+			break;
+		case OPT_LIBRARY_CPUS:
+			cli->library_cpus = optarg;
 			break;
 		case OPT_LIST:
 		case OPT_HELP:
@@ -910,6 +919,32 @@ static FILE *open_json_early(const char *path)
 }
 
 /*
+ * The CPUs of the library's threads: --library-cpus, else
+ * PERCPUREF_LIBRARY_CPUS, set (again) through the library, so that a list
+ * it refuses, or ignored with a warning at its set-up, fails the run
+ * instead of measuring another placement than the one asked for.
+ */
+static void place_library_threads(struct report *r, const struct cli *cli)
+{
+	const char *list = cli->library_cpus, *what = "--library-cpus ";
+	int err;
+
+	if (!list) {
+		list = getenv("PERCPUREF_LIBRARY_CPUS");
+		what = "PERCPUREF_LIBRARY_CPUS=";
+		if (!list || !*list)
+			return;	/* an empty one counts as unset, as for the library */
+	}
+	err = percpuref_set_library_cpus(list);
+	if (err == -EINVAL)
+		usage_error(r->workload, "%s%s: not a list of CPUs (\"0-3,8\") that the library's "
+			    "threads may use", what, list);
+	if (err)
+		usage_error(r->workload, "%s%s: %s", what, list, strerror(-err));
+	r->library_cpus = list;
+}
+
+/*
  * A standard stream the caller closed (">&-", "2>&-") gets /dev/null,
  * read-only: the next file opened (the --json file) took its number, and
  * the table or a warning went into that file.  Writes to it now fail, so a
@@ -981,6 +1016,7 @@ int main(int argc, char **argv)
 			    "--json - writes the JSON there and the table to standard error",
 			    cli.json);
 
+	place_library_threads(&r, &cli);
 	topology_read(&topo);
 	plan_report(&r, &cli);
 	if (cli.json && !strcmp(cli.json, "-")) {

@@ -205,6 +205,10 @@ void report_table(FILE *out, const struct report *r)
 	fprintf(out, "%s: %s\n", r->workload->name, r->workload->help);
 	print_machine(out, topo);
 	fprintf(out, "fast path: %s\n", r->fast_path);
+	if (r->library_cpus)
+		fprintf(out, "library threads: CPUs %s\n", r->library_cpus);
+	else
+		fprintf(out, "library threads: where the thread whose call starts them may run\n");
 	fprintf(out, "each point: %g s after a %g s warm-up, %s of %u run%s", r->duration,
 		r->duration / 5, r->stat, r->repeat, r->repeat == 1 ? "" : "s");
 	if (efficiency && r->baseline == 1)
@@ -428,6 +432,11 @@ void report_json(FILE *out, const struct report *r)
 			json_machine(out, topo);
 			fprintf(out, ",\"fast_path\":");
 			json_string(out, r->fast_path);
+			fprintf(out, ",\"library_cpus\":");
+			if (r->library_cpus)
+				json_string(out, r->library_cpus);
+			else
+				fprintf(out, "null");
 			fprintf(out, ",\"started\":\"%s\"}\n", r->started);
 		}
 	}

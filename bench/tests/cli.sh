@@ -103,6 +103,36 @@ grep -q 'unknown option -x$' "$tmp/err" ||
 expect 2 micro --baseline "$over"
 grep -q "^percpuref-bench: --baseline $over:" "$tmp/err" ||
 	{ echo "FAIL: --baseline $over: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+# Where the library's threads run: a list that is not one, from the option
+# or the environment (which the library only warns about), fails the run
+# rather than measuring another placement; a good one is in the header.
+expect 2 micro --library-cpus zz --threads 1 --variants private $short
+grep -q '^percpuref-bench: --library-cpus zz: not a list of CPUs' "$tmp/err" ||
+	{ echo "FAIL: --library-cpus zz: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+expect 2 micro --library-cpus "" --threads 1 --variants private $short
+export PERCPUREF_LIBRARY_CPUS=zz
+expect 2 micro --threads 1 --variants private $short
+unset PERCPUREF_LIBRARY_CPUS
+grep -q '^percpuref-bench: PERCPUREF_LIBRARY_CPUS=zz: not a list of CPUs' "$tmp/err" ||
+	{ echo "FAIL: PERCPUREF_LIBRARY_CPUS=zz: $(grep -v '^percpuref: ' "$tmp/err" | head -1)"
+	  fails=$((fails + 1)); }
+first_cpu=$("$bench" --topology | sed -n 's/^placement: \([0-9]*\).*/\1/p')
+for how in option environment; do
+	if [ $how = option ]; then
+		"$bench" micro --library-cpus "$first_cpu" --threads 1 --variants private $short \
+			--json "$tmp/placed.json" >"$tmp/out" 2>"$tmp/err"
+	else
+		PERCPUREF_LIBRARY_CPUS=$first_cpu "$bench" micro --threads 1 --variants private \
+			$short --json "$tmp/placed.json" >"$tmp/out" 2>"$tmp/err"
+	fi
+	if grep -q "^library threads: CPUs $first_cpu\$" "$tmp/out" &&
+	   grep -q "\"library_cpus\":\"$first_cpu\"" "$tmp/placed.json"; then
+		echo "ok: library threads on CPU $first_cpu ($how), in the header and the JSON"
+	else
+		echo "FAIL: library threads on CPU $first_cpu ($how): $(sed -n 4p "$tmp/out")"
+		fails=$((fails + 1))
+	fi
+done
 # Results that cannot be written (a full disk) are an error, not exit 0.
 # expect_full ARGS...: BENCH ARGS with standard output on a full disk
 # must fail, saying so.
@@ -606,6 +636,7 @@ rows, group, cpus = int(sys.argv[2]), sys.argv[3] == "yes", int(sys.argv[4])
 need = {"workload": str, "variant": str, "threads": int, "ops_per_sec": (int, float),
         "ns_per_op": (int, float, type(None)), "efficiency": (int, float, type(None)),
         "oversubscribed": bool, "processes": bool, "config": str, "fast_path": str,
+        "library_cpus": (str, type(None)),
         "baseline_threads": (int, type(None))}
 if group:
     need.update({"group": str, "groups": int, "ops_per_sec_per_group": (int, float)})
