@@ -59,7 +59,8 @@ enum percpuref_lock_rank {
 	PERCPUREF_RANK_DEFERRED,	/* deferred.c: the queue */
 	PERCPUREF_RANK_MANAGED,		/* managed.c: thread, config, stats */
 	PERCPUREF_RANK_READERS,		/* fallback.c: the fallback readers */
-	PERCPUREF_RANK_AFFINITY,	/* runtime.c: threads' CPUs, migration fence */
+	PERCPUREF_RANK_MIGRATION,	/* runtime.c: the migration fence */
+	PERCPUREF_RANK_LIBRARY_THREADS,	/* runtime.c: the library's threads' CPUs */
 	PERCPUREF_NR_RANKS
 };
 
@@ -399,6 +400,7 @@ struct percpuref_thread {
 	bool starting;		/* started; its start-up not yet waited for */
 	bool start_refused;	/* warned; not again until a start succeeds */
 	void *(*fn)(void *);	/* what it runs; NULL: never started */
+	const char *name;	/* its name, at most 15 chars */
 	sem_t started;		/* posted once it runs library code */
 };
 

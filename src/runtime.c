@@ -97,18 +97,22 @@
  * threads (docs/percpu_ref.md says so).
  * Tests open one signal with
  * percpuref_test_library_threads_accept() (tests/child.h's deadline has
- * every thread of a hung child print its stack on SIGURG). *
+ * every thread of a hung child print its stack on SIGURG).
+ *
  * Placement.  A library thread runs where the thread whose call started
  * it may run (its affinity, which pthread_create() copies: a callback
  * thread started by a pinned worker's kill shares that worker's CPU),
  * unless percpuref_set_library_cpus() or PERCPUREF_LIBRARY_CPUS chose
- * their CPUs.  Each library thread lists itself (library_threads, under
- * affinity_lock) as it starts, taking the choice then, and delists itself
- * as it ends, by return or pthread_exit() (a cleanup handler).  A set
- * changes every listed thread under the lock, all or none.  So a set
- * reaches only live threads of ours (the id of a thread that ended may
- * name another thread by then, of ours or of another process), and a
- * fork child lists none of the parent's.
+ * their CPUs; one started by another library thread gets the CPUs that
+ * one started with, so that a NULL set takes both back there.  Each
+ * library thread lists itself (library_threads) as it starts, taking the
+ * choice then, and delists itself as it ends, by return or pthread_exit()
+ * (a cleanup handler).  A set changes every listed thread under the
+ * list's lock, all or none.  So a set reaches only live threads of ours
+ * (the id of a thread that ended may name another thread by then, of
+ * ours or of another process), and a fork child lists none of the
+ * parent's (but one forked from a signal handler inside a get or put,
+ * which takes no lock and may only exec or _exit).
  */
 #define _GNU_SOURCE
 #include <assert.h>
@@ -588,21 +592,26 @@ static void fork_child(void)
 }
 
 /*
- * Thread affinity: one lock for every change the library makes to a
- * thread's CPUs, a leaf (rank AFFINITY, last: its holders take no other
- * library lock).  One migration fence at a time: one that read, through
- * /proc, another's passing affinity (widened, or on a CPU out of its
- * reach) refused spuriously, and a refusal turns the fast path off for
- * good.  And the library's threads' CPUs ("Placement" at the top): a
- * fence on a library thread restores the affinity it saved, which would
- * undo a change made to that thread meanwhile.
+ * One migration fence at a time: one that read, through /proc, another's
+ * passing affinity (widened, or on a CPU out of its reach) refused
+ * spuriously, and a refusal turns the fast path off for good.  A set of
+ * the library's threads' CPUs holds it too: a fence on a library thread
+ * restores the affinity it saved, which would undo a set made meanwhile.
+ * Rank MIGRATION: its holders take no other library lock but the next.
  */
-static pthread_mutex_t affinity_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t migration_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* A library thread, listed (affinity_lock) from its start to its end. */
+/*
+ * The library's threads and the CPUs chosen for them ("Placement" at the
+ * top), under library_threads_lock (rank LIBRARY_THREADS, last: a leaf).
+ * Not the migration lock: a thread that starts or ends waits for no fence.
+ */
+static pthread_mutex_t library_threads_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* A library thread, listed from its start to its end. */
 struct library_thread_node {
 	pid_t tid;
-	bool inherited_known;		/* false: its affinity could not be read */
+	int inherited_err;		/* 0, or why inherited could not be read */
 	bool changed;			/* by the set in progress */
 	struct cpu_mask inherited;	/* its affinity at its start */
 	struct cpu_mask before;		/* before the set in progress changed it */
@@ -615,7 +624,7 @@ static struct library_thread_node library_threads = {
 };
 /* This thread's node while it is a listed library thread. */
 static __thread struct library_thread_node *own_library_node;
-/* The CPUs chosen for the library's threads, if chosen (affinity_lock). */
+/* The CPUs chosen for the library's threads, if chosen. */
 static struct cpu_mask library_cpus;
 static bool library_cpus_chosen;
 /* A start that could not take them has warned since they were chosen. */
@@ -632,28 +641,28 @@ static void library_threads_link(struct library_thread_node *node)
 /*
  * A library thread's first step: listed, it takes the chosen CPUs, if
  * any.  After the start-up post (percpuref_wait_thread_started()): a
- * fork's prepare hook may hold affinity_lock while this thread waits for
- * it, never the other way round.  A set that ran meanwhile chose what is
- * read here, under the lock.
+ * fork's prepare hook may hold the lock while this thread waits for it,
+ * never the other way round.  A set that ran meanwhile chose what is read
+ * here, under the lock.
  */
 static void library_thread_enter(struct library_thread_node *node)
 {
 	int err = 0;
 
 	node->tid = (pid_t)syscall(SYS_gettid);
-	node->inherited_known = cpu_mask_get(0, &node->inherited) == 0;
+	node->inherited_err = cpu_mask_get(0, &node->inherited) ? errno : 0;
 	node->changed = false;
-	pthread_mutex_lock(&affinity_lock);
+	pthread_mutex_lock(&library_threads_lock);
 	library_threads_link(node);
 	own_library_node = node;
 	if (library_cpus_chosen && cpu_mask_set(0, &library_cpus) && !library_cpus_warned) {
 		err = errno;
 		library_cpus_warned = true;
 	}
-	pthread_mutex_unlock(&affinity_lock);
+	pthread_mutex_unlock(&library_threads_lock);
 	if (err)
-		percpuref_warn("percpuref_set_library_cpus", "a library thread cannot run on "
-			       "the CPUs chosen (%s); it runs where it started", strerror(err));
+		percpuref_warn("percpuref", "a library thread cannot run on the CPUs chosen for "
+			       "them (%s); it runs where it started", strerror(err));
 }
 
 /* Its last step, by return or pthread_exit(): never listed dead, so a
@@ -662,28 +671,31 @@ static void library_thread_leave(void *arg)
 {
 	struct library_thread_node *node = arg;
 
-	pthread_mutex_lock(&affinity_lock);
+	pthread_mutex_lock(&library_threads_lock);
 	node->prev->next = node->next;
 	node->next->prev = node->prev;
 	own_library_node = NULL;
-	pthread_mutex_unlock(&affinity_lock);
+	pthread_mutex_unlock(&library_threads_lock);
 }
 
 PERCPUREF_API int percpuref_set_library_cpus(const char *cpus)
 {
 	struct library_thread_node *node, *done;
 	struct cpu_mask chosen;
-	int err = 0;
+	int err = 0, undo_err = 0;
 
 	if (cpus && !parse_cpu_list(cpus, &chosen))
 		return -EINVAL;
 	/* The environment's choice is read there: a call overrides it. */
 	percpuref_runtime_init();
-	pthread_mutex_lock(&affinity_lock);
+	pthread_mutex_lock(&migration_lock);
+	pthread_mutex_lock(&library_threads_lock);
 	for (node = library_threads.next; node != &library_threads; node = node->next) {
 		node->changed = false;
-		if (!cpus && !node->inherited_known)
-			continue;
+		if (!cpus && node->inherited_err) {
+			err = node->inherited_err;	/* nowhere to go back to */
+			break;
+		}
 		if (cpu_mask_get(node->tid, &node->before) ||
 		    cpu_mask_set(node->tid, cpus ? &chosen : &node->inherited)) {
 			err = errno;
@@ -694,15 +706,19 @@ PERCPUREF_API int percpuref_set_library_cpus(const char *cpus)
 	if (err) {
 		/* All or nothing: the threads changed so far go back. */
 		for (done = library_threads.next; done != node; done = done->next)
-			if (done->changed)
-				cpu_mask_set(done->tid, &done->before);
+			if (done->changed && cpu_mask_set(done->tid, &done->before))
+				undo_err = errno;
 	} else {
 		library_cpus_chosen = cpus != NULL;
 		if (cpus)
 			library_cpus = chosen;
 		library_cpus_warned = false;
 	}
-	pthread_mutex_unlock(&affinity_lock);
+	pthread_mutex_unlock(&library_threads_lock);
+	pthread_mutex_unlock(&migration_lock);
+	if (undo_err)
+		percpuref_warn("percpuref_set_library_cpus", "a library thread moved by this "
+			       "refused call cannot move back (%s)", strerror(undo_err));
 	return -err;
 }
 
@@ -719,20 +735,30 @@ static void library_cpus_from_env(void)
 			       "below %u; ignored", env, PERCPUREF_MAX_CPUS);
 		return;
 	}
-	pthread_mutex_lock(&affinity_lock);
+	pthread_mutex_lock(&library_threads_lock);
 	library_cpus = chosen;
 	library_cpus_chosen = true;
-	pthread_mutex_unlock(&affinity_lock);
+	pthread_mutex_unlock(&library_threads_lock);
 }
 
-static void affinity_fork_lock(void)
+static void migration_fork_lock(void)
 {
-	pthread_mutex_lock(&affinity_lock);
+	pthread_mutex_lock(&migration_lock);
 }
 
-static void affinity_fork_parent(void)
+static void migration_fork_unlock(void)
 {
-	pthread_mutex_unlock(&affinity_lock);
+	pthread_mutex_unlock(&migration_lock);
+}
+
+static void library_threads_fork_lock(void)
+{
+	pthread_mutex_lock(&library_threads_lock);
+}
+
+static void library_threads_fork_parent(void)
+{
+	pthread_mutex_unlock(&library_threads_lock);
 }
 
 /*
@@ -741,14 +767,14 @@ static void affinity_fork_parent(void)
  * those).  A library thread that forked (from a callback) goes on here
  * as one, under its new id.
  */
-static void affinity_fork_child(void)
+static void library_threads_fork_child(void)
 {
 	library_threads.next = library_threads.prev = &library_threads;
 	if (own_library_node) {
 		own_library_node->tid = (pid_t)syscall(SYS_gettid);
 		library_threads_link(own_library_node);
 	}
-	pthread_mutex_unlock(&affinity_lock);
+	pthread_mutex_unlock(&library_threads_lock);
 }
 
 static const struct percpuref_fork_hooks urcu_fork_hooks = {
@@ -758,17 +784,25 @@ static const struct percpuref_fork_hooks urcu_fork_hooks = {
 	.child = urcu_bp_after_fork_child,
 };
 
-static const struct percpuref_fork_hooks affinity_fork_hooks = {
-	.rank = PERCPUREF_RANK_AFFINITY,
-	.prepare = affinity_fork_lock,
-	.parent = affinity_fork_parent,
-	.child = affinity_fork_child,
+static const struct percpuref_fork_hooks migration_fork_hooks = {
+	.rank = PERCPUREF_RANK_MIGRATION,
+	.prepare = migration_fork_lock,
+	.parent = migration_fork_unlock,
+	.child = migration_fork_unlock,
+};
+
+static const struct percpuref_fork_hooks library_threads_fork_hooks = {
+	.rank = PERCPUREF_RANK_LIBRARY_THREADS,
+	.prepare = library_threads_fork_lock,
+	.parent = library_threads_fork_parent,
+	.child = library_threads_fork_child,
 };
 
 static __attribute__((constructor)) void runtime_register(void)
 {
 	percpuref_register_fork_hooks(&urcu_fork_hooks);
-	percpuref_register_fork_hooks(&affinity_fork_hooks);
+	percpuref_register_fork_hooks(&migration_fork_hooks);
+	percpuref_register_fork_hooks(&library_threads_fork_hooks);
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
@@ -934,9 +968,9 @@ int percpuref_fence_by_migration(void)
 {
 	int ret;
 
-	pthread_mutex_lock(&affinity_lock);
+	pthread_mutex_lock(&migration_lock);
 	ret = fence_by_migration_locked();
-	pthread_mutex_unlock(&affinity_lock);
+	pthread_mutex_unlock(&migration_lock);
 	return ret;
 }
 
@@ -1077,6 +1111,11 @@ static void *library_thread_main(void *arg)
 
 	percpuref_library_thread = true;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+	/* Named by itself before it lists itself, so that no set finds it
+	 * nameless (tests/unit/test_library_cpus.c checks every id a set
+	 * reaches by its name), and by its creator, so that it carries its
+	 * name once the call that started it returns. */
+	pthread_setname_np(pthread_self(), t->name);
 	/* The C library's and the sanitizers' start-up is behind us. */
 	sem_post(&t->started);
 	library_thread_enter(&node);
@@ -1112,6 +1151,30 @@ void percpuref_sigfill_async(sigset_t *set)
 		sigdelset(set, synchronous_signals[i]);
 }
 
+/*
+ * Starts @t's thread.  One started by a library thread gets the CPUs that
+ * thread started with, not those chosen since: a NULL set takes both back
+ * to where the first of them started.  Where the kernel refuses those now
+ * (a CPU gone offline), it starts as any child does.
+ */
+static int create_library_thread(struct percpuref_thread *t)
+{
+	const struct library_thread_node *creator = own_library_node;
+	pthread_attr_t attr;
+	int err;
+
+	if (!creator || creator->inherited_err || pthread_attr_init(&attr))
+		return pthread_create(&t->id, NULL, library_thread_main, t);
+	err = pthread_attr_setaffinity_np(&attr, CPU_MASK_BYTES,
+					  (const cpu_set_t *)creator->inherited.bits);
+	if (!err)
+		err = pthread_create(&t->id, &attr, library_thread_main, t);
+	pthread_attr_destroy(&attr);
+	if (err)
+		err = pthread_create(&t->id, NULL, library_thread_main, t);
+	return err;
+}
+
 bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), const char *name)
 {
 	sigset_t blocked, creators;
@@ -1122,6 +1185,7 @@ bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), con
 	if (!t->fn)
 		sem_init(&t->started, 0, 0);
 	t->fn = fn;
+	t->name = name;
 	/* The thread inherits this mask: every signal but the synchronous
 	 * ones blocked from its first instruction on ("Signal masks" above). */
 	percpuref_sigfill_async(&blocked);
@@ -1131,8 +1195,7 @@ bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), con
 	pthread_sigmask(SIG_SETMASK, &blocked, &creators);
 	/* A start the fault hook refuses fails as one without memory for
 	 * its stack does (internal.h). */
-	err = percpuref_fault_should_fail() ? EAGAIN
-					    : pthread_create(&t->id, NULL, library_thread_main, t);
+	err = percpuref_fault_should_fail() ? EAGAIN : create_library_thread(t);
 	pthread_sigmask(SIG_SETMASK, &creators, NULL);
 	if (err) {
 		if (!t->start_refused)

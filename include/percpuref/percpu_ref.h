@@ -317,18 +317,21 @@ PERCPUREF_API void percpuref_shutdown(void);
 /*
  * percpuref_set_library_cpus - choose the CPUs the library's threads (the
  * callback thread "percpuref-cb", the reclaimer "percpuref-recl") may run
- * on.  @cpus is a list in the kernel's syntax ("3", "0-3,8"), as taskset
- * -c and cpuset.cpus take it.  The threads running now change at once
- * (all of them or, on an error, none), those started later take it as
- * they start.  NULL goes back to the default: a thread may run where the
- * thread whose call started it could at that moment (pthread_create()
- * copies the affinity: a callback thread started by a pinned worker's
- * kill shares that worker's CPU); running ones go back to that.
+ * on.  @cpus lists CPUs and ranges of them, comma-separated ("3",
+ * "0-3,8": the kernel's list format, without the strides "0-7:2" of its
+ * newer kernel parameters and without blanks).  The threads running now
+ * change at once (all of them or, on an error, none), those started later
+ * take it as they start.  NULL goes back to the default: a thread may run
+ * where the thread whose call started it could at that moment
+ * (pthread_create() copies the affinity: a callback thread started by a
+ * pinned worker's kill shares that worker's CPU), or, started by another
+ * library thread, where that one started; running ones go back there.
  * PERCPUREF_LIBRARY_CPUS in the environment makes the same choice when
  * the library sets itself up; a call overrides it.  Returns 0; -EINVAL
  * when @cpus is not such a list of CPUs below 8192, or a running library
  * thread may use none of them (offline, outside its cpuset); the
- * kernel's refusal otherwise (-EPERM from a sandbox).  With no library
+ * kernel's refusal otherwise (-EPERM from a sandbox, as for a NULL that
+ * finds a thread whose first CPUs could not be read).  With no library
  * thread running nothing checks the choice: a thread that then cannot
  * take it warns on stderr and runs where it started.  Any thread, a
  * callback included; not from a signal handler.
