@@ -389,6 +389,14 @@ static inline unsigned long percpuref_counter_net(unsigned long sum)
 	return (unsigned long)((long)(sum << high) >> high);
 }
 
+/* The most CPUs the library counts: the kernel's largest NR_CPUS. */
+#define PERCPUREF_MAX_CPUS 8192u
+
+/* A CPU set as large as the library's CPU cap (cpu_set_t holds 1024). */
+struct percpuref_cpu_mask {
+	unsigned long bits[PERCPUREF_MAX_CPUS / (8 * sizeof(unsigned long))];
+};
+
 /*
  * One of the library's threads (the reclaimer, the callback thread), each
  * field under its module's lock.  stopping: one caller is joining it.
@@ -401,6 +409,10 @@ struct percpuref_thread {
 	bool start_refused;	/* warned; not again until a start succeeds */
 	void *(*fn)(void *);	/* what it runs; NULL: never started */
 	const char *name;	/* its name, at most 15 chars */
+	/* Started by a library thread: the CPUs that one started with,
+	 * which it starts on (runtime.c, "Placement"). */
+	bool start_cpus_given;
+	struct percpuref_cpu_mask start_cpus;
 	sem_t started;		/* posted once it runs library code */
 };
 
@@ -476,8 +488,6 @@ PERCPUREF_API void percpuref_fault_fail_nth_alloc(long nth);
 PERCPUREF_API void percpuref_fault_fail_from_nth_alloc(long nth);
 PERCPUREF_API unsigned long percpuref_fault_refused_allocs(void);
 bool percpuref_fault_should_fail(void);
-/* The most CPUs the library counts: the kernel's largest NR_CPUS. */
-#define PERCPUREF_MAX_CPUS 8192u
 /* runtime.c's reader and parser of the possible mask (0: not a list, or
  * too large); exposed for tests. */
 PERCPUREF_API unsigned int percpuref_cpu_count_from_mask(const char *text);
@@ -497,6 +507,9 @@ void percpuref_sigfill_async(sigset_t *set);
 /* Test hook: the library's threads started from now on leave @sig open
  * (runtime.c, "Signal masks"); they block every other. */
 PERCPUREF_API void percpuref_test_library_threads_accept(int sig);
+/* Test hook: how many library threads are listed (runtime.c, "Placement"):
+ * those started and not yet ended. */
+PERCPUREF_API unsigned int percpuref_test_library_threads_listed(void);
 /*
  * The fence used once membarrier is refused: runs the calling thread on
  * every CPU a thread of the process may use.  The number of CPUs, or -1

@@ -262,24 +262,20 @@ static int sys_membarrier(int cmd, unsigned int flags)
 	return (int)syscall(__NR_membarrier, cmd, flags, 0);
 }
 
-/* A CPU set as large as the library's CPU cap (cpu_set_t holds 1024). */
-struct cpu_mask {
-	unsigned long bits[PERCPUREF_MAX_CPUS / (8 * sizeof(unsigned long))];
-};
-#define CPU_MASK_BYTES sizeof(struct cpu_mask)
+#define CPU_MASK_BYTES sizeof(struct percpuref_cpu_mask)
 
-static bool cpu_mask_isset(unsigned int cpu, const struct cpu_mask *set)
+static bool cpu_mask_isset(unsigned int cpu, const struct percpuref_cpu_mask *set)
 {
 	return CPU_ISSET_S(cpu, CPU_MASK_BYTES, (const cpu_set_t *)set->bits);
 }
 
 /* The affinity of thread @tid (0: the caller); 0, or -1 with errno set. */
-static int cpu_mask_get(pid_t tid, struct cpu_mask *set)
+static int cpu_mask_get(pid_t tid, struct percpuref_cpu_mask *set)
 {
 	return sched_getaffinity(tid, CPU_MASK_BYTES, (cpu_set_t *)set->bits);
 }
 
-static int cpu_mask_set(pid_t tid, const struct cpu_mask *set)
+static int cpu_mask_set(pid_t tid, const struct percpuref_cpu_mask *set)
 {
 	return sched_setaffinity(tid, CPU_MASK_BYTES, (const cpu_set_t *)set->bits);
 }
@@ -303,7 +299,7 @@ static bool read_cpu_number(const char *p, char **end, unsigned long *out)
  * failed every allocation, one of 100000 made every ref cost 400 MB).
  * The kernel's own limit (NR_CPUS) is 8192 at most.
  */
-static unsigned int parse_cpu_list(const char *text, struct cpu_mask *set)
+static unsigned int parse_cpu_list(const char *text, struct percpuref_cpu_mask *set)
 {
 	unsigned long lo, hi, count = 0;
 	const char *p = text;
@@ -612,9 +608,8 @@ static pthread_mutex_t library_threads_lock = PTHREAD_MUTEX_INITIALIZER;
 struct library_thread_node {
 	pid_t tid;
 	int inherited_err;		/* 0, or why inherited could not be read */
-	bool changed;			/* by the set in progress */
-	struct cpu_mask inherited;	/* its affinity at its start */
-	struct cpu_mask before;		/* before the set in progress changed it */
+	struct percpuref_cpu_mask inherited;	/* its affinity at its start */
+	struct percpuref_cpu_mask before;	/* before the set in progress moved it */
 	struct library_thread_node *prev, *next;
 };
 
@@ -625,7 +620,7 @@ static struct library_thread_node library_threads = {
 /* This thread's node while it is a listed library thread. */
 static __thread struct library_thread_node *own_library_node;
 /* The CPUs chosen for the library's threads, if chosen. */
-static struct cpu_mask library_cpus;
+static struct percpuref_cpu_mask library_cpus;
 static bool library_cpus_chosen;
 /* A start that could not take them has warned since they were chosen. */
 static bool library_cpus_warned;
@@ -651,7 +646,6 @@ static void library_thread_enter(struct library_thread_node *node)
 
 	node->tid = (pid_t)syscall(SYS_gettid);
 	node->inherited_err = cpu_mask_get(0, &node->inherited) ? errno : 0;
-	node->changed = false;
 	pthread_mutex_lock(&library_threads_lock);
 	library_threads_link(node);
 	own_library_node = node;
@@ -680,8 +674,8 @@ static void library_thread_leave(void *arg)
 
 PERCPUREF_API int percpuref_set_library_cpus(const char *cpus)
 {
-	struct library_thread_node *node, *done;
-	struct cpu_mask chosen;
+	struct library_thread_node *node, *moved_up_to;
+	struct percpuref_cpu_mask chosen;
 	int err = 0, undo_err = 0;
 
 	if (cpus && !parse_cpu_list(cpus, &chosen))
@@ -690,25 +684,24 @@ PERCPUREF_API int percpuref_set_library_cpus(const char *cpus)
 	percpuref_runtime_init();
 	pthread_mutex_lock(&migration_lock);
 	pthread_mutex_lock(&library_threads_lock);
-	for (node = library_threads.next; node != &library_threads; node = node->next) {
-		node->changed = false;
-		if (!cpus && node->inherited_err) {
-			err = node->inherited_err;	/* nowhere to go back to */
-			break;
-		}
+	/* Back to where they started needs every start known: else none moves. */
+	for (node = library_threads.next; !cpus && node != &library_threads; node = node->next)
+		if (node->inherited_err)
+			err = node->inherited_err;
+	/* The threads before moved_up_to have moved. */
+	moved_up_to = library_threads.next;
+	for (node = library_threads.next; !err && node != &library_threads; node = node->next) {
 		if (cpu_mask_get(node->tid, &node->before) ||
 		    cpu_mask_set(node->tid, cpus ? &chosen : &node->inherited)) {
 			err = errno;
-			break;
+			moved_up_to = node;
 		}
-		node->changed = true;
 	}
-	if (err) {
-		/* All or nothing: the threads changed so far go back. */
-		for (done = library_threads.next; done != node; done = done->next)
-			if (done->changed && cpu_mask_set(done->tid, &done->before))
-				undo_err = errno;
-	} else {
+	/* All or nothing: those go back. */
+	for (node = library_threads.next; err && node != moved_up_to; node = node->next)
+		if (cpu_mask_set(node->tid, &node->before))
+			undo_err = errno;
+	if (!err) {
 		library_cpus_chosen = cpus != NULL;
 		if (cpus)
 			library_cpus = chosen;
@@ -722,11 +715,23 @@ PERCPUREF_API int percpuref_set_library_cpus(const char *cpus)
 	return -err;
 }
 
+PERCPUREF_API unsigned int percpuref_test_library_threads_listed(void)
+{
+	const struct library_thread_node *node;
+	unsigned int n = 0;
+
+	pthread_mutex_lock(&library_threads_lock);
+	for (node = library_threads.next; node != &library_threads; node = node->next)
+		n++;
+	pthread_mutex_unlock(&library_threads_lock);
+	return n;
+}
+
 /* PERCPUREF_LIBRARY_CPUS, at set-up: before any library thread exists. */
 static void library_cpus_from_env(void)
 {
 	const char *env = getenv("PERCPUREF_LIBRARY_CPUS");
-	struct cpu_mask chosen;
+	struct percpuref_cpu_mask chosen;
 
 	if (!env || !*env)
 		return;
@@ -880,12 +885,12 @@ unsigned int percpuref_nr_units(void)
  * lists ids of another pid namespace (a /proc mounted outside ours: every
  * id would read as an exited thread); the caller's own id is the check.
  */
-static bool add_threads_cpus(struct cpu_mask *used)
+static bool add_threads_cpus(struct percpuref_cpu_mask *used)
 {
 	DIR *dir = opendir("/proc/self/task");
 	pid_t self = (pid_t)syscall(SYS_gettid);
 	bool self_listed = false;
-	struct cpu_mask one;
+	struct percpuref_cpu_mask one;
 	struct dirent *d;
 	int err;
 
@@ -925,7 +930,7 @@ static bool add_threads_cpus(struct cpu_mask *used)
  */
 static int fence_by_migration_locked(void)
 {
-	struct cpu_mask saved, every, reach, used = { { 0 } }, one;
+	struct percpuref_cpu_mask saved, every, reach, used = { { 0 } }, one;
 	int visited = 0, err = 0;
 
 	memset(&every, 0xff, sizeof(every));
@@ -1116,6 +1121,9 @@ static void *library_thread_main(void *arg)
 	 * reaches by its name), and by its creator, so that it carries its
 	 * name once the call that started it returns. */
 	pthread_setname_np(pthread_self(), t->name);
+	/* Refused (a CPU gone offline since): as any child, where it is. */
+	if (t->start_cpus_given)
+		cpu_mask_set(0, &t->start_cpus);
 	/* The C library's and the sanitizers' start-up is behind us. */
 	sem_post(&t->started);
 	library_thread_enter(&node);
@@ -1151,30 +1159,6 @@ void percpuref_sigfill_async(sigset_t *set)
 		sigdelset(set, synchronous_signals[i]);
 }
 
-/*
- * Starts @t's thread.  One started by a library thread gets the CPUs that
- * thread started with, not those chosen since: a NULL set takes both back
- * to where the first of them started.  Where the kernel refuses those now
- * (a CPU gone offline), it starts as any child does.
- */
-static int create_library_thread(struct percpuref_thread *t)
-{
-	const struct library_thread_node *creator = own_library_node;
-	pthread_attr_t attr;
-	int err;
-
-	if (!creator || creator->inherited_err || pthread_attr_init(&attr))
-		return pthread_create(&t->id, NULL, library_thread_main, t);
-	err = pthread_attr_setaffinity_np(&attr, CPU_MASK_BYTES,
-					  (const cpu_set_t *)creator->inherited.bits);
-	if (!err)
-		err = pthread_create(&t->id, &attr, library_thread_main, t);
-	pthread_attr_destroy(&attr);
-	if (err)
-		err = pthread_create(&t->id, NULL, library_thread_main, t);
-	return err;
-}
-
 bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), const char *name)
 {
 	sigset_t blocked, creators;
@@ -1186,6 +1170,12 @@ bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), con
 		sem_init(&t->started, 0, 0);
 	t->fn = fn;
 	t->name = name;
+	/* Started by a library thread: where that one started, not the
+	 * CPUs chosen since ("Placement" above).  Read by the new thread
+	 * before its post, which the next start on @t waits for. */
+	t->start_cpus_given = own_library_node && !own_library_node->inherited_err;
+	if (t->start_cpus_given)
+		t->start_cpus = own_library_node->inherited;
 	/* The thread inherits this mask: every signal but the synchronous
 	 * ones blocked from its first instruction on ("Signal masks" above). */
 	percpuref_sigfill_async(&blocked);
@@ -1195,7 +1185,8 @@ bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), con
 	pthread_sigmask(SIG_SETMASK, &blocked, &creators);
 	/* A start the fault hook refuses fails as one without memory for
 	 * its stack does (internal.h). */
-	err = percpuref_fault_should_fail() ? EAGAIN : create_library_thread(t);
+	err = percpuref_fault_should_fail() ? EAGAIN
+					    : pthread_create(&t->id, NULL, library_thread_main, t);
 	pthread_sigmask(SIG_SETMASK, &creators, NULL);
 	if (err) {
 		if (!t->start_refused)

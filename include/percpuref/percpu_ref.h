@@ -329,9 +329,10 @@ PERCPUREF_API void percpuref_shutdown(void);
  * PERCPUREF_LIBRARY_CPUS in the environment makes the same choice when
  * the library sets itself up; a call overrides it.  Returns 0; -EINVAL
  * when @cpus is not such a list of CPUs below 8192, or a running library
- * thread may use none of them (offline, outside its cpuset); the
- * kernel's refusal otherwise (-EPERM from a sandbox, as for a NULL that
- * finds a thread whose first CPUs could not be read).  With no library
+ * thread may use none of them (offline, outside its cpuset; for NULL,
+ * none of those it started with); the kernel's error otherwise (-EPERM
+ * from a sandbox; for NULL, also the one that kept a thread's first CPUs
+ * from being read at its start).  With no library
  * thread running nothing checks the choice: a thread that then cannot
  * take it warns on stderr and runs where it started.  Any thread, a
  * callback included; not from a signal handler.

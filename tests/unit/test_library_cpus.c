@@ -36,8 +36,9 @@
 #include "internal.h"
 #include "tap.h"
 
-/* The thread ids the library moved that named no live library thread. */
-static int strangers_moved;	/* atomic */
+/* The thread ids the library moved, and those that named no live
+ * library thread. */
+static int ids_moved, strangers_moved;	/* atomic */
 
 int __real_sched_setaffinity(pid_t tid, size_t size, const cpu_set_t *set);
 
@@ -47,10 +48,11 @@ int __wrap_sched_setaffinity(pid_t tid, size_t size, const cpu_set_t *set)
 	FILE *f;
 
 	if (tid) {
+		/* Relaxed: counts, read once the threads are joined. */
+		__atomic_fetch_add(&ids_moved, 1, __ATOMIC_RELAXED);
 		snprintf(path, sizeof(path), "/proc/self/task/%d/comm", (int)tid);
 		f = fopen(path, "r");
 		if (!f || !fgets(comm, sizeof(comm), f) || strncmp(comm, "percpuref-", 10)) {
-			/* Relaxed: a count, read once the threads are joined. */
 			__atomic_fetch_add(&strangers_moved, 1, __ATOMIC_RELAXED);
 			printf("# sched_setaffinity(%d): not a library thread (\"%.*s\")\n", (int)tid,
 			       (int)strcspn(comm, "\n"), comm);
@@ -178,6 +180,7 @@ static void test_choices(void)
 	cb = start_callback_thread();
 	recl = start_reclaimer();
 	ok(cb && recl, "both library threads found by name");
+	is(percpuref_test_library_threads_listed(), 2, "and both listed");
 	ok(affinity_becomes(cb, last_cpu), "the callback thread started on CPU %d", last_cpu);
 	ok(affinity_becomes(recl, last_cpu), "the reclaimer started on CPU %d", last_cpu);
 
@@ -206,26 +209,37 @@ static void release_kills_inner(struct percpu_ref *ref)
 }
 
 /* A library thread started by another while a choice holds goes back
- * where the first one started, not to the choice it inherited. */
+ * where the first one started (not to the choice it inherited, nor to
+ * where the thread whose call made the first start is). */
 static void test_started_by_library_thread(void)
 {
 	struct percpu_ref outer;
+	cpu_set_t one;
 	pid_t cb, recl;
 
 	percpuref_shutdown();
-	is(percpuref_set_library_cpus(last_list), 0, "choose CPU %d", last_cpu);
+	CPU_ZERO(&one);
+	CPU_SET(first_cpu, &one);
+	if (sched_setaffinity(0, sizeof(one), &one)) {
+		skip("cannot pin this thread: %s", strerror(errno));
+		return;
+	}
 	percpu_ref_init(&inner, noop_release, 0);
 	percpu_ref_init(&outer, release_kills_inner, PERCPU_REF_REL_MANAGED);
+	recl = thread_named("percpuref-recl");
+	sched_setaffinity(0, sizeof(process_cpus), &process_cpus);
+	ok(affinity_becomes(recl, first_cpu),
+	   "the reclaimer started by this thread pinned to CPU %d runs there", first_cpu);
+	is(percpuref_set_library_cpus(last_list), 0, "choose CPU %d", last_cpu);
 	percpu_ref_put(&outer);
 	percpu_ref_managed_flush();	/* the reclaimer releases it */
 	percpu_ref_barrier();		/* the callback thread ran the kill */
 	cb = thread_named("percpuref-cb");
-	recl = thread_named("percpuref-recl");
-	ok(affinity_becomes(cb, last_cpu) && affinity_becomes(recl, last_cpu),
+	ok(affinity_becomes(cb, last_cpu) && affinity_is(recl, last_cpu),
 	   "the reclaimer, and the callback thread its callback started, on CPU %d", last_cpu);
 	is(percpuref_set_library_cpus(NULL), 0, "back to the default");
-	ok(affinity_is(recl, -1) && affinity_is(cb, -1),
-	   "both back where the reclaimer started (this thread's CPUs)");
+	ok(affinity_is(recl, first_cpu) && affinity_is(cb, first_cpu),
+	   "both back on CPU %d, where the reclaimer started", first_cpu);
 	percpu_ref_exit(&outer);
 	percpu_ref_exit(&inner);
 	percpuref_shutdown();
@@ -472,6 +486,7 @@ static void test_churn(void)
 	double seconds = getenv("PERCPUREF_VALGRIND") ? 0.5 : 1.5;
 	uint64_t end = now_ns() + (uint64_t)(seconds * 1e9);
 	unsigned long sets = 0, starts = 0;
+	unsigned int listed_after_shutdown = 0;
 	pthread_t set_thread;
 
 	__atomic_store_n(&churn_stop, 0, __ATOMIC_RELAXED);
@@ -483,11 +498,14 @@ static void test_churn(void)
 		if (start_callback_thread())
 			starts++;
 		percpuref_shutdown();
+		/* The setter's calls list nobody; a shutdown joined the rest. */
+		listed_after_shutdown |= percpuref_test_library_threads_listed();
 	}
 	__atomic_store_n(&churn_stop, 1, __ATOMIC_RELAXED);
 	pthread_join(set_thread, NULL);
 	printf("# %lu sets, %lu callback thread starts\n", sets, starts);
 	ok(sets > 0 && starts > 0, "sets and starts both ran");
+	is(listed_after_shutdown, 0, "no library thread listed after any of the shutdowns");
 	is(percpuref_set_library_cpus(NULL), 0, "back to the default");
 }
 
@@ -526,6 +544,9 @@ int main(int argc, char **argv)
 		test_all_or_nothing();
 	}
 	test_churn();
+	ok(__atomic_load_n(&ids_moved, __ATOMIC_RELAXED) > 0,
+	   "the library's moves went through the wrapper (%d)",
+	   __atomic_load_n(&ids_moved, __ATOMIC_RELAXED));
 	is(__atomic_load_n(&strangers_moved, __ATOMIC_RELAXED), 0,
 	   "every thread id a set reached was a live library thread's");
 	return done_testing();

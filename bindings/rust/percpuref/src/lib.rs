@@ -549,15 +549,17 @@ pub fn flush_managed() -> Result<(), Error> {
 }
 
 /// Chooses the CPUs the C library's threads (its callback thread, which
-/// drops killed values, and the reclaimer) may run on: `Some` list in the
-/// kernel's syntax (`"3"`, `"0-3,8"`, as `taskset -c` takes it), or `None`
-/// for the default, where each runs where the thread whose call started it
-/// could (a pinned thread's first kill pins the callback thread beside
-/// it).  Running threads change at once, all or none; later ones as they
-/// start.  `Err(EINVAL)` for a list that is not one (a NUL byte in it
-/// included) or CPUs no running library thread may use, the kernel's
-/// refusal otherwise (the C library's `percpuref_set_library_cpus()`;
-/// docs/percpu_ref.md).  `PERCPUREF_LIBRARY_CPUS` in the environment
+/// drops killed values, and the reclaimer) may run on: `Some` list of CPUs
+/// and ranges, comma-separated (`"3"`, `"0-3,8"`, as `taskset -c` takes
+/// them; no strides, no blanks), or `None` for the default, where each
+/// runs where the thread whose call started it could (a pinned thread's
+/// first kill pins the callback thread beside it; one library thread
+/// started by the other starts where that one did), running ones going
+/// back where they started.  Running threads change at once, all or none;
+/// later ones as they start.  `Err(EINVAL)` for a list that is not one (a
+/// NUL byte in it included) or CPUs a running library thread may not use
+/// at all, the kernel's error otherwise (the C library's
+/// `percpuref_set_library_cpus()`; docs/percpu_ref.md).  `PERCPUREF_LIBRARY_CPUS` in the environment
 /// makes the same choice at start-up.
 pub fn set_library_cpus(cpus: Option<&str>) -> Result<(), Error> {
     let list = match cpus {
