@@ -17,15 +17,11 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -34,6 +30,7 @@
 #include "capture.h"
 #include "child.h"
 #include "internal.h"
+#include "sandbox.h"
 #include "tap.h"
 
 /* The thread ids the library moved, and those that named no live
@@ -355,22 +352,15 @@ static void test_fork_child(void)
 static int refuse_setaffinity_of(pid_t tid)
 {
 	struct sock_filter filter[] = {
-		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, FILTER_ARCH, 1, 0),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_sched_setaffinity, 0, 3),
+		FILTER_MATCH_CALL(FILTER_ARCH, __NR_sched_setaffinity, 3),
 		/* The low half of the first argument (little-endian). */
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
 		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned int)tid, 0, 1),
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
 	};
-	struct sock_fprog prog = { sizeof(filter) / sizeof(filter[0]), filter };
 
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
-		return -1;
-	return (int)syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+	return install_filter(filter, sizeof(filter) / sizeof(filter[0]), 0);
 }
 
 /*
