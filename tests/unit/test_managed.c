@@ -1218,13 +1218,17 @@ static uint64_t clock_ns(clockid_t clock)
  * alike).  Counted in this thread's CPU time, not the clock's: with eight
  * busy processes on two CPUs a 200 ms window gave it 7 ms, below what the
  * comparison needed, and the test failed.  Exits 0 when the
- * reclaimer got less than a quarter of this thread's time, in one of three
+ * reclaimer got less than half of this thread's time, in one of three
  * tries; 1 when it never did; 2 when the process cannot be pinned, the
  * reclaimer's CPU clock cannot be read, or no try could compare: 20 s in
  * all ran out before this thread had its 50 ms, and the reclaimer had
- * less than 10 ms, or less than a quarter of the thread's time (a machine
- * too busy to tell; a reclaimer that took more starved the thread itself,
- * and the try fails).
+ * less than 10 ms, or less than half of the thread's time (a machine too
+ * busy to tell; a reclaimer that took more starved the thread itself,
+ * and the try fails).  Half, not a quarter as first written: a reclaimer
+ * that gives way takes 1-3% here, but ThreadSanitizer's slower scans took
+ * 11-12% on an idle guest and 26-31% in all three tries of a CI run with
+ * other work on that CPU; one that does not gives way takes about as much
+ * as the thread (100%).
  */
 static int gives_way(void)
 {
@@ -1272,13 +1276,13 @@ static int gives_way(void)
 		       (unsigned long long)(mine / 1000), (unsigned long long)(its / 1000));
 		if (mine >= want_cpu_ns) {
 			compared = true;
-			if (its * 4 < mine)
+			if (its * 2 < mine)
 				result = 0;
 			continue;
 		}
 		/* Out of time: starved by the reclaimer itself (a failed try)
 		 * or by the machine (no try). */
-		if (its * 4 >= mine && its >= want_cpu_ns / 5)
+		if (its * 2 >= mine && its >= want_cpu_ns / 5)
 			compared = true;
 		break;
 	}
