@@ -1110,7 +1110,6 @@ static void *library_thread_main(void *arg)
 	struct percpuref_thread *t = arg;
 	/* pthread_create() ordered the creator's store before us. */
 	void *(*fn)(void *) = t->fn;
-
 	struct library_thread_node node;
 	void *ret;
 
