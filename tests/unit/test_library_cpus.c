@@ -15,7 +15,6 @@
  * id a thread left, which the kernel may give to any other thread.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -32,6 +31,7 @@
 #include "internal.h"
 #include "sandbox.h"
 #include "tap.h"
+#include "thread_names.h"
 
 /* The thread ids the library moved, and those that named no live
  * library thread. */
@@ -41,21 +41,16 @@ int __real_sched_setaffinity(pid_t tid, size_t size, const cpu_set_t *set);
 
 int __wrap_sched_setaffinity(pid_t tid, size_t size, const cpu_set_t *set)
 {
-	char path[64], comm[32] = "";
-	FILE *f;
+	char id[16], comm[32] = "";
 
 	if (tid) {
 		/* Relaxed: counts, read once the threads are joined. */
 		__atomic_fetch_add(&ids_moved, 1, __ATOMIC_RELAXED);
-		snprintf(path, sizeof(path), "/proc/self/task/%d/comm", (int)tid);
-		f = fopen(path, "r");
-		if (!f || !fgets(comm, sizeof(comm), f) || strncmp(comm, "percpuref-", 10)) {
+		snprintf(id, sizeof(id), "%d", (int)tid);
+		if (!thread_name(id, comm) || strncmp(comm, "percpuref-", 10)) {
 			__atomic_fetch_add(&strangers_moved, 1, __ATOMIC_RELAXED);
-			printf("# sched_setaffinity(%d): not a library thread (\"%.*s\")\n", (int)tid,
-			       (int)strcspn(comm, "\n"), comm);
+			printf("# sched_setaffinity(%s): not a library thread (\"%s\")\n", id, comm);
 		}
-		if (f)
-			fclose(f);
 	}
 	return __real_sched_setaffinity(tid, size, set);
 }
@@ -67,30 +62,6 @@ static char first_list[16], last_list[16];
 static void noop_release(struct percpu_ref *ref)
 {
 	(void)ref;
-}
-
-/* The id of the thread named @name; 0: none. */
-static pid_t thread_named(const char *name)
-{
-	char path[300], comm[32], want[32];
-	DIR *tasks = opendir("/proc/self/task");
-	struct dirent *d;
-	pid_t tid = 0;
-	FILE *f;
-
-	snprintf(want, sizeof(want), "%s\n", name);
-	while (tasks && (d = readdir(tasks))) {
-		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", d->d_name);
-		f = fopen(path, "r");
-		if (!f)
-			continue;
-		if (fgets(comm, sizeof(comm), f) && !strcmp(comm, want))
-			tid = (pid_t)atoi(d->d_name);
-		fclose(f);
-	}
-	if (tasks)
-		closedir(tasks);
-	return tid;
 }
 
 /* Thread @tid's affinity is @want (one CPU, or -1: process_cpus). */

@@ -12,7 +12,6 @@
  * to a busy thread.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -31,6 +30,7 @@
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
 #include "tap.h"
+#include "thread_names.h"
 
 struct object {
 	struct percpu_ref ref;
@@ -1113,29 +1113,6 @@ static int held_warning(void)
 	return code;
 }
 
-/* The thread id of the reclaimer, found by its name; 0: none. */
-static pid_t reclaimer_tid(void)
-{
-	char path[300], comm[32];
-	DIR *tasks = opendir("/proc/self/task");
-	struct dirent *d;
-	pid_t tid = 0;
-	FILE *f;
-
-	while (tasks && (d = readdir(tasks))) {
-		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", d->d_name);
-		f = fopen(path, "r");
-		if (!f)
-			continue;
-		if (fgets(comm, sizeof(comm), f) && !strcmp(comm, "percpuref-recl\n"))
-			tid = (pid_t)atoi(d->d_name);
-		fclose(f);
-	}
-	if (tasks)
-		closedir(tasks);
-	return tid;
-}
-
 /*
  * Child of test_reclaimer_nice(): starts the reclaimer and exits with its
  * nice value + 20, found by the thread's name; 100: no such thread.
@@ -1148,7 +1125,7 @@ static int reclaimer_nice(void)
 
 	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED);
 	percpu_ref_managed_flush();	/* the thread runs from here on */
-	tid = reclaimer_tid();
+	tid = thread_named("percpuref-recl");
 	if (tid) {
 		errno = 0;
 		nice = getpriority(PRIO_PROCESS, (id_t)tid);
@@ -1256,7 +1233,7 @@ static int gives_way(void)
 	for (i = 0; i < NR_HELD; i++)
 		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_REL_MANAGED);
 	percpu_ref_managed_flush();	/* the thread runs, and has its name */
-	tid = reclaimer_tid();
+	tid = thread_named("percpuref-recl");
 	/* Another thread's CPU clock: Linux's MAKE_THREAD_CPUCLOCK(tid,
 	 * CPUCLOCK_SCHED), the id glibc's pthread_getcpuclockid() returns. */
 	reclaimer_clock = (clockid_t)(((unsigned int)~tid << 3) | 6);
