@@ -489,7 +489,7 @@ int main(void)
 	ok(1, "fork torture skipped under ThreadSanitizer");
 	return done_testing();
 #endif
-	if (getenv("PERCPUREF_VALGRIND")) {
+	if (UNDER_VALGRIND) {
 		/* Its leak check would fail every child: the refs the vanished
 		 * workers held are leaked there by design.  Plain and ASan
 		 * runs cover it. */

@@ -223,8 +223,8 @@ static bool fork_once(void)
 int main(void)
 {
 	double seconds = stress_seconds(5);
-	unsigned int patience = UNDER_TSAN || getenv("PERCPUREF_VALGRIND") ? 30 : 10;
-	bool forks = !UNDER_TSAN && !getenv("PERCPUREF_VALGRIND");
+	unsigned int patience = UNDER_TSAN || UNDER_VALGRIND ? 30 : 10;
+	bool forks = !UNDER_TSAN && !UNDER_VALGRIND;
 	unsigned long seen[WORKERS] = { 0 }, barriers = 0, nr_forks = 0;
 	uint64_t end = now_ns() + (uint64_t)(seconds * 1e9), last_progress[WORKERS];
 	pthread_t threads[WORKERS];

@@ -191,7 +191,7 @@ static void *managed_user(void *arg)
 static void *watchdog(void *arg)
 {
 	unsigned long last[WORKERS + 1] = { 0 }, stuck[WORKERS + 1] = { 0 };
-	unsigned long limit = UNDER_TSAN || getenv("PERCPUREF_VALGRIND") ? 300 : 100;
+	unsigned long limit = UNDER_TSAN || UNDER_VALGRIND ? 300 : 100;
 	long i;
 
 	(void)arg;
@@ -268,7 +268,7 @@ int main(void)
 	/* Forks on the side: not under TSan (no threads in the child of a
 	 * threaded process), nor valgrind (its leak check fails every child:
 	 * what the vanished workers held leaks there by design). */
-	no_forks = UNDER_TSAN || getenv("PERCPUREF_VALGRIND");
+	no_forks = UNDER_TSAN || UNDER_VALGRIND;
 	for (t = 0; t < seconds * 10; t++) {
 		usleep(100000);
 		if (!no_forks && t % 2 == 0) {

@@ -332,7 +332,7 @@ static int pthread_exit_case(void)
 	 * the readers' lock that the fences hold for a membarrier: slow, and
 	 * slower under valgrind or an emulator.  Fewer, within the deadline. */
 	const char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
-	int trials = getenv("PERCPUREF_VALGRIND") || (emulator && *emulator) ? NR_EXIT_TRIALS / 100
+	int trials = UNDER_VALGRIND || (emulator && *emulator) ? NR_EXIT_TRIALS / 100
 									: NR_EXIT_TRIALS / 10;
 	struct fencer fencer;
 	struct sigaction sa;

@@ -334,7 +334,7 @@ static void pairs_under_signals(void (*handler)(int), bool (*done)(void))
 {
 	/* Valgrind delivers signals where it likes, seldom in a section: the
 	 * window there is for its leak and memory checks, not for trials. */
-	time_t window_s = getenv("PERCPUREF_VALGRIND") ? 2 : 10;
+	time_t window_s = UNDER_VALGRIND ? 2 : 10;
 	struct signaller signaller;
 	struct timespec start, now;
 	struct sigaction sa;
@@ -395,7 +395,7 @@ static int case_handler_fork(void)
 	if (fencer_start(&fencer))
 		return 3;
 	/* Each fork copies the process under valgrind: fewer there. */
-	forks_wanted = getenv("PERCPUREF_VALGRIND") ? 3 : NR_HANDLER_FORKS;
+	forks_wanted = UNDER_VALGRIND ? 3 : NR_HANDLER_FORKS;
 	pairs_under_signals(on_signal_fork, forks_done);
 	fencer_stop(&fencer);
 	for (i = 0; i < nr_forks; i++)
@@ -403,7 +403,7 @@ static int case_handler_fork(void)
 			return 5;
 	fprintf(stderr, "# %d forks from a handler inside a section\n", (int)nr_forks);
 	/* Valgrind delivers signals where it likes: seldom in a section. */
-	return fork_failed ? 4 : !nr_forks && !getenv("PERCPUREF_VALGRIND") ? 6 : 0;
+	return fork_failed ? 4 : !nr_forks && !UNDER_VALGRIND ? 6 : 0;
 }
 
 /*
@@ -514,7 +514,7 @@ static int case_handler_release_pending(enum pending_action action)
 	pairs(&ref, 10);	/* registered before any handler runs */
 	if (pthread_create(&helper, NULL, pending_helper, NULL))
 		return 3;
-	pending_wanted = getenv("PERCPUREF_VALGRIND") ? 3 : NR_PENDING_TRIALS;
+	pending_wanted = UNDER_VALGRIND ? 3 : NR_PENDING_TRIALS;
 	pairs_under_signals(on_signal_pending, pending_done);
 	__atomic_store_n(&pending_stop, 1, __ATOMIC_SEQ_CST);
 	pthread_join(helper, NULL);
@@ -534,7 +534,7 @@ static int case_handler_release_pending(enum pending_action action)
 		percpu_ref_exit(&pending_victims[i]);
 	percpu_ref_exit(&ref);
 	fprintf(stderr, "# %d trials\n", trials);
-	return !trials && !getenv("PERCPUREF_VALGRIND") ? 6 : 0;
+	return !trials && !UNDER_VALGRIND ? 6 : 0;
 }
 
 int main(int argc, char **argv)

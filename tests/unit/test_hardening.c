@@ -564,7 +564,7 @@ static void test_fork_sync_switch(void)
 {
 	/* Each fork copies the process under valgrind, whose check of each
 	 * child's exit is what it adds here: fewer there. */
-	int forks = getenv("PERCPUREF_VALGRIND") ? 30 : 300;
+	int forks = UNDER_VALGRIND ? 30 : 300;
 	int i, cut = 0, hung = 0, other = 0;
 	pthread_t t;
 

@@ -444,7 +444,7 @@ static void *setter(void *arg)
 
 static void test_churn(void)
 {
-	double seconds = getenv("PERCPUREF_VALGRIND") ? 0.5 : 1.5;
+	double seconds = UNDER_VALGRIND ? 0.5 : 1.5;
 	uint64_t end = now_ns() + (uint64_t)(seconds * 1e9);
 	unsigned long sets = 0, starts = 0;
 	unsigned int listed_after_shutdown = 0;

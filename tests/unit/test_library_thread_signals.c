@@ -161,7 +161,7 @@ int main(int argc, char **argv)
 	is(run_mode("confirm-faults"), 0,
 	   "a confirm on the callback thread faults on a page the SIGSEGV handler maps");
 #if defined(__x86_64__)
-	if (getenv("PERCPUREF_VALGRIND") || UNDER_TSAN)
+	if (UNDER_VALGRIND || UNDER_TSAN)
 		ok(1, "skipped: seccomp filters under valgrind or ThreadSanitizer");
 	else if ((ret = run_mode_without_membarrier("membarrier-trapped")) == 77)
 		ok(1, "skipped: no seccomp filter here, or no membarrier on this fast path");

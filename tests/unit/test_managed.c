@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "child.h"
 #include "internal.h"
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
@@ -394,7 +395,7 @@ static size_t malloc_in_use(void)
 	__GLIBC__ < 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ < 33)
 	return 0;	/* and before glibc 2.33, no mallinfo2() */
 #else
-	return getenv("PERCPUREF_VALGRIND") ? 0 : mallinfo2().uordblks;
+	return UNDER_VALGRIND ? 0 : mallinfo2().uordblks;
 #endif
 }
 

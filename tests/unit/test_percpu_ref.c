@@ -942,7 +942,7 @@ static void test_stats_while_passing(void)
 {
 	struct sigaction hold = { .sa_handler = pass_hold_reader }, old;
 	/* Each hold waits out its 2 ms under valgrind: fewer there. */
-	int rounds = getenv("PERCPUREF_VALGRIND") ? 200 : 2000;
+	int rounds = UNDER_VALGRIND ? 200 : 2000;
 	pthread_t allocator, freer, reader, idle[PASS_IDLE];
 	pthread_attr_t small;
 	int i;

@@ -695,7 +695,7 @@ static void test_fork(void)
 {
 	pid_t pid;
 
-	if (UNDER_TSAN || getenv("PERCPUREF_VALGRIND")) {
+	if (UNDER_TSAN || UNDER_VALGRIND) {
 		ok(1, "fork: skipped under ThreadSanitizer and valgrind");
 		return;
 	}
