@@ -28,7 +28,12 @@
  *    thread reinits the ref, takes a reference and kills it; the handler's
  *    second put takes it to zero again.  Each zero has a release of its
  *    own: two, once each.  Up to 0.4.0 the second deferral linked the ref
- *    to itself, and the release ran for ever.
+ *    to itself, and the release ran for ever.  Again with the second zero
+ *    on the other thread: by a put of its own, whose release runs at once,
+ *    there; and by its own handler inside its own section, deferred and
+ *    counted on the first thread's list, which runs both (up to 0.4.0 the
+ *    two threads' lists were spliced).  Every deferred release runs on the
+ *    thread that deferred the first.
  *  - as the last, but the other thread exits the ref while its release
  *    waits: the release never runs on an exited ref (its object may be
  *    gone), and the library frees what it kept of it once.  Up to 0.4.0
@@ -409,20 +414,56 @@ static int case_handler_fork(void)
 /*
  * A handler inside a section puts the last reference of a victim and
  * waits, still inside, while the helper thread acts on the victim; with
- * @rezero the handler puts again after the helper's reinit, get and kill.
+ * PENDING_REZERO the handler puts again after the helper's reinit, get and
+ * kill; with the other PENDING_REZERO_* the helper reinits, gets, kills and
+ * puts itself.
  */
 #define NR_PENDING_TRIALS 20
 static struct percpu_ref pending_victims[NR_PENDING_TRIALS];
-static int pending_released[NR_PENDING_TRIALS];	/* atomic */
+/* Atomic, each: a trial's releases, those not run on pending_thread, and
+ * whether the first of them was one of those. */
+static int pending_released[NR_PENDING_TRIALS], pending_released_elsewhere[NR_PENDING_TRIALS];
+static int pending_first_elsewhere[NR_PENDING_TRIALS];
+/* A PENDING_REZERO_HANDLER trial whose helper put outside its handler. */
+static bool pending_put_outside[NR_PENDING_TRIALS];
 static int pending_trial, pending_stage, pending_stop;	/* atomic */
 static int pending_wanted;
+static pthread_t pending_thread;	/* the first handler's */
 /* What the helper does while a handler's release waits. */
-enum pending_action { PENDING_REZERO, PENDING_EXIT, PENDING_MANAGE_EXIT };
+enum pending_action {
+	PENDING_REZERO,		/* reinit, get, kill: the handler puts */
+	PENDING_REZERO_OUTSIDE,	/* reinit, get, kill, put */
+	PENDING_REZERO_HANDLER,	/* the same, put by its own handler in a section */
+	PENDING_EXIT,
+	PENDING_MANAGE_EXIT,
+};
 static enum pending_action pending_action;
+static __thread bool is_pending_helper;
+static int helper_put_owed;	/* atomic: its handler has yet to put */
 
 static void count_pending_release(struct percpu_ref *r)
 {
-	__atomic_fetch_add(&pending_released[r - pending_victims], 1, __ATOMIC_SEQ_CST);
+	int trial = (int)(r - pending_victims);
+	int before = __atomic_fetch_add(&pending_released[trial], 1, __ATOMIC_SEQ_CST);
+
+	if (!pthread_equal(pthread_self(), pending_thread)) {
+		__atomic_fetch_add(&pending_released_elsewhere[trial], 1, __ATOMIC_SEQ_CST);
+		if (!before)
+			__atomic_store_n(&pending_first_elsewhere[trial], 1, __ATOMIC_SEQ_CST);
+	}
+}
+
+/* The helper's handler (PENDING_REZERO_HANDLER): the victim's last put,
+ * inside a section, while the first handler still waits in its own. */
+static void on_helper_signal(void)
+{
+	int trial = __atomic_load_n(&pending_trial, __ATOMIC_SEQ_CST);
+
+	if (!__atomic_load_n(&helper_put_owed, __ATOMIC_SEQ_CST) ||
+	    !percpuref_reader_interrupted())
+		return;
+	percpu_ref_put(&pending_victims[trial]);
+	__atomic_store_n(&helper_put_owed, 0, __ATOMIC_SEQ_CST);
 }
 
 /* Stage 1: the handler put its reference; 2: the helper acted on it. */
@@ -432,6 +473,10 @@ static void on_signal_pending(int sig)
 	struct percpu_ref *victim = &pending_victims[trial];
 
 	(void)sig;
+	if (is_pending_helper) {
+		on_helper_signal();
+		return;
+	}
 	if (trial >= NR_PENDING_TRIALS || __atomic_load_n(&pending_stage, __ATOMIC_SEQ_CST) ||
 	    !percpuref_reader_interrupted())
 		return;
@@ -445,9 +490,40 @@ static void on_signal_pending(int sig)
 	__atomic_store_n(&pending_trial, trial + 1, __ATOMIC_SEQ_CST);
 }
 
+/*
+ * Puts the victim's last reference from this thread's handler, inside a
+ * section of its own; true if it did.  Valgrind seldom delivers a signal
+ * in a section: after a while the helper puts outside its handler, as
+ * PENDING_REZERO_OUTSIDE does (and says so).
+ */
+static bool put_from_helper_handler(struct percpu_ref *victim)
+{
+	struct signaller signaller;
+	struct timespec start, now;
+	bool put;
+
+	__atomic_store_n(&helper_put_owed, 1, __ATOMIC_SEQ_CST);
+	if (signaller_start(&signaller, 50000))
+		abort();
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	do {
+		pairs(&ref, 1000);
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (__atomic_load_n(&helper_put_owed, __ATOMIC_SEQ_CST) &&
+		 now.tv_sec - start.tv_sec < (UNDER_VALGRIND ? 2 : 10));
+	signaller_stop(&signaller);
+	put = !__atomic_load_n(&helper_put_owed, __ATOMIC_SEQ_CST);
+	if (!put) {
+		__atomic_store_n(&helper_put_owed, 0, __ATOMIC_SEQ_CST);
+		percpu_ref_put(victim);
+	}
+	return put;
+}
+
 static void *pending_helper(void *arg)
 {
 	(void)arg;
+	is_pending_helper = true;
 	while (!__atomic_load_n(&pending_stop, __ATOMIC_SEQ_CST)) {
 		struct percpu_ref *victim;
 
@@ -464,6 +540,19 @@ static void *pending_helper(void *arg)
 			percpu_ref_reinit(victim);
 			percpu_ref_get(victim);
 			percpu_ref_kill(victim);
+			break;
+		case PENDING_REZERO_OUTSIDE:
+			percpu_ref_reinit(victim);
+			percpu_ref_get(victim);
+			percpu_ref_kill(victim);
+			percpu_ref_put(victim);	/* released here, at once */
+			break;
+		case PENDING_REZERO_HANDLER:
+			percpu_ref_reinit(victim);
+			percpu_ref_get(victim);
+			percpu_ref_kill(victim);
+			pending_put_outside[victim - pending_victims] =
+				!put_from_helper_handler(victim);
 			break;
 		case PENDING_MANAGE_EXIT:
 			percpu_ref_reinit(victim);
@@ -492,12 +581,13 @@ static bool pending_done(void)
 }
 
 /* Exit status 2: init failed; 3: no thread; 6: no signal landed in a
- * section; 10: a trial's releases ran a wrong number of times. */
+ * section; 10: a trial's releases ran a wrong number of times; 11: on a
+ * wrong thread, or in a wrong order. */
 static int case_handler_release_pending(enum pending_action action)
 {
-	bool rezero = action == PENDING_REZERO;
+	bool rezero = action != PENDING_EXIT && action != PENDING_MANAGE_EXIT;
 	pthread_t helper;
-	int i, trials;
+	int i, trials, handler_puts = 0;
 
 	child_deadline(30);
 	pending_action = action;
@@ -512,6 +602,7 @@ static int case_handler_release_pending(enum pending_action action)
 	if (percpu_ref_init(&ref, NULL, 0))
 		return 2;
 	pairs(&ref, 10);	/* registered before any handler runs */
+	pending_thread = pthread_self();
 	if (pthread_create(&helper, NULL, pending_helper, NULL))
 		return 3;
 	pending_wanted = UNDER_VALGRIND ? 3 : NR_PENDING_TRIALS;
@@ -522,11 +613,22 @@ static int case_handler_release_pending(enum pending_action action)
 	trials = __atomic_load_n(&pending_trial, __ATOMIC_SEQ_CST);
 	for (i = 0; i < trials; i++) {
 		int released = __atomic_load_n(&pending_released[i], __ATOMIC_SEQ_CST);
+		int elsewhere = __atomic_load_n(&pending_released_elsewhere[i], __ATOMIC_SEQ_CST);
+		/* Only a put outside every handler releases where it is. */
+		bool put_outside = action == PENDING_REZERO_OUTSIDE || pending_put_outside[i];
 
 		if (released != (rezero ? 2 : 0)) {
 			fprintf(stderr, "# trial %d: %d releases\n", i, released);
 			return 10;
 		}
+		/* and at once, before the first zero's release */
+		if (elsewhere != put_outside ||
+		    __atomic_load_n(&pending_first_elsewhere[i], __ATOMIC_SEQ_CST) != put_outside) {
+			fprintf(stderr, "# trial %d: %d releases off the first handler's thread\n",
+				i, elsewhere);
+			return 11;
+		}
+		handler_puts += !put_outside;
 		if (rezero)
 			percpu_ref_exit(&pending_victims[i]);
 	}
@@ -534,6 +636,11 @@ static int case_handler_release_pending(enum pending_action action)
 		percpu_ref_exit(&pending_victims[i]);
 	percpu_ref_exit(&ref);
 	fprintf(stderr, "# %d trials\n", trials);
+	if (action == PENDING_REZERO_HANDLER) {
+		fprintf(stderr, "# %d with the second zero's put in the helper's handler\n",
+			handler_puts);
+		trials = handler_puts;
+	}
 	return !trials && !UNDER_VALGRIND ? 6 : 0;
 }
 
@@ -551,6 +658,10 @@ int main(int argc, char **argv)
 		return case_handler_fork();
 	if (argc > 1 && !strcmp(argv[1], "handler-release-rezero"))
 		return case_handler_release_pending(PENDING_REZERO);
+	if (argc > 1 && !strcmp(argv[1], "handler-release-rezero-outside"))
+		return case_handler_release_pending(PENDING_REZERO_OUTSIDE);
+	if (argc > 1 && !strcmp(argv[1], "handler-release-rezero-handler"))
+		return case_handler_release_pending(PENDING_REZERO_HANDLER);
 	if (argc > 1 && !strcmp(argv[1], "handler-release-exited"))
 		return case_handler_release_pending(PENDING_EXIT);
 	if (argc > 1 && !strcmp(argv[1], "handler-release-managed-exited"))
@@ -587,18 +698,30 @@ int main(int argc, char **argv)
 		   "a handler inside a section forks while another thread fences");
 	if (UNDER_TSAN) {
 		skip("a deferred release's ref zeroed again: ThreadSanitizer runs no handler there");
+		skip("a deferred release's ref zeroed again elsewhere: ThreadSanitizer runs no "
+		     "handler there");
+		skip("a deferred release's ref zeroed again by another thread's handler: "
+		     "ThreadSanitizer runs no handler there");
 		skip("a deferred release's ref exited: ThreadSanitizer runs no handler there");
 		skip("a deferred release's ref managed and exited: ThreadSanitizer runs no handler "
 		     "there");
 	} else if (strcmp(percpuref_fast_path(), "fallback")) {
 		skip("a deferred release's ref zeroed again: no sections on %s",
 		     percpuref_fast_path());
+		skip("a deferred release's ref zeroed again elsewhere: no sections on %s",
+		     percpuref_fast_path());
+		skip("a deferred release's ref zeroed again by another thread's handler: "
+		     "no sections on %s", percpuref_fast_path());
 		skip("a deferred release's ref exited: no sections on %s", percpuref_fast_path());
 		skip("a deferred release's ref managed and exited: no sections on %s",
 		     percpuref_fast_path());
 	} else {
 		is(run_mode("handler-release-rezero"), 0,
 		   "a ref zeroed again while its handler's release waits: two releases");
+		is(run_mode("handler-release-rezero-outside"), 0,
+		   "zeroed again by another thread's put: released there at once, then here");
+		is(run_mode("handler-release-rezero-handler"), 0,
+		   "zeroed again by another thread's handler in its section: both released here");
 		is(run_mode("handler-release-exited"), 0,
 		   "a ref exited while its handler's release waits: no release, no stale read");
 		is(run_mode("handler-release-managed-exited"), 0,
