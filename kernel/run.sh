@@ -5,7 +5,7 @@
 # linux-source-6.12:
 #   1. installs the source and the build packages with apt if missing;
 #   2. unpacks the source into kernel/build/ (git-ignored, reused) as a git
-#      tree with a "base" tag;
+#      tree whose "base" tag tracks the files the series touches;
 #   3. applies the series with git am (left alone when the tree already
 #      holds exactly this series, so that builds stay incremental);
 #   4. runs scripts/checkpatch.pl --strict on every patch (fails on errors);
@@ -65,16 +65,49 @@ unpack() {
 	mkdir -p "$build"
 	rm -rf "$src"
 	tar -xf /usr/src/linux-source-6.12.tar.xz -C "$build"
-	# Debian's top-level .gitignore ignores everything ("/*").
-	sed -i '/^\/\*$/d' "$src/.gitignore"
+	# git tracks only the files the series touches (cover_series_paths),
+	# everything else being ignored: adding all 90,000 files cost a
+	# minute of CPU, and their loose objects a background "git gc" after
+	# git am, both taken from the test suites running meanwhile.
 	git -C "$src" init -q
-	git -C "$src" add -A
+	echo '*' >"$src/.git/info/exclude"
+	git -C "$src" config status.showUntrackedFiles no
 	git -C "$src" -c user.name=base -c user.email=base@localhost \
-		commit -q -m "linux-source-6.12 (Debian)"
+		commit -q --allow-empty -m "linux-source-6.12 (Debian): the files the series touches"
 	git -C "$src" tag base
 }
 
 series() { ls "$here"/patches/[0-9][0-9][0-9][0-9]-*.patch | grep -v /0000-; }
+
+# Every path the series names (both sides of a rename).
+series_paths() {
+	# shellcheck disable=SC2046
+	sed -n 's|^diff --git a/\([^ ]*\) b/\([^ ]*\)$|\1\n\2|p' $(series) | sort -u
+}
+
+# Adds to the base commit the files of the source that the series touches
+# and it does not track yet (a tree unpacked before this scheme tracks them
+# all).  An untracked file is as unpacked: git am patches only files in its
+# index, and a file the series creates is tracked from then on.
+cover_series_paths() {
+	local p missing=() index tree commit
+	while read -r p; do
+		[ -f "$src/$p" ] &&
+		! git -C "$src" cat-file -e "base:$p" 2>/dev/null &&
+		! git -C "$src" ls-files --error-unmatch -- "$p" >/dev/null 2>&1 &&
+			missing+=("$p")
+	done < <(series_paths)
+	[ ${#missing[@]} -eq 0 ] && return
+	log "base: tracking ${#missing[@]} more files of the source"
+	index=$(mktemp)
+	GIT_INDEX_FILE=$index git -C "$src" read-tree base
+	GIT_INDEX_FILE=$index git -C "$src" add -f -- "${missing[@]}"
+	tree=$(GIT_INDEX_FILE=$index git -C "$src" write-tree)
+	rm -f "$index"
+	commit=$(git -C "$src" -c user.name=base -c user.email=base@localhost \
+		commit-tree "$tree" -p base -m "base: $(printf '%s ' "${missing[@]}")")
+	git -C "$src" tag -f base "$commit" >/dev/null
+}
 
 # The tree the first $1 patches make, applied to a scratch index.
 series_tree() {
@@ -96,6 +129,7 @@ series_tree() {
 apply_series() {
 	local n=${1:-$(series | wc -l)} want f
 	local -A stamp
+	cover_series_paths
 	want=$(series_tree "$n")
 	if [ "$(git -C "$src" rev-parse 'HEAD^{tree}')" = "$want" ] &&
 	   git -C "$src" diff --quiet HEAD; then
@@ -108,8 +142,8 @@ apply_series() {
 			stamp[$f]="$(git -C "$src" hash-object "$f") $(stat -c %Y "$src/$f")"
 	done
 	git -C "$src" am --abort >/dev/null 2>&1 || true
+	# No "git clean": the untracked files are the source.
 	git -C "$src" checkout -q -f -B series base
-	git -C "$src" clean -q -fd
 	if [ "$n" -gt 0 ]; then
 		# shellcheck disable=SC2046
 		git -C "$src" -c user.name=percpuref -c user.email=percpuref@localhost \
@@ -234,7 +268,11 @@ prefixes() {
 	kunit_x86 || status=1
 	initramfs
 	if [ ! -d "$build/linux-base" ]; then
-		git -C "$src" worktree add -q -f --detach "$build/linux-base" base
+		rm -rf "$build/linux-base.tmp"
+		mkdir -p "$build/linux-base.tmp"
+		tar -xf /usr/src/linux-source-6.12.tar.xz -C "$build/linux-base.tmp"
+		mv "$build/linux-base.tmp/linux-source-6.12" "$build/linux-base"
+		rmdir "$build/linux-base.tmp"
 	fi
 	log "building the unpatched x86_64 kernel"
 	build_x86_plain "$build/x86-base" "$build/linux-base" || status=1
