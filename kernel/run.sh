@@ -5,7 +5,8 @@
 # linux-source-6.12:
 #   1. installs the source and the build packages with apt if missing;
 #   2. unpacks the source into kernel/build/ (git-ignored, reused) as a git
-#      tree whose "base" tag tracks the files the series touches;
+#      tree whose "base" tag tracks the licences, the headers and the files
+#      the series reads, and ignores the rest;
 #   3. applies the series with git am (left alone when the tree already
 #      holds exactly this series, so that builds stay incremental);
 #   4. runs scripts/checkpatch.pl --strict on every patch (fails on errors);
@@ -65,30 +66,55 @@ unpack() {
 	mkdir -p "$build"
 	rm -rf "$src"
 	tar -xf /usr/src/linux-source-6.12.tar.xz -C "$build"
-	# git tracks only the files the series touches (cover_series_paths),
-	# everything else being ignored: adding all 90,000 files cost a
-	# minute of CPU, and their loose objects a background "git gc" after
-	# git am, both taken from the test suites running meanwhile.
+	# git tracks only what it must, everything else being ignored:
+	# adding all 90,000 files cost a minute of CPU, and their loose
+	# objects a background "git gc" after git am, both taken from the
+	# test suites running meanwhile.  What it must: the files the series
+	# reads (cover_series_paths), and what checkpatch reads through git,
+	# the licences (spdxcheck.py: without them it fails on stderr and
+	# passes every SPDX line) and the headers (the CamelCase names it
+	# knows).
 	git -C "$src" init -q
 	echo '*' >"$src/.git/info/exclude"
 	git -C "$src" config status.showUntrackedFiles no
+	git -C "$src" add -f LICENSES include
 	git -C "$src" -c user.name=base -c user.email=base@localhost \
-		commit -q --allow-empty -m "linux-source-6.12 (Debian): the files the series touches"
+		commit -q -m "linux-source-6.12 (Debian): licences, headers, the files the series reads"
 	git -C "$src" tag base
 }
 
 series() { ls "$here"/patches/[0-9][0-9][0-9][0-9]-*.patch | grep -v /0000-; }
 
-# Every path the series names (both sides of a rename).
+# The files of the source the series reads: those it modifies, deletes,
+# renames or copies, not those it creates (new files, the targets of
+# renames and copies) or an earlier patch created.  A name with spaces is
+# read whole; one git quotes (unusual characters) is left out, and git am
+# then stops on it, naming it.
 series_paths() {
 	# shellcheck disable=SC2046
-	sed -n 's|^diff --git a/\([^ ]*\) b/\([^ ]*\)$|\1\n\2|p' $(series) | sort -u
+	awk '
+	function flush() { if (p != "" && !(p in made)) print p; p = "" }
+	/^diff --git a\// {
+		flush()
+		# "a/X b/X" (a rename: "a/X b/Y", named below)
+		if (match($0, /^diff --git a\/.* b\//) &&
+		    substr($0, 14, RLENGTH - 16) == substr($0, RLENGTH + 1))
+			p = substr($0, RLENGTH + 1)
+		next
+	}
+	/^new file mode / { made[p] = 1; p = ""; next }
+	/^(rename|copy) from / { p = substr($0, index($0, " from ") + 6); next }
+	/^(rename|copy) to / { made[substr($0, index($0, " to ") + 4)] = 1; next }
+	END { flush() }' $(series) | sort -u
 }
 
-# Adds to the base commit the files of the source that the series touches
-# and it does not track yet (a tree unpacked before this scheme tracks them
-# all).  An untracked file is as unpacked: git am patches only files in its
-# index, and a file the series creates is tracked from then on.
+# Adds to the base commit the files the series reads that it does not
+# track yet (a tree unpacked before this scheme tracks them all).  An
+# untracked file is as unpacked: git am patches only files in its index,
+# and a file the series creates is tracked from then on.  A file left
+# where the series creates one (git am killed between writing it and its
+# index) is not the source's: git am stops on it, naming it.  Files the
+# series never reads are not looked at: an edit of one stays.
 cover_series_paths() {
 	local p missing=() index tree commit
 	while read -r p; do
@@ -116,7 +142,7 @@ series_tree() {
 	GIT_INDEX_FILE=$index git -C "$src" read-tree base
 	for p in $(series); do
 		[ "$i" -lt "$n" ] || break
-		GIT_INDEX_FILE=$index git -C "$src" apply --cached "$p"
+		GIT_INDEX_FILE=$index git -C "$src" apply --cached "$p" || { rm -f "$index"; return 1; }
 		i=$((i + 1))
 	done
 	GIT_INDEX_FILE=$index git -C "$src" write-tree
@@ -130,7 +156,8 @@ apply_series() {
 	local n=${1:-$(series | wc -l)} want f
 	local -A stamp
 	cover_series_paths
-	want=$(series_tree "$n")
+	# A patch that does not apply: git am below names it.
+	want=$(series_tree "$n") || want=none
 	if [ "$(git -C "$src" rev-parse 'HEAD^{tree}')" = "$want" ] &&
 	   git -C "$src" diff --quiet HEAD; then
 		log "tree already holds the first $n patches ($(git -C "$src" rev-parse --short HEAD))"
@@ -180,12 +207,19 @@ uml_opts=(--build_dir="$build/uml" --kunitconfig="$kunitconfig")
 x86_opts=(--arch=x86_64 --build_dir="$build/x86" --kunitconfig="$kunitconfig"
 	  --kunitconfig="$x86config")
 
+# kunit_py LOG VERB OPTS...: tools/testing/kunit/kunit.py VERB in the
+# source tree, its output in LOG; its exit status.
+kunit_py() {
+	local out=$1 verb=$2; shift 2
+	(cd "$src" && python3 tools/testing/kunit/kunit.py "$verb" --jobs="$jobs" "$@") \
+		>"$out" 2>&1
+}
+
 # prebuild WHAT OPTS...: kunit.py build, logged; never fails.
 prebuild() {
 	local what=$1 t0 status=0; shift
 	t0=$(now)
-	(cd "$src" && python3 tools/testing/kunit/kunit.py build --jobs="$jobs" "$@") \
-		>"$build/kunit-$what-prebuild.log" 2>&1 || status=$?
+	kunit_py "$build/kunit-$what-prebuild.log" build "$@" || status=$?
 	log "$what kernel built ahead: exit $status, $(($(now) - t0)) s (log: $build/kunit-$what-prebuild.log)"
 }
 
@@ -193,9 +227,8 @@ kunit() {
 	local what=$1; shift
 	local t0 status=0
 	t0=$(now)
-	(cd "$src" && python3 tools/testing/kunit/kunit.py run --jobs="$jobs" \
-		--timeout=900 "${kernel_args[@]/#/--kernel_args=}" "$@") \
-		>"$build/kunit-$what.log" 2>&1 || status=$?
+	kunit_py "$build/kunit-$what.log" run --timeout=900 \
+		"${kernel_args[@]/#/--kernel_args=}" "$@" || status=$?
 	grep -E '=+ .*(percpu|apparmor|ucounts).* =+$|Testing complete|Elapsed time|FAILED|CRASHED|SKIPPED' \
 		"$build/kunit-$what.log" || true
 	# what passing cases report: the torture verdicts, the CPUs used
