@@ -190,7 +190,18 @@ run_checkpatch() {
 		# Debian's python3 has python3-ply for checkpatch's spdxcheck.py
 		out=$(cd "$src" && PATH=/usr/bin:$PATH ./scripts/checkpatch.pl --strict \
 			--show-types "$p" 2>&1 || true)
+		e='' w='' c=''
 		read -r e w c < <(sed -n 's/^total: \([0-9]*\) errors, \([0-9]*\) warnings, \([0-9]*\) checks.*/\1 \2 \3/p' <<<"$out")
+		# A checkpatch that ended early, or whose helper failed (a
+		# spdxcheck.py that fails passes every SPDX line): an error.
+		if [ -z "$e" ] || grep -q '^Traceback' <<<"$out"; then
+			printf 'checkpatch %s: did not run through:\n' "$(basename "$p")"
+			{ grep -E '^[A-Za-z.]*(Error|Exception)\b' <<<"$out" | sort -u ||
+			  tail -n 5 <<<"$out"; } | sed 's/^/    /'
+			e=$((${e:-0} + 1)) w=${w:-0} c=${c:-0}
+			errors=$((errors + e)) warnings=$((warnings + w)) checks=$((checks + c))
+			continue
+		fi
 		printf 'checkpatch %s: %s errors, %s warnings, %s checks\n' \
 			"$(basename "$p")" "$e" "$w" "$c"
 		grep -E '^(ERROR|WARNING|CHECK):' <<<"$out" | sed 's/^/    /' || true
