@@ -200,12 +200,14 @@ PERCPUREF_API int hcount_ns_destroy(struct hcount_ns *ns);
 /*
  * hcount_ns_set_limit - set @ns's limit for @type (> 0, else -EINVAL).
  * Lowering it below the usage of @ns's subtree gives -EBUSY and keeps the
- * old limit; caches below @ns are drained first (they stay drained), so
- * they never cause -EBUSY.  No-cache mode: a charge that overlaps the call
- * may be refused against a limit the call then does not keep, and the
- * units a concurrent charge holds for a moment before it fails higher up
- * count as usage here, so the call may return -EBUSY although the usage
- * itself never passed @limit (as the kernel's count would).
+ * old limit; when the count with the units cached below @ns is above
+ * @limit, those caches are drained before the call decides (they refill
+ * on later charges), so they never cause -EBUSY.  No-cache mode: a charge
+ * that overlaps the call may be refused against a limit the call then
+ * does not keep, and the units a concurrent charge holds for a moment
+ * before it fails higher up count as usage here, so the call may return
+ * -EBUSY although the usage itself never passed @limit (as the kernel's
+ * count would).
  */
 PERCPUREF_API int hcount_ns_set_limit(struct hcount_ns *ns, unsigned int type, long limit);
 
