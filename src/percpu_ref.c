@@ -225,39 +225,52 @@ static const struct percpuref_fork_hooks switch_hooks = {
  * after the fold, written by fork: a switch_to_atomic_sync() holds no
  * switch lock during its fence, so without it a fork in that window left
  * the child a ref whose switch nobody would finish, and the child's kill
- * or exit of it waited for ever.  Writers first, so that a stream of
- * switches cannot starve a fork; no thread takes it twice (no callback
+ * or exit of it waited for ever.  No thread takes it twice (no callback
  * runs while it is held).
+ *
+ * Writers first, so that a stream of switches cannot starve a fork: a fork
+ * raises sync_switch_fork_waiting, then holds sync_switch_fork_gate from
+ * before it waits for the lock until it lets go of it; a switch that sees
+ * the flag, or finds the lock taken, steps back and waits on the gate
+ * (lock_for_sync_switch()).  Up to 0.4.3 glibc's writer-first kind
+ * (PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP) did it, which no other C
+ * library has: the library did not compile with musl.
  */
-static pthread_rwlock_t sync_switch_lock;
+static pthread_rwlock_t sync_switch_lock = PTHREAD_RWLOCK_INITIALIZER;
+static pthread_mutex_t sync_switch_fork_gate = PTHREAD_MUTEX_INITIALIZER;
+/* Relaxed, both sides: it decides who goes first, not who may enter (the
+ * lock does); a switch that misses it delays the fork by one switch. */
+static bool sync_switch_fork_waiting;
 
 static void sync_switch_fork_lock(void)
 {
+	__atomic_store_n(&sync_switch_fork_waiting, true, __ATOMIC_RELAXED);
+	pthread_mutex_lock(&sync_switch_fork_gate);
 	pthread_rwlock_wrlock(&sync_switch_lock);
 }
 
 static void sync_switch_fork_unlock(void)
 {
 	pthread_rwlock_unlock(&sync_switch_lock);
+	__atomic_store_n(&sync_switch_fork_waiting, false, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&sync_switch_fork_gate);
 }
 
-static void sync_switch_lock_init(void)
+static void sync_switch_fork_child(void)
 {
-	pthread_rwlockattr_t attr;
-
-	pthread_rwlockattr_init(&attr);
-	pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-	pthread_rwlock_init(&sync_switch_lock, &attr);
-	pthread_rwlockattr_destroy(&attr);
+	/* Not an unlock: glibc knows the writer by its thread id, which the
+	 * child's thread does not have.  The gate, a plain mutex, is
+	 * unlocked as the switch locks are. */
+	pthread_rwlock_init(&sync_switch_lock, NULL);
+	__atomic_store_n(&sync_switch_fork_waiting, false, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&sync_switch_fork_gate);
 }
 
 static const struct percpuref_fork_hooks sync_switch_hooks = {
 	.rank = PERCPUREF_RANK_SYNC_SWITCH,
 	.prepare = sync_switch_fork_lock,
 	.parent = sync_switch_fork_unlock,
-	/* Not an unlock: glibc knows the writer by its thread id, which the
-	 * child's thread does not have. */
-	.child = sync_switch_lock_init,
+	.child = sync_switch_fork_child,
 };
 
 static __attribute__((constructor)) void switch_register(void)
@@ -268,7 +281,6 @@ static __attribute__((constructor)) void switch_register(void)
 		pthread_mutex_init(&switch_stripes[i].lock, NULL);
 		pthread_cond_init(&switch_stripes[i].done, NULL);
 	}
-	sync_switch_lock_init();
 	percpuref_register_fork_hooks(&switch_hooks);
 	percpuref_register_fork_hooks(&sync_switch_hooks);
 }
@@ -944,8 +956,8 @@ enum sync_switch_lock_outcome {
 /*
  * Switch lock held: waits until no switch is in flight and read-locks
  * sync_switch_lock, which ranks before the switch locks, so is only tried
- * here; when a fork waits for it, steps back (unlocked) until the fork is
- * done, and starts over.
+ * here; when a fork waits for it or holds it, steps back (unlocked) until
+ * the fork is done, and starts over.
  */
 static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref)
 {
@@ -953,11 +965,13 @@ static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref
 		/* Never SWITCH_REF_EXITED: lock_unmanaged() waited. */
 		if (wait_switch_done(ref) != SWITCH_NONE)
 			return SYNC_SWITCH_IN_FLIGHT;
-		if (!pthread_rwlock_tryrdlock(&sync_switch_lock))
+		if (!__atomic_load_n(&sync_switch_fork_waiting, __ATOMIC_RELAXED) &&
+		    !pthread_rwlock_tryrdlock(&sync_switch_lock))
 			return SYNC_SWITCH_READY;
 		pthread_mutex_unlock(switch_lock_of(ref));
-		pthread_rwlock_rdlock(&sync_switch_lock);
-		pthread_rwlock_unlock(&sync_switch_lock);
+		/* Held by the fork until it is done. */
+		pthread_mutex_lock(&sync_switch_fork_gate);
+		pthread_mutex_unlock(&sync_switch_fork_gate);
 		if (!lock_unmanaged(ref, "percpu_ref_switch_to_atomic_sync"))
 			return SYNC_SWITCH_UNUSABLE;
 	}

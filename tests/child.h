@@ -9,7 +9,6 @@
 #define PERCPUREF_TESTS_CHILD_H
 
 #include <errno.h>
-#include <execinfo.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -50,6 +49,13 @@ static inline const char *fork_children_untestable(void)
 #define CHILD_ASAN_STACK 1
 #else
 #define CHILD_ASAN_STACK 0
+#endif
+/* glibc's backtrace() (musl has none: the /proc lines alone there). */
+#if !CHILD_ASAN_STACK && defined(__GLIBC__)
+#include <execinfo.h>
+#define CHILD_BACKTRACE 1
+#else
+#define CHILD_BACKTRACE 0
 #endif
 
 /* Exit status of a child: its code, or 128 + the signal that ended it. */
@@ -94,7 +100,7 @@ static inline int run_mode(const char *mode)
  * syscall lines printed instead: its name, its state, and the system call
  * it waits in with its stack pointer and pc.  Where the handler cannot run
  * (ThreadSanitizer defers it until the thread leaves a lock wait), the
- * process still dies on time.  ASan's printer symbolises; elsewhere
+ * process still dies on time.  ASan's printer symbolises; with glibc,
  * glibc's backtrace() prints each frame as BINARY(+OFFSET), for addr2line
  * -e BINARY OFFSET, and is called once when the process starts (below), as
  * its first call loads libgcc_s with dlopen(): not in a handler, nor in a
@@ -110,7 +116,7 @@ static inline void child_deadline_print_one(const char *msg, size_t len)
 	(void)unused;
 #if CHILD_ASAN_STACK
 	__sanitizer_print_stack_trace();
-#else
+#elif CHILD_BACKTRACE
 	void *frames[64];
 
 	backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
@@ -218,7 +224,7 @@ static __attribute__((constructor)) void child_deadline_open_library_threads(voi
 	percpuref_test_library_threads_accept(SIGURG);
 }
 
-#if !CHILD_ASAN_STACK
+#if CHILD_BACKTRACE
 static __attribute__((constructor)) void child_deadline_load_backtrace(void)
 {
 	void *frame;
@@ -243,7 +249,11 @@ static inline void child_deadline(unsigned int seconds)
 	memset(&to_this_thread, 0, sizeof(to_this_thread));
 	to_this_thread.sigev_notify = SIGEV_THREAD_ID;
 	to_this_thread.sigev_signo = SIGURG;
+#ifdef sigev_notify_thread_id	/* musl */
+	to_this_thread.sigev_notify_thread_id = gettid();
+#else
 	to_this_thread._sigev_un._tid = gettid();
+#endif
 	memset(&when, 0, sizeof(when));
 	if (timer_pid == getpid())
 		timer_delete(timer);
