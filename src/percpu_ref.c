@@ -229,10 +229,10 @@ static const struct percpuref_fork_hooks switch_hooks = {
  * runs while it is held).
  *
  * Writers first, so that a stream of switches cannot starve a fork: a fork
- * raises sync_switch_fork_waiting, then holds sync_switch_fork_gate from
- * before it waits for the lock until it lets go of it; a switch that sees
- * the flag, or finds the lock taken, steps back and waits on the gate
- * (lock_for_sync_switch()).  Up to 0.4.3 glibc's writer-first kind
+ * holds sync_switch_fork_gate from before it waits for the lock until it
+ * lets go of it, and raises sync_switch_fork_waiting meanwhile; a switch
+ * that sees the flag, or finds the lock taken, steps back and sleeps on
+ * the gate (lock_for_sync_switch()).  Up to 0.4.3 glibc's writer-first kind
  * (PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP) did it, which no other C
  * library has: the library did not compile with musl.
  */
@@ -244,8 +244,11 @@ static bool sync_switch_fork_waiting;
 
 static void sync_switch_fork_lock(void)
 {
-	__atomic_store_n(&sync_switch_fork_waiting, true, __ATOMIC_RELAXED);
+	/* The gate first: a switch that sees the flag finds the gate held,
+	 * and sleeps on it rather than spin, and a second fork's flag
+	 * cannot be cleared by the first fork's end. */
 	pthread_mutex_lock(&sync_switch_fork_gate);
+	__atomic_store_n(&sync_switch_fork_waiting, true, __ATOMIC_RELAXED);
 	pthread_rwlock_wrlock(&sync_switch_lock);
 }
 

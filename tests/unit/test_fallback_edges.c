@@ -26,7 +26,8 @@
  *  - a fork that waits for a synchronous switch in flight goes before
  *    switches that start meanwhile (writers first): a handler holds its
  *    section open, so the switch's fence waits, and the fork with it; a
- *    second switch started then must wait for the fork, not begin.  A
+ *    second switch started then must wait for the fork, asleep, not
+ *    begin (nor spin: a thread that never sleeps fails too).  A
  *    stream of switches otherwise delays a fork as long as it lasts: with
  *    three threads switching back to back, a fork took 174-357 ms on
  *    average and up to 1.2 s, against 2-4 ms (2-vCPU guest).  Up to 0.4.3
@@ -71,6 +72,7 @@
 #include "fencer.h"
 #include "signaller.h"
 #include "tap.h"
+#include "thread_names.h"
 
 static struct percpu_ref ref;
 
@@ -427,6 +429,7 @@ static int case_handler_fork(void)
 static struct percpu_ref first_switched, second_switched;
 static int hold_caught, hold_released;	/* atomic */
 static int fork_calling, fork_done, second_calling, second_done;	/* atomic */
+static pid_t forker_tid, second_tid;	/* set before the *_calling flags */
 static pid_t waiting_fork_child;
 
 static bool is_atomic(struct percpu_ref *r)
@@ -473,6 +476,7 @@ static void *first_switcher(void *arg)
 static void *waiting_forker(void *arg)
 {
 	(void)arg;
+	forker_tid = (pid_t)syscall(SYS_gettid);
 	__atomic_store_n(&fork_calling, 1, __ATOMIC_SEQ_CST);
 	waiting_fork_child = fork();
 	if (waiting_fork_child == 0)
@@ -484,6 +488,7 @@ static void *waiting_forker(void *arg)
 static void *second_switcher(void *arg)
 {
 	(void)arg;
+	second_tid = (pid_t)syscall(SYS_gettid);
 	__atomic_store_n(&second_calling, 1, __ATOMIC_SEQ_CST);
 	percpu_ref_switch_to_atomic_sync(&second_switched);
 	__atomic_store_n(&second_done, 1, __ATOMIC_SEQ_CST);
@@ -503,13 +508,14 @@ static bool wait_flag(int *flag)
 
 /* Exit status 2: init failed; 3: no thread; 4: the fork failed or its child
  * did not exit with 0; 6: no signal landed in a section; 7: the first
- * switch never began or the fork ended while it was held; 12: the second
- * switch began while the fork waited; 13: a switch never ended. */
+ * switch never began, the fork never waited or ended while it was held;
+ * 12: the second switch began while the fork waited; 13: it never ended;
+ * 14: it never slept (a switch that spins while the fork waits). */
 static int case_fork_waits_first(void)
 {
 	pthread_t holder, first, forker, second;
 	struct sigaction sa;
-	bool second_began, fork_ended;
+	bool fork_asleep, fork_ended, second_asleep, second_began;
 	int status;
 
 	child_deadline(30);
@@ -536,13 +542,14 @@ static int case_fork_waits_first(void)
 		return 7;
 	if (pthread_create(&forker, NULL, waiting_forker, NULL))
 		return 3;
-	/* Time to reach its wait; less only makes a wrong order pass. */
-	wait_flag(&fork_calling);
-	usleep(200000);
+	/* Asleep in the fork: in its wait for the first switch (nothing
+	 * else blocks it; a fork that went by would show in fork_done). */
+	fork_asleep = wait_flag(&fork_calling) && wait_until_sleeping(forker_tid);
 	if (pthread_create(&second, NULL, second_switcher, NULL))
 		return 3;
-	wait_flag(&second_calling);
-	usleep(200000);
+	/* Asleep in its switch: waiting for the fork, or, begun, for the
+	 * holder's section in its fence.  The verdicts wait for the joins. */
+	second_asleep = wait_flag(&second_calling) && wait_until_sleeping(second_tid);
 	second_began = is_atomic(&second_switched);
 	fork_ended = __atomic_load_n(&fork_done, __ATOMIC_SEQ_CST);
 	__atomic_store_n(&hold_released, 1, __ATOMIC_SEQ_CST);
@@ -550,13 +557,15 @@ static int case_fork_waits_first(void)
 	pthread_join(first, NULL);
 	pthread_join(forker, NULL);
 	pthread_join(second, NULL);
-	if (fork_ended)
+	if (!fork_asleep || fork_ended)
 		return 7;
 	if (waiting_fork_child < 0 || waitpid(waiting_fork_child, &status, 0) != waiting_fork_child ||
 	    !WIFEXITED(status) || WEXITSTATUS(status))
 		return 4;
 	if (second_began)
 		return 12;
+	if (!second_asleep)
+		return 14;
 	if (!__atomic_load_n(&second_done, __ATOMIC_SEQ_CST) || !is_atomic(&second_switched))
 		return 13;
 	percpu_ref_exit(&first_switched);

@@ -27,6 +27,7 @@
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
 #include "tap.h"
+#include "thread_names.h"
 
 struct plugin {
 	void *handle;
@@ -188,31 +189,6 @@ static void *blocked_worker(void *arg)
 	if (read(wake_pipe[0], &c, 1) != 1)
 		return (void *)1;
 	return NULL;
-}
-
-/* Waits, up to 10 s, until thread @tid sleeps ('S' in its /proc stat):
- * in read(). */
-static bool wait_until_sleeping(pid_t tid)
-{
-	struct timespec start, now;
-	char path[64], stat[256], *state;
-
-	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	for (now = start; now.tv_sec - start.tv_sec < 10; clock_gettime(CLOCK_MONOTONIC, &now)) {
-		FILE *f = fopen(path, "r");
-		bool sleeping = false;
-
-		if (!f)
-			return false;
-		if (fgets(stat, sizeof(stat), f) && (state = strrchr(stat, ')')))
-			sleeping = state[1] == ' ' && state[2] == 'S';
-		fclose(f);
-		if (sleeping)
-			return true;
-		sched_yield();
-	}
-	return false;
 }
 
 static int scenario_blocked(void)
