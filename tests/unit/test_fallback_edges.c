@@ -357,7 +357,8 @@ static void pairs_under_signals(void (*handler)(int), bool (*done)(void))
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = handler;
 	sigaction(SIGUSR1, &sa, NULL);
-	signaller_start(&signaller, 50000);
+	if (signaller_start(&signaller, 50000))
+		abort();
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	do {
 		pairs(&ref, 1000);
@@ -447,22 +448,17 @@ static void on_signal_hold(int sig)
 		sched_yield();
 }
 
+static bool hold_done(void)
+{
+	return __atomic_load_n(&hold_caught, __ATOMIC_SEQ_CST);
+}
+
 /* Pairs under signals until its handler holds a section open (and is
- * released), or for 10 s. */
+ * released). */
 static void *section_holder(void *arg)
 {
-	struct signaller signaller;
-	struct timespec start, now;
-
 	(void)arg;
-	if (signaller_start(&signaller, 50000))
-		return NULL;
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	do {
-		pairs(&ref, 1000);
-		clock_gettime(CLOCK_MONOTONIC, &now);
-	} while (!__atomic_load_n(&hold_caught, __ATOMIC_SEQ_CST) && now.tv_sec - start.tv_sec < 10);
-	signaller_stop(&signaller);
+	pairs_under_signals(on_signal_hold, hold_done);
 	return NULL;
 }
 
@@ -514,7 +510,6 @@ static bool wait_flag(int *flag)
 static int case_fork_waits_first(void)
 {
 	pthread_t holder, first, forker, second;
-	struct sigaction sa;
 	bool fork_asleep, fork_ended, second_asleep, second_began;
 	int status;
 
@@ -523,9 +518,6 @@ static int case_fork_waits_first(void)
 	    percpu_ref_init(&second_switched, NULL, 0))
 		return 2;
 	pairs(&ref, 10);	/* registered before any handler runs */
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_signal_hold;
-	sigaction(SIGUSR1, &sa, NULL);
 	if (pthread_create(&holder, NULL, section_holder, NULL))
 		return 3;
 	if (!wait_flag(&hold_caught)) {
@@ -659,23 +651,19 @@ static void on_signal_pending(int sig)
  * in a section: after a while the helper puts outside its handler, as
  * PENDING_REZERO_OUTSIDE does (and says so).
  */
+static bool helper_put_done(void)
+{
+	return !__atomic_load_n(&helper_put_owed, __ATOMIC_SEQ_CST);
+}
+
 static bool put_from_helper_handler(struct percpu_ref *victim)
 {
-	struct signaller signaller;
-	struct timespec start, now;
 	bool put;
 
 	__atomic_store_n(&helper_put_owed, 1, __ATOMIC_SEQ_CST);
-	if (signaller_start(&signaller, 50000))
-		abort();
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	do {
-		pairs(&ref, 1000);
-		clock_gettime(CLOCK_MONOTONIC, &now);
-	} while (__atomic_load_n(&helper_put_owed, __ATOMIC_SEQ_CST) &&
-		 now.tv_sec - start.tv_sec < (UNDER_VALGRIND ? 2 : 10));
-	signaller_stop(&signaller);
-	put = !__atomic_load_n(&helper_put_owed, __ATOMIC_SEQ_CST);
+	/* The process's handler is on_signal_pending already. */
+	pairs_under_signals(on_signal_pending, helper_put_done);
+	put = helper_put_done();
 	if (!put) {
 		__atomic_store_n(&helper_put_owed, 0, __ATOMIC_SEQ_CST);
 		percpu_ref_put(victim);
