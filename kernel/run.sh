@@ -58,14 +58,24 @@ install_deps() {
 	$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# untar_source DIR: Debian's linux-source-6.12 tarball, unpacked as DIR
+# (through DIR.tmp: a DIR is always whole).
+untar_source() {
+	local dir=$1
+	rm -rf "$dir.tmp"
+	mkdir -p "$dir.tmp"
+	tar -xf /usr/src/linux-source-6.12.tar.xz -C "$dir.tmp"
+	mv "$dir.tmp/linux-source-6.12" "$dir"
+	rmdir "$dir.tmp"
+}
+
 unpack() {
 	# The tag is the last step: a tree whose unpacking was cut short is
 	# unpacked again.
 	git --git-dir="$src/.git" rev-parse -q --verify refs/tags/base >/dev/null 2>&1 && return
 	log "unpacking linux-source-6.12 into $build"
-	mkdir -p "$build"
 	rm -rf "$src"
-	tar -xf /usr/src/linux-source-6.12.tar.xz -C "$build"
+	untar_source "$src"
 	# git tracks only what it must, everything else being ignored:
 	# adding all 90,000 files cost a minute of CPU, and their loose
 	# objects a background "git gc" after git am, both taken from the
@@ -199,8 +209,6 @@ run_checkpatch() {
 			{ grep -E '^[A-Za-z.]*(Error|Exception)\b' <<<"$out" | sort -u ||
 			  tail -n 5 <<<"$out"; } | sed 's/^/    /'
 			e=$((${e:-0} + 1)) w=${w:-0} c=${c:-0}
-			errors=$((errors + e)) warnings=$((warnings + w)) checks=$((checks + c))
-			continue
 		fi
 		printf 'checkpatch %s: %s errors, %s warnings, %s checks\n' \
 			"$(basename "$p")" "$e" "$w" "$c"
@@ -311,13 +319,7 @@ prefixes() {
 	log "building the x86_64 test kernel with the whole series"
 	kunit_x86 || status=1
 	initramfs
-	if [ ! -d "$build/linux-base" ]; then
-		rm -rf "$build/linux-base.tmp"
-		mkdir -p "$build/linux-base.tmp"
-		tar -xf /usr/src/linux-source-6.12.tar.xz -C "$build/linux-base.tmp"
-		mv "$build/linux-base.tmp/linux-source-6.12" "$build/linux-base"
-		rmdir "$build/linux-base.tmp"
-	fi
+	[ -d "$build/linux-base" ] || untar_source "$build/linux-base"
 	log "building the unpatched x86_64 kernel"
 	build_x86_plain "$build/x86-base" "$build/linux-base" || status=1
 	boot "$build/x86-base/arch/x86/boot/bzImage" "$build/boot/unpatched"
