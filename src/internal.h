@@ -55,7 +55,7 @@ enum percpuref_lock_rank {
 	PERCPUREF_RANK_SYNC_SWITCH,	/* percpu_ref.c: sync switches */
 	PERCPUREF_RANK_URCU,		/* liburcu-bp (runtime.c) */
 	PERCPUREF_RANK_SWITCH,		/* percpu_ref.c: mode switches */
-	PERCPUREF_RANK_ALLOC,		/* percpu_alloc.c: chunks, slots */
+	PERCPUREF_RANK_ALLOC,		/* percpu_alloc.c: chunks, slots, spares */
 	PERCPUREF_RANK_DEFERRED,	/* deferred.c: the queue */
 	PERCPUREF_RANK_MANAGED,		/* managed.c: thread, config, stats */
 	PERCPUREF_RANK_READERS,		/* fallback.c: the fallback readers */
@@ -365,6 +365,64 @@ static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int c
 	return (unsigned long *)(cpu0 + ((uintptr_t)cpu << PERCPUREF_UNIT_SHIFT));
 }
 /* percpuref_get_counter_stats(): public, in <percpuref/percpu_ref.h>. */
+/*
+ * Spare objects (percpu_alloc.c, "Spares"): the memory of the refs'
+ * bookkeeping (struct percpu_ref_impl) that the reclaimer let go of, kept
+ * for the next init on an application thread instead of a cross-thread
+ * free().  A chain is up to PERCPUREF_SPARE_CHAIN objects linked through
+ * their first word, NULL-terminated; give() keeps it, or frees it when
+ * PERCPUREF_SPARE_DEPOT_CHAINS chains wait already; take() returns one
+ * object, poisoned as its owner left it but for the link, or NULL (then
+ * malloc).
+ */
+#define PERCPUREF_SPARE_CHAIN 32
+#define PERCPUREF_SPARE_DEPOT_CHAINS 128
+void percpuref_spare_give(void *first, unsigned long n);
+void *percpuref_spare_take(void);
+/* A chain being built, given once full or done (percpuref_spares_give()). */
+struct percpuref_spares {
+	void *first;
+	unsigned long n;
+};
+static inline void percpuref_spares_give(struct percpuref_spares *spares)
+{
+	if (spares->n)
+		percpuref_spare_give(spares->first, spares->n);
+	spares->first = NULL;
+	spares->n = 0;
+}
+/*
+ * What waits as a spare is no object: poisoned for AddressSanitizer, or
+ * no-access for valgrind's memcheck (where its header is found; the
+ * client requests cost a few instructions outside valgrind), so that a
+ * use after the "free" is caught until the next init reuses it (sooner
+ * than a free()d block leaves ASan's quarantine).  Unpoisoned (for memcheck:
+ * defined, as the caller's memset() makes it) before use.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define PERCPUREF_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PERCPUREF_ASAN 1
+#endif
+#endif
+#if defined(PERCPUREF_ASAN)
+#include <sanitizer/asan_interface.h>
+#define percpuref_poison(addr, size) ASAN_POISON_MEMORY_REGION(addr, size)
+#define percpuref_unpoison(addr, size) ASAN_UNPOISON_MEMORY_REGION(addr, size)
+#elif defined(__has_include)
+#if __has_include(<valgrind/memcheck.h>)
+#include <valgrind/memcheck.h>
+#define percpuref_poison(addr, size) ((void)VALGRIND_MAKE_MEM_NOACCESS(addr, size))
+#define percpuref_unpoison(addr, size) ((void)VALGRIND_MAKE_MEM_DEFINED(addr, size))
+#endif
+#endif
+#ifndef percpuref_poison
+#define percpuref_poison(addr, size) ((void)(addr), (void)(size))
+#define percpuref_unpoison(addr, size) ((void)(addr), (void)(size))
+#endif
+/* Test hook: the spare objects waiting in the depot (not in caches). */
+PERCPUREF_API unsigned long percpuref_test_spares_waiting(void);
 
 /* Sum of the per-CPU words of the counter at @cpu0.  Acquire loads: no
  * later read (the reclaimer filter's second collect) moves before them; the

@@ -442,6 +442,9 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 	unsigned long k = 0, i, others;
 	uint64_t now = held_warn_ns ? percpuref_monotonic_ns() : 0;
 	pthread_mutex_t *lock;
+	/* Impls of exited refs freed here: given as spares, a chain at a
+	 * time, with no stripe held (percpu_alloc.c, "Spares"). */
+	struct percpuref_spares spares = { NULL, 0 };
 
 	*switched = *skipped = 0;
 	while (k < limit && (node = prev->next)) {
@@ -471,11 +474,14 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			break;
 		case MANAGED_FREE:
 			prev->next = node->next;
-			percpuref_managed_free(node);
+			percpuref_managed_free(node, &spares);
 			break;
 		}
 		pthread_mutex_unlock(lock);	/* a stripe: valid after the free */
+		if (spares.n == PERCPUREF_SPARE_CHAIN)
+			percpuref_spares_give(&spares);
 	}
+	percpuref_spares_give(&spares);
 	*end = !prev->next;
 	if (!*switched) {
 		cursor = prev;

@@ -75,9 +75,32 @@
  * allocates or frees meanwhile, and never below zero (the counts are read
  * one by one while their owners move slots between them).
  *
+ * Spares.  The same caches and lock carry a second kind of object: the
+ * refs' bookkeeping (percpu_ref.c's impls), which the reclaimer frees
+ * when a ref exited while listed.  free() of memory another thread's
+ * malloc() took locks that thread's arena, and every malloc() of a
+ * thread whose frees all go elsewhere finds its tcache empty and locks
+ * the arena too: with two threads cycling managed refs (switch-storm's
+ * managed-poll) the reclaimer and the workers met on those locks, 40% of
+ * the process's futex calls.  So the reclaimer hands chains of up to
+ * PERCPUREF_SPARE_CHAIN such objects to a depot of its own
+ * (spare_depot, at most PERCPUREF_SPARE_DEPOT_CHAINS chains: 4,096
+ * objects, 557 KB of impls; past that it frees them), and an init takes
+ * one from its thread's cache, which loads a whole chain from the depot
+ * when empty: the lock once per chain on both sides.  A thread holds at
+ * most one chain (31 objects once it took one), given back to the depot
+ * (or freed) at its exit, as its slots are; a library thread holds none
+ * and takes none.  A spare that an unmanaged exit later frees goes back to
+ * the arena it first came from: the cross-arena free, moved, not gone.  An init finds
+ * the depot empty without the lock (spare_depot_count, a relaxed hint
+ * written under it: a chain given meanwhile waits for the next init).
+ * The allocator reads only an object's first word, the link; its owner
+ * poisons the rest for the sanitizers while it waits (percpu_ref.c).
+ *
  * Fork: the child keeps the forking thread's cache; every other thread's
- * cache is freed, its slots lost to the child (at most 2 * MAGAZINE_SLOTS
- * each, counted in use there): its owner may have been halfway through a
+ * cache is freed, its slots and spares lost to the child (at most
+ * 2 * MAGAZINE_SLOTS slots each, counted in use there, and one chain,
+ * which a leak checker run in the child reports): its owner may have been halfway through a
  * push or a pop, and does not exist in the child.  The depot is the pool's,
  * consistent under the lock that fork holds.
  */
@@ -100,6 +123,8 @@ struct slot_cache {
 	uintptr_t previous;		/* a full magazine, or 0: none */
 	unsigned long count;		/* atomic: both magazines' slots; the
 					 * owner writes it, the stats read it */
+	void *spare;			/* spares: a chain, or NULL */
+	unsigned long nr_spare;		/* its objects */
 	struct slot_cache *prev, *next;	/* registry (alloc_lock) */
 	struct percpuref_owner_mark owner; /* held by the thread it serves */
 };
@@ -112,6 +137,11 @@ static size_t tail_used = SLOTS_PER_CHUNK; /* slots handed out of the newest chu
 static size_t slots_handed_out, slots_on_free_list;
 static uintptr_t *depot;		/* full magazines, by first slot */
 static size_t depot_count, depot_capacity;
+static struct spare_chain {
+	void *first;
+	unsigned long n;
+} spare_depot[PERCPUREF_SPARE_DEPOT_CHAINS];
+static unsigned int spare_depot_count;	/* lock; read without it as a hint */
 static struct slot_cache registry = { .prev = &registry, .next = &registry };
 static __thread struct slot_cache *cache;	/* this thread's, on the heap */
 static __thread enum cache_state cache_state;
@@ -238,12 +268,45 @@ static void pool_put_magazine(uintptr_t first, unsigned long n)
 	pool_put_chain(first, n);
 }
 
+/* The object after spare @obj in its chain. */
+static void *spare_next(void *obj)
+{
+	return *(void **)obj;
+}
+
+/* Frees the spare chain at @first. */
+static void spares_free(void *first)
+{
+	while (first) {
+		void *next = spare_next(first);
+
+		free(first);
+		first = next;
+	}
+}
+
+/* Lock held.  Puts the spare chain at @first, of @n objects, on the
+ * depot; NULL, or the chain when the depot is full (the caller frees it). */
+static void *spare_put_locked(void *first, unsigned long n)
+{
+	if (!first || spare_depot_count == PERCPUREF_SPARE_DEPOT_CHAINS)
+		return first;
+	spare_depot[spare_depot_count] = (struct spare_chain){ first, n };
+	/* Relaxed: the hint percpuref_spare_take() reads without the lock. */
+	__atomic_store_n(&spare_depot_count, spare_depot_count + 1, __ATOMIC_RELAXED);
+	return NULL;
+}
+
 /* Lock held.  Empties @c into the pool and takes it off the registry. */
 static void cache_unlink(struct slot_cache *c)
 {
 	pool_put_magazine(c->loaded, c->nr_loaded);
 	if (c->previous)
 		pool_put_magazine(c->previous, MAGAZINE_SLOTS);
+	/* Rare (a thread's exit): the frees may as well wait under the lock. */
+	spares_free(spare_put_locked(c->spare, c->nr_spare));
+	c->spare = NULL;
+	c->nr_spare = 0;
 	c->prev->next = c->next;
 	c->next->prev = c->prev;
 }
@@ -415,6 +478,55 @@ void percpuref_counter_free(uintptr_t cpu0)
 	c->loaded = cpu0;
 	c->nr_loaded++;
 	cache_count(c);
+}
+
+void percpuref_spare_give(void *first, unsigned long n)
+{
+	pthread_mutex_lock(&alloc_lock);
+	first = spare_put_locked(first, n);
+	pthread_mutex_unlock(&alloc_lock);
+	spares_free(first);
+}
+
+void *percpuref_spare_take(void)
+{
+	struct slot_cache *c = my_cache();
+	void *obj;
+
+	if (!c)
+		return NULL;
+	if (!c->spare) {
+		if (!__atomic_load_n(&spare_depot_count, __ATOMIC_RELAXED))
+			return NULL;
+		pthread_mutex_lock(&alloc_lock);
+		if (spare_depot_count) {
+			struct spare_chain *top = &spare_depot[spare_depot_count - 1];
+
+			c->spare = top->first;
+			c->nr_spare = top->n;
+			__atomic_store_n(&spare_depot_count, spare_depot_count - 1,
+					 __ATOMIC_RELAXED);
+		}
+		pthread_mutex_unlock(&alloc_lock);
+		if (!c->spare)
+			return NULL;
+	}
+	obj = c->spare;
+	c->spare = spare_next(obj);
+	c->nr_spare--;
+	return obj;
+}
+
+PERCPUREF_API unsigned long percpuref_test_spares_waiting(void)
+{
+	unsigned long n = 0;
+	unsigned int i;
+
+	pthread_mutex_lock(&alloc_lock);
+	for (i = 0; i < spare_depot_count; i++)
+		n += spare_depot[i].n;
+	pthread_mutex_unlock(&alloc_lock);
+	return n;
 }
 
 PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *stats)

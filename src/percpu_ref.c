@@ -124,7 +124,9 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "fallback.h"
@@ -401,7 +403,20 @@ enum mnode_state {
 };
 
 struct percpu_ref_impl {
-	struct percpu_ref_data data;	/* first: ref->data points here */
+	union {
+		/* On one thread's handler_releases (or handler_releases_to_run)
+		 * while owed_and_holds counts a release: @releases signal
+		 * handlers reached inside sections, waiting for that thread's
+		 * section to end.  Only the thread that raised the count from
+		 * zero links it, and it stays linked, once, until the count
+		 * falls back to zero. */
+		struct percpu_ref_impl *handler_next;
+		/* Once a spare (exited, unowned): the next in its chain.
+		 * First, where the allocator reads it; the rest, data.count
+		 * first, is poisoned (percpuref_managed_free()). */
+		void *spare_next;
+	};
+	struct percpu_ref_data data;	/* ref->data points here */
 	struct percpuref_deferred switch_work;
 	struct percpuref_mnode mnode;
 	enum mnode_state mstate;
@@ -410,12 +425,6 @@ struct percpu_ref_impl {
 	bool pinned;			/* manager's reference put by a user: leaked */
 	bool async_switch;		/* the switch in flight is the callback thread's */
 	const char *switch_caller;	/* the call that started it, for warnings */
-	/* On one thread's handler_releases (or handler_releases_to_run)
-	 * while owed_and_holds counts a release: @releases signal handlers
-	 * reached inside sections, waiting for that thread's section to end.
-	 * Only the thread that raised the count from zero links it, and it
-	 * stays linked, once, until the count falls back to zero. */
-	struct percpu_ref_impl *handler_next;
 	/* The handler releases owed (the low bits), and once exited who
 	 * still holds the impl (see IMPL_EXITED): the last to let go frees
 	 * it (drop_exit_hold()). */
@@ -445,6 +454,28 @@ struct percpu_ref_impl {
 #define IMPL_EXITED		(1u << 31)
 #define IMPL_RECLAIMER_HOLDS	(1u << 30)
 #define IMPL_OWED_MASK		(IMPL_RECLAIMER_HOLDS - 1)
+
+/*
+ * An exited impl the reclaimer let go of last waits as a spare for the
+ * next init (percpu_alloc.c, "Spares"), linked through spare_next, its
+ * first word, the rest poisoned: the scanner freed every such impl with
+ * free(), on the arena of the thread that made it, whose next malloc()
+ * then met it on that arena's lock.  The link stays readable for the
+ * leak checkers, which do not follow pointers in poisoned memory.
+ */
+_Static_assert(offsetof(struct percpu_ref_impl, spare_next) == 0, "the allocator's link");
+
+/* A zeroed impl: a spare if this thread's cache or the depot has one. */
+static struct percpu_ref_impl *impl_alloc(void)
+{
+	struct percpu_ref_impl *impl = percpuref_spare_take();
+
+	if (!impl)
+		return percpuref_zalloc(sizeof(*impl));
+	percpuref_unpoison(impl, sizeof(*impl));
+	memset(impl, 0, sizeof(*impl));
+	return impl;
+}
 
 /* @hold (1 for an owed release, IMPL_RECLAIMER_HOLDS) lets go of @impl;
  * the last to let go of an exited one frees it.  Returns what is left of
@@ -515,7 +546,7 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	cpu0 = percpuref_counter_alloc();
 	if (!cpu0)
 		return -ENOMEM;
-	impl = percpuref_zalloc(sizeof(*impl));
+	impl = impl_alloc();
 	if (!impl) {
 		percpuref_counter_free(cpu0);
 		return -ENOMEM;
@@ -1374,9 +1405,19 @@ struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node)
 	return impl_of_node(node)->data.ref;
 }
 
-void percpuref_managed_free(struct percpuref_mnode *node)
+void percpuref_managed_free(struct percpuref_mnode *node, struct percpuref_spares *spares)
 {
-	(void)drop_exit_hold(impl_of_node(node), IMPL_RECLAIMER_HOLDS);
+	struct percpu_ref_impl *impl = impl_of_node(node);
+
+	/* Acquire-release, as drop_exit_hold(): every holder's accesses
+	 * precede the reuse.  Whoever else still holds it frees it. */
+	if (__atomic_sub_fetch(&impl->owed_and_holds, IMPL_RECLAIMER_HOLDS, __ATOMIC_ACQ_REL) !=
+	    IMPL_EXITED)
+		return;
+	impl->spare_next = spares->first;
+	percpuref_poison(&impl->data, sizeof(*impl) - offsetof(struct percpu_ref_impl, data));
+	spares->first = impl;
+	spares->n++;
 }
 
 void percpuref_managed_release(struct percpuref_mnode *node)

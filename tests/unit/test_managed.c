@@ -7,7 +7,8 @@
  * a program that sets the config more often than the interval, release
  * callbacks that free, call the API and create managed refs, exit of a
  * listed ref, exits of many listed refs asking for a pass (their memory
- * waits for one), a flush with no memory for its pass, shutdown, fork, the
+ * waits for one) and their state reused by later inits (spares), a flush
+ * with no memory for its pass, shutdown, fork, the
  * environment variables, and a reclaimer scanning back to back giving way
  * to a busy thread.
  */
@@ -387,6 +388,92 @@ static void test_unmanaged_and_exit(void)
 	is(releases_of(&listed), 0, "exit of a managed ref: no release");
 }
 
+/* Thread of test_spares(): inits and exits one ref (its cache loads a
+ * chain of spares), then exits, which gives the rest of the chain back. */
+static void *spare_taker(void *arg)
+{
+	struct object o = { 0 };
+	int *ret = arg;
+
+	*ret = percpu_ref_init(&o.ref, obj_release, 0);
+	if (!*ret)
+		percpu_ref_exit(&o.ref);	/* not managed: freed here */
+	return NULL;
+}
+
+/*
+ * The impl of a ref exited while listed, which the reclaimer frees, is a
+ * spare for the next init (percpu_alloc.c, "Spares"): free() on the
+ * reclaimer's thread met the maker's next malloc() on its arena's lock.
+ * An init finds it with every allocation refused; the depot holds at most
+ * PERCPUREF_SPARE_DEPOT_CHAINS chains (the rest are freed: ASan's and
+ * valgrind's leak checks see them); a thread's exit gives its chain back.
+ * First in the process: no spare anywhere yet, no scan but the flushes'.
+ */
+static void test_spares(void)
+{
+	enum { CAP = PERCPUREF_SPARE_DEPOT_CHAINS * PERCPUREF_SPARE_CHAIN,
+	       FIRST = CAP / 2, MORE = CAP - FIRST + PERCPUREF_SPARE_CHAIN + 4 };
+	static struct object objs[FIRST + MORE];
+	struct object a = { 0 }, b = { 0 }, c = { 0 };
+	struct percpu_ref_data *spare;
+	pthread_t t;
+	int i, ret = -1;
+
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MAX_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+	percpu_ref_init(&a.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&a.ref);
+	spare = a.ref.data;
+	percpu_ref_exit(&a.ref);		/* listed: the reclaimer frees it */
+	is(percpuref_test_spares_waiting(), 0, "spares: none before the pass");
+	percpu_ref_managed_flush();
+	is(percpuref_test_spares_waiting(), 1, "the pass left the exited ref's impl as a spare");
+	percpuref_fault_fail_from_nth_alloc(1);	/* every allocation refused */
+	is(percpu_ref_init(&b.ref, obj_release, 0), 0, "an init with no memory takes the spare");
+	ok(b.ref.data == spare, "the same impl");
+	is(percpu_ref_init(&c.ref, obj_release, 0), -ENOMEM, "the next finds none: -ENOMEM");
+	percpuref_fault_fail_nth_alloc(0);
+	is(percpuref_test_spares_waiting(), 0, "the depot is empty");
+	/* Cleared like a new one: a ref like any other. */
+	ok(!is_atomic(&b.ref) && !percpu_ref_is_zero(&b.ref), "the reused ref is per-CPU, count 1");
+	percpu_ref_get(&b.ref);
+	percpu_ref_put(&b.ref);
+	percpu_ref_kill(&b.ref);
+	percpu_ref_barrier();
+	is(releases_of(&b), 1, "and is released once");
+	percpu_ref_exit(&b.ref);
+
+	/* Two passes, chains of PERCPUREF_SPARE_CHAIN: the depot fills up
+	 * exactly, and the last chains are freed. */
+	for (i = 0; i < FIRST + MORE; i++) {
+		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+		percpu_ref_switch_to_managed(&objs[i].ref);
+	}
+	for (i = 0; i < FIRST; i++)
+		percpu_ref_exit(&objs[i].ref);
+	percpu_ref_managed_flush();
+	is(percpuref_test_spares_waiting(), FIRST, "a pass over %d exited refs: as many spares",
+	   FIRST);
+	for (i = FIRST; i < FIRST + MORE; i++)
+		percpu_ref_exit(&objs[i].ref);
+	percpu_ref_managed_flush();
+	is(percpuref_test_spares_waiting(), CAP, "%d more: the depot holds %d, frees the rest",
+	   MORE, CAP);
+
+	/* A thread takes a chain, uses one, and gives the rest back at exit. */
+	if (pthread_create(&t, NULL, spare_taker, &ret) == 0) {
+		pthread_join(t, NULL);
+		is(ret, 0, "a thread's init takes a spare");
+		is(percpuref_test_spares_waiting(), CAP - 1,
+		   "its exit gave the rest of its chain back");
+	} else {
+		ok(0, "pthread_create");
+	}
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+}
+
 /* Bytes the process's malloc() hands out now; 0 where another allocator
  * (a sanitizer's, valgrind's) serves it and glibc's counts nothing. */
 static size_t malloc_in_use(void)
@@ -411,9 +498,10 @@ static size_t malloc_in_use(void)
 static void test_exits_ask_for_a_pass(void)
 {
 	/* REF_STATE: what an exited ref leaves to the pass, sizeof(struct
-	 * percpu_ref_impl) on x86-64; at most half of the N may stay. */
+	 * percpu_ref_impl) on x86-64; at most half of the N may stay (the
+	 * 4,096 the spares' depot may keep among them). */
 	enum { BATCH = 256, N = 8 * 4096, LIVE = 3 * PERCPU_REF_MANAGED_MAX_PER_SCAN,
-	       REF_STATE = 104, LEFT_AT_MOST = N * REF_STATE / 2 };
+	       REF_STATE = 136, LEFT_AT_MOST = N * REF_STATE / 2 };
 	static struct object objs[BATCH], live[LIVE];
 	struct percpu_ref_managed_stats before, after;
 	size_t in_use_before, in_use = 0;
@@ -1318,6 +1406,7 @@ int main(int argc, char **argv)
 		return reclaimer_nice();
 	if (argc > 1 && !strcmp(argv[1], "--gives-way"))
 		return gives_way();
+	test_spares();
 	test_rules();
 	test_transitions();
 	test_unmanaged_and_exit();

@@ -169,9 +169,15 @@ static void refused_ref_calls(struct object *o, const char *what)
 	percpu_rcuref_exit(&o->ref);	/* harmless */
 }
 
+static void plain_ref_release(struct percpu_ref *ref)
+{
+	(void)ref;
+}
+
 static void test_init_errors(void)
 {
 	struct object o = { 0 };
+	struct percpu_ref warm;
 
 	is(percpu_rcuref_init(&o.ref, NULL, NULL, 0), -EINVAL, "no release: -EINVAL");
 	refused_ref_calls(&o, "no release");
@@ -180,6 +186,11 @@ static void test_init_errors(void)
 	percpuref_fault_fail_nth_alloc(1);
 	is(percpu_rcuref_init(&o.ref, NULL, obj_release, 0), -ENOMEM, "no memory: -ENOMEM");
 	refused_ref_calls(&o, "no memory");
+	/* The thread's counter cache made first (by a ref's init), so that
+	 * the second allocation is the percpu_ref's impl: no spare impl is
+	 * there to take instead (main() runs this test first). */
+	percpu_ref_init(&warm, plain_ref_release, 0);
+	percpu_ref_exit(&warm);
 	percpuref_fault_fail_nth_alloc(2);
 	is(percpu_rcuref_init(&o.ref, NULL, obj_release, 0), -ENOMEM, "no memory later: -ENOMEM");
 	percpuref_fault_fail_nth_alloc(0);
@@ -446,9 +457,11 @@ int main(int argc, char **argv)
 			return mode_fork_in_reader();
 		return 2;
 	}
+	/* First: no spare impl yet (percpu_alloc.c, "Spares"), so that the
+	 * second allocation of an init is the percpu_ref's impl. */
+	test_init_errors();
 	test_kill_waits_for_readers();
 	test_managed();
-	test_init_errors();
 	test_exit_between_zero_and_release();
 	test_ignored_exit();
 	test_reinit_from_release();
