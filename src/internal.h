@@ -372,19 +372,18 @@ static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int c
  * free().  A chain is up to PERCPUREF_SPARE_CHAIN objects linked through
  * their first word, NULL-terminated; give() keeps it, or frees it when
  * PERCPUREF_SPARE_DEPOT_CHAINS chains wait already; take() returns one
- * object, poisoned as its owner left it but for the link, or NULL (then
- * malloc).
+ * object, its contents undefined, or NULL (then malloc).
  */
 #define PERCPUREF_SPARE_CHAIN 32
 #define PERCPUREF_SPARE_DEPOT_CHAINS 128
 void percpuref_spare_give(void *first, unsigned long n);
 void *percpuref_spare_take(void);
-/* A chain being built, given once full or done (percpuref_spares_give()). */
+/* A chain being built, given once full or done (percpuref_spares_flush()). */
 struct percpuref_spares {
 	void *first;
 	unsigned long n;
 };
-static inline void percpuref_spares_give(struct percpuref_spares *spares)
+static inline void percpuref_spares_flush(struct percpuref_spares *spares)
 {
 	if (spares->n)
 		percpuref_spare_give(spares->first, spares->n);
@@ -392,12 +391,12 @@ static inline void percpuref_spares_give(struct percpuref_spares *spares)
 	spares->n = 0;
 }
 /*
- * What waits as a spare is no object: poisoned for AddressSanitizer, or
- * no-access for valgrind's memcheck (where its header is found; the
- * client requests cost a few instructions outside valgrind), so that a
- * use after the "free" is caught until the next init reuses it (sooner
- * than a free()d block leaves ASan's quarantine).  Unpoisoned (for memcheck:
- * defined, as the caller's memset() makes it) before use.
+ * No spares where a use after free must be caught: under AddressSanitizer,
+ * and under valgrind where its header is found (RUNNING_ON_VALGRIND costs
+ * a few instructions elsewhere), what would be a spare is free()d, into
+ * the tool's quarantine.  A spare is reused by the next init, often within
+ * microseconds: a stale access to an exited ref would land on a live one,
+ * unreported, where a free()d block stays poisoned for a long time.
  */
 #if defined(__SANITIZE_ADDRESS__)
 #define PERCPUREF_ASAN 1
@@ -406,21 +405,22 @@ static inline void percpuref_spares_give(struct percpuref_spares *spares)
 #define PERCPUREF_ASAN 1
 #endif
 #endif
+#if !defined(PERCPUREF_ASAN) && defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#define PERCPUREF_VALGRIND_H 1
+#endif
+#endif
+static inline bool percpuref_spares_off(void)
+{
 #if defined(PERCPUREF_ASAN)
-#include <sanitizer/asan_interface.h>
-#define percpuref_poison(addr, size) ASAN_POISON_MEMORY_REGION(addr, size)
-#define percpuref_unpoison(addr, size) ASAN_UNPOISON_MEMORY_REGION(addr, size)
-#elif defined(__has_include)
-#if __has_include(<valgrind/memcheck.h>)
-#include <valgrind/memcheck.h>
-#define percpuref_poison(addr, size) ((void)VALGRIND_MAKE_MEM_NOACCESS(addr, size))
-#define percpuref_unpoison(addr, size) ((void)VALGRIND_MAKE_MEM_DEFINED(addr, size))
+	return true;
+#elif defined(PERCPUREF_VALGRIND_H)
+	return RUNNING_ON_VALGRIND;
+#else
+	return false;
 #endif
-#endif
-#ifndef percpuref_poison
-#define percpuref_poison(addr, size) ((void)(addr), (void)(size))
-#define percpuref_unpoison(addr, size) ((void)(addr), (void)(size))
-#endif
+}
 /* Test hook: the spare objects waiting in the depot (not in caches). */
 PERCPUREF_API unsigned long percpuref_test_spares_waiting(void);
 

@@ -94,13 +94,14 @@
  * the arena it first came from: the cross-arena free, moved, not gone.  An init finds
  * the depot empty without the lock (spare_depot_count, a relaxed hint
  * written under it: a chain given meanwhile waits for the next init).
- * The allocator reads only an object's first word, the link; its owner
- * poisons the rest for the sanitizers while it waits (percpu_ref.c).
+ * The allocator reads only an object's first word, the link.  Under
+ * ASan and valgrind there are none (percpuref_spares_off()): a spare is
+ * reused within microseconds, where a free()d block stays in the tool's
+ * quarantine, so a stale access to an exited ref would go unreported.
  *
  * Fork: the child keeps the forking thread's cache; every other thread's
  * cache is freed, its slots and spares lost to the child (at most
- * 2 * MAGAZINE_SLOTS slots each, counted in use there, and one chain,
- * which a leak checker run in the child reports): its owner may have been halfway through a
+ * 2 * MAGAZINE_SLOTS slots each, counted in use there, and one chain): its owner may have been halfway through a
  * push or a pop, and does not exist in the child.  The depot is the pool's,
  * consistent under the lock that fork holds.
  */

@@ -412,8 +412,7 @@ struct percpu_ref_impl {
 		 * falls back to zero. */
 		struct percpu_ref_impl *handler_next;
 		/* Once a spare (exited, unowned): the next in its chain.
-		 * First, where the allocator reads it; the rest, data.count
-		 * first, is poisoned (percpuref_managed_free()). */
+		 * First: where the allocator reads it. */
 		void *spare_next;
 	};
 	struct percpu_ref_data data;	/* ref->data points here */
@@ -458,10 +457,9 @@ struct percpu_ref_impl {
 /*
  * An exited impl the reclaimer let go of last waits as a spare for the
  * next init (percpu_alloc.c, "Spares"), linked through spare_next, its
- * first word, the rest poisoned: the scanner freed every such impl with
- * free(), on the arena of the thread that made it, whose next malloc()
- * then met it on that arena's lock.  The link stays readable for the
- * leak checkers, which do not follow pointers in poisoned memory.
+ * first word: the scanner freed every such impl with free(), on the arena
+ * of the thread that made it, whose next malloc() then met it on that
+ * arena's lock.  Not under the memory checkers (percpuref_spares_off()).
  */
 _Static_assert(offsetof(struct percpu_ref_impl, spare_next) == 0, "the allocator's link");
 
@@ -472,21 +470,29 @@ static struct percpu_ref_impl *impl_alloc(void)
 
 	if (!impl)
 		return percpuref_zalloc(sizeof(*impl));
-	percpuref_unpoison(impl, sizeof(*impl));
 	memset(impl, 0, sizeof(*impl));
 	return impl;
 }
 
 /* @hold (1 for an owed release, IMPL_RECLAIMER_HOLDS) lets go of @impl;
- * the last to let go of an exited one frees it.  Returns what is left of
- * owed_and_holds (the impl may be gone: read nothing of it after).
- * Acquire-release: every holder's accesses precede the free. */
-static unsigned int drop_exit_hold(struct percpu_ref_impl *impl, unsigned int hold)
+ * the last to let go of an exited one frees it, or chains it on @spares
+ * if not NULL.  Returns what is left of owed_and_holds (the impl may be
+ * gone: read nothing of it after).  Acquire-release: every holder's
+ * accesses precede the free or the reuse. */
+static unsigned int drop_exit_hold(struct percpu_ref_impl *impl, unsigned int hold,
+				   struct percpuref_spares *spares)
 {
 	unsigned int left = __atomic_sub_fetch(&impl->owed_and_holds, hold, __ATOMIC_ACQ_REL);
 
-	if (left == IMPL_EXITED)
+	if (left != IMPL_EXITED)
+		return left;
+	if (!spares) {
 		free(impl);
+		return left;
+	}
+	impl->spare_next = spares->first;
+	spares->first = impl;
+	spares->n++;
 	return left;
 }
 
@@ -1407,17 +1413,8 @@ struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node)
 
 void percpuref_managed_free(struct percpuref_mnode *node, struct percpuref_spares *spares)
 {
-	struct percpu_ref_impl *impl = impl_of_node(node);
-
-	/* Acquire-release, as drop_exit_hold(): every holder's accesses
-	 * precede the reuse.  Whoever else still holds it frees it. */
-	if (__atomic_sub_fetch(&impl->owed_and_holds, IMPL_RECLAIMER_HOLDS, __ATOMIC_ACQ_REL) !=
-	    IMPL_EXITED)
-		return;
-	impl->spare_next = spares->first;
-	percpuref_poison(&impl->data, sizeof(*impl) - offsetof(struct percpu_ref_impl, data));
-	spares->first = impl;
-	spares->n++;
+	(void)drop_exit_hold(impl_of_node(node), IMPL_RECLAIMER_HOLDS,
+			     percpuref_spares_off() ? NULL : spares);
 }
 
 void percpuref_managed_release(struct percpuref_mnode *node)
@@ -1455,7 +1452,7 @@ void percpuref_managed_release_done(struct percpuref_mnode *node)
 	pthread_mutex_lock(lock);
 	if (impl->exited) {
 		pthread_mutex_unlock(lock);
-		(void)drop_exit_hold(impl, IMPL_RECLAIMER_HOLDS);
+		(void)drop_exit_hold(impl, IMPL_RECLAIMER_HOLDS, NULL);
 		return;
 	}
 	impl->release_voided = false;
@@ -1575,7 +1572,7 @@ static void run_one_handler_release(struct percpu_ref_impl *impl)
 	/* Acquire-release (in drop_exit_hold()): against
 	 * defer_handler_release()'s increment and the exit's mark (see
 	 * both).  Exited, the last one owed frees the impl there. */
-	unsigned int left = drop_exit_hold(impl, 1);
+	unsigned int left = drop_exit_hold(impl, 1, NULL);
 
 	if (!(left & IMPL_OWED_MASK))
 		handler_releases_to_run = next;
