@@ -90,10 +90,11 @@
  * when empty: the lock once per chain on both sides.  A thread holds at
  * most one chain (31 objects once it took one), given back to the depot
  * (or freed) at its exit, as its slots are; a library thread holds none
- * and takes none.  A spare that an unmanaged exit later frees goes back to
- * the arena it first came from: the cross-arena free, moved, not gone.  An init finds
- * the depot empty without the lock (spare_depot_count, a relaxed hint
- * written under it: a chain given meanwhile waits for the next init).
+ * and takes none.  A spare that an unmanaged exit later frees goes back
+ * to the arena it first came from: the cross-arena free, moved, not gone.
+ * An init finds the depot empty without the lock (spare_depot_count, a
+ * relaxed hint written under it: a chain given meanwhile waits for the
+ * next init).
  * The allocator reads only an object's first word, the link.  Under
  * ASan and valgrind there are none (percpuref_spares_off()): a spare is
  * reused within microseconds, where a free()d block stays in the tool's
@@ -101,8 +102,9 @@
  *
  * Fork: the child keeps the forking thread's cache; every other thread's
  * cache is freed, its slots and spares lost to the child (at most
- * 2 * MAGAZINE_SLOTS slots each, counted in use there, and one chain): its owner may have been halfway through a
- * push or a pop, and does not exist in the child.  The depot is the pool's,
+ * 2 * MAGAZINE_SLOTS slots each, counted in use there, and one chain):
+ * its owner may have been halfway through a push or a pop, and does not
+ * exist in the child.  The depot is the pool's,
  * consistent under the lock that fork holds.
  */
 #define _GNU_SOURCE
@@ -497,6 +499,7 @@ void *percpuref_spare_take(void)
 	if (!c)
 		return NULL;
 	if (!c->spare) {
+		/* Relaxed: a hint; the lock orders the chain's contents. */
 		if (!__atomic_load_n(&spare_depot_count, __ATOMIC_RELAXED))
 			return NULL;
 		pthread_mutex_lock(&alloc_lock);
@@ -505,6 +508,7 @@ void *percpuref_spare_take(void)
 
 			c->spare = top->first;
 			c->nr_spare = top->n;
+			/* Relaxed: the hint, as in spare_put_locked(). */
 			__atomic_store_n(&spare_depot_count, spare_depot_count - 1,
 					 __ATOMIC_RELAXED);
 		}
