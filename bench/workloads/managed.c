@@ -239,7 +239,12 @@ static void latency_loop(struct bench_thread *t)
 	struct mref m;
 	uint64_t put_ns, ns;
 
-	while (bench_running(t)) {
+	/* At least one ref, made even after the window ended: its init starts
+	 * the reclaimer, so that need_reclaimer() sees a thread that could
+	 * start running.  A short window on a loaded machine (2 ms under TSan
+	 * while the test command built kernels) ended before a loop's first
+	 * init, and the run failed as if the reclaimer could not start. */
+	do {
 		bool stopped;
 
 		m.released_ns = 0;
@@ -270,7 +275,7 @@ static void latency_loop(struct bench_thread *t)
 				break;
 		percpu_ref_exit(&m.ref);
 		bench_count(t, 1);
-	}
+	} while (bench_running(t));
 }
 
 static void latency_teardown(struct bench_run *run)
