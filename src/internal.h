@@ -376,20 +376,14 @@ static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int c
  */
 #define PERCPUREF_SPARE_CHAIN 32
 #define PERCPUREF_SPARE_DEPOT_CHAINS 128
-void percpuref_spare_give(void *first, unsigned long n);
-void *percpuref_spare_take(void);
-/* A chain being built, given once full or done (percpuref_spares_flush()). */
+/* A chain and its length: one being built, a depot's entry, a cache's. */
 struct percpuref_spares {
 	void *first;
 	unsigned long n;
 };
-static inline void percpuref_spares_flush(struct percpuref_spares *spares)
-{
-	if (spares->n)
-		percpuref_spare_give(spares->first, spares->n);
-	spares->first = NULL;
-	spares->n = 0;
-}
+/* Gives @spares' chain (none if empty) and empties @spares. */
+void percpuref_spares_give(struct percpuref_spares *spares);
+void *percpuref_spare_take(void);
 /*
  * No spares where a use after free must be caught: under AddressSanitizer,
  * and under valgrind where its header is found (RUNNING_ON_VALGRIND costs

@@ -479,9 +479,9 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 		}
 		pthread_mutex_unlock(lock);	/* a stripe: valid after the free */
 		if (spares.n == PERCPUREF_SPARE_CHAIN)
-			percpuref_spares_flush(&spares);
+			percpuref_spares_give(&spares);
 	}
-	percpuref_spares_flush(&spares);
+	percpuref_spares_give(&spares);
 	*end = !prev->next;
 	if (!*switched) {
 		cursor = prev;

@@ -86,7 +86,7 @@ enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *n
  * *@others = the references held besides the manager's at the check. */
 bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *others);
 /* Lets go of the node's impl; the last holder of an exited ref puts it on
- * @spares (no lock taken: the caller gives them, percpuref_spares_flush()). */
+ * @spares (no lock taken: the caller gives them, percpuref_spares_give()). */
 void percpuref_managed_free(struct percpuref_mnode *node, struct percpuref_spares *spares);
 /* The ref a (non-marker) node belongs to, for messages. */
 struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node);

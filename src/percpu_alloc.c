@@ -126,8 +126,7 @@ struct slot_cache {
 	uintptr_t previous;		/* a full magazine, or 0: none */
 	unsigned long count;		/* atomic: both magazines' slots; the
 					 * owner writes it, the stats read it */
-	void *spare;			/* spares: a chain, or NULL */
-	unsigned long nr_spare;		/* its objects */
+	struct percpuref_spares spares;	/* a chain, or empty */
 	struct slot_cache *prev, *next;	/* registry (alloc_lock) */
 	struct percpuref_owner_mark owner; /* held by the thread it serves */
 };
@@ -140,10 +139,7 @@ static size_t tail_used = SLOTS_PER_CHUNK; /* slots handed out of the newest chu
 static size_t slots_handed_out, slots_on_free_list;
 static uintptr_t *depot;		/* full magazines, by first slot */
 static size_t depot_count, depot_capacity;
-static struct spare_chain {
-	void *first;
-	unsigned long n;
-} spare_depot[PERCPUREF_SPARE_DEPOT_CHAINS];
+static struct percpuref_spares spare_depot[PERCPUREF_SPARE_DEPOT_CHAINS];
 static unsigned int spare_depot_count;	/* lock; read without it as a hint */
 static struct slot_cache registry = { .prev = &registry, .next = &registry };
 static __thread struct slot_cache *cache;	/* this thread's, on the heap */
@@ -277,27 +273,28 @@ static void *spare_next(void *obj)
 	return *(void **)obj;
 }
 
-/* Frees the spare chain at @first. */
-static void spares_free(void *first)
+/* Frees @chain's objects and empties it. */
+static void spares_free(struct percpuref_spares *chain)
 {
-	while (first) {
-		void *next = spare_next(first);
+	while (chain->first) {
+		void *next = spare_next(chain->first);
 
-		free(first);
-		first = next;
+		free(chain->first);
+		chain->first = next;
 	}
+	chain->n = 0;
 }
 
-/* Lock held.  Puts the spare chain at @first, of @n objects, on the
- * depot; NULL, or the chain when the depot is full (the caller frees it). */
-static void *spare_put_locked(void *first, unsigned long n)
+/* Lock held.  Moves @chain onto the depot, emptying it, unless the depot
+ * is full: then it stays, for the caller to free. */
+static void spare_put_locked(struct percpuref_spares *chain)
 {
-	if (!first || spare_depot_count == PERCPUREF_SPARE_DEPOT_CHAINS)
-		return first;
-	spare_depot[spare_depot_count] = (struct spare_chain){ first, n };
+	if (!chain->n || spare_depot_count == PERCPUREF_SPARE_DEPOT_CHAINS)
+		return;
+	spare_depot[spare_depot_count] = *chain;
 	/* Relaxed: the hint percpuref_spare_take() reads without the lock. */
 	__atomic_store_n(&spare_depot_count, spare_depot_count + 1, __ATOMIC_RELAXED);
-	return NULL;
+	*chain = (struct percpuref_spares){ NULL, 0 };
 }
 
 /* Lock held.  Empties @c into the pool and takes it off the registry. */
@@ -307,9 +304,8 @@ static void cache_unlink(struct slot_cache *c)
 	if (c->previous)
 		pool_put_magazine(c->previous, MAGAZINE_SLOTS);
 	/* Rare (a thread's exit): the frees may as well wait under the lock. */
-	spares_free(spare_put_locked(c->spare, c->nr_spare));
-	c->spare = NULL;
-	c->nr_spare = 0;
+	spare_put_locked(&c->spares);
+	spares_free(&c->spares);
 	c->prev->next = c->next;
 	c->next->prev = c->prev;
 }
@@ -483,12 +479,14 @@ void percpuref_counter_free(uintptr_t cpu0)
 	cache_count(c);
 }
 
-void percpuref_spare_give(void *first, unsigned long n)
+void percpuref_spares_give(struct percpuref_spares *spares)
 {
+	if (!spares->n)
+		return;
 	pthread_mutex_lock(&alloc_lock);
-	first = spare_put_locked(first, n);
+	spare_put_locked(spares);
 	pthread_mutex_unlock(&alloc_lock);
-	spares_free(first);
+	spares_free(spares);
 }
 
 void *percpuref_spare_take(void)
@@ -498,27 +496,24 @@ void *percpuref_spare_take(void)
 
 	if (!c)
 		return NULL;
-	if (!c->spare) {
+	if (!c->spares.n) {
 		/* Relaxed: a hint; the lock orders the chain's contents. */
 		if (!__atomic_load_n(&spare_depot_count, __ATOMIC_RELAXED))
 			return NULL;
 		pthread_mutex_lock(&alloc_lock);
 		if (spare_depot_count) {
-			struct spare_chain *top = &spare_depot[spare_depot_count - 1];
-
-			c->spare = top->first;
-			c->nr_spare = top->n;
+			c->spares = spare_depot[spare_depot_count - 1];
 			/* Relaxed: the hint, as in spare_put_locked(). */
 			__atomic_store_n(&spare_depot_count, spare_depot_count - 1,
 					 __ATOMIC_RELAXED);
 		}
 		pthread_mutex_unlock(&alloc_lock);
-		if (!c->spare)
+		if (!c->spares.n)
 			return NULL;
 	}
-	obj = c->spare;
-	c->spare = spare_next(obj);
-	c->nr_spare--;
+	obj = c->spares.first;
+	c->spares.first = spare_next(obj);
+	c->spares.n--;
 	return obj;
 }
 

@@ -411,44 +411,16 @@ static void *spare_taker(void *arg)
 	return NULL;
 }
 
-/*
- * The impl of a ref exited while listed, which the reclaimer frees, is a
- * spare for the next init (percpu_alloc.c, "Spares"): free() on the
- * reclaimer's thread met the maker's next malloc() on its arena's lock.
- * An init finds it with every allocation refused; the depot holds at most
- * PERCPUREF_SPARE_DEPOT_CHAINS chains (the rest are freed: ASan's and
- * valgrind's leak checks see them); a thread's exit gives its chain back.
- * Under ASan and valgrind none is kept: the impl goes into the tool's
- * quarantine (internal.h, percpuref_spares_off()).  First in the process:
- * no spare anywhere yet, no scan but the flushes'.  Both passes exit fewer
- * refs than ask for a pass of their own (managed.c,
- * EARLY_PASS_MIN_EXITED, 4,096), so no pass but the flushes' cuts chains.
- */
-static void test_spares(void)
+/* test_spares() where spares are kept: @spare is the one the pass left. */
+static void check_spares_kept(struct percpu_ref_data *spare)
 {
 	enum { CAP = PERCPUREF_SPARE_DEPOT_CHAINS * PERCPUREF_SPARE_CHAIN,
 	       FIRST = CAP / 2, MORE = CAP - FIRST + PERCPUREF_SPARE_CHAIN + 4 };
 	static struct object objs[FIRST + MORE];
-	struct object a = { 0 }, b = { 0 }, c = { 0 };
-	struct percpu_ref_data *spare;
+	struct object b = { 0 }, c = { 0 };
 	pthread_t t;
 	int i, ret = -1;
 
-	set_config(PERCPU_REF_MANAGED_INTERVAL_MAX_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
-		   PERCPU_REF_SCAN_FILTERED);
-	is(percpu_ref_init(&a.ref, obj_release, PERCPU_REF_ALLOW_REINIT), 0, "spares: init");
-	percpu_ref_switch_to_managed(&a.ref);
-	spare = a.ref.data;
-	percpu_ref_exit(&a.ref);		/* listed: the reclaimer frees it */
-	is(percpuref_test_spares_waiting(), 0, "spares: none before the pass");
-	percpu_ref_managed_flush();
-	if (under_memory_checker()) {
-		is(percpuref_test_spares_waiting(), 0,
-		   "ASan, valgrind: the pass freed the exited ref's impl, no spare");
-		set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
-			   PERCPU_REF_SCAN_FILTERED);
-		return;
-	}
 	is(percpuref_test_spares_waiting(), 1, "the pass left the exited ref's impl as a spare");
 	percpuref_fault_fail_from_nth_alloc(1);	/* every allocation refused */
 	is(percpu_ref_init(&b.ref, obj_release, 0), 0, "an init with no memory takes the spare");
@@ -494,6 +466,39 @@ static void test_spares(void)
 	} else {
 		ok(0, "pthread_create");
 	}
+}
+
+/*
+ * The impl of a ref exited while listed, which the reclaimer frees, is a
+ * spare for the next init (percpu_alloc.c, "Spares"): free() on the
+ * reclaimer's thread met the maker's next malloc() on its arena's lock.
+ * An init finds it with every allocation refused; the depot holds at most
+ * PERCPUREF_SPARE_DEPOT_CHAINS chains (the rest are freed: ASan's and
+ * valgrind's leak checks see them); a thread's exit gives its chain back.
+ * Under ASan and valgrind none is kept: the impl goes into the tool's
+ * quarantine (internal.h, percpuref_spares_off()).  First in the process:
+ * no spare anywhere yet, no scan but the flushes'.  Both passes exit fewer
+ * refs than ask for a pass of their own (managed.c,
+ * EARLY_PASS_MIN_EXITED, 4,096), so no pass but the flushes' cuts chains.
+ */
+static void test_spares(void)
+{
+	struct object a = { 0 };
+	struct percpu_ref_data *spare;
+
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MAX_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+	is(percpu_ref_init(&a.ref, obj_release, PERCPU_REF_ALLOW_REINIT), 0, "spares: init");
+	percpu_ref_switch_to_managed(&a.ref);
+	spare = a.ref.data;
+	percpu_ref_exit(&a.ref);		/* listed: the reclaimer frees it */
+	is(percpuref_test_spares_waiting(), 0, "spares: none before the pass");
+	percpu_ref_managed_flush();
+	if (under_memory_checker())
+		is(percpuref_test_spares_waiting(), 0,
+		   "ASan, valgrind: the pass freed the exited ref's impl, no spare");
+	else
+		check_spares_kept(spare);
 	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
 		   PERCPU_REF_SCAN_FILTERED);
 }
