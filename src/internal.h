@@ -540,9 +540,11 @@ PERCPUREF_API void percpuref_fault_fail_nth_alloc(long nth);
 PERCPUREF_API void percpuref_fault_fail_from_nth_alloc(long nth);
 PERCPUREF_API unsigned long percpuref_fault_refused_allocs(void);
 bool percpuref_fault_should_fail(void);
-/* runtime.c's reader and parser of the possible mask (0: not a list, or
- * too large); exposed for tests. */
-PERCPUREF_API unsigned int percpuref_cpu_count_from_mask(const char *text);
+/* runtime.c's parser of CPU lists (the possible mask, a choice of CPUs):
+ * the highest CPU + 1, the CPUs into @set unless NULL; 0: not a list, or
+ * too large.  Exposed for tests. */
+PERCPUREF_API unsigned int percpuref_parse_cpu_list(const char *text,
+						    struct percpuref_cpu_mask *set);
 PERCPUREF_API unsigned int percpuref_cpu_count_from_file(FILE *f);
 /*
  * Test hook: the CPU count source answers @n, as a count from sysconf()

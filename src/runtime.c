@@ -297,12 +297,19 @@ static bool read_cpu_number(const char *p, char **end, unsigned long *out)
  * or 0 when the text is no such list or names a CPU at or above
  * PERCPUREF_MAX_CPUS (a sysfs that lies: a count of 2^32 wrapped and
  * failed every allocation, one of 100000 made every ref cost 400 MB).
- * The kernel's own limit (NR_CPUS) is 8192 at most.
+ * The kernel's own limit (NR_CPUS) is 8192 at most.  A range may end in
+ * a pattern: ":USED/GROUP", the kernel's (bitmap_parselist(), boot
+ * parameters and cpuset.cpus: "0-15:2/8" is 0,1,8,9), or ":STRIDE",
+ * taskset's ("0-7:2" is 0,2,4,6, as "0-7:1/2"), after a range only, as
+ * both read it; one the kernel refuses (GROUP or STRIDE 0, USED above
+ * GROUP) or that names no CPU (USED 0) is no list.
  */
-static unsigned int parse_cpu_list(const char *text, struct percpuref_cpu_mask *set)
+PERCPUREF_API unsigned int percpuref_parse_cpu_list(const char *text,
+						 struct percpuref_cpu_mask *set)
 {
-	unsigned long lo, hi, count = 0;
+	unsigned long lo, hi, used, group, start, last, cpu, count = 0;
 	const char *p = text;
+	bool ranged;
 	char *end;
 
 	if (set)
@@ -311,25 +318,41 @@ static unsigned int parse_cpu_list(const char *text, struct percpuref_cpu_mask *
 		if (!read_cpu_number(p, &end, &lo))
 			return 0;
 		hi = lo;
-		if (*end == '-' && !read_cpu_number(end + 1, &end, &hi))
+		ranged = *end == '-';
+		if (ranged && !read_cpu_number(end + 1, &end, &hi))
 			return 0;
 		if (hi < lo || hi >= PERCPUREF_MAX_CPUS)
 			return 0;
-		if (hi + 1 > count)
-			count = hi + 1;
-		for (; set && lo <= hi; lo++)
-			CPU_SET_S(lo, CPU_MASK_BYTES, (cpu_set_t *)set->bits);
+		used = group = hi - lo + 1;	/* one group: the whole range */
+		if (ranged && *end == ':') {
+			used = 1;		/* taskset's stride */
+			if (!read_cpu_number(end + 1, &end, &group))
+				return 0;
+			if (*end == '/') {	/* the kernel's USED/GROUP */
+				used = group;
+				if (!read_cpu_number(end + 1, &end, &group))
+					return 0;
+			}
+			if (!used || used > group)
+				return 0;
+		}
+		/* Each group's first @used CPUs, up to @hi.  @used and @group
+		 * are as large as strtoul() reads: each step is compared
+		 * with the room left before it is taken. */
+		for (start = lo;; start += group) {
+			last = hi - start < used ? hi : start + used - 1;
+			if (last + 1 > count)
+				count = last + 1;
+			for (cpu = start; set && cpu <= last; cpu++)
+				CPU_SET_S(cpu, CPU_MASK_BYTES, (cpu_set_t *)set->bits);
+			if (group > hi - start)
+				break;
+		}
 		if (*end != ',')
 			break;
 		p = end + 1;
 	}
 	return *end == '\0' || *end == '\n' ? (unsigned int)count : 0;
-}
-
-/* The CPU count from the text of the kernel's "possible" mask. */
-PERCPUREF_API unsigned int percpuref_cpu_count_from_mask(const char *text)
-{
-	return parse_cpu_list(text, NULL);
 }
 
 /*
@@ -344,7 +367,7 @@ PERCPUREF_API unsigned int percpuref_cpu_count_from_file(FILE *f)
 	char *text = NULL;
 
 	if (getline(&text, &size, f) > 0) {
-		count = percpuref_cpu_count_from_mask(text);
+		count = percpuref_parse_cpu_list(text, NULL);
 		if (!count)
 			percpuref_warn("percpuref_runtime_init", "/sys/devices/system/cpu/possible "
 				       "reads \"%.*s\", not a list of CPUs below %u; counting CPUs "
@@ -678,7 +701,7 @@ PERCPUREF_API int percpuref_set_library_cpus(const char *cpus)
 	struct percpuref_cpu_mask chosen;
 	int err = 0, undo_err = 0;
 
-	if (cpus && !parse_cpu_list(cpus, &chosen))
+	if (cpus && !percpuref_parse_cpu_list(cpus, &chosen))
 		return -EINVAL;
 	/* The environment's choice is read there: a call overrides it. */
 	percpuref_runtime_init();
@@ -735,7 +758,7 @@ static void library_cpus_from_env(void)
 
 	if (!env || !*env)
 		return;
-	if (!parse_cpu_list(env, &chosen)) {
+	if (!percpuref_parse_cpu_list(env, &chosen)) {
 		percpuref_warn("percpuref", "PERCPUREF_LIBRARY_CPUS=\"%s\" is not a list of CPUs "
 			       "below %u; ignored", env, PERCPUREF_MAX_CPUS);
 		return;

@@ -318,8 +318,9 @@ PERCPUREF_API void percpuref_shutdown(void);
  * percpuref_set_library_cpus - choose the CPUs the library's threads (the
  * callback thread "percpuref-cb", the reclaimer "percpuref-recl") may run
  * on.  @cpus lists CPUs and ranges of them, comma-separated ("3",
- * "0-3,8": the kernel's list format, without the strides "0-7:2" of its
- * newer kernel parameters and without blanks).  The threads running now
+ * "0-3,8": the kernel's list format, without blanks); a range may end in
+ * the kernel's pattern ":USED/GROUP" ("0-15:2/8": 0,1,8,9) or taskset's
+ * stride ":STRIDE" ("0-7:2": 0,2,4,6).  The threads running now
  * change at once (all of them or, on an error, none), those started later
  * take it as they start.  NULL goes back to the default: a thread may run
  * where the thread whose call started it could at that moment
@@ -328,7 +329,8 @@ PERCPUREF_API void percpuref_shutdown(void);
  * library thread, where that one started; running ones go back there.
  * PERCPUREF_LIBRARY_CPUS in the environment makes the same choice when
  * the library sets itself up; a call overrides it.  Returns 0; -EINVAL
- * when @cpus is not such a list of CPUs below 8192, or a running library
+ * when @cpus is not such a list of CPUs below 8192 (a pattern the kernel
+ * refuses, or one that names no CPU, among them), or a running library
  * thread may use none of them (offline, outside its cpuset; for NULL,
  * none of those it started with); the kernel's error otherwise (-EPERM
  * from a sandbox; for NULL, also the one that kept a thread's first CPUs

@@ -175,7 +175,7 @@ static void test_possible_mask(void)
 	unsigned int i, wrong = 0;
 
 	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		unsigned int got = percpuref_cpu_count_from_mask(cases[i].text);
+		unsigned int got = percpuref_parse_cpu_list(cases[i].text, NULL);
 
 		if (got != cases[i].count) {
 			printf("# \"%s\": %u CPUs, want %u\n", cases[i].text, got, cases[i].count);
@@ -185,6 +185,81 @@ static void test_possible_mask(void)
 	is(wrong, 0, "1: possible masks read as lists of CPUs below %u, lies refused",
 	   PERCPUREF_MAX_CPUS);
 	test_long_possible_mask();
+}
+
+/* The CPUs of @set as a list ("0-3,8"), into @out of @size bytes. */
+static void cpu_list_of(const struct percpuref_cpu_mask *set, char *out, size_t size)
+{
+	const unsigned int per_word = 8 * sizeof(set->bits[0]);
+	size_t len = 0;
+	unsigned int cpu = 0, last;
+
+	out[0] = '\0';
+	while (cpu < PERCPUREF_MAX_CPUS) {
+		if (!(set->bits[cpu / per_word] >> (cpu % per_word) & 1)) {
+			cpu++;
+			continue;
+		}
+		for (last = cpu; last + 1 < PERCPUREF_MAX_CPUS &&
+				 set->bits[(last + 1) / per_word] >> ((last + 1) % per_word) & 1;
+		     last++)
+			;
+		len += (size_t)snprintf(out + len, size - len, last > cpu ? "%s%u-%u" : "%s%u",
+					len ? "," : "", cpu, last);
+		if (len >= size)
+			return;
+		cpu = last + 1;
+	}
+}
+
+/* 1 (lists a user writes): a range's pattern, the kernel's USED/GROUP
+ * (bitmap_parselist()) or taskset's STRIDE, names the CPUs those tools
+ * do; one they refuse, or that names none, is no list.  The step is as
+ * large as strtoul() reads: a step past the range ends it (a wrapped step
+ * went round for ever). */
+static void test_cpu_list_patterns(void)
+{
+	static const struct {
+		const char *text, *cpus;
+		unsigned int count;
+	} cases[] = {
+		{ "0-15:2/8", "0-1,8-9", 10 },		{ "0-7:2", "0,2,4,6", 7 },
+		{ "0-7:1/2", "0,2,4,6", 7 },		{ "0-8:2", "0,2,4,6,8", 9 },
+		{ "1-10:3/4", "1-3,5-7,9-10", 11 },	{ "0-9:4/4", "0-9", 10 },
+		{ "0-7:8/8", "0-7", 8 },		{ "5-5:1/2", "5", 6 },
+		{ "0-8191:1/4096", "0,4096", 4097 },	{ "0-7:2,9\n", "0,2,4,6,9", 10 },
+		{ "3,0-11:2/6,1", "0-1,3,6-7", 8 },
+		{ "1-7:1/18446744073709551615", "1", 2 },
+		{ "0-8191:18446744073709551615/18446744073709551615", "0-8191", 8192 },
+		{ "0-7:0/2", "", 0 },	{ "0-7:3/2", "", 0 },	{ "0-7:0", "", 0 },
+		{ "0-7:", "", 0 },	{ "0-7:2/", "", 0 },	{ "0-7:/2", "", 0 },
+		{ "5:1/2", "", 0 },	{ "0-7:2/4/8", "", 0 },	{ "0-7:2:4", "", 0 },
+		{ "0-7:2/4x", "", 0 },	{ "0-8192:1/2", "", 0 }, { "0-7: 2", "", 0 },
+		{ "0-7:1/18446744073709551616", "", 0 },
+	};
+	unsigned int i, wrong = 0;
+
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct percpuref_cpu_mask set;
+		unsigned int got;
+		char cpus[64];
+
+		memset(&set, 0xa5, sizeof(set));	/* cleared by the parse */
+		got = percpuref_parse_cpu_list(cases[i].text, &set);
+		cpu_list_of(&set, cpus, sizeof(cpus));
+		/* A refused list's set is the caller's to drop. */
+		if (got != cases[i].count || (got && strcmp(cpus, cases[i].cpus))) {
+			printf("# \"%s\": %u, CPUs \"%s\"; want %u, \"%s\"\n", cases[i].text,
+			       got, cpus, cases[i].count, cases[i].cpus);
+			wrong++;
+		}
+		if (percpuref_parse_cpu_list(cases[i].text, NULL) != got) {
+			printf("# \"%s\": another count without a set\n", cases[i].text);
+			wrong++;
+		}
+	}
+	is(wrong, 0, "1: range patterns (USED/GROUP, STRIDE) name the kernel's and taskset's "
+		     "CPUs; refused ones are no list");
 }
 
 static void test_one_unit(void)
@@ -949,6 +1024,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	test_possible_mask();
+	test_cpu_list_patterns();
 	test_one_unit();
 	test_fence_cpus();
 	test_fence_cpusets();

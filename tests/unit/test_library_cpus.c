@@ -122,7 +122,8 @@ static pid_t start_reclaimer(void)
 static void test_bad_lists(void)
 {
 	static const char *const bad[] = { "", "x", "1-0", "0,", ",0", "-1", " 0", "0 ",
-					   "8192", "0-8192", "1a", "0--1", "99999999999999999999" };
+					   "8192", "0-8192", "1a", "0--1", "99999999999999999999",
+					   "0-1:0", "0-1:0/1", "0-1:2/1", "0:1/2", "0-1:1/" };
 	bool all_refused = true;
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
@@ -141,6 +142,7 @@ static void test_bad_lists(void)
  * inherited.  Needs two CPUs. */
 static void test_choices(void)
 {
+	char pattern[48];
 	pid_t cb, recl;
 
 	is(percpuref_set_library_cpus(last_list), 0, "choose CPU %d before any thread runs",
@@ -155,6 +157,22 @@ static void test_choices(void)
 	is(percpuref_set_library_cpus(first_list), 0, "choose CPU %d while both run", first_cpu);
 	ok(affinity_is(cb, first_cpu) && affinity_is(recl, first_cpu),
 	   "both moved by the time the call returned");
+
+	/* A range with a pattern names its first CPU only: a stride, a
+	 * group, each as wide as the range. */
+	snprintf(pattern, sizeof(pattern), "%d-%d:%d", first_cpu, last_cpu,
+		 last_cpu - first_cpu + 1);
+	is(percpuref_set_library_cpus(last_list), 0, "choose CPU %d again", last_cpu);
+	is(percpuref_set_library_cpus(pattern), 0, "choose \"%s\" (taskset's stride)", pattern);
+	ok(affinity_is(cb, first_cpu) && affinity_is(recl, first_cpu), "both on CPU %d only",
+	   first_cpu);
+	snprintf(pattern, sizeof(pattern), "%d-%d:1/%d", first_cpu, last_cpu,
+		 last_cpu - first_cpu + 1);
+	is(percpuref_set_library_cpus(last_list), 0, "choose CPU %d again", last_cpu);
+	is(percpuref_set_library_cpus(pattern), 0, "choose \"%s\" (the kernel's group)",
+	   pattern);
+	ok(affinity_is(cb, first_cpu) && affinity_is(recl, first_cpu), "both on CPU %d only",
+	   first_cpu);
 
 	is(percpuref_set_library_cpus("8191"), -EINVAL,
 	   "a CPU no running thread may use: -EINVAL");

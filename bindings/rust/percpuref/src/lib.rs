@@ -551,7 +551,8 @@ pub fn flush_managed() -> Result<(), Error> {
 /// Chooses the CPUs the C library's threads (its callback thread, which
 /// drops killed values, and the reclaimer) may run on: `Some` list of CPUs
 /// and ranges, comma-separated (`"3"`, `"0-3,8"`, as `taskset -c` takes
-/// them; no strides, no blanks), or `None` for the default, where each
+/// them; no blanks; a range may end in the kernel's `:USED/GROUP` or
+/// taskset's `:STRIDE`, `"0-7:2"`), or `None` for the default, where each
 /// runs where the thread whose call started it could (a pinned thread's
 /// first kill pins the callback thread beside it; one library thread
 /// started by the other starts where that one did), running ones going
