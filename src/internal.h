@@ -386,11 +386,11 @@ void percpuref_spares_give(struct percpuref_spares *spares);
 void *percpuref_spare_take(void);
 /*
  * No spares where a use after free must be caught: under AddressSanitizer,
- * and under valgrind where its header is found (RUNNING_ON_VALGRIND costs
- * a few instructions elsewhere), what would be a spare is free()d, into
- * the tool's quarantine.  A spare is reused by the next init, often within
- * microseconds: a stale access to an exited ref would land on a live one,
- * unreported, where a free()d block stays poisoned for a long time.
+ * and under valgrind (percpuref_under_valgrind(): its core is loaded),
+ * what would be a spare is free()d, into the tool's quarantine.  A spare
+ * is reused by the next init, often within microseconds: a stale access
+ * to an exited ref would land on a live one, unreported, where a free()d
+ * block stays poisoned for a long time.
  */
 #if defined(__SANITIZE_ADDRESS__)
 #define PERCPUREF_ASAN 1
@@ -399,20 +399,13 @@ void *percpuref_spare_take(void);
 #define PERCPUREF_ASAN 1
 #endif
 #endif
-#if !defined(PERCPUREF_ASAN) && defined(__has_include)
-#if __has_include(<valgrind/valgrind.h>)
-#include <valgrind/valgrind.h>
-#define PERCPUREF_VALGRIND_H 1
-#endif
-#endif
+bool percpuref_under_valgrind(void);
 static inline bool percpuref_spares_off(void)
 {
 #if defined(PERCPUREF_ASAN)
 	return true;
-#elif defined(PERCPUREF_VALGRIND_H)
-	return RUNNING_ON_VALGRIND;
 #else
-	return false;
+	return percpuref_under_valgrind();
 #endif
 }
 /* Test hook: the spare objects waiting in the depot (not in caches). */

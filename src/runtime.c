@@ -118,6 +118,7 @@
 #include <assert.h>
 #include <dirent.h>
 #include <errno.h>
+#include <link.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
@@ -858,6 +859,29 @@ static __attribute__((destructor)) void runtime_at_exit(void)
 			exit_hooks[rank]();
 }
 
+/*
+ * Under valgrind, whatever the tool: it preloads its core
+ * (vgpreload_core-ARCH-OS.so) into every dynamically linked client.  Its
+ * RUNNING_ON_VALGRIND needs <valgrind/valgrind.h> where the library is
+ * built, and a build without it kept spares under valgrind; the loaded
+ * object is found wherever the library was built, and stays loaded when
+ * the program clears LD_PRELOAD, which names it too.
+ */
+static bool valgrind_core_loaded;
+
+static int is_valgrind_core(struct dl_phdr_info *info, size_t size, void *data)
+{
+	(void)size;
+	(void)data;
+	return info->dlpi_name && strstr(info->dlpi_name, "/vgpreload_core-") != NULL;
+}
+
+bool percpuref_under_valgrind(void)
+{
+	percpuref_runtime_init();
+	return valgrind_core_loaded;
+}
+
 static void runtime_init_once(void)
 {
 	const char *no_rseq = getenv("PERCPUREF_NO_RSEQ");
@@ -866,6 +890,7 @@ static void runtime_init_once(void)
 	int cancel = percpuref_cancel_disable();
 
 	library_cpus_from_env();
+	valgrind_core_loaded = dl_iterate_phdr(is_valgrind_core, NULL) != 0;
 	/* Before anything can be pending: see runtime_at_exit(). */
 	if (atexit(runtime_at_exit))
 		percpuref_warn("percpuref", "atexit refused: releases pending at exit run after "
