@@ -35,17 +35,13 @@
 
 #include "internal.h"
 #include "percpuref/percpu_ref.h"
+#include "ref_mode.h"
 #include "tap.h"
 
 static struct percpu_ref a, other;
 static int released;		/* atomic */
 static unsigned long warnings_in_confirm;
 static bool dying_in_confirm, live_in_confirm;
-
-static bool is_atomic(struct percpu_ref *ref)
-{
-	return __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_RELAXED) & __PERCPU_REF_ATOMIC;
-}
 
 static void count_release(struct percpu_ref *ref)
 {

@@ -70,6 +70,7 @@
 #include "fallback.h"
 #include "child.h"
 #include "fencer.h"
+#include "ref_mode.h"
 #include "signaller.h"
 #include "tap.h"
 #include "thread_names.h"
@@ -432,11 +433,6 @@ static int hold_caught, hold_released;	/* atomic */
 static int fork_calling, fork_done, second_calling, second_done;	/* atomic */
 static pid_t forker_tid, second_tid;	/* set before the *_calling flags */
 static pid_t waiting_fork_child;
-
-static bool is_atomic(struct percpu_ref *r)
-{
-	return __atomic_load_n(&r->percpu_count_ptr, __ATOMIC_SEQ_CST) & __PERCPU_REF_ATOMIC;
-}
 
 static void on_signal_hold(int sig)
 {

@@ -31,6 +31,7 @@
 #include "internal.h"
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
+#include "ref_mode.h"
 #include "tap.h"
 #include "thread_names.h"
 
@@ -53,12 +54,6 @@ static int releases_of(struct object *o)
 {
 	/* Acquire: pairs with obj_release(). */
 	return __atomic_load_n(&o->releases, __ATOMIC_ACQUIRE);
-}
-
-static bool is_atomic(struct percpu_ref *ref)
-{
-	/* Relaxed: the reclaimer may be checking it right now. */
-	return __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_RELAXED) & __PERCPU_REF_ATOMIC;
 }
 
 static void set_config(unsigned long interval_ms, unsigned long max,

@@ -22,6 +22,7 @@
 #include "percpuref/percpu_ref.h"
 #include "capture.h"
 #include "child.h"
+#include "ref_mode.h"
 #include "tap.h"
 
 static void kill_and_wait(void *ref)
@@ -48,11 +49,6 @@ static void count_confirm(struct percpu_ref *ref)
 {
 	confirms++;
 	last_confirmed = ref;
-}
-
-static bool is_atomic(struct percpu_ref *ref)
-{
-	return ref->percpu_count_ptr & __PERCPU_REF_ATOMIC;
 }
 
 /* The true count: atomic count without bias plus every CPU's counter. */
