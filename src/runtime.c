@@ -302,8 +302,8 @@ static bool read_cpu_number(const char *p, char **end, unsigned long *out)
  * a pattern: ":USED/GROUP", the kernel's (bitmap_parselist(), boot
  * parameters and cpuset.cpus: "0-15:2/8" is 0,1,8,9), or ":STRIDE",
  * taskset's ("0-7:2" is 0,2,4,6, as "0-7:1/2"), after a range only, as
- * both read it; one the kernel refuses (GROUP or STRIDE 0, USED above
- * GROUP) or that names no CPU (USED 0) is no list.
+ * both read it; one the kernel refuses (GROUP or STRIDE 0 or 2^32 and
+ * above, USED above GROUP) or that names no CPU (USED 0) is no list.
  */
 PERCPUREF_API unsigned int percpuref_parse_cpu_list(const char *text,
 						 struct percpuref_cpu_mask *set)
@@ -334,7 +334,9 @@ PERCPUREF_API unsigned int percpuref_parse_cpu_list(const char *text,
 				if (!read_cpu_number(end + 1, &end, &group))
 					return 0;
 			}
-			if (!used || used > group)
+			/* The kernel reads 32-bit numbers (taskset
+			 * truncates: 2^32 + 1 is a stride of 1 there). */
+			if (!used || used > group || group > UINT32_MAX)
 				return 0;
 		}
 		/* Each group's first @used CPUs, up to @hi.  @used and @group

@@ -214,9 +214,9 @@ static void cpu_list_of(const struct percpuref_cpu_mask *set, char *out, size_t 
 
 /* 1 (lists a user writes): a range's pattern, the kernel's USED/GROUP
  * (bitmap_parselist()) or taskset's STRIDE, names the CPUs those tools
- * do; one they refuse, or that names none, is no list.  The step is as
- * large as strtoul() reads: a step past the range ends it (a wrapped step
- * went round for ever). */
+ * do; one the kernel refuses (its numbers are 32-bit), or that names
+ * none, is no list.  A step past the range ends it (a wrapped step went
+ * round for ever). */
 static void test_cpu_list_patterns(void)
 {
 	static const struct {
@@ -229,8 +229,10 @@ static void test_cpu_list_patterns(void)
 		{ "0-7:8/8", "0-7", 8 },		{ "5-5:1/2", "5", 6 },
 		{ "0-8191:1/4096", "0,4096", 4097 },	{ "0-7:2,9\n", "0,2,4,6,9", 10 },
 		{ "3,0-11:2/6,1", "0-1,3,6-7", 8 },
-		{ "1-7:1/18446744073709551615", "1", 2 },
-		{ "0-8191:18446744073709551615/18446744073709551615", "0-8191", 8192 },
+		{ "1-7:1/4294967295", "1", 2 },
+		{ "0-8191:4294967295/4294967295", "0-8191", 8192 },
+		{ "0-1:4294967296", "", 0 },	{ "0-1:1/4294967297", "", 0 },
+		{ "1-7:1/18446744073709551615", "", 0 },
 		{ "0-7:0/2", "", 0 },	{ "0-7:3/2", "", 0 },	{ "0-7:0", "", 0 },
 		{ "0-7:", "", 0 },	{ "0-7:2/", "", 0 },	{ "0-7:/2", "", 0 },
 		{ "5:1/2", "", 0 },	{ "0-7:2/4/8", "", 0 },	{ "0-7:2:4", "", 0 },
