@@ -365,6 +365,14 @@ if cc -shared -fPIC -o "$tmp/library_threads_refused.so" \
 		ended_saying "switch-storm $v, the library's threads refused" $? 0 \
 			'percpuref-bench: warning: switch-storm: the library.s callback thread does not run (could it start?); kill and managed wait for their releases with percpu_ref_barrier(), which runs the kills on its caller'
 	done
+	# managed-poll needs no callback thread and never looked for one:
+	# with no reclaimer either, it left every exited ref's node listed
+	# for the run, memory growing by each cycle's impl.  It looks for the
+	# reclaimer after its first batch, and flushes after each.
+	env LD_PRELOAD="$tmp/library_threads_refused.so" "$bench" switch-storm \
+		--threads 1 --variants managed-poll $short --hang-limit 20 >/dev/null 2>"$tmp/err"
+	ended_saying "switch-storm managed-poll, the library's threads refused" $? 0 \
+		'percpuref-bench: warning: switch-storm: the library.s reclaimer thread does not run (could it start?); the managed variants flush after each batch'
 	# Without the reclaimer, managed-hot's scan rows and managed-latency
 	# measured an idle reclaimer and printed "-": they fail, naming why.
 	for wv in managed-hot:scan-batched managed-latency:faithful; do

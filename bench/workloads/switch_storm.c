@@ -38,8 +38,10 @@
  * percpu_ref_barrier() from then on, which runs every queued kill on its
  * caller, as work (worker_cpu), with a warning; metric barrier_waits
  * counts those waits.  The managed variants then also flush after each
- * batch: no reclaimer frees the exited refs' nodes.  Where /proc cannot
- * be read, nothing is looked for.  The first point's window holds the
+ * batch: no reclaimer frees the exited refs' nodes; as they do when,
+ * after their first batch, two such looks find no percpuref-recl (once
+ * a process, with a warning: the polling variants never look for the
+ * callback thread).  Where /proc cannot be read, nothing is looked for.  The first point's window holds the
  * first wait's looks (about 10 ms).  Up to 0.4.0 such a run waited out
  * --hang-limit and failed.  (A probe before the first point would start
  * the callback thread from the main thread; the library's
@@ -82,6 +84,10 @@ static long opt_batch = 32, opt_burst = 16, opt_in_flight = 1;
  * process uses the barrier.  Relaxed: a flag alone, which a thread that
  * misses it finds again by looking. */
 static bool storm_threads_refused;
+/* Set once two looks found no reclaimer (storm_look_for_reclaimer()):
+ * every later managed batch is flushed.  Relaxed, as above; looked for
+ * once a process (storm_reclaimer_looked). */
+static bool storm_reclaimer_absent, storm_reclaimer_looked;
 
 struct storm_ref {
 	struct percpu_ref ref;
@@ -162,6 +168,33 @@ static bool storm_no_callback_thread(void)
 }
 
 /*
+ * Once a process, after a managed batch (its first switch_to_managed
+ * started the reclaimer, or was refused the thread): no reclaimer runs
+ * (two looks, as for the callback thread)?  Says so.  The polling
+ * variants never look for the callback thread, which they do not need,
+ * and managed-poll, flushing only when that look failed, left every
+ * exited ref's node listed for the run: memory grew by the impl of every
+ * cycle (about 200 MB a second).
+ */
+static void storm_look_for_reclaimer(void)
+{
+	struct timespec pause = { 0, (long)STORM_LOOK_NS };
+
+	/* Relaxed: the flag alone decides who looks. */
+	if (__atomic_load_n(&storm_reclaimer_looked, __ATOMIC_RELAXED) ||
+	    __atomic_exchange_n(&storm_reclaimer_looked, true, __ATOMIC_RELAXED))
+		return;
+	if (bench_threads_named("percpuref-recl", NULL) != 0)
+		return;
+	nanosleep(&pause, NULL);
+	if (bench_threads_named("percpuref-recl", NULL) != 0)
+		return;
+	__atomic_store_n(&storm_reclaimer_absent, true, __ATOMIC_RELAXED);
+	fprintf(stderr, "percpuref-bench: warning: switch-storm: the library's reclaimer thread "
+		"does not run (could it start?); the managed variants flush after each batch\n");
+}
+
+/*
  * Yields until every ref of @b was released (the callback thread that
  * finishes the kills may need this CPU); false if it turned out that no
  * callback thread runs, and the barrier must finish them.  Acquire: pairs
@@ -238,7 +271,8 @@ static unsigned long storm_retire(struct storm_local *l, struct storm_batch *b)
 		percpu_ref_exit(&b->refs[i].ref);
 	/* No reclaimer frees the nodes of refs exited while listed: a pass
 	 * here does (it runs on its caller when no thread can start). */
-	if (l->managed && __atomic_load_n(&storm_threads_refused, __ATOMIC_RELAXED) &&
+	if (l->managed && (__atomic_load_n(&storm_threads_refused, __ATOMIC_RELAXED) ||
+			   __atomic_load_n(&storm_reclaimer_absent, __ATOMIC_RELAXED)) &&
 	    percpu_ref_managed_flush())
 		bench_die("switch-storm: percpu_ref_managed_flush failed");
 	/* Relaxed: every release of the batch was seen above; one more now
@@ -279,6 +313,8 @@ static void storm_fill(struct bench_thread *t, struct storm_batch *b)
 		percpu_ref_kill(&r->ref);
 	} while (b->lives < (unsigned long)opt_batch && bench_running(t));
 	l->lives += b->lives;
+	if (kind == STORM_MANAGED)
+		storm_look_for_reclaimer();
 	if (l->polling)
 		storm_poll(0);
 }
