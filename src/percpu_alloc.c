@@ -116,7 +116,18 @@
 #include "internal.h"
 
 #define SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / sizeof(unsigned long))
-#define MAGAZINE_SLOTS 32
+/*
+ * A build may set another size (-DPERCPUREF_MAGAZINE_SLOTS=128) to measure
+ * what trading magazines costs (docs/lent-16core.md): a thread then holds
+ * up to twice that many free slots, each 8 bytes a CPU.  The tests assume
+ * the default.
+ */
+#ifndef PERCPUREF_MAGAZINE_SLOTS
+#define PERCPUREF_MAGAZINE_SLOTS 32
+#endif
+_Static_assert(PERCPUREF_MAGAZINE_SLOTS >= 1 && PERCPUREF_MAGAZINE_SLOTS <= 4096,
+	       "PERCPUREF_MAGAZINE_SLOTS: 1 to 4096");
+#define MAGAZINE_SLOTS PERCPUREF_MAGAZINE_SLOTS
 
 enum cache_state { CACHE_UNREGISTERED, CACHE_ACTIVE, CACHE_RETIRED };
 
