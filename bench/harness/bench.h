@@ -251,7 +251,9 @@ static inline double bench_seconds(void)
  * (when not NULL; 0 when there are none or their clocks cannot be read):
  * for a workload's metrics on the library's own threads, and to tell
  * whether they run.  -1, *@cpu_ns untouched, when /proc/self/task cannot
- * be read (a sandbox without /proc): unknown.
+ * be read (a sandbox without /proc), or not one thread's name in it (not
+ * even the caller's): unknown, where 0 made every look for a library
+ * thread find none.
  */
 int bench_threads_named(const char *name, uint64_t *cpu_ns);
 

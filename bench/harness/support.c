@@ -81,6 +81,7 @@ int bench_threads_named(const char *name, uint64_t *cpu_ns)
 	struct dirent *d;
 	uint64_t sum = 0;
 	int found = 0;
+	bool read_one = false;
 	FILE *f;
 
 	if (!tasks)
@@ -92,16 +93,22 @@ int bench_threads_named(const char *name, uint64_t *cpu_ns)
 		f = tid > 0 ? fopen(path, "r") : NULL;
 		if (!f)
 			continue;
-		/* Another thread's CPU clock: Linux's MAKE_THREAD_CPUCLOCK(tid,
-		 * CPUCLOCK_SCHED), what glibc's pthread_getcpuclockid() returns. */
-		if (fgets(comm, sizeof(comm), f) && !strncmp(comm, name, strlen(name)) &&
-		    comm[strlen(name)] == '\n') {
-			found++;
-			sum += bench_clock_ns((clockid_t)(((unsigned int)~tid << 3) | 6));
+		if (fgets(comm, sizeof(comm), f)) {
+			read_one = true;
+			/* Another thread's CPU clock: Linux's
+			 * MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED), what
+			 * glibc's pthread_getcpuclockid() returns. */
+			if (!strncmp(comm, name, strlen(name)) && comm[strlen(name)] == '\n') {
+				found++;
+				sum += bench_clock_ns((clockid_t)(((unsigned int)~tid << 3) | 6));
+			}
 		}
 		fclose(f);
 	}
 	closedir(tasks);
+	/* Not even the caller's own name: the names cannot be read. */
+	if (!read_one)
+		return -1;
 	if (cpu_ns)
 		*cpu_ns = sum;
 	return found;

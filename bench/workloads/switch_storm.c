@@ -41,9 +41,10 @@
  * batch: no reclaimer frees the exited refs' nodes; as they do when,
  * after their first batch, two such looks find no percpuref-recl (once
  * a process, with a warning: the polling variants never look for the
- * callback thread).  Where /proc cannot be read, nothing is looked for.  The first point's window holds the
- * first wait's looks (about 10 ms).  Up to 0.4.0 such a run waited out
- * --hang-limit and failed.  (A probe before the first point would start
+ * callback thread).  Where /proc cannot be read, nothing is looked
+ * for.  The first point's window holds the first wait's looks (about
+ * 10 ms).  Up to 0.4.0 such a run waited out --hang-limit and failed.
+ * (A probe before the first point would start
  * the callback thread from the main thread; the library's
  * threads take the CPU affinity of the thread that starts them, so the
  * callback thread would no longer share worker 0's CPU as it does when
@@ -174,7 +175,7 @@ static bool storm_no_callback_thread(void)
  * variants never look for the callback thread, which they do not need,
  * and managed-poll, flushing only when that look failed, left every
  * exited ref's node listed for the run: memory grew by the impl of every
- * cycle (about 200 MB a second).
+ * cycle (about 100 MB a second).
  */
 static void storm_look_for_reclaimer(void)
 {
@@ -190,8 +191,9 @@ static void storm_look_for_reclaimer(void)
 	if (bench_threads_named("percpuref-recl", NULL) != 0)
 		return;
 	__atomic_store_n(&storm_reclaimer_absent, true, __ATOMIC_RELAXED);
-	fprintf(stderr, "percpuref-bench: warning: switch-storm: the library's reclaimer thread "
-		"does not run (could it start?); the managed variants flush after each batch\n");
+	fprintf(stderr, "percpuref-bench: warning: switch-storm: the library's reclaimer "
+		"thread does not run (could it start?); the managed variants flush after "
+		"each batch\n");
 }
 
 /*
