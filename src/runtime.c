@@ -339,8 +339,8 @@ PERCPUREF_API unsigned int percpuref_parse_cpu_list(const char *text,
 			if (!used || used > group || group > UINT32_MAX)
 				return 0;
 		}
-		/* Each group's first @used CPUs, up to @hi.  @used and @group
-		 * are as large as strtoul() reads: each step is compared
+		/* Each group's first @used CPUs, up to @hi.  A step of up
+		 * to 2^32 - 1 wraps a 32-bit unsigned long: each is compared
 		 * with the room left before it is taken. */
 		for (start = lo;; start += group) {
 			last = hi - start < used ? hi : start + used - 1;

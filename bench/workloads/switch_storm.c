@@ -151,15 +151,22 @@ static void storm_barrier(struct storm_batch *b)
 			  b->lives);
 }
 
-/* No callback thread runs (two looks: top of the file)?  Says so once. */
-static bool storm_no_callback_thread(void)
+/* No thread named @name runs: two looks STORM_LOOK_NS apart (top of the
+ * file) find none.  False where /proc cannot be read. */
+static bool storm_thread_absent(const char *name)
 {
 	struct timespec pause = { 0, (long)STORM_LOOK_NS };
 
-	if (bench_threads_named("percpuref-cb", NULL) != 0)
+	if (bench_threads_named(name, NULL) != 0)
 		return false;
 	nanosleep(&pause, NULL);
-	if (bench_threads_named("percpuref-cb", NULL) != 0)
+	return bench_threads_named(name, NULL) == 0;
+}
+
+/* No callback thread runs?  Says so once. */
+static bool storm_no_callback_thread(void)
+{
+	if (!storm_thread_absent("percpuref-cb"))
 		return false;
 	if (!__atomic_exchange_n(&storm_threads_refused, true, __ATOMIC_RELAXED))
 		fprintf(stderr, "percpuref-bench: warning: switch-storm: the library's callback "
@@ -170,25 +177,19 @@ static bool storm_no_callback_thread(void)
 
 /*
  * Once a process, after a managed batch (its first switch_to_managed
- * started the reclaimer, or was refused the thread): no reclaimer runs
- * (two looks, as for the callback thread)?  Says so.  The polling
- * variants never look for the callback thread, which they do not need,
- * and managed-poll, flushing only when that look failed, left every
- * exited ref's node listed for the run: memory grew by the impl of every
- * cycle (about 100 MB a second).
+ * started the reclaimer, or was refused the thread): no reclaimer runs?
+ * Says so.  The polling variants never look for the callback thread,
+ * which they do not need, and managed-poll, flushing only when that look
+ * failed, left every exited ref's node listed for the run: memory grew
+ * by the impl of every cycle (about 100 MB a second).
  */
 static void storm_look_for_reclaimer(void)
 {
-	struct timespec pause = { 0, (long)STORM_LOOK_NS };
-
 	/* Relaxed: the flag alone decides who looks. */
 	if (__atomic_load_n(&storm_reclaimer_looked, __ATOMIC_RELAXED) ||
 	    __atomic_exchange_n(&storm_reclaimer_looked, true, __ATOMIC_RELAXED))
 		return;
-	if (bench_threads_named("percpuref-recl", NULL) != 0)
-		return;
-	nanosleep(&pause, NULL);
-	if (bench_threads_named("percpuref-recl", NULL) != 0)
+	if (!storm_thread_absent("percpuref-recl"))
 		return;
 	__atomic_store_n(&storm_reclaimer_absent, true, __ATOMIC_RELAXED);
 	fprintf(stderr, "percpuref-bench: warning: switch-storm: the library's reclaimer "
