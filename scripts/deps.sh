@@ -10,8 +10,10 @@ set -euo pipefail
 # are checked with clang's warnings too (tests/compile).
 packages=(build-essential clang cmake ninja-build pkg-config liburcu-dev valgrind spin
           python3 python3-matplotlib cargo rustc librust-cc-dev scdoc man-db
-          # musl-gcc: the library compiles with musl (tests/compile/check_musl.sh)
-          musl-tools
+          # musl-gcc, and the oldest gcc and clang Debian 12 has: the library
+          # compiles with each (tests/compile/check_compilers.sh), and clang
+          # 13 compiles the fast paths (tests/CMakeLists.txt, clang13_)
+          musl-tools gcc-11 clang-13
           # aarch64: cross toolchain, Debian's arm64 liburcu and C++ runtime
           # (multiarch), qemu-user to run the tests (scripts/test.sh)
           gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross

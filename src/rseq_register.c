@@ -117,7 +117,7 @@ static const ptrdiff_t *glibc_rseq_offset(void)
 
 ptrdiff_t percpuref_rseq_own_area_offset(void)
 {
-	return (char *)&own_area - (char *)__builtin_thread_pointer();
+	return (char *)&own_area - (char *)percpuref_thread_pointer();
 }
 
 ptrdiff_t percpuref_rseq_choose(void)
@@ -126,7 +126,7 @@ ptrdiff_t percpuref_rseq_choose(void)
 	struct percpuref_rseq_area *rs;
 
 	if (glibc_offset) {
-		rs = (struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() +
+		rs = (struct percpuref_rseq_area *)((char *)percpuref_thread_pointer() +
 						    *glibc_offset);
 		/* Relaxed: the kernel writes it on this thread's behalf. */
 		if ((int32_t)__atomic_load_n(&rs->cpu_id, __ATOMIC_RELAXED) < 0)

@@ -196,7 +196,7 @@ PERCPUREF_API void percpuref_prepare_unload(void)
 
 	if (!offset)
 		return;
-	area = (struct percpuref_rseq_area *)((char *)__builtin_thread_pointer() + offset);
+	area = (struct percpuref_rseq_area *)((char *)percpuref_thread_pointer() + offset);
 	/* Single-copy atomic, as the ABI asks: the kernel reads it at an
 	 * interrupt of this thread, which the signal fence orders the store
 	 * before, and before whatever the caller does next (an unmap). */

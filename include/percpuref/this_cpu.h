@@ -128,20 +128,49 @@ extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
  */
 extern PERCPUREF_API uint64_t percpuref_this_cpu_params;
 
+#if PERCPUREF_HAVE_RSEQ
+/*
+ * percpuref_thread_pointer - this thread's thread pointer, from which every
+ * thread's rseq area lies at the same offset.  On x86-64 the word at %fs:0,
+ * which the x86-64 TLS ABI makes point to itself (it is what gcc emits for
+ * __builtin_thread_pointer()): clang up to 13 accepts that builtin there and
+ * then stops in its back end ("Cannot select: intrinsic
+ * %llvm.thread.pointer"; LLVM issue 85157), so the header and the library
+ * could not be built by it.  Not volatile: within a thread the value never
+ * changes, and the compiler may keep it.
+ */
+static inline void *percpuref_thread_pointer(void)
+{
+#if defined(__x86_64__)
+	void *self;
+
+	__asm__("movq %%fs:0, %0" : "=r"(self));
+	return self;
+#else
+	return __builtin_thread_pointer();
+#endif
+}
+#endif
+
 /*
  * percpuref_this_rseq_area - this thread's rseq area (glibc's or the
  * library's own; registered or not yet: see cpu_id), or NULL when the
- * process does not use the rseq fast path.
+ * process does not use the rseq fast path (always, where this header
+ * compiles none: the thread pointer is not read there).
  */
 static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
 {
+#if PERCPUREF_HAVE_RSEQ
 	ptrdiff_t offset = __atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED);
 
 	if (percpuref_unlikely(offset == 0))
 		return NULL;
 	/* Through void *: the offset is the area's, which is aligned (a cast
 	 * from char * trips -Wcast-align in users' builds). */
-	return (struct percpuref_rseq_area *)(void *)((char *)__builtin_thread_pointer() + offset);
+	return (struct percpuref_rseq_area *)(void *)((char *)percpuref_thread_pointer() + offset);
+#else
+	return NULL;
+#endif
 }
 
 #if PERCPUREF_HAVE_RSEQ && defined(__x86_64__)

@@ -139,6 +139,13 @@ static int check_this_cpu()
 		      PERCPUREF_THIS_CPU_DONE;
 	/* The area exactly when the process counts on rseq. */
 	bad |= !percpuref_this_rseq_area() != !strncmp(percpuref_fast_path(), "fallback", 8);
+#if PERCPUREF_HAVE_RSEQ
+	/* At the published offset from the thread pointer. */
+	if (struct percpuref_rseq_area *rs = percpuref_this_rseq_area())
+		bad |= reinterpret_cast<char *>(rs) -
+				static_cast<char *>(percpuref_thread_pointer()) !=
+			percpuref_rseq_offset;
+#endif
 	percpu_ref_exit(&ref);
 	return bad;
 }

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <time.h>
@@ -63,6 +64,49 @@ enum exit_how { BY_RETURN, BY_PTHREAD_EXIT, BY_CANCEL };
 
 /* counted: every thread made its calls; go: the main thread counted the
  * registrations, the threads may exit. */
+/*
+ * The area the header finds from the thread pointer (percpuref_this_rseq_area())
+ * is this thread's registered one: the CPU it holds is the kernel's, read
+ * between two sched_getcpu() calls that agree (no migration between).  The
+ * header reads the thread pointer itself, so this runs it as compiled by
+ * whatever built the test (clang up to 13 could not compile it: the
+ * clang13_ variants).  NULL exactly on the fallback.
+ */
+/* The CPU in @area, read between two sched_getcpu() calls that agree. */
+static void check_area_cpu(const struct percpuref_rseq_area *area)
+{
+	for (int tries = 0; tries < 1000; tries++) {
+		int before = sched_getcpu();
+		/* Relaxed: the kernel writes it on this thread's behalf. */
+		uint32_t cpu = __atomic_load_n(&area->cpu_id, __ATOMIC_RELAXED);
+
+		if (before >= 0 && sched_getcpu() == before) {
+			is(cpu, before, "the area at the thread pointer holds the thread's CPU");
+			return;
+		}
+	}
+	ok(0, "sched_getcpu() read the same CPU twice in a row");
+}
+
+static void test_this_rseq_area(void)
+{
+	const char *path = percpuref_fast_path();
+	struct percpuref_rseq_area *area;
+
+	releases = 0;
+	percpu_ref_init(&ref, count_release, 0);
+	pairs();	/* registers this thread's own area under rseq-own */
+	area = percpuref_this_rseq_area();
+	if (!strcmp(path, "fallback"))
+		ok(!area, "no rseq area on the fallback");
+	else if (ok(area != NULL, "an rseq area on the %s path", path))
+		check_area_cpu(area);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 1, "the area's ref released once");
+	percpu_ref_exit(&ref);
+}
+
 static pthread_barrier_t counted, go;
 
 static void *user(void *arg)
@@ -238,7 +282,7 @@ static void test_signal_nesting(void)
 {
 	struct signaller signaller;
 	struct sigaction sa;
-	int rounds = 0;
+	struct timespec start, now;
 
 	releases = 0;
 	percpu_ref_init(&ref, count_release, 0);
@@ -247,8 +291,13 @@ static void test_signal_nesting(void)
 	sigaction(SIGUSR1, &sa, NULL);
 	handled = 0;
 	signaller_start(&signaller, 100000);
-	while (handled < 200 && rounds++ < 2000)
+	/* Until 200 handlers ran, for 10 s at most: 2000 rounds (60 ms) could
+	 * end before a loaded machine first ran the new signaller thread. */
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	do {
 		pairs();
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (handled < 200 && now.tv_sec - start.tv_sec < 10);
 	signaller_stop(&signaller);
 	ok(handled > 0, "signal handlers ran during get/put (%d)", (int)handled);
 	percpu_ref_put_many(&ref, (unsigned long)handled);
@@ -262,6 +311,7 @@ static void test_signal_nesting(void)
 int main(void)
 {
 	test_which_path();
+	test_this_rseq_area();
 	test_thread_exit(BY_RETURN, "return");
 	test_thread_exit(BY_PTHREAD_EXIT, "pthread_exit");
 	test_thread_exit(BY_CANCEL, "cancellation");
