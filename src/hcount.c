@@ -459,16 +459,18 @@ static int nocache_uncharge(struct hcount_ns *ns, unsigned int type, long n)
 
 int __hcount_charge_slow(struct hcount_ns *ns, unsigned int type, long n, long max)
 {
+	/* hcount_charge() passes no limit of its own. */
+	const char *call = max == HCOUNT_UNLIMITED ? "hcount_charge" : "hcount_charge_max";
 	struct hcount_ns *f;
 	bool drainable;
 
 	if (!ns) {
-		percpuref_warn("hcount_charge", "no namespace");
+		percpuref_warn(call, "no namespace");
 		return -EINVAL;
 	}
 	if (type >= ns->nr_types || n <= 0 || max < 0) {
-		percpuref_warn("hcount_charge", "namespace %p: bad type %u, n %ld or max %ld",
-			       (void *)ns, type, n, max);
+		percpuref_warn(call, "namespace %p: bad type %u, n %ld or max %ld", (void *)ns, type,
+			       n, max);
 		return -EINVAL;
 	}
 	if (!ns->batch)

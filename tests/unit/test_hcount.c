@@ -75,6 +75,36 @@ static void create_with_zero_limit(void *arg)
 	c->ret = hcount_ns_create(&ns, c->parent, (const long[]){ 0 });
 }
 
+struct bad_charge {
+	struct hcount_ns *ns;
+	long max;	/* HCOUNT_UNLIMITED: hcount_charge() */
+	int ret;
+};
+
+static void charge_nothing(void *arg)
+{
+	struct bad_charge *c = arg;
+
+	c->ret = c->max == HCOUNT_UNLIMITED ? hcount_charge(c->ns, 0, 0)
+					    : hcount_charge_max(c->ns, 0, 0, c->max);
+}
+
+/* A charge's warning names the call the program made ("naming the call":
+ * both reached the slow path as hcount_charge). */
+static void check_charge_warning_names(struct hcount_ns *ns)
+{
+	struct bad_charge plain = { ns, HCOUNT_UNLIMITED, 0 }, with_max = { ns, 3, 0 };
+	char msg[256];
+
+	capture_stderr(charge_nothing, &plain, msg, sizeof(msg));
+	is(plain.ret, -EINVAL, "charge of 0 units refused");
+	ok(strstr(msg, "hcount_charge: ") != NULL, "and the warning names hcount_charge: %s", msg);
+	capture_stderr(charge_nothing, &with_max, msg, sizeof(msg));
+	is(with_max.ret, -EINVAL, "charge_max of 0 units refused");
+	ok(strstr(msg, "hcount_charge_max: ") != NULL,
+	   "and the warning names hcount_charge_max: %s", msg);
+}
+
 static void test_create_args(void)
 {
 	struct hcount_tree *tree = (struct hcount_tree *)&tree, *keep = tree;
@@ -124,6 +154,7 @@ static void test_create_args(void)
 	is(hcount_tree_root(tree)->nr_children, 0, "ns: refused creates registered nothing");
 	is(hcount_ns_create(&ns, hcount_tree_root(tree), NULL), 0, "ns: created, NULL limits");
 	is(hcount_ns_limit(ns, 0), HCOUNT_UNLIMITED, "ns: NULL limits are unlimited");
+	check_charge_warning_names(ns);
 	is(hcount_tree_check(tree), 0, "check: fresh tree is consistent");
 	is(hcount_ns_destroy(ns), 0, "ns: destroyed");
 	is(hcount_tree_destroy(tree), 0, "tree: destroyed");
