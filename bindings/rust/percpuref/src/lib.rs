@@ -62,13 +62,21 @@
 //! own exit destructor) is leaked, not dropped, as Rust leaves values alive
 //! at exit.  That destructor runs on the exiting thread after its
 //! thread-locals are gone and with whatever locks it holds: dropping
-//! values there aborted on `std::thread::current()`.  So, as with `Arc`, a
+//! values there aborted on `std::thread::current()`.  Where the library's
+//! threads cannot start (a sandbox that refuses new threads, a full `pids`
+//! cgroup), what they would drop at exit would be dropped on that same
+//! thread: it is leaked too (up to 0.3.1 the process aborted there).
+//! Call [`wait_for_releases`] and [`flush_managed`] before the exit to
+//! have those values dropped on a thread whose thread-locals are alive.
+//! So, as with `Arc`, a
 //! `Drop` must not need a lock that the thread calling `exit` holds: the
 //! exit waits for it.
 //!
 //! Like `Arc`, which aborts when its count would pass `isize::MAX`, the
-//! process aborts when more than 2^29 `PcArc`s are alive at once (all
-//! values together): the C count keeps 31 bits of its per-CPU net count,
+//! process aborts before 2^29 `PcArc`s are alive at once (all values
+//! together; each thread reserves room for 1024 ahead of its clones, so
+//! with many threads a little earlier): the C count keeps 31 bits of its
+//! per-CPU net count,
 //! and without the check, 2^31 - 1 clones passed to `mem::forget` (safe
 //! code, 3 s on one thread) wrapped it to zero and dropped the value under
 //! a live `PcArc`.  The check costs a thread-local add per clone and drop
@@ -124,23 +132,26 @@ fn check(ret: i32) -> Result<(), Error> {
 /// value was dropped under a live `PcArc` (2^31 - 1 would now).  `Arc` aborts past
 /// `isize::MAX` for the same reason.
 ///
-/// Each thread counts the `PcArc`s it makes minus those it drops in a
-/// thread-local word, and adds that to a process-wide count whenever it
-/// reaches `CHECK_EVERY` either way (and at thread exit); past `LIMIT`
-/// live handles there, the process aborts.  One ref's per-CPU net count is
-/// at most the number of live handles (each per-CPU get made one; a put
-/// of a handle made in an earlier period only lowers it) while every get
-/// and put of its handles lands on the per-CPU words (a thread with no
-/// unit on the fallback path, or a call after the thread's exit hook,
-/// counts on one more word of the ref's since C 0.4.2; up to 0.4.1 it used
-/// the atomic count, which let the per-CPU share drift from the live
-/// handles, and 2^30 such crossings leaked the value: `docs/percpu_ref.md`,
-/// "Counts"; the handles make no call of more than one).  The
-/// process-wide count trails the truth by less than `CHECK_EVERY` per
-/// thread: with fewer than 2^19 threads, the live handles stay under 2^30
-/// until the abort, and a program with fewer than 2^29 - 2^10 x threads
-/// live handles never aborts.  Cost: a thread-local add and compare per
-/// clone or drop; the shared word is written once per `CHECK_EVERY`.
+/// Each thread reserves room for `CHECK_EVERY` handles in a process-wide
+/// count before it makes them, and gives room back once `2 * CHECK_EVERY`
+/// is unused (and all of it at its exit); a reservation that takes the
+/// count to `LIMIT` aborts the process.  So the count is never below the
+/// live handles, whatever the number of threads: up to 0.3.1 each thread
+/// counted what it had made and handed that in afterwards, and a million
+/// threads, each with fewer than `CHECK_EVERY` clones not handed in,
+/// could have passed 2^30 live handles unseen.  One ref's per-CPU net
+/// count is at most the number of live handles (each per-CPU get made
+/// one; a put of a handle made in an earlier period only lowers it) while
+/// every get and put of its handles lands on the per-CPU words (a thread
+/// with no unit on the fallback path, or a call after the thread's exit
+/// hook, counts on one more word of the ref's since C 0.4.2; up to 0.4.1
+/// it used the atomic count, which let the per-CPU share drift from the
+/// live handles, and 2^30 such crossings leaked the value:
+/// `docs/percpu_ref.md`, "Counts"; the handles make no call of more than
+/// one).  So the live handles stay under `LIMIT`, 2^29; a program with
+/// fewer than 2^29 - 2^11 x threads live handles never aborts.  Cost: a
+/// thread-local add and compare per clone or drop; the shared word is
+/// written once per `CHECK_EVERY` at most.
 mod live {
     use std::cell::Cell;
     use std::io::Write;
@@ -149,76 +160,84 @@ mod live {
     #[cfg(not(test))]
     pub(crate) const LIMIT: i64 = 1 << 29;
     #[cfg(not(test))]
-    const CHECK_EVERY: i64 = 1 << 10;
-    // Small in the unit tests, so that reaching the limit takes no time.
+    pub(crate) const CHECK_EVERY: i64 = 1 << 10;
+    // Small in the unit tests, so that reaching the limit takes no time,
+    // and 64 threads' reservations reach it.
     #[cfg(test)]
-    pub(crate) const LIMIT: i64 = 1 << 20;
+    pub(crate) const LIMIT: i64 = 1 << 16;
     #[cfg(test)]
-    const CHECK_EVERY: i64 = 1 << 8;
+    pub(crate) const CHECK_EVERY: i64 = 1 << 10;
 
-    /// The live handles the threads have handed in.
-    static HANDED_IN: AtomicI64 = AtomicI64::new(0);
+    /// The room the threads have reserved: never below the live handles.
+    static RESERVED: AtomicI64 = AtomicI64::new(0);
 
-    /// This thread's handles made minus dropped, not handed in yet.
-    struct Pending(Cell<i64>);
+    /// This thread's reserved room not taken by its handles (handles it
+    /// dropped, whoever made them, give theirs back here).
+    struct Unused(Cell<i64>);
 
-    impl Drop for Pending {
+    impl Drop for Unused {
         fn drop(&mut self) {
-            hand_in(self.0.get());
+            reserve(-self.0.get());
         }
     }
 
     thread_local! {
-        static PENDING: Pending = const { Pending(Cell::new(0)) };
+        static UNUSED: Unused = const { Unused(Cell::new(0)) };
     }
 
     /// Relaxed: a count, ordered with nothing; the abort needs no more.
     #[cold]
     #[inline(never)]
-    fn hand_in(delta: i64) {
-        let live = HANDED_IN.fetch_add(delta, Relaxed) + delta;
+    fn reserve(delta: i64) {
+        let reserved = RESERVED.fetch_add(delta, Relaxed) + delta;
 
-        if delta > 0 && live >= LIMIT {
+        if delta > 0 && reserved >= LIMIT {
             // Not eprintln!, which panics when stderr fails: a caught panic
             // would skip the abort and let the count go on to wrap.
             let _ = writeln!(
                 std::io::stderr(),
                 "percpuref: {} live PcArc handles, past the limit of {} (the per-CPU count \
                  is 31 bits wide: leaked clones?); aborting",
-                live, LIMIT
+                reserved, LIMIT
             );
             std::process::abort();
         }
     }
 
+    /// A `PcArc` was made, before it is returned: room for it is reserved
+    /// (the get, just made, is one of at most one per thread not yet
+    /// covered, far inside the margin from 2^29 to 2^30).
     #[inline]
-    fn count(step: i64) {
-        let counted = PENDING.try_with(|pending| {
-            let delta = pending.0.get() + step;
-
-            if delta.abs() < CHECK_EVERY {
-                pending.0.set(delta);
-            } else {
-                pending.0.set(0);
-                hand_in(delta);
+    pub(crate) fn made() {
+        let counted = UNUSED.try_with(|unused| {
+            if unused.0.get() == 0 {
+                reserve(CHECK_EVERY);
+                unused.0.set(CHECK_EVERY);
             }
+            unused.0.set(unused.0.get() - 1);
         });
         // The thread-local is gone (a thread-local destructor ran late).
         if counted.is_err() {
-            hand_in(step);
+            reserve(1);
         }
-    }
-
-    /// A `PcArc` was made.
-    #[inline]
-    pub(crate) fn made() {
-        count(1);
     }
 
     /// A `PcArc` was dropped.
     #[inline]
     pub(crate) fn dropped() {
-        count(-1);
+        let counted = UNUSED.try_with(|unused| {
+            let room = unused.0.get() + 1;
+
+            if room < 2 * CHECK_EVERY {
+                unused.0.set(room);
+            } else {
+                unused.0.set(room - CHECK_EVERY);
+                reserve(-CHECK_EVERY);
+            }
+        });
+        if counted.is_err() {
+            reserve(-1);
+        }
     }
 }
 
@@ -233,14 +252,18 @@ mod live {
 /// library is set up, so it runs first and the flag is set before the
 /// library releases anything on the exiting thread.
 mod exiting {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Once;
 
     static EXITING: AtomicBool = AtomicBool::new(false);
+    /// The thread running the handler, while it runs (0: none).
+    static EXITING_THREAD: AtomicUsize = AtomicUsize::new(0);
     static REGISTER: Once = Once::new();
 
     extern "C" {
         fn atexit(handler: extern "C" fn()) -> i32;
+        // pthread_t: an unsigned long (glibc) or a pointer (musl).
+        fn pthread_self() -> usize;
     }
 
     /// Drops what was released before the exit, on the library's threads
@@ -248,8 +271,16 @@ mod exiting {
     /// may be refused (EDEADLK: `exit` called from a value's `Drop` on a
     /// library thread, or inside a read-side section), which leaves those
     /// values to the flag.  A `Drop` run here may release more values: a
-    /// few rounds take most chains, and what is left is leaked.
+    /// few rounds take most chains, and what is left is leaked.  Where the
+    /// library's threads cannot start (a sandbox, a full `pids` cgroup),
+    /// the C library runs that work on this thread instead, whose
+    /// thread-locals the C library's `exit` destroyed before the handlers:
+    /// what would be dropped here is leaked (see `on_exiting_thread()`).
     extern "C" fn drop_released_then_mark() {
+        // SAFETY: no precondition.  Relaxed: only this thread compares
+        // its own id with it (release() on another thread sees 0 or an id
+        // not its own).
+        EXITING_THREAD.store(unsafe { pthread_self() }, Ordering::Relaxed);
         for _ in 0..4 {
             let killed = super::wait_for_releases();
             let flushed = super::flush_managed();
@@ -282,6 +313,17 @@ mod exiting {
         // Relaxed: see drop_released_then_mark().
         EXITING.load(Ordering::Relaxed)
     }
+
+    /// Whether the caller is the exiting thread, in the handler above:
+    /// there a `Drop` that touches a thread-local with a destructor
+    /// (`std::thread::current()`, a logger's) panicked and aborted the
+    /// process.
+    pub(crate) fn on_exiting_thread() -> bool {
+        // Relaxed: see drop_released_then_mark().
+        let exiting = EXITING_THREAD.load(Ordering::Relaxed);
+        // SAFETY: no precondition.
+        exiting != 0 && exiting == unsafe { pthread_self() }
+    }
 }
 
 /// The allocation: the counter first, so the release callback gets from the
@@ -298,7 +340,7 @@ unsafe extern "C" fn release<T>(counter: *mut sys::percpu_ref) {
     let inner = counter as *mut Inner<T>;
 
     sys::percpu_ref_exit(counter);
-    if exiting::now() {
+    if exiting::now() || exiting::on_exiting_thread() {
         return; // leaked: the process is exiting (see the crate's docs)
     }
     // A panic must not unwind into C, nor may dropping its payload (which
@@ -600,7 +642,11 @@ pub fn prepare_unload() {
 /// callback thread, and so do the thread's exit and [`wait_for_releases`]
 /// on any thread (a kill handed over so is finished there, and `drain`
 /// does not wait for it).  The registration belongs to its thread, so it
-/// is neither `Send` nor `Sync`.
+/// is neither `Send` nor `Sync`.  One that is never dropped (passed to
+/// `mem::forget`), or dropped inside a `Drop` that the library runs (it
+/// warns: `EDEADLK`), leaves the thread registered with nothing to poll:
+/// its later kills wait for its exit or the next [`wait_for_releases`],
+/// and `PollRegistration::new()` fails with `EALREADY` on it.
 ///
 /// ```
 /// use percpuref::{Owner, PollRegistration};
@@ -1049,6 +1095,49 @@ mod tests {
     fn a_panicking_drop_aborts() {
         let out = run_child("tests::drop_panics_in_release", "1", false);
         assert!(aborted(out.status), "the panic unwound: {:?}", out.status);
+    }
+
+    /// Run by `clones_on_many_threads_are_counted` in a child process:
+    /// 80 threads each forget `CHECK_EVERY - 1` clones and wait, all
+    /// alive, for the others, and then the child exits 0; the clones
+    /// pass `LIMIT` (2^16 in the unit tests).  Up to 0.3.1 each thread
+    /// handed its count in only at `CHECK_EVERY` or at its exit, so none
+    /// was seen while they lived; 2^20 threads could so have wrapped a
+    /// real count.
+    #[test]
+    #[ignore]
+    fn forget_a_few_clones_on_many_threads() {
+        if std::env::var_os(LEAK_CHILD).is_none() {
+            return;
+        }
+        const THREADS: usize = 80;
+        assert!(THREADS as i64 * (live::CHECK_EVERY - 1) > live::LIMIT);
+        let owner = Owner::new(0u64).unwrap();
+        let shared = owner.share();
+        let all_made = std::sync::Barrier::new(THREADS);
+        std::thread::scope(|s| {
+            for _ in 0..THREADS {
+                s.spawn(|| {
+                    for _ in 0..live::CHECK_EVERY - 1 {
+                        std::mem::forget(shared.clone());
+                    }
+                    // All alive: none has handed anything in at its exit.
+                    if all_made.wait().is_leader() {
+                        std::process::exit(0);
+                    }
+                    loop {
+                        std::thread::park();
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn clones_on_many_threads_are_counted() {
+        let out = run_child("tests::forget_a_few_clones_on_many_threads", "1", false);
+        assert!(aborted(out.status), "not aborted: {:?}", out.status);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("past the limit"));
     }
 
     #[test]
