@@ -63,6 +63,28 @@
  * the batches on its own thread rather than fail or wait for ever.
  * tests/model/wakeup.pml checks that no push is stranded.
  *
+ * Backlog.  Killing refs costs the killer less than finishing them costs the
+ * thread (a thread making and killing refs in a loop queued 500,000 a
+ * second more than it finished: 100 MB a second of objects waiting for
+ * their release, and a shutdown or exit() waiting minutes for them).  A
+ * push that leaves more than the limit queued and not done
+ * (PERCPUREF_CALLBACK_BACKLOG, default 65536; 0: no limit) makes its
+ * caller wait, as the kill or switch returns (percpuref_deferred_pace(),
+ * holding no lock of ours: the thread's items take the switch locks),
+ * until the thread has finished all but half of them: the thread then
+ * sets the pace, as the kernel's callbacks, run on the queueing CPU, do.
+ * Not where waiting could wait for the caller: on a library thread, under
+ * a batch lock (a callback), inside a read-side section (the thread's
+ * releases may wait for a grace period); and for no longer than the thread
+ * makes progress: a wait in which no batch finished for a second ends, and
+ * pushes owe no wait until one does, since the thread may be waiting for a
+ * lock the caller holds (a release that takes a lock held around the
+ * kill): runtime.c's percpuref_backlog_wait(), which the reclaimer's RCU
+ * queue shares (managed.c).  nr_done is written under deferred_lock and
+ * read without it for this test only, which a stale value merely shifts
+ * by a batch.  A polling thread's items never reach the stack: its polls
+ * pace it.
+ *
  * Fork: a batch's runner (the thread, or a stopper that could not start one)
  * holds batch_lock (callback_batch.lock, rank DEFERRED_BATCH) from taking the
  * batch until its items have run and are counted, and fork takes it first
@@ -146,6 +168,12 @@ static bool thread_sleeping;
 static unsigned long batch_fences;
 /* This thread pushed onto the stack of a thread that may sleep. */
 static __thread bool wake_owed;
+
+/* Backlog (see above). */
+static struct percpuref_backlog backlog =
+	PERCPUREF_BACKLOG_INIT(&deferred_lock, &work_done, &nr_queued, &nr_done, &thread);
+/* This thread's push passed the limit: it waits once its locks are dropped. */
+static __thread bool backlog_owed;
 
 /*
  * A poll starts a fence only if none started in this long (any thread's):
@@ -263,7 +291,8 @@ static void run_batch(void)
 
 	pthread_mutex_lock(&deferred_lock);
 	batch_fences += n != 0;
-	nr_done += n;
+	/* Relaxed: read without the lock by percpuref_backlog_over(). */
+	__atomic_store_n(&nr_done, nr_done + n, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&work_done);
 	percpuref_batch_end(&callback_batch);
 }
@@ -313,13 +342,13 @@ static bool ensure_thread(void)
 }
 
 /* Onto the callback thread's queue, counted; leaves a wake-up owed if the
- * thread may sleep. */
-static void push_pending(struct percpuref_deferred *d)
+ * thread may sleep.  Returns nr_queued with it. */
+static unsigned long push_pending(struct percpuref_deferred *d)
 {
 	struct percpuref_deferred *top = __atomic_load_n(&pending, __ATOMIC_RELAXED);
-
 	/* Relaxed: a waiter that must see it is ordered after this call. */
-	__atomic_fetch_add(&nr_queued, 1, __ATOMIC_RELAXED);
+	unsigned long queued = __atomic_add_fetch(&nr_queued, 1, __ATOMIC_RELAXED);
+
 	do
 		d->next = top;
 	/* Release: the item and what the caller wrote before are visible to
@@ -331,6 +360,7 @@ static void push_pending(struct percpuref_deferred *d)
 	if (!__atomic_load_n(&thread.running, __ATOMIC_RELAXED) ||
 	    __atomic_load_n(&thread_sleeping, __ATOMIC_SEQ_CST))
 		wake_owed = true;
+	return queued;
 }
 
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn)
@@ -341,7 +371,8 @@ void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_d
 	d->polled_by = p;
 	percpuref_note_work();
 	if (!p) {
-		push_pending(d);
+		if (percpuref_backlog_over(&backlog, push_pending(d)))
+			backlog_owed = true;
 		return;
 	}
 	d->next = NULL;
@@ -658,6 +689,14 @@ void percpuref_deferred_wake_owed(void)
 	 * cond_wait releases it: having taken the lock, we know it waits. */
 	if (running)
 		pthread_cond_signal(&work_queued);
+}
+
+void percpuref_deferred_pace(void)
+{
+	if (!backlog_owed)
+		return;
+	backlog_owed = false;
+	percpuref_backlog_wait(&backlog);
 }
 
 int percpuref_wait_deferred(void)

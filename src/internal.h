@@ -313,6 +313,11 @@ unsigned long percpuref_deferred_run(struct percpuref_deferred **rest);
 /* After dropping the locks held around percpuref_call_after_grace_period():
  * start or wake the thread if that call found it asleep (or not running). */
 void percpuref_deferred_wake_owed(void);
+/* As a kill or an asynchronous switch returns, holding no library lock:
+ * wait for the thread to work off a backlog that this thread's push passed
+ * the limit of (deferred.c, "Backlog"; not on a library thread, in a
+ * callback or in a read-side section). */
+void percpuref_deferred_pace(void);
 /* Moves @d onto the callback thread's queue if a polling thread's queue
  * still holds it (a wake-up owed: pay it with
  * percpuref_deferred_wake_owed()): for a caller about to wait for it, a
@@ -505,6 +510,35 @@ unsigned long percpuref_shutdown_begin(void);
 bool percpuref_outside_work_since(unsigned long mark);
 void percpuref_shutdown_end(void);
 void percpuref_note_work(void);
+
+/*
+ * A queue that one of the library's threads works off, paced (deferred.c,
+ * "Backlog"): a caller that leaves more than the limit queued and not done
+ * waits, holding no library lock, until the thread has done all but half.
+ * @queued and @done are the queue's counts, @done written under @lock
+ * with relaxed stores (read without it by percpuref_backlog_over()),
+ * @progress broadcast under @lock when @done rises; @thread works it off.
+ * stalled_done: @done when a wait saw none done for a second, else
+ * ULONG_MAX (relaxed: a hint; PERCPUREF_BACKLOG_INIT).
+ */
+struct percpuref_backlog {
+	pthread_mutex_t *lock;
+	pthread_cond_t *progress;
+	const unsigned long *queued, *done;
+	const struct percpuref_thread *thread;
+	unsigned long stalled_done;
+};
+#define PERCPUREF_BACKLOG_INIT(lock_, progress_, queued_, done_, thread_) \
+	{ (lock_), (progress_), (queued_), (done_), (thread_), ULONG_MAX }
+/* True when @queued (the count a push just made, or read) leaves more than
+ * PERCPUREF_CALLBACK_BACKLOG items of @b not done, and no wait found @b's
+ * thread stalled at the count done now.  Lock-free. */
+bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued);
+/* Waits until at most half the limit of @b's items are not done, or until
+ * none was done for a second (noted in stalled_done); at once on a library
+ * thread, under a batch lock (a callback) or in a read-side section, where
+ * the thread's work may wait for the caller.  No library lock held. */
+void percpuref_backlog_wait(struct percpuref_backlog *b);
 
 /* A setting from the environment: @name's value if it is a number (decimal
  * digits only: strtoul() alone takes blanks and a sign, and " -1" for

@@ -146,7 +146,11 @@ static uint64_t early_target;
 static uint64_t passes_refused;
 static uint64_t next_scan_ns;
 static struct percpuref_deferred *rcu_head, **rcu_tail = &rcu_head;
-static uint64_t rcu_queued, rcu_done;
+/* Written under managed_lock, read without it by percpuref_rcu_pace(). */
+static unsigned long rcu_queued, rcu_done;
+/* percpu_rcuref_kill() paces on it (deferred.c, "Backlog"). */
+static struct percpuref_backlog rcu_backlog =
+	PERCPUREF_BACKLOG_INIT(&managed_lock, &progress, &rcu_queued, &rcu_done, &thread);
 /* PERCPUREF_MANAGED_WARN_S, in ns; 0: off.  Set once by config_init_once(). */
 static uint64_t held_warn_ns;
 /* PERCPUREF_RECLAIMER_NICE: the thread's nice value.  Set once, likewise. */
@@ -315,11 +319,19 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 	d->next = NULL;
 	*rcu_tail = d;
 	rcu_tail = &d->next;
-	rcu_queued++;
+	/* Relaxed: read without the lock by percpuref_rcu_pace(). */
+	__atomic_store_n(&rcu_queued, rcu_queued + 1, __ATOMIC_RELAXED);
 	/* A failure to start leaves the item queued for the next kick. */
 	if (ensure_thread())
 		pthread_cond_signal(&wake);
 	pthread_mutex_unlock(&managed_lock);
+}
+
+void percpuref_rcu_pace(void)
+{
+	/* Relaxed: a hint; the wait reads both counts under the lock. */
+	if (percpuref_backlog_over(&rcu_backlog, __atomic_load_n(&rcu_queued, __ATOMIC_RELAXED)))
+		percpuref_backlog_wait(&rcu_backlog);
 }
 
 int percpuref_managed_may_wait(const char *fn)
@@ -380,7 +392,8 @@ static void run_rcu_batch(void)
 
 	pthread_mutex_lock(&managed_lock);
 	stats.rcu_grace_periods++;
-	rcu_done += n;
+	/* Relaxed: read without the lock by percpuref_backlog_over(). */
+	__atomic_store_n(&rcu_done, rcu_done + n, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&progress);
 	percpuref_batch_end(&scan);
 }

@@ -47,6 +47,10 @@ void percpuref_managed_exited(void);
  * started after this call (percpu_rcuref's deferred release).
  */
 void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_fn fn);
+/* percpu_rcuref_kill()'s, as it returns: waits while more than the
+ * callback backlog's limit of such items wait for the reclaimer, as a kill
+ * waits for the callback thread (deferred.c, "Backlog"). */
+void percpuref_rcu_pace(void);
 /* 0 if the caller may wait for the reclaimer; -EDEADLK, warned as @fn,
  * from a callback or inside an RCU read-side section (it would wait for
  * itself). */

@@ -177,9 +177,12 @@ PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref)
 		free(st);
 }
 
+/* The kill paces itself on the callback thread's backlog; its release
+ * goes on to the reclaimer's RCU queue, which it paces on too. */
 PERCPUREF_API void percpu_rcuref_kill(struct percpu_rcuref *ref)
 {
 	percpu_ref_kill(&ref->ref);
+	percpuref_rcu_pace();
 }
 
 PERCPUREF_API int percpu_rcuref_switch_to_managed(struct percpu_rcuref *ref)

@@ -983,6 +983,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
 		run_switch_confirm_at_once(ref, confirm_now);
+	percpuref_deferred_pace();
 }
 
 /* What lock_for_sync_switch() leaves its caller with. */
@@ -1091,6 +1092,7 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	if (confirm_now)
 		run_kill_confirm_at_once(ref, confirm_now);
 	percpu_ref_put(ref);	/* the initial reference */
+	percpuref_deferred_pace();
 }
 
 PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)

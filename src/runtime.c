@@ -404,6 +404,67 @@ bool percpuref_env_ulong(const char *who, const char *name, unsigned long max,
 	return true;
 }
 
+/*
+ * Backlogs (internal.h; deferred.c, "Backlog").  The limit is read at the
+ * first test; a stall is a second with nothing done.
+ */
+#define BACKLOG_DEFAULT 65536
+#define BACKLOG_MAX (1UL << 30)
+#define BACKLOG_STALL_S 1
+static unsigned long backlog_limit = BACKLOG_DEFAULT;
+static pthread_once_t backlog_once = PTHREAD_ONCE_INIT;
+
+static void read_backlog_limit(void)
+{
+	unsigned long limit;
+
+	if (percpuref_env_ulong("percpu_ref_kill", "PERCPUREF_CALLBACK_BACKLOG", BACKLOG_MAX,
+				&limit))
+		backlog_limit = limit;
+}
+
+bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued)
+{
+	unsigned long done;
+
+	pthread_once(&backlog_once, read_backlog_limit);
+	/* Relaxed: a hint; signed, as done may be newer than queued. */
+	done = __atomic_load_n(b->done, __ATOMIC_RELAXED);
+	return backlog_limit && (long)(queued - done) > (long)backlog_limit &&
+	       done != __atomic_load_n(&b->stalled_done, __ATOMIC_RELAXED);
+}
+
+void percpuref_backlog_wait(struct percpuref_backlog *b)
+{
+	int cancel;
+
+	if (percpuref_library_thread || percpuref_holds_batch_lock() || urcu_bp_read_ongoing())
+		return;
+	cancel = percpuref_cancel_disable();
+	pthread_mutex_lock(b->lock);
+	/* Relaxed: pushes may count without the lock (deferred.c). */
+	while (b->thread->running &&
+	       (long)(__atomic_load_n(b->queued, __ATOMIC_RELAXED) - *b->done) >
+		       (long)(backlog_limit / 2)) {
+		unsigned long done = *b->done;
+		struct timespec deadline;
+		int err = 0;
+
+		/* The condition variables wait on CLOCK_REALTIME, the default. */
+		clock_gettime(CLOCK_REALTIME, &deadline);
+		deadline.tv_sec += BACKLOG_STALL_S;
+		while (*b->done == done && b->thread->running && err != ETIMEDOUT)
+			err = pthread_cond_timedwait(b->progress, b->lock, &deadline);
+		if (*b->done == done && err == ETIMEDOUT) {
+			/* Relaxed: a hint for percpuref_backlog_over(). */
+			__atomic_store_n(&b->stalled_done, done, __ATOMIC_RELAXED);
+			break;
+		}
+	}
+	pthread_mutex_unlock(b->lock);
+	percpuref_cancel_restore(cancel);
+}
+
 /* CPU count from the possible mask, else from sysconf(), else 1. */
 static unsigned int read_possible_cpus(void)
 {
