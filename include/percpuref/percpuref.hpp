@@ -29,7 +29,10 @@
  * so lookups may race with the release; T may define `void unpublish()
  * noexcept`, called when the count reaches zero, to remove itself from
  * where readers find it: public, or private with rcu_refcounted<T> as a
- * friend; one the base cannot reach does not compile, unless T is final).
+ * friend; one the base cannot reach does not compile.  The base cannot see
+ * an unpublish() it cannot call in a final T, which up to 0.4.6 then stayed
+ * published after its release: a final T with none says so, with a public
+ * `using percpuref_no_unpublish = void;`, or does not compile).
  * Create T only with make_owner / make_managed, which allocate it with new
  * and initialise its counter.  A T built otherwise has none: the base
  * leaves the counter as an exited one, so a ref_ptr to it warns and does
@@ -71,12 +74,20 @@
 #include <percpuref/percpu_ref.h>
 
 /*
- * With and without exceptions the same templates compile to different code
- * (throw_errno() throws, or aborts): an inline namespace per mode gives
- * them different symbols, so a program that mixes the modes (a plugin
- * built with -fno-exceptions) links both instead of keeping one for all,
- * which made a catch (std::bad_alloc &) abort, or an abort-only unit
- * throw, depending on the link order.
+ * With and without exceptions the code that reports errors compiles
+ * differently (throw_errno() throws, or aborts): an inline namespace per
+ * mode gives it different symbols, so a program that mixes the modes (a
+ * plugin built with -fno-exceptions) links both instead of keeping one
+ * for all, which made a catch (std::bad_alloc &) abort, or an abort-only
+ * unit throw, depending on the link order.  Only that code: throw_errno(),
+ * make_owner, make_managed and poll_registration.  The types that never
+ * throw (refcounted, rcu_refcounted, ref_ptr, owner, rcu_read_guard) are
+ * the same in both modes, so that a T derived from refcounted<T>, or a
+ * function taking a ref_ptr, is one type and one symbol across them (up to
+ * 0.4.6 every type was mode's own: the plugin's and the program's
+ * ref_ptr<conn> did not link).  A function of the program's own that calls
+ * make_owner or make_managed and is inline in a header both modes include
+ * is still one symbol: the linker keeps one mode's copy of it.
  */
 #if defined(__cpp_exceptions)
 #define PERCPUREF_HPP_MODE eh
@@ -85,7 +96,6 @@
 #endif
 
 namespace percpuref {
-inline namespace PERCPUREF_HPP_MODE {
 
 /* The C calls for each kind of counter, by overload. */
 namespace detail {
@@ -108,6 +118,7 @@ inline int switch_to_managed(percpu_rcuref *r) noexcept
 	return percpu_rcuref_switch_to_managed(r);
 }
 
+inline namespace PERCPUREF_HPP_MODE {
 [[noreturn]] inline void throw_errno(int err, const char *what)
 {
 #if defined(__cpp_exceptions)
@@ -121,6 +132,7 @@ inline int switch_to_managed(percpu_rcuref *r) noexcept
 	std::abort();
 #endif
 }
+} /* inline namespace PERCPUREF_HPP_MODE */
 
 /* make_* and the release delete T, the release inside the C library's
  * put: T's destructor must be reachable from here, and nothing may
@@ -148,6 +160,11 @@ template <class U> struct unpublish_probe : U, unpublish_probe_base {};
 template <class U, class = void> struct names_unpublish : std::true_type {};
 template <class U>
 struct names_unpublish<U, std::void_t<decltype(&unpublish_probe<U>::unpublish)>> : std::false_type {};
+/* A final T cannot be probed so: it says it has none, with a public
+ * `using percpuref_no_unpublish = void;`. */
+template <class U, class = void> struct says_no_unpublish : std::false_type {};
+template <class U>
+struct says_no_unpublish<U, std::void_t<typename U::percpuref_no_unpublish>> : std::true_type {};
 } /* namespace detail */
 
 namespace detail {
@@ -265,7 +282,13 @@ private:
 	{
 		percpu_rcuref_func_t *hook = nullptr;
 
-		if constexpr (!std::is_final_v<T>)
+		if constexpr (std::is_final_v<T>)
+			static_assert(has_unpublish<T>(0) || detail::says_no_unpublish<T>::value,
+				      "a final T: rcu_refcounted<T> cannot tell a T::unpublish() it "
+				      "cannot call from none; make it public or befriend "
+				      "rcu_refcounted<T>, or, if T has none, declare "
+				      "`using percpuref_no_unpublish = void;` in T");
+		else
 			static_assert(has_unpublish<T>(0) || !detail::names_unpublish<T>::value,
 				      "T::unpublish() exists but rcu_refcounted<T> cannot call it: "
 				      "make it public or befriend rcu_refcounted<T>");
@@ -386,13 +409,21 @@ private:
 	T *obj_ = nullptr;
 };
 
+template <class T> class owner;
+inline namespace PERCPUREF_HPP_MODE {
+template <class T, class... Args> owner<T> make_owner(Args &&...args);
+}
+
 /*
  * owner<T> - the initial reference of an owned object.  kill() drops it
  * (percpu_ref_kill / percpu_rcuref_kill): new try_acquire_live() calls
  * fail once the kill is confirmed, and the object is freed when the last
  * ref_ptr goes.  The destructor kills an owner not killed yet.  The kill is
  * asynchronous: with no ref_ptr left, ~T runs after a reader fence on the
- * library's callback thread (percpu_ref_barrier() waits for it); at exit()
+ * library's callback thread (percpu_ref_barrier() waits for it); for an
+ * rcu_refcounted T, unpublish() runs there and ~T after an RCU grace
+ * period on the reclaimer thread (percpu_rcuref_barrier() waits for it,
+ * percpu_ref_barrier() does not); at exit()
  * the library finishes it before the static objects built before its
  * first use are destroyed (percpuref_shutdown()).
  */
@@ -432,11 +463,14 @@ public:
 	explicit operator bool() const noexcept { return obj_ != nullptr; }
 
 private:
-	template <class U, class... Args> friend owner<U> make_owner(Args &&...args);
+	template <class U, class... Args>
+	friend owner<U> PERCPUREF_HPP_MODE::make_owner(Args &&...args);
 	explicit owner(T *obj) noexcept : obj_(obj) {}
 
 	T *obj_ = nullptr;
 };
+
+inline namespace PERCPUREF_HPP_MODE {
 
 /*
  * make_owner<T>(args...) - new T(args...) with a per-CPU count whose
@@ -486,7 +520,9 @@ template <class T, class... Args> ref_ptr<T> make_managed(Args &&...args)
  * the object's life (percpu_ref_poll_register(); percpu_ref.h): the kills
  * this thread makes (an owner's kill() or destruction) are finished by its
  * own poll() calls, and ~T of the objects they release runs there, not on
- * the library's callback thread.  Call poll() regularly, between requests
+ * the library's callback thread (for an rcu_refcounted T, its unpublish()
+ * runs there, and ~T after a grace period on the reclaimer thread, which
+ * drain() does not wait for: percpu_rcuref_barrier() does).  Call poll() regularly, between requests
  * say; drain() finishes every kill the thread made, and those that the
  * ~T it runs make, except those another thread's percpu_ref_barrier() (or
  * a wait for that one ref's switch) took over meanwhile: those finish on

@@ -3,7 +3,7 @@
 # The public headers under the strict warnings users build with, as
 # errors, by gcc and (when installed: scripts/deps.sh installs it) clang:
 # each C header alone as C11, and tests/cxx/headers_cxx.cpp (every header,
-# every inline function called) as C++17.  clang warned where gcc did not
+# every inline function called) as C++17 and C++20.  clang warned where gcc did not
 # (-Wcast-align on the rseq area's address; -Wold-style-cast and
 # -Wzero-as-null-pointer-constant in C++), so both are asked.  The C++
 # file is compiled to an object, optimised: parsing alone never reaches
@@ -18,7 +18,7 @@ status=0
 common=(-Werror -Wall -Wextra -Wpedantic -Wconversion -Wsign-conversion -Wshadow -Wcast-qual
         -Wundef -Wredundant-decls)
 c_flags=(-std=c11 -Wstrict-prototypes -Wmissing-prototypes -Wold-style-definition)
-cxx_flags=(-std=c++17 -Wold-style-cast -Wzero-as-null-pointer-constant)
+cxx_flags=(-Wold-style-cast -Wzero-as-null-pointer-constant)
 
 check() {	# what, compiler, flags...
   local what=$1 out
@@ -49,7 +49,10 @@ for pair in gcc:g++ clang:clang++; do
       <<<"#include <$name>
 typedef int translation_unit_not_empty;"
   done
-  check "$cxx: every header and inline function, C++17, strict warnings" \
-    "$cxx" -c -O2 -o /dev/null -I"$include" "${common[@]}" "${cxx_flags[@]}" "$align" "$cxx_source"
+  for std in c++17 c++20; do
+    check "$cxx: every header and inline function, $std, strict warnings" \
+      "$cxx" -c -O2 -o /dev/null -I"$include" "${common[@]}" "${cxx_flags[@]}" -std=$std \
+      "$align" "$cxx_source"
+  done
 done
 exit $status

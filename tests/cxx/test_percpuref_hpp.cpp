@@ -90,19 +90,19 @@ static void test_owner_destructor_kills()
 }
 
 /* A singly linked list of owned links: head = std::move(head->next). */
-struct link : percpuref::refcounted<link> {
-	~link() { destroyed++; }
-	percpuref::owner<link> next;
+struct list_link : percpuref::refcounted<list_link> {
+	~list_link() { destroyed++; }
+	percpuref::owner<list_link> next;
 };
 
 static void test_owner_move_from_inside()
 {
 	destroyed = 0;
-	auto head = percpuref::make_owner<link>();
-	head->next = percpuref::make_owner<link>();
-	link *second = head->next.get();
+	auto head = percpuref::make_owner<list_link>();
+	head->next = percpuref::make_owner<list_link>();
+	list_link *second = head->next.get();
 
-	/* Atomic: the kill of the first link frees it at once, inside the
+	/* Atomic: the kill of the first list_link frees it at once, inside the
 	 * assignment, together with the owner moved from. */
 	percpu_ref_switch_to_atomic_sync(head->percpuref_counter());
 	head = std::move(head->next);
