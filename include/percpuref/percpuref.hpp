@@ -447,7 +447,9 @@ public:
 	owner &operator=(const owner &) = delete;
 	~owner() { kill(); }
 
-	/* Drops the initial reference; the owner is empty afterwards. */
+	/* Drops the initial reference; the owner is empty afterwards.  May
+	 * wait for the callback thread while it is more than
+	 * PERCPUREF_CALLBACK_BACKLOG kills behind (percpu_ref(3)). */
 	void kill() noexcept
 	{
 		if (T *obj = std::exchange(obj_, nullptr))

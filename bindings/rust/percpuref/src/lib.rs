@@ -548,7 +548,9 @@ impl<T: Send + Sync + 'static> Owner<T> {
     /// value is dropped when the last `PcArc` goes: on the thread of that
     /// drop, on the callback thread, or on this one, in this call, when no
     /// `PcArc` is left (which of the last two depends on timing).  The same
-    /// as dropping the owner.
+    /// as dropping the owner.  When the callback thread is more than
+    /// `PERCPUREF_CALLBACK_BACKLOG` kills behind (65536 by default), the
+    /// call waits for it to catch up by half first (`man percpu_ref`).
     pub fn kill(self) {
         drop(self);
     }
