@@ -64,26 +64,20 @@
  * tests/model/wakeup.pml checks that no push is stranded.
  *
  * Backlog.  Killing refs costs the killer less than finishing them costs the
- * thread (a thread making and killing refs in a loop queued 500,000 a
- * second more than it finished: 100 MB a second of objects waiting for
- * their release, and a shutdown or exit() waiting minutes for them).  A
- * push that leaves more than the limit queued and not done
- * (PERCPUREF_CALLBACK_BACKLOG, default 65536; 0: no limit) makes its
- * caller wait, as the kill or switch returns (percpuref_deferred_pace(),
- * holding no lock of ours: the thread's items take the switch locks),
- * until the thread has finished all but half of them: the thread then
- * sets the pace, as the kernel's callbacks, run on the queueing CPU, do.
- * Not where waiting could wait for the caller: on a library thread, under
- * a batch lock (a callback), inside a read-side section (the thread's
- * releases may wait for a grace period); and for no longer than the thread
- * makes progress: a wait in which no batch finished for a second ends, and
- * pushes owe no wait until one does, since the thread may be waiting for a
- * lock the caller holds (a release that takes a lock held around the
- * kill): runtime.c's percpuref_backlog_wait(), which the reclaimer's RCU
- * queue shares (managed.c).  nr_done is written under deferred_lock and
- * read without it for this test only, which a stale value merely shifts
- * by a batch.  A polling thread's items never reach the stack: its polls
- * pace it.
+ * thread (a thread making and killing refs in a loop left 2 million
+ * waiting after 2 s, 395 MB, and a shutdown or exit() waited for them all).
+ * A push that leaves more than PERCPUREF_CALLBACK_BACKLOG items (default
+ * 65536) queued and not done makes its caller wait, as the kill or switch
+ * returns (percpuref_deferred_pace(), holding no lock of ours: the
+ * thread's items take the switch locks), for the items before its own but
+ * half the limit: runtime.c's percpuref_backlog_wait(), with its rules
+ * (no wait in a callback or read-side section, none after a stall until
+ * the backlog is down to half), which the reclaimer's RCU queue shares
+ * (managed.c).  The runner counts each item it ran (backlog.ran), so that
+ * a wait tells a thread stuck in a callback from a long batch.  nr_done is
+ * written under deferred_lock and read without it by the push's test
+ * only, which a stale value merely shifts by a batch.  A polling thread's
+ * items never reach the stack: its polls pace it.
  *
  * Fork: a batch's runner (the thread, or a stopper that could not start one)
  * holds batch_lock (callback_batch.lock, rank DEFERRED_BATCH) from taking the
@@ -172,8 +166,10 @@ static __thread bool wake_owed;
 /* Backlog (see above). */
 static struct percpuref_backlog backlog =
 	PERCPUREF_BACKLOG_INIT(&deferred_lock, &work_done, &nr_queued, &nr_done, &thread);
-/* This thread's push passed the limit: it waits once its locks are dropped. */
+/* This thread's push passed the limit: it waits once its locks are
+ * dropped, for the items before the backlog_owed_queued-th. */
 static __thread bool backlog_owed;
+static __thread unsigned long backlog_owed_queued;
 
 /*
  * A poll starts a fence only if none started in this long (any thread's):
@@ -257,7 +253,8 @@ static bool pushed_while_going_to_sleep(void)
 	return true;
 }
 
-unsigned long percpuref_deferred_run(struct percpuref_deferred **rest)
+unsigned long percpuref_deferred_run(struct percpuref_deferred **rest,
+				     struct percpuref_backlog *counted)
 {
 	struct percpuref_deferred *item;
 	unsigned long n;
@@ -267,6 +264,9 @@ unsigned long percpuref_deferred_run(struct percpuref_deferred **rest)
 	for (n = 0; (item = *rest); n++) {
 		*rest = item->next;
 		item->fn(item);
+		/* Relaxed: a count that paced callers compare (runtime.c). */
+		if (counted)
+			__atomic_fetch_add(&counted->ran, 1, __ATOMIC_RELAXED);
 	}
 	return n;
 }
@@ -287,7 +287,7 @@ static void run_batch(void)
 	batch_rest = take_pending();
 	if (batch_rest)
 		percpuref_fence_readers();
-	n = percpuref_deferred_run(&batch_rest);
+	n = percpuref_deferred_run(&batch_rest, &backlog);
 
 	pthread_mutex_lock(&deferred_lock);
 	batch_fences += n != 0;
@@ -371,8 +371,12 @@ void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_d
 	d->polled_by = p;
 	percpuref_note_work();
 	if (!p) {
-		if (percpuref_backlog_over(&backlog, push_pending(d)))
+		unsigned long queued = push_pending(d);
+
+		if (percpuref_backlog_over(&backlog, queued)) {
 			backlog_owed = true;
+			backlog_owed_queued = queued;
+		}
 		return;
 	}
 	d->next = NULL;
@@ -549,7 +553,7 @@ PERCPUREF_API int percpu_ref_poll(unsigned int flags)
 				percpuref_fence_readers();
 			continue;
 		}
-		n = percpuref_deferred_run(&p->rest);
+		n = percpuref_deferred_run(&p->rest, NULL);
 		pthread_mutex_lock(&p->lock);
 		p->nr_done += n;
 		pthread_cond_broadcast(&p->ran);
@@ -696,7 +700,7 @@ void percpuref_deferred_pace(void)
 	if (!backlog_owed)
 		return;
 	backlog_owed = false;
-	percpuref_backlog_wait(&backlog);
+	percpuref_backlog_wait(&backlog, backlog_owed_queued);
 }
 
 int percpuref_wait_deferred(void)
@@ -931,6 +935,16 @@ static __attribute__((constructor)) void deferred_register(void)
 	percpuref_register_fork_hooks(&poll_batch_hooks);
 	percpuref_register_fork_hooks(&queue_hooks);
 	percpuref_register_exit_hook(PERCPUREF_RANK_DEFERRED_BATCH, deferred_exit_hook);
+}
+
+PERCPUREF_API unsigned long percpuref_deferred_stalls(void)
+{
+	unsigned long n;
+
+	pthread_mutex_lock(&deferred_lock);
+	n = backlog.stalls;
+	pthread_mutex_unlock(&deferred_lock);
+	return n;
 }
 
 unsigned long percpuref_deferred_fences(void)

@@ -307,9 +307,12 @@ struct percpuref_deferred {
 void percpuref_call_after_grace_period(struct percpuref_deferred *d, percpuref_deferred_fn fn);
 /* Runs the items of the list *@rest in order, taking each off before it
  * runs (each @fn may free its item, or pause its batch: *@rest is then what
- * a fork child must run again); returns how many ran.  The batches of both
+ * a fork child must run again); returns how many ran, counting each in
+ * @counted's ran as it returns (@counted may be NULL).  The batches of both
  * queues, this one and the reclaimer's RCU queue (managed.c), end with it. */
-unsigned long percpuref_deferred_run(struct percpuref_deferred **rest);
+struct percpuref_backlog;
+unsigned long percpuref_deferred_run(struct percpuref_deferred **rest,
+				     struct percpuref_backlog *counted);
 /* After dropping the locks held around percpuref_call_after_grace_period():
  * start or wake the thread if that call found it asleep (or not running). */
 void percpuref_deferred_wake_owed(void);
@@ -339,6 +342,8 @@ int percpuref_wait_deferred(void);
 bool percpuref_deferred_stop(void);
 /* Fences the callback thread waited for (one per batch). */
 unsigned long percpuref_deferred_fences(void);
+/* Paced waits that found the callback thread stalled (tests). */
+PERCPUREF_API unsigned long percpuref_deferred_stalls(void);
 
 /*
  * The switch stripe of the ref at @ref (percpu_ref.c: one of
@@ -514,31 +519,41 @@ void percpuref_note_work(void);
 /*
  * A queue that one of the library's threads works off, paced (deferred.c,
  * "Backlog"): a caller that leaves more than the limit queued and not done
- * waits, holding no library lock, until the thread has done all but half.
- * @queued and @done are the queue's counts, @done written under @lock
- * with relaxed stores (read without it by percpuref_backlog_over()),
- * @progress broadcast under @lock when @done rises; @thread works it off.
- * stalled_done: @done when a wait saw none done for a second, else
- * ULONG_MAX (relaxed: a hint; PERCPUREF_BACKLOG_INIT).
+ * waits, holding no library lock, until the items queued before it are
+ * done but half the limit.  @queued and @done are the queue's counts,
+ * @done written under @lock with relaxed stores (read without it by
+ * percpuref_backlog_over()), @progress broadcast under @lock when @done
+ * rises; @thread works it off, counting each item it ran in ran (relaxed:
+ * percpuref_deferred_run()), so that a wait tells a thread stuck in an
+ * item (a callback waiting for a lock the caller holds) from a long batch.
+ * stalled (relaxed): a wait saw no item run for BACKLOG_STALL_MS; nobody is
+ * paced until the backlog is down to half the limit.
  */
 struct percpuref_backlog {
 	pthread_mutex_t *lock;
 	pthread_cond_t *progress;
 	const unsigned long *queued, *done;
 	const struct percpuref_thread *thread;
-	unsigned long stalled_done;
+	unsigned long ran;
+	bool stalled;
+	unsigned long stalls;	/* @lock: waits that found it stalled */
 };
 #define PERCPUREF_BACKLOG_INIT(lock_, progress_, queued_, done_, thread_) \
-	{ (lock_), (progress_), (queued_), (done_), (thread_), ULONG_MAX }
+	{ (lock_), (progress_), (queued_), (done_), (thread_), 0, false, 0 }
 /* True when @queued (the count a push just made, or read) leaves more than
- * PERCPUREF_CALLBACK_BACKLOG items of @b not done, and no wait found @b's
- * thread stalled at the count done now.  Lock-free. */
+ * PERCPUREF_CALLBACK_BACKLOG items of @b not done, and @b is not stalled.
+ * Lock-free. */
 bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued);
-/* Waits until at most half the limit of @b's items are not done, or until
- * none was done for a second (noted in stalled_done); at once on a library
- * thread, under a batch lock (a callback) or in a read-side section, where
- * the thread's work may wait for the caller.  No library lock held. */
-void percpuref_backlog_wait(struct percpuref_backlog *b);
+/* Waits until @b's items up to the @queued-th are done but half the limit,
+ * or until none ran for BACKLOG_STALL_MS (@b stalled then); at once on a
+ * library thread, inside a callback the library runs, under a batch lock
+ * or in a read-side section, where the thread's work may wait for the
+ * caller.  No library lock held. */
+void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued);
+/* Around every confirm and release the library runs (percpu_ref.c), for
+ * percpuref_backlog_wait(). */
+void percpuref_callback_enter(void);
+void percpuref_callback_leave(void);
 
 /* A setting from the environment: @name's value if it is a number (decimal
  * digits only: strtoul() alone takes blanks and a sign, and " -1" for

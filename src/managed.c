@@ -329,9 +329,11 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 
 void percpuref_rcu_pace(void)
 {
-	/* Relaxed: a hint; the wait reads both counts under the lock. */
-	if (percpuref_backlog_over(&rcu_backlog, __atomic_load_n(&rcu_queued, __ATOMIC_RELAXED)))
-		percpuref_backlog_wait(&rcu_backlog);
+	/* Relaxed: a hint; the wait reads done under the lock. */
+	unsigned long queued = __atomic_load_n(&rcu_queued, __ATOMIC_RELAXED);
+
+	if (percpuref_backlog_over(&rcu_backlog, queued))
+		percpuref_backlog_wait(&rcu_backlog, queued);
 }
 
 int percpuref_managed_may_wait(const char *fn)
@@ -388,7 +390,7 @@ static void run_rcu_batch(void)
 	percpuref_synchronize_rcu();
 	/* For TSAN: pairs with the release in percpu_rcuref_read_unlock(). */
 	percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
-	n = percpuref_deferred_run(&rcu_rest);
+	n = percpuref_deferred_run(&rcu_rest, &rcu_backlog);
 
 	pthread_mutex_lock(&managed_lock);
 	stats.rcu_grace_periods++;

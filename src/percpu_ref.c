@@ -336,7 +336,9 @@ static void run_callback(struct percpu_ref *ref, percpu_ref_func_t *fn)
 {
 	int cancel = percpuref_cancel_disable();
 
+	percpuref_callback_enter();
 	fn(ref);
+	percpuref_callback_leave();
 	percpuref_prepare_unload();
 	percpuref_cancel_restore(cancel);
 }

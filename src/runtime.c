@@ -113,6 +113,16 @@
  * ours or of another process), and a fork child lists none of the
  * parent's (but one forked from a signal handler inside a get or put,
  * which takes no lock and may only exec or _exit).
+ *
+ * Backlogs.  A queue one of the library's threads works off (the callback
+ * thread's switches, the reclaimer's RCU-deferred releases) paces the
+ * callers that fill it faster than the thread empties it
+ * (percpuref_backlog_wait(); deferred.c, "Backlog").  Its counts are the
+ * queue's, under the queue's lock; the waiter reads the runner's count of
+ * items run without it (relaxed: compared, nothing read through it) to
+ * tell a stuck thread (no item in BACKLOG_STALL_MS) from a long batch.
+ * The wait holds only the queue's lock, dropped in the condition wait, and
+ * never runs where the thread's work may wait for the caller.
  */
 #define _GNU_SOURCE
 #include <assert.h>
@@ -406,13 +416,16 @@ bool percpuref_env_ulong(const char *who, const char *name, unsigned long max,
 
 /*
  * Backlogs (internal.h; deferred.c, "Backlog").  The limit is read at the
- * first test; a stall is a second with nothing done.
+ * first test.  A stall is BACKLOG_STALL_MS with no item run: an item takes
+ * microseconds, a batch of the limit's items seconds.
  */
 #define BACKLOG_DEFAULT 65536
 #define BACKLOG_MAX (1UL << 30)
-#define BACKLOG_STALL_S 1
+#define BACKLOG_STALL_MS 100
 static unsigned long backlog_limit = BACKLOG_DEFAULT;
 static pthread_once_t backlog_once = PTHREAD_ONCE_INIT;
+/* Confirms and releases this thread is running (percpu_ref.c). */
+static __thread unsigned int callbacks_running;
 
 static void read_backlog_limit(void)
 {
@@ -423,41 +436,71 @@ static void read_backlog_limit(void)
 		backlog_limit = limit;
 }
 
-bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued)
+void percpuref_callback_enter(void)
 {
-	unsigned long done;
-
-	pthread_once(&backlog_once, read_backlog_limit);
-	/* Relaxed: a hint; signed, as done may be newer than queued. */
-	done = __atomic_load_n(b->done, __ATOMIC_RELAXED);
-	return backlog_limit && (long)(queued - done) > (long)backlog_limit &&
-	       done != __atomic_load_n(&b->stalled_done, __ATOMIC_RELAXED);
+	callbacks_running++;
 }
 
-void percpuref_backlog_wait(struct percpuref_backlog *b)
+void percpuref_callback_leave(void)
 {
+	callbacks_running--;
+}
+
+bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued)
+{
+	long waiting;
+
+	pthread_once(&backlog_once, read_backlog_limit);
+	if (!backlog_limit)
+		return false;
+	/* Relaxed: a hint; signed, as done may be newer than queued. */
+	waiting = (long)(queued - __atomic_load_n(b->done, __ATOMIC_RELAXED));
+	/* Relaxed: a hint, as above.  A stall paces nobody until the thread
+	 * has worked the backlog down to half: re-armed at its next batch, a
+	 * killer that holds the lock its callbacks take stalled at every
+	 * batch. */
+	if (__atomic_load_n(&b->stalled, __ATOMIC_RELAXED)) {
+		if (waiting > (long)(backlog_limit / 2))
+			return false;
+		__atomic_store_n(&b->stalled, false, __ATOMIC_RELAXED);
+	}
+	return waiting > (long)backlog_limit;
+}
+
+void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
+{
+	/* Done with what was queued before the caller's push but half the
+	 * limit: what others queue later cannot keep it waiting. */
+	unsigned long target = queued - backlog_limit / 2, ran_before;
 	int cancel;
 
-	if (percpuref_library_thread || percpuref_holds_batch_lock() || urcu_bp_read_ongoing())
+	if (percpuref_library_thread || callbacks_running || percpuref_in_confirm() ||
+	    percpuref_holds_batch_lock() || urcu_bp_read_ongoing())
 		return;
 	cancel = percpuref_cancel_disable();
 	pthread_mutex_lock(b->lock);
-	/* Relaxed: pushes may count without the lock (deferred.c). */
-	while (b->thread->running &&
-	       (long)(__atomic_load_n(b->queued, __ATOMIC_RELAXED) - *b->done) >
-		       (long)(backlog_limit / 2)) {
-		unsigned long done = *b->done;
+	/* Relaxed: a count the runner bumps; compared, nothing read. */
+	ran_before = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
+	while (b->thread->running && (long)(target - *b->done) > 0) {
+		unsigned long ran = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
 		struct timespec deadline;
-		int err = 0;
 
+		/* And for no more than the limit's items: a backlog that
+		 * unpaced pushes (callbacks', read-side sections') made larger,
+		 * taken in one batch, costs a paced caller what its own share
+		 * would (one waited 6 s behind such). */
+		if (ran - ran_before >= backlog_limit)
+			break;
 		/* The condition variables wait on CLOCK_REALTIME, the default. */
 		clock_gettime(CLOCK_REALTIME, &deadline);
-		deadline.tv_sec += BACKLOG_STALL_S;
-		while (*b->done == done && b->thread->running && err != ETIMEDOUT)
-			err = pthread_cond_timedwait(b->progress, b->lock, &deadline);
-		if (*b->done == done && err == ETIMEDOUT) {
+		deadline.tv_nsec += BACKLOG_STALL_MS * 1000000L;
+		deadline.tv_sec += deadline.tv_nsec / 1000000000L;
+		deadline.tv_nsec %= 1000000000L;
+		if (pthread_cond_timedwait(b->progress, b->lock, &deadline) == ETIMEDOUT &&
+		    __atomic_load_n(&b->ran, __ATOMIC_RELAXED) == ran) {
 			/* Relaxed: a hint for percpuref_backlog_over(). */
-			__atomic_store_n(&b->stalled_done, done, __ATOMIC_RELAXED);
+			__atomic_store_n(&b->stalled, true, __ATOMIC_RELAXED);
+			b->stalls++;
 			break;
 		}
 	}

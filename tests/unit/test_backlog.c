@@ -2,20 +2,22 @@
 /*
  * test_backlog.c - a thread that kills refs faster than the callback thread
  * finishes them waits for it (src/deferred.c, "Backlog"), so what waits for
- * a release stays bounded; the wait ends when the thread stops making
- * progress (a callback waiting for a lock the killer holds) and is skipped
- * inside a read-side section; a percpu_rcuref's kill paces on the
- * reclaimer's queue of RCU-deferred releases too; every ref is still
- * released exactly once.
- * The limit is 64 here (PERCPUREF_CALLBACK_BACKLOG, set before the
- * library's first use).  Up to 0.4.6 nothing bounded it: a thread making
- * and killing refs in a loop left 1.7 million waiting after 2 s (333 MB).
+ * a release stays bounded: for the items queued before its own, not for
+ * those others queue later; a long batch does not read as a stall, but a
+ * thread stuck in an item does, after which nobody waits until the backlog
+ * is down to half; no wait inside a read-side section or a callback; a
+ * percpu_rcuref's kill paces on the reclaimer's queue of RCU-deferred
+ * releases too; every ref is still released exactly once.  The limit is 64
+ * here (PERCPUREF_CALLBACK_BACKLOG, set before the library's first use).
+ * Up to 0.4.6 nothing bounded it: a thread making and killing refs in a
+ * loop left 1.7 million waiting after 2 s (333 MB).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
+#include "internal.h"
 #include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
 #include "tap.h"
@@ -24,7 +26,10 @@
 
 static unsigned long released;		/* atomic */
 static pthread_mutex_t held_by_killer = PTHREAD_MUTEX_INITIALIZER;
-static bool confirms_take_the_lock;	/* set while no kill is queued */
+/* What each confirm does (atomic: set while kills are queued too). */
+static bool confirms_take_the_lock;
+static unsigned long confirm_us = 20;
+static bool cascade;	/* atomic: each release kills a successor */
 
 static double now(void)
 {
@@ -32,6 +37,14 @@ static double now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void spin(double seconds)
+{
+	double until = now() + seconds;
+
+	while (now() < until)
+		;
 }
 
 /*
@@ -42,16 +55,16 @@ static double now(void)
  */
 static void slow_confirm(struct percpu_ref *ref)
 {
-	double until = now() + 20e-6;
-
 	(void)ref;
-	if (confirms_take_the_lock) {
+	/* Relaxed: flags; the kill's push orders what the confirm reads. */
+	if (__atomic_load_n(&confirms_take_the_lock, __ATOMIC_RELAXED)) {
 		pthread_mutex_lock(&held_by_killer);
 		pthread_mutex_unlock(&held_by_killer);
 	}
-	while (now() < until)
-		;
+	spin((double)__atomic_load_n(&confirm_us, __ATOMIC_RELAXED) * 1e-6);
 }
+
+static void kill_new_ref(void);
 
 static void count_release(struct percpu_ref *ref)
 {
@@ -59,22 +72,33 @@ static void count_release(struct percpu_ref *ref)
 	free(ref);
 	/* Release: the killer's count of what waits reads it. */
 	__atomic_fetch_add(&released, 1, __ATOMIC_RELEASE);
+	/* Relaxed: a flag; the barrier orders the rest. */
+	if (__atomic_load_n(&cascade, __ATOMIC_RELAXED))
+		kill_new_ref();
+}
+
+static unsigned long killed;	/* atomic: cascades kill on the callback thread */
+
+static void kill_new_ref(void)
+{
+	struct percpu_ref *ref = malloc(sizeof(*ref));
+
+	if (!ref || percpu_ref_init(ref, count_release, 0))
+		abort();
+	__atomic_fetch_add(&killed, 1, __ATOMIC_RELAXED);
+	percpu_ref_kill_and_confirm(ref, slow_confirm);
 }
 
 /* Kills @n new refs; returns the most that were killed and not released
  * when a kill returned. */
-static unsigned long kill_many(unsigned long n, unsigned long *killed)
+static unsigned long kill_many(unsigned long n)
 {
 	unsigned long most = 0;
 
 	for (unsigned long i = 0; i < n; i++) {
-		struct percpu_ref *ref = malloc(sizeof(*ref));
-
-		if (!ref || percpu_ref_init(ref, count_release, 0))
-			abort();
-		percpu_ref_kill_and_confirm(ref, slow_confirm);
-		++*killed;
-		unsigned long waiting = *killed - __atomic_load_n(&released, __ATOMIC_ACQUIRE);
+		kill_new_ref();
+		unsigned long waiting = __atomic_load_n(&killed, __ATOMIC_RELAXED) -
+					__atomic_load_n(&released, __ATOMIC_ACQUIRE);
 
 		if (waiting > most)
 			most = waiting;
@@ -82,59 +106,154 @@ static unsigned long kill_many(unsigned long n, unsigned long *killed)
 	return most;
 }
 
-/* The killer waits: never more than LIMIT killed and not released. */
-static void test_paced(unsigned long *killed)
+static void all_released(const char *what)
 {
-	unsigned long most = kill_many(2000, killed);
-
-	ok(most <= LIMIT, "2000 kills: at most %lu waiting for their release (limit %d)", most,
-	   LIMIT);
 	percpu_ref_barrier();
-	is(__atomic_load_n(&released, __ATOMIC_ACQUIRE), *killed, "every ref released once");
+	is(__atomic_load_n(&released, __ATOMIC_ACQUIRE), __atomic_load_n(&killed, __ATOMIC_RELAXED),
+	   "%s: every ref released once", what);
+}
+
+/* The killer waits: never more than LIMIT killed and not released, and
+ * no wait found the thread stalled. */
+static void test_paced(const char *what)
+{
+	unsigned long stalls = percpuref_deferred_stalls();
+	unsigned long most = kill_many(2000);
+
+	ok(most <= LIMIT, "%s: 2000 kills, at most %lu waiting for their release (limit %d)", what,
+	   most, LIMIT);
+	is(percpuref_deferred_stalls(), stalls, "%s: and no stall", what);
+	all_released(what);
+}
+
+/* Confirms of 2 ms: a batch of the limit's items takes 128 ms, more than
+ * the 100 ms a stall is; items still run, so the kills stay paced (up to
+ * a first fix, a stall was a batch not finished, and pacing went off). */
+static void test_long_batches(void)
+{
+	unsigned long stalls = percpuref_deferred_stalls(), most;
+
+	__atomic_store_n(&confirm_us, 2000, __ATOMIC_RELAXED);
+	most = kill_many(300);
+	__atomic_store_n(&confirm_us, 20, __ATOMIC_RELAXED);
+	ok(most <= LIMIT, "long batches: at most %lu waiting (limit %d)", most, LIMIT);
+	is(percpuref_deferred_stalls(), stalls, "long batches: no stall");
+	all_released("long batches");
 }
 
 /*
  * The confirms wait for a lock the killer holds: a wait for the thread
- * would never end.  It ends when no batch finished for a second, and the
- * kills after it do not wait; once the thread makes progress again, kills
- * are paced again.
+ * would never end.  It ends when no item ran for 100 ms, once: nobody
+ * waits again until the backlog is down to half.
  */
-static void test_stalled(unsigned long *killed)
+static void test_stalled(void)
 {
+	unsigned long stalls = percpuref_deferred_stalls();
 	double start;
 
 	pthread_mutex_lock(&held_by_killer);
-	confirms_take_the_lock = true;
+	__atomic_store_n(&confirms_take_the_lock, true, __ATOMIC_RELAXED);
 	start = now();
-	kill_many(4 * LIMIT, killed);
+	kill_many(4 * LIMIT);
 	ok(now() - start < 10, "a killer holding the confirms' lock goes on (%.2f s)",
 	   now() - start);
+	is(percpuref_deferred_stalls(), stalls + 1, "after one stall");
 	pthread_mutex_unlock(&held_by_killer);
 	percpu_ref_barrier();
-	confirms_take_the_lock = false;
-	is(__atomic_load_n(&released, __ATOMIC_ACQUIRE), *killed, "then every ref released once");
-	test_paced(killed);
+	__atomic_store_n(&confirms_take_the_lock, false, __ATOMIC_RELAXED);
+	all_released("stalled");
+	test_paced("paced again");
 }
 
-/* Inside a read-side section the killer does not wait (the thread's
- * releases may wait for a grace period): with the thread stalled, it goes
- * on at once, without the second a stall takes. */
-static void test_read_section(unsigned long *killed)
+/*
+ * lock, kill, unlock, with confirms that take the lock: the killer's wait
+ * holds the lock, so every wait stalls.  One stall, not one per batch (up
+ * to a first fix pacing came back at the next batch, which stalled again:
+ * a killer lost 80% of its time).
+ */
+static void test_lock_around_kills(void)
 {
-	double start;
+	unsigned long stalls = percpuref_deferred_stalls();
+
+	__atomic_store_n(&confirms_take_the_lock, true, __ATOMIC_RELAXED);
+	for (int i = 0; i < 3000; i++) {
+		pthread_mutex_lock(&held_by_killer);
+		kill_new_ref();
+		pthread_mutex_unlock(&held_by_killer);
+	}
+	ok(percpuref_deferred_stalls() - stalls <= 2,
+	   "3000 kills under the confirms' lock: %lu stalls", percpuref_deferred_stalls() - stalls);
+	percpu_ref_barrier();
+	__atomic_store_n(&confirms_take_the_lock, false, __ATOMIC_RELAXED);
+	all_released("lock around kills");
+}
+
+/* With the thread stalled on the lock the killer holds, @fn's kills would
+ * wait: they must not (no stall counted). */
+static void kills_with_the_thread_stalled(void (*fn)(void), const char *what)
+{
+	unsigned long stalls;
 
 	pthread_mutex_lock(&held_by_killer);
-	confirms_take_the_lock = true;
-	start = now();
-	percpu_rcuref_read_lock();
-	kill_many(4 * LIMIT, killed);
-	percpu_rcuref_read_unlock();
-	ok(now() - start < 0.9, "inside a read-side section the killer does not wait (%.2f s)",
-	   now() - start);
+	__atomic_store_n(&confirms_take_the_lock, true, __ATOMIC_RELAXED);
+	kill_new_ref();		/* the thread stops in its confirm */
+	stalls = percpuref_deferred_stalls();
+	fn();
+	is(percpuref_deferred_stalls(), stalls, "%s: the killer did not wait", what);
 	pthread_mutex_unlock(&held_by_killer);
 	percpu_ref_barrier();
-	confirms_take_the_lock = false;
-	is(__atomic_load_n(&released, __ATOMIC_ACQUIRE), *killed, "and every ref released once");
+	__atomic_store_n(&confirms_take_the_lock, false, __ATOMIC_RELAXED);
+	all_released(what);
+}
+
+/* Inside a read-side section: the thread's releases may wait for a grace
+ * period. */
+static void kills_in_read_section(void)
+{
+	percpu_rcuref_read_lock();
+	kill_many(4 * LIMIT);
+	percpu_rcuref_read_unlock();
+}
+
+/* Inside a release run by this thread's put: a callback may call only
+ * what does not block. */
+static void release_that_kills(struct percpu_ref *ref)
+{
+	percpu_ref_exit(ref);
+	free(ref);
+	kill_many(4 * LIMIT);
+}
+
+static void kills_in_release(void)
+{
+	struct percpu_ref *ref = malloc(sizeof(*ref));
+
+	if (!ref || percpu_ref_init(ref, release_that_kills, PERCPU_REF_INIT_ATOMIC))
+		abort();
+	percpu_ref_put(ref);	/* the last: the release runs here */
+}
+
+/*
+ * Releases on the callback thread each kill a successor, so the queue
+ * never empties: a paced kill waits for the items queued before its own,
+ * not for those the cascade queues after it (up to a first fix it waited
+ * until the cascade stopped).
+ */
+static void test_cascade(void)
+{
+	double start, took;
+
+	__atomic_store_n(&cascade, true, __ATOMIC_RELAXED);
+	kill_many(LIMIT);	/* the chains */
+	start = now();
+	kill_many(4 * LIMIT);
+	took = now() - start;
+	ok(took < 30, "kills beside a cascade that never ends return (%.2f s)", took);
+	__atomic_store_n(&cascade, false, __ATOMIC_RELAXED);
+	while (percpu_ref_barrier(), __atomic_load_n(&released, __ATOMIC_ACQUIRE) !=
+					     __atomic_load_n(&killed, __ATOMIC_RELAXED))
+		;
+	all_released("cascade");
 }
 
 static unsigned long rcu_released;	/* atomic */
@@ -142,10 +261,7 @@ static unsigned long rcu_released;	/* atomic */
 /* On the reclaimer, after a grace period: slower than a kill. */
 static void slow_rcu_release(struct percpu_rcuref *ref)
 {
-	double until = now() + 20e-6;
-
-	while (now() < until)
-		;
+	spin(20e-6);
 	percpu_rcuref_exit(ref);
 	free(ref);
 	/* Release: the killer's count of what waits reads it. */
@@ -157,15 +273,15 @@ static void slow_rcu_release(struct percpu_rcuref *ref)
  * in each. */
 static void test_rcu_paced(void)
 {
-	unsigned long killed, most = 0;
+	unsigned long n, most = 0;
 
-	for (killed = 1; killed <= 2000; killed++) {
+	for (n = 1; n <= 2000; n++) {
 		struct percpu_rcuref *ref = malloc(sizeof(*ref));
 
 		if (!ref || percpu_rcuref_init(ref, NULL, slow_rcu_release, 0))
 			abort();
 		percpu_rcuref_kill(ref);
-		unsigned long waiting = killed - __atomic_load_n(&rcu_released, __ATOMIC_ACQUIRE);
+		unsigned long waiting = n - __atomic_load_n(&rcu_released, __ATOMIC_ACQUIRE);
 
 		if (waiting > most)
 			most = waiting;
@@ -178,12 +294,14 @@ static void test_rcu_paced(void)
 
 int main(void)
 {
-	unsigned long killed = 0;
-
 	setenv("PERCPUREF_CALLBACK_BACKLOG", "64", 1);
-	test_paced(&killed);
-	test_stalled(&killed);
-	test_read_section(&killed);
+	test_paced("paced");
+	test_long_batches();
+	test_stalled();
+	test_lock_around_kills();
+	kills_with_the_thread_stalled(kills_in_read_section, "read-side section");
+	kills_with_the_thread_stalled(kills_in_release, "release run by a put");
+	test_cascade();
 	test_rcu_paced();
 	return done_testing();
 }
