@@ -71,13 +71,12 @@
  * returns (percpuref_deferred_pace(), holding no lock of ours: the
  * thread's items take the switch locks), for the items before its own but
  * half the limit: runtime.c's percpuref_backlog_wait(), with its rules
- * (no wait in a callback or read-side section, none after a stall until
- * the backlog is down to half), which the reclaimer's RCU queue shares
+ * (no wait in a callback or read-side section; after a stall, none until
+ * the thread has run more items), which the reclaimer's RCU queue shares
  * (managed.c).  The runner counts each item it ran (backlog.ran), so that
- * a wait tells a thread stuck in a callback from a long batch.  nr_done is
- * written under deferred_lock and read without it by the push's test
- * only, which a stale value merely shifts by a batch.  A polling thread's
- * items never reach the stack: its polls pace it.
+ * a wait sees its target reached in the middle of a batch and tells a
+ * thread stuck in a callback from a long batch.  A polling thread's items
+ * never reach the stack: its polls pace it.
  *
  * Fork: a batch's runner (the thread, or a stopper that could not start one)
  * holds batch_lock (callback_batch.lock, rank DEFERRED_BATCH) from taking the
@@ -165,7 +164,7 @@ static __thread bool wake_owed;
 
 /* Backlog (see above). */
 static struct percpuref_backlog backlog =
-	PERCPUREF_BACKLOG_INIT(&deferred_lock, &work_done, &nr_queued, &nr_done, &thread);
+	PERCPUREF_BACKLOG_INIT(&deferred_lock, &work_done, &nr_queued, &thread);
 /* This thread's push passed the limit: it waits once its locks are
  * dropped, for the items before the backlog_owed_queued-th. */
 static __thread bool backlog_owed;
@@ -291,8 +290,7 @@ static void run_batch(void)
 
 	pthread_mutex_lock(&deferred_lock);
 	batch_fences += n != 0;
-	/* Relaxed: read without the lock by percpuref_backlog_over(). */
-	__atomic_store_n(&nr_done, nr_done + n, __ATOMIC_RELAXED);
+	nr_done += n;
 	pthread_cond_broadcast(&work_done);
 	percpuref_batch_end(&callback_batch);
 }
@@ -903,6 +901,9 @@ static void queue_fork_child(void)
 	for (d = pending; d; d = d->next)
 		queued++;
 	nr_queued = nr_done + queued;
+	/* Paced callers compare queue positions with it (internal.h); the
+	 * items of a batch cut in half that ran are no longer counted. */
+	backlog.ran = nr_done;
 	if (pending)
 		ensure_thread();
 	pthread_mutex_unlock(&deferred_lock);

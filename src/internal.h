@@ -518,37 +518,41 @@ void percpuref_note_work(void);
 
 /*
  * A queue that one of the library's threads works off, paced (deferred.c,
- * "Backlog"): a caller that leaves more than the limit queued and not done
- * waits, holding no library lock, until the items queued before it are
- * done but half the limit.  @queued and @done are the queue's counts,
- * @done written under @lock with relaxed stores (read without it by
- * percpuref_backlog_over()), @progress broadcast under @lock when @done
- * rises; @thread works it off, counting each item it ran in ran (relaxed:
- * percpuref_deferred_run()), so that a wait tells a thread stuck in an
- * item (a callback waiting for a lock the caller holds) from a long batch.
- * stalled (relaxed): a wait saw no item run for BACKLOG_STALL_MS; nobody is
- * paced until the backlog is down to half the limit.
+ * "Backlog"): a caller that leaves more than the limit queued and not run
+ * waits, holding no library lock, until the items queued before its own
+ * have run but half the limit.  @queued counts the items queued (written
+ * under @lock or atomically), ran those run, counted by the runner as each
+ * returns (relaxed: percpuref_deferred_run(); a fork child sets it to the
+ * items it counts done), so the two compare as positions in the queue;
+ * @progress is broadcast under @lock at each batch's end; @thread works it
+ * off.  A wait that sees no item run for BACKLOG_STALL_MS marks the queue
+ * stalled (a callback waiting for a lock the caller holds): nobody waits
+ * again until rearm_items more have run: one, doubled at each stall that
+ * follows, back to none once a wait ends without one.  Those three fields
+ * are written under @lock, read without it (relaxed: hints).
  */
 struct percpuref_backlog {
 	pthread_mutex_t *lock;
 	pthread_cond_t *progress;
-	const unsigned long *queued, *done;
+	const unsigned long *queued;
 	const struct percpuref_thread *thread;
 	unsigned long ran;
 	bool stalled;
+	unsigned long stalled_at, rearm_items;
 	unsigned long stalls;	/* @lock: waits that found it stalled */
 };
-#define PERCPUREF_BACKLOG_INIT(lock_, progress_, queued_, done_, thread_) \
-	{ (lock_), (progress_), (queued_), (done_), (thread_), 0, false, 0 }
+#define PERCPUREF_BACKLOG_INIT(lock_, progress_, queued_, thread_) \
+	{ (lock_), (progress_), (queued_), (thread_), 0, false, 0, 0, 0 }
 /* True when @queued (the count a push just made, or read) leaves more than
- * PERCPUREF_CALLBACK_BACKLOG items of @b not done, and @b is not stalled.
+ * PERCPUREF_CALLBACK_BACKLOG items of @b not run, and @b is not stalled.
  * Lock-free. */
 bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued);
-/* Waits until @b's items up to the @queued-th are done but half the limit,
- * or until none ran for BACKLOG_STALL_MS (@b stalled then); at once on a
- * library thread, inside a callback the library runs, under a batch lock
- * or in a read-side section, where the thread's work may wait for the
- * caller.  No library lock held. */
+/* Waits until @b's items before the @queued-th have run but half the limit,
+ * for at most the limit's items run and BACKLOG_WAIT_MAX_MS, or until none
+ * ran for BACKLOG_STALL_MS (@b stalled then); at once on a library thread,
+ * inside a callback the library runs, under a batch lock or in a read-side
+ * section, where the thread's work may wait for the caller.  No library
+ * lock held. */
 void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued);
 /* Around every confirm and release the library runs (percpu_ref.c), for
  * percpuref_backlog_wait(). */

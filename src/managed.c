@@ -146,11 +146,11 @@ static uint64_t early_target;
 static uint64_t passes_refused;
 static uint64_t next_scan_ns;
 static struct percpuref_deferred *rcu_head, **rcu_tail = &rcu_head;
-/* Written under managed_lock, read without it by percpuref_rcu_pace(). */
+/* Under managed_lock; rcu_queued also read without it (percpuref_rcu_pace()). */
 static unsigned long rcu_queued, rcu_done;
 /* percpu_rcuref_kill() paces on it (deferred.c, "Backlog"). */
 static struct percpuref_backlog rcu_backlog =
-	PERCPUREF_BACKLOG_INIT(&managed_lock, &progress, &rcu_queued, &rcu_done, &thread);
+	PERCPUREF_BACKLOG_INIT(&managed_lock, &progress, &rcu_queued, &thread);
 /* PERCPUREF_MANAGED_WARN_S, in ns; 0: off.  Set once by config_init_once(). */
 static uint64_t held_warn_ns;
 /* PERCPUREF_RECLAIMER_NICE: the thread's nice value.  Set once, likewise. */
@@ -329,7 +329,7 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 
 void percpuref_rcu_pace(void)
 {
-	/* Relaxed: a hint; the wait reads done under the lock. */
+	/* Relaxed: a hint, compared with the items run. */
 	unsigned long queued = __atomic_load_n(&rcu_queued, __ATOMIC_RELAXED);
 
 	if (percpuref_backlog_over(&rcu_backlog, queued))
@@ -394,8 +394,7 @@ static void run_rcu_batch(void)
 
 	pthread_mutex_lock(&managed_lock);
 	stats.rcu_grace_periods++;
-	/* Relaxed: read without the lock by percpuref_backlog_over(). */
-	__atomic_store_n(&rcu_done, rcu_done + n, __ATOMIC_RELAXED);
+	rcu_done += n;
 	pthread_cond_broadcast(&progress);
 	percpuref_batch_end(&scan);
 }
@@ -1025,6 +1024,8 @@ static void managed_fork_child(void)
 	rcu_queued = rcu_done;
 	for (struct percpuref_deferred *d = rcu_head; d; d = d->next)
 		rcu_queued++;
+	/* Paced callers compare queue positions with it (internal.h). */
+	rcu_backlog.ran = rcu_done;
 	/* With no pass open, every pass started is done: a scan cut short
 	 * after its pass ended never counted it, and its pass_open would
 	 * keep an idle reclaimer scanning. */

@@ -422,6 +422,7 @@ bool percpuref_env_ulong(const char *who, const char *name, unsigned long max,
 #define BACKLOG_DEFAULT 65536
 #define BACKLOG_MAX (1UL << 30)
 #define BACKLOG_STALL_MS 100
+#define BACKLOG_WAIT_MAX_MS 1000
 static unsigned long backlog_limit = BACKLOG_DEFAULT;
 static pthread_once_t backlog_once = PTHREAD_ONCE_INIT;
 /* Confirms and releases this thread is running (percpu_ref.c). */
@@ -448,61 +449,95 @@ void percpuref_callback_leave(void)
 
 bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued)
 {
-	long waiting;
+	/* Relaxed, here and below: hints (internal.h). */
+	unsigned long ran = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
 
 	pthread_once(&backlog_once, read_backlog_limit);
 	if (!backlog_limit)
 		return false;
-	/* Relaxed: a hint; signed, as done may be newer than queued. */
-	waiting = (long)(queued - __atomic_load_n(b->done, __ATOMIC_RELAXED));
-	/* Relaxed: a hint, as above.  A stall paces nobody until the thread
-	 * has worked the backlog down to half: re-armed at its next batch, a
-	 * killer that holds the lock its callbacks take stalled at every
-	 * batch. */
+	/* After a stall, nobody waits until rearm_items more have run
+	 * (percpuref_backlog_wait()): a killer that holds the lock its
+	 * callbacks take stalls again at once, and re-armed at every batch it
+	 * lost 80% of its time; never re-armed before the backlog was down to
+	 * half, which a killer faster than the thread never lets it be, one
+	 * slow callback turned pacing off for good. */
 	if (__atomic_load_n(&b->stalled, __ATOMIC_RELAXED)) {
-		if (waiting > (long)(backlog_limit / 2))
+		if (ran - __atomic_load_n(&b->stalled_at, __ATOMIC_RELAXED) <
+		    __atomic_load_n(&b->rearm_items, __ATOMIC_RELAXED))
 			return false;
 		__atomic_store_n(&b->stalled, false, __ATOMIC_RELAXED);
 	}
-	return waiting > (long)backlog_limit;
+	/* Signed: ran may be newer than queued. */
+	return (long)(queued - ran) > (long)backlog_limit;
+}
+
+/* Ms since @start (CLOCK_MONOTONIC). */
+static long ms_since(const struct timespec *start)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (now.tv_sec - start->tv_sec) * 1000 + (now.tv_nsec - start->tv_nsec) / 1000000;
 }
 
 void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 {
-	/* Done with what was queued before the caller's push but half the
-	 * limit: what others queue later cannot keep it waiting. */
+	/* Run up to the caller's push but half the limit: what others queue
+	 * later cannot keep it waiting. */
 	unsigned long target = queued - backlog_limit / 2, ran_before;
+	struct timespec start;
+	bool stalled = false;
 	int cancel;
 
 	if (percpuref_library_thread || callbacks_running || percpuref_in_confirm() ||
 	    percpuref_holds_batch_lock() || urcu_bp_read_ongoing())
 		return;
 	cancel = percpuref_cancel_disable();
+	clock_gettime(CLOCK_MONOTONIC, &start);
 	pthread_mutex_lock(b->lock);
-	/* Relaxed: a count the runner bumps; compared, nothing read. */
 	ran_before = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
-	while (b->thread->running && (long)(target - *b->done) > 0) {
+	for (;;) {
 		unsigned long ran = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
 		struct timespec deadline;
 
-		/* And for no more than the limit's items: a backlog that
-		 * unpaced pushes (callbacks', read-side sections') made larger,
-		 * taken in one batch, costs a paced caller what its own share
-		 * would (one waited 6 s behind such). */
-		if (ran - ran_before >= backlog_limit)
+		/* Its own share only, the limit's items and a second at most:
+		 * a backlog that unpaced pushes (callbacks', read-side
+		 * sections') made larger, or items each of nearly a stall,
+		 * kept a paced caller for seconds to hours. */
+		if (!b->thread->running || (long)(target - ran) <= 0 ||
+		    ran - ran_before >= backlog_limit || ms_since(&start) >= BACKLOG_WAIT_MAX_MS)
 			break;
-		/* The condition variables wait on CLOCK_REALTIME, the default. */
+		/* The condition variables wait on CLOCK_REALTIME, the default.
+		 * Woken at each batch's end, and at least every stall's
+		 * length to look at ran. */
 		clock_gettime(CLOCK_REALTIME, &deadline);
 		deadline.tv_nsec += BACKLOG_STALL_MS * 1000000L;
 		deadline.tv_sec += deadline.tv_nsec / 1000000000L;
 		deadline.tv_nsec %= 1000000000L;
 		if (pthread_cond_timedwait(b->progress, b->lock, &deadline) == ETIMEDOUT &&
 		    __atomic_load_n(&b->ran, __ATOMIC_RELAXED) == ran) {
-			/* Relaxed: a hint for percpuref_backlog_over(). */
-			__atomic_store_n(&b->stalled, true, __ATOMIC_RELAXED);
-			b->stalls++;
+			stalled = true;
 			break;
 		}
+	}
+	if (stalled) {
+		/* From one item, the thread back at work after a slow
+		 * callback (re-armed only after half the limit's items, the
+		 * killer went on unpaced meanwhile and queued a million);
+		 * doubled at each stall that follows a re-arm with no wait
+		 * between that the thread finished, as for a killer holding
+		 * its callbacks' lock: log2 of the items run, stalls of
+		 * BACKLOG_STALL_MS. */
+		unsigned long rearm = b->rearm_items ? 2 * b->rearm_items : 1;
+
+		__atomic_store_n(&b->rearm_items, rearm < BACKLOG_MAX ? rearm : BACKLOG_MAX,
+				 __ATOMIC_RELAXED);
+		__atomic_store_n(&b->stalled_at, __atomic_load_n(&b->ran, __ATOMIC_RELAXED),
+				 __ATOMIC_RELAXED);
+		__atomic_store_n(&b->stalled, true, __ATOMIC_RELAXED);
+		b->stalls++;
+	} else {
+		__atomic_store_n(&b->rearm_items, 0, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(b->lock);
 	percpuref_cancel_restore(cancel);

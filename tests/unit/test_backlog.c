@@ -4,8 +4,9 @@
  * finishes them waits for it (src/deferred.c, "Backlog"), so what waits for
  * a release stays bounded: for the items queued before its own, not for
  * those others queue later; a long batch does not read as a stall, but a
- * thread stuck in an item does, after which nobody waits until the backlog
- * is down to half; no wait inside a read-side section or a callback; a
+ * thread stuck in an item does, after which nobody waits until more items
+ * ran (more after each stall); no wait inside a read-side section or a
+ * callback; a
  * percpu_rcuref's kill paces on the reclaimer's queue of RCU-deferred
  * releases too; every ref is still released exactly once.  The limit is 64
  * here (PERCPUREF_CALLBACK_BACKLOG, set before the library's first use).
@@ -14,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -30,6 +32,7 @@ static pthread_mutex_t held_by_killer = PTHREAD_MUTEX_INITIALIZER;
 static bool confirms_take_the_lock;
 static unsigned long confirm_us = 20;
 static bool cascade;	/* atomic: each release kills a successor */
+static bool one_slow_confirm;	/* atomic: the next confirm takes 150 ms */
 
 static double now(void)
 {
@@ -62,6 +65,8 @@ static void slow_confirm(struct percpu_ref *ref)
 		pthread_mutex_unlock(&held_by_killer);
 	}
 	spin((double)__atomic_load_n(&confirm_us, __ATOMIC_RELAXED) * 1e-6);
+	if (__atomic_exchange_n(&one_slow_confirm, false, __ATOMIC_RELAXED))
+		spin(0.15);
 }
 
 static void kill_new_ref(void);
@@ -141,10 +146,27 @@ static void test_long_batches(void)
 	all_released("long batches");
 }
 
+/* Confirms of 60 ms, just under a stall: the kill past the limit would
+ * wait for 33 of them, 2 s; a wait lasts 1 s at most (without that cap,
+ * items of nearly a stall each could keep one kill for minutes). */
+static void test_wait_capped(void)
+{
+	double start, took;
+
+	__atomic_store_n(&confirm_us, 60000, __ATOMIC_RELAXED);
+	kill_many(LIMIT);
+	start = now();
+	kill_new_ref();
+	took = now() - start;
+	__atomic_store_n(&confirm_us, 20, __ATOMIC_RELAXED);
+	ok(took < 1.5, "a kill behind slow callbacks waits 1 s at most (%.2f s)", took);
+	all_released("slow callbacks");
+}
+
 /*
  * The confirms wait for a lock the killer holds: a wait for the thread
  * would never end.  It ends when no item ran for 100 ms, once: nobody
- * waits again until the backlog is down to half.
+ * waits again until more items have run.
  */
 static void test_stalled(void)
 {
@@ -166,10 +188,42 @@ static void test_stalled(void)
 }
 
 /*
+ * One confirm of 150 ms, longer than a stall, in a stream of 5 µs ones: a
+ * stall, then pacing again once the thread runs (up to a second fix it
+ * came back only when the backlog fell to half the limit, which a killer
+ * faster than the thread never let happen: one slow callback, and the
+ * queue grew without bound for the rest of the process).
+ */
+static void test_one_slow_callback(void)
+{
+	unsigned long stalls = percpuref_deferred_stalls(), waiting = 0, n;
+	double start;
+
+	__atomic_store_n(&confirm_us, 5, __ATOMIC_RELAXED);
+	kill_many(200);
+	__atomic_store_n(&one_slow_confirm, true, __ATOMIC_RELAXED);
+	start = now();
+	for (n = 0; now() - start < 20; n++) {
+		kill_new_ref();
+		waiting = __atomic_load_n(&killed, __ATOMIC_RELAXED) -
+			  __atomic_load_n(&released, __ATOMIC_ACQUIRE);
+		/* Past the slow one, and paced again. */
+		if (now() - start > 0.3 && waiting <= LIMIT)
+			break;
+	}
+	__atomic_store_n(&confirm_us, 20, __ATOMIC_RELAXED);
+	ok(waiting <= LIMIT, "one slow callback: paced again after %lu kills, %.2f s (%lu waiting)",
+	   n, now() - start, waiting);
+	is(percpuref_deferred_stalls(), stalls + 1, "one slow callback: one stall");
+	all_released("one slow callback");
+}
+
+/*
  * lock, kill, unlock, with confirms that take the lock: the killer's wait
- * holds the lock, so every wait stalls.  One stall, not one per batch (up
- * to a first fix pacing came back at the next batch, which stalled again:
- * a killer lost 80% of its time).
+ * holds the lock, so every wait stalls.  A few stalls (about log2 of the
+ * items run: 10 here), each re-armed after twice as many items as the
+ * last, not one per re-arm (up to a first fix pacing came back at the
+ * next batch: a killer lost 80% of its time).
  */
 static void test_lock_around_kills(void)
 {
@@ -180,8 +234,11 @@ static void test_lock_around_kills(void)
 		pthread_mutex_lock(&held_by_killer);
 		kill_new_ref();
 		pthread_mutex_unlock(&held_by_killer);
+		/* Room for the thread to take the lock and run some. */
+		spin(5e-6);
+		sched_yield();
 	}
-	ok(percpuref_deferred_stalls() - stalls <= 2,
+	ok(percpuref_deferred_stalls() - stalls <= 16,
 	   "3000 kills under the confirms' lock: %lu stalls", percpuref_deferred_stalls() - stalls);
 	percpu_ref_barrier();
 	__atomic_store_n(&confirms_take_the_lock, false, __ATOMIC_RELAXED);
@@ -297,7 +354,9 @@ int main(void)
 	setenv("PERCPUREF_CALLBACK_BACKLOG", "64", 1);
 	test_paced("paced");
 	test_long_batches();
+	test_wait_capped();
 	test_stalled();
+	test_one_slow_callback();
 	test_lock_around_kills();
 	kills_with_the_thread_stalled(kills_in_read_section, "read-side section");
 	kills_with_the_thread_stalled(kills_in_release, "release run by a put");
