@@ -154,7 +154,7 @@ static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
 /* Lock-free: pushed by any thread, taken whole by a batch (run_batch()). */
 static struct percpuref_deferred *pending;
 static unsigned long nr_queued;		/* atomic: items ever queued */
-static unsigned long nr_done;		/* deferred_lock: items finished */
+static unsigned long nr_done;		/* deferred_lock (read without: pacing) */
 /* Written under deferred_lock; pushers read them without (see above). */
 static struct percpuref_thread thread;
 static bool thread_sleeping;
@@ -164,7 +164,7 @@ static __thread bool wake_owed;
 
 /* Backlog (see above). */
 static struct percpuref_backlog backlog =
-	PERCPUREF_BACKLOG_INIT(&deferred_lock, &work_done, &nr_queued, &thread);
+	PERCPUREF_BACKLOG_INIT(&deferred_lock, &work_done, &nr_queued, &nr_done, &thread);
 /* This thread's push passed the limit: it waits once its locks are
  * dropped, for the items before the backlog_owed_queued-th. */
 static __thread bool backlog_owed;
@@ -290,7 +290,8 @@ static void run_batch(void)
 
 	pthread_mutex_lock(&deferred_lock);
 	batch_fences += n != 0;
-	nr_done += n;
+	/* Relaxed: read without the lock by percpuref_backlog_over(). */
+	__atomic_store_n(&nr_done, nr_done + n, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&work_done);
 	percpuref_batch_end(&callback_batch);
 }

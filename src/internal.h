@@ -523,7 +523,11 @@ void percpuref_note_work(void);
  * have run but half the limit.  @queued counts the items queued (written
  * under @lock or atomically), ran those run, counted by the runner as each
  * returns (relaxed: percpuref_deferred_run(); a fork child sets it to the
- * items it counts done), so the two compare as positions in the queue;
+ * items it counts done), so the two compare as positions in the queue; on
+ * a line of its own, which only the runner writes and only waits read
+ * (read at every push, it would move between the CPUs once per kill);
+ * @done, the items of finished batches (relaxed stores under @lock), is
+ * what a push reads instead;
  * @progress is broadcast under @lock at each batch's end; @thread works it
  * off.  A wait that sees no item run for BACKLOG_STALL_MS marks the queue
  * stalled (a callback waiting for a lock the caller holds): nobody waits
@@ -534,15 +538,15 @@ void percpuref_note_work(void);
 struct percpuref_backlog {
 	pthread_mutex_t *lock;
 	pthread_cond_t *progress;
-	const unsigned long *queued;
+	const unsigned long *queued, *done;
 	const struct percpuref_thread *thread;
-	unsigned long ran;
 	bool stalled;
 	unsigned long stalled_at, rearm_items;
 	unsigned long stalls;	/* @lock: waits that found it stalled */
+	unsigned long ran __attribute__((aligned(64)));
 };
-#define PERCPUREF_BACKLOG_INIT(lock_, progress_, queued_, thread_) \
-	{ (lock_), (progress_), (queued_), (thread_), 0, false, 0, 0, 0 }
+#define PERCPUREF_BACKLOG_INIT(lock_, progress_, queued_, done_, thread_) \
+	{ (lock_), (progress_), (queued_), (done_), (thread_), false, 0, 0, 0, 0 }
 /* True when @queued (the count a push just made, or read) leaves more than
  * PERCPUREF_CALLBACK_BACKLOG items of @b not run, and @b is not stalled.
  * Lock-free. */

@@ -146,11 +146,11 @@ static uint64_t early_target;
 static uint64_t passes_refused;
 static uint64_t next_scan_ns;
 static struct percpuref_deferred *rcu_head, **rcu_tail = &rcu_head;
-/* Under managed_lock; rcu_queued also read without it (percpuref_rcu_pace()). */
+/* Under managed_lock; both also read without it (percpuref_rcu_pace()). */
 static unsigned long rcu_queued, rcu_done;
 /* percpu_rcuref_kill() paces on it (deferred.c, "Backlog"). */
 static struct percpuref_backlog rcu_backlog =
-	PERCPUREF_BACKLOG_INIT(&managed_lock, &progress, &rcu_queued, &thread);
+	PERCPUREF_BACKLOG_INIT(&managed_lock, &progress, &rcu_queued, &rcu_done, &thread);
 /* PERCPUREF_MANAGED_WARN_S, in ns; 0: off.  Set once by config_init_once(). */
 static uint64_t held_warn_ns;
 /* PERCPUREF_RECLAIMER_NICE: the thread's nice value.  Set once, likewise. */
@@ -394,7 +394,8 @@ static void run_rcu_batch(void)
 
 	pthread_mutex_lock(&managed_lock);
 	stats.rcu_grace_periods++;
-	rcu_done += n;
+	/* Relaxed: read without the lock by percpuref_backlog_over(). */
+	__atomic_store_n(&rcu_done, rcu_done + n, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&progress);
 	percpuref_batch_end(&scan);
 }

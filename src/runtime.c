@@ -449,9 +449,6 @@ void percpuref_callback_leave(void)
 
 bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued)
 {
-	/* Relaxed, here and below: hints (internal.h). */
-	unsigned long ran = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
-
 	pthread_once(&backlog_once, read_backlog_limit);
 	if (!backlog_limit)
 		return false;
@@ -461,14 +458,18 @@ bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued)
 	 * lost 80% of its time; never re-armed before the backlog was down to
 	 * half, which a killer faster than the thread never lets it be, one
 	 * slow callback turned pacing off for good. */
+	/* Relaxed, here and below: hints (internal.h). */
 	if (__atomic_load_n(&b->stalled, __ATOMIC_RELAXED)) {
-		if (ran - __atomic_load_n(&b->stalled_at, __ATOMIC_RELAXED) <
+		if (__atomic_load_n(&b->ran, __ATOMIC_RELAXED) -
+			    __atomic_load_n(&b->stalled_at, __ATOMIC_RELAXED) <
 		    __atomic_load_n(&b->rearm_items, __ATOMIC_RELAXED))
 			return false;
 		__atomic_store_n(&b->stalled, false, __ATOMIC_RELAXED);
 	}
-	/* Signed: ran may be newer than queued. */
-	return (long)(queued - ran) > (long)backlog_limit;
+	/* The finished batches' count: up to a batch behind the items run,
+	 * which the wait then finds past its target at once.  Signed: done
+	 * may be newer than queued. */
+	return (long)(queued - __atomic_load_n(b->done, __ATOMIC_RELAXED)) > (long)backlog_limit;
 }
 
 /* Ms since @start (CLOCK_MONOTONIC). */
