@@ -217,6 +217,9 @@ bool percpuref_fence_covers(unsigned long stamp);
 bool percpuref_fence_started_after(unsigned long stamp);
 bool percpuref_fence_readers_paced(uint64_t interval_ns);
 uint64_t percpuref_monotonic_ns(void);
+/* Now plus @ms on CLOCK_REALTIME, the clock of the library's condition
+ * variables that keep the default, for pthread_cond_timedwait(). */
+void percpuref_realtime_deadline(struct timespec *deadline, unsigned long ms);
 /*
  * The fence of a membarrier refused after start-up (runtime.c): warns once,
  * then runs the calling thread on every CPU in turn, a full barrier on each
@@ -529,24 +532,24 @@ void percpuref_note_work(void);
  * @done, the items of finished batches (relaxed stores under @lock), is
  * what a push reads instead;
  * @progress is broadcast under @lock at each batch's end; @thread works it
- * off.  A wait that sees no item run for BACKLOG_STALL_MS marks the queue
- * stalled (a callback waiting for a lock the caller holds): nobody waits
- * again until rearm_items more have run: one, doubled at each stall that
- * follows, back to none once a wait ends without one.  Those three fields
- * are written under @lock, read without it (relaxed: hints).
+ * off.  A wait that sees no item run for BACKLOG_STALL_MS (a stall: a
+ * callback waiting for a lock the caller holds) sets stalled_at to ran and
+ * rearm_items to one, or doubles it at each stall that follows: nobody
+ * waits again until rearm_items more have run; a wait that ends without a
+ * stall sets it back to 0.  Those two fields are written under @lock, read
+ * without it (relaxed: hints).
  */
 struct percpuref_backlog {
 	pthread_mutex_t *lock;
 	pthread_cond_t *progress;
 	const unsigned long *queued, *done;
 	const struct percpuref_thread *thread;
-	bool stalled;
 	unsigned long stalled_at, rearm_items;
 	unsigned long stalls;	/* @lock: waits that found it stalled */
 	unsigned long ran __attribute__((aligned(64)));
 };
 #define PERCPUREF_BACKLOG_INIT(lock_, progress_, queued_, done_, thread_) \
-	{ (lock_), (progress_), (queued_), (done_), (thread_), false, 0, 0, 0, 0 }
+	{ (lock_), (progress_), (queued_), (done_), (thread_), 0, 0, 0, 0 }
 /* True when @queued (the count a push just made, or read) leaves more than
  * PERCPUREF_CALLBACK_BACKLOG items of @b not run, and @b is not stalled.
  * Lock-free. */

@@ -644,12 +644,7 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 			pthread_mutex_lock(switch_lock_of(ref));
 			if (ran_queue)
 				continue;
-			clock_gettime(CLOCK_REALTIME, &until);	/* the condvar's clock */
-			until.tv_nsec += 50 * 1000 * 1000;
-			if (until.tv_nsec >= 1000000000L) {
-				until.tv_sec++;
-				until.tv_nsec -= 1000000000L;
-			}
+			percpuref_realtime_deadline(&until, 50);
 			wait_switch_ended(ref, &until);
 			continue;
 		}

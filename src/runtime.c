@@ -458,27 +458,18 @@ bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued)
 	 * lost 80% of its time; never re-armed before the backlog was down to
 	 * half, which a killer faster than the thread never lets it be, one
 	 * slow callback turned pacing off for good. */
-	/* Relaxed, here and below: hints (internal.h). */
-	if (__atomic_load_n(&b->stalled, __ATOMIC_RELAXED)) {
-		if (__atomic_load_n(&b->ran, __ATOMIC_RELAXED) -
-			    __atomic_load_n(&b->stalled_at, __ATOMIC_RELAXED) <
-		    __atomic_load_n(&b->rearm_items, __ATOMIC_RELAXED))
-			return false;
-		__atomic_store_n(&b->stalled, false, __ATOMIC_RELAXED);
-	}
+	/* Relaxed, here and below: hints (internal.h).  rearm_items is 0
+	 * but after a stall, so a push reads ran only then. */
+	unsigned long rearm = __atomic_load_n(&b->rearm_items, __ATOMIC_RELAXED);
+
+	if (rearm && __atomic_load_n(&b->ran, __ATOMIC_RELAXED) -
+			     __atomic_load_n(&b->stalled_at, __ATOMIC_RELAXED) <
+		     rearm)
+		return false;
 	/* The finished batches' count: up to a batch behind the items run,
 	 * which the wait then finds past its target at once.  Signed: done
 	 * may be newer than queued. */
 	return (long)(queued - __atomic_load_n(b->done, __ATOMIC_RELAXED)) > (long)backlog_limit;
-}
-
-/* Ms since @start (CLOCK_MONOTONIC). */
-static long ms_since(const struct timespec *start)
-{
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (now.tv_sec - start->tv_sec) * 1000 + (now.tv_nsec - start->tv_nsec) / 1000000;
 }
 
 void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
@@ -486,7 +477,7 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 	/* Run up to the caller's push but half the limit: what others queue
 	 * later cannot keep it waiting. */
 	unsigned long target = queued - backlog_limit / 2, ran_before;
-	struct timespec start;
+	uint64_t start;
 	bool stalled = false;
 	int cancel;
 
@@ -494,7 +485,7 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 	    percpuref_holds_batch_lock() || urcu_bp_read_ongoing())
 		return;
 	cancel = percpuref_cancel_disable();
-	clock_gettime(CLOCK_MONOTONIC, &start);
+	start = percpuref_monotonic_ns();
 	pthread_mutex_lock(b->lock);
 	ran_before = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
 	for (;;) {
@@ -506,15 +497,12 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 		 * sections') made larger, or items each of nearly a stall,
 		 * kept a paced caller for seconds to hours. */
 		if (!b->thread->running || (long)(target - ran) <= 0 ||
-		    ran - ran_before >= backlog_limit || ms_since(&start) >= BACKLOG_WAIT_MAX_MS)
+		    ran - ran_before >= backlog_limit ||
+		    percpuref_monotonic_ns() - start >= BACKLOG_WAIT_MAX_MS * UINT64_C(1000000))
 			break;
-		/* The condition variables wait on CLOCK_REALTIME, the default.
-		 * Woken at each batch's end, and at least every stall's
+		/* Woken at each batch's end, and at least every stall's
 		 * length to look at ran. */
-		clock_gettime(CLOCK_REALTIME, &deadline);
-		deadline.tv_nsec += BACKLOG_STALL_MS * 1000000L;
-		deadline.tv_sec += deadline.tv_nsec / 1000000000L;
-		deadline.tv_nsec %= 1000000000L;
+		percpuref_realtime_deadline(&deadline, BACKLOG_STALL_MS);
 		if (pthread_cond_timedwait(b->progress, b->lock, &deadline) == ETIMEDOUT &&
 		    __atomic_load_n(&b->ran, __ATOMIC_RELAXED) == ran) {
 			stalled = true;
@@ -535,7 +523,6 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 				 __ATOMIC_RELAXED);
 		__atomic_store_n(&b->stalled_at, __atomic_load_n(&b->ran, __ATOMIC_RELAXED),
 				 __ATOMIC_RELAXED);
-		__atomic_store_n(&b->stalled, true, __ATOMIC_RELAXED);
 		b->stalls++;
 	} else {
 		__atomic_store_n(&b->rearm_items, 0, __ATOMIC_RELAXED);
@@ -1217,6 +1204,17 @@ uint64_t percpuref_monotonic_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+void percpuref_realtime_deadline(struct timespec *deadline, unsigned long ms)
+{
+	clock_gettime(CLOCK_REALTIME, deadline);
+	deadline->tv_sec += (time_t)(ms / 1000);
+	deadline->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (deadline->tv_nsec >= 1000000000L) {
+		deadline->tv_sec++;
+		deadline->tv_nsec -= 1000000000L;
+	}
 }
 
 unsigned long percpuref_fence_stamp(void)
