@@ -138,6 +138,23 @@ def read_reference(path):
         if any(v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
                                   or not math.isfinite(v)) for v in row["values"].values()):
             raise InputError(f"{path}: row {i}: values must be finite numbers or null")
+        # The x axis of its curves, and the key the tables match rows on.
+        for key in ("threads", "groups"):
+            x = row.get(key)
+            if x is not None and (not isinstance(x, int) or isinstance(x, bool) or x < 1):
+                raise InputError(f"{path}: row {i}: \"{key}\" must be a whole number from 1")
+    # Other metrics than efficiency are read relative to each column's
+    # first figure.
+    if ref.get("metric") != "efficiency":
+        first = {}
+        for row in ref["rows"]:
+            for key, v in row["values"].items():
+                if v is not None:
+                    first.setdefault(key, v)
+        bad = sorted(key for key, v in first.items() if v <= 0)
+        if bad:
+            raise InputError(f"{path}: column \"{bad[0]}\": its first figure must be above 0, "
+                             f"the others being read relative to it")
     return ref
 
 
@@ -245,6 +262,8 @@ def plot_workload(plt, workload, series, path, throughput, refs=()):
         for k, ((variant, run), points) in enumerate(series.items()):
             xs = sorted(points)
             label = variant if len(runs) == 1 else f"{variant} ({run[0]} {run[1]})".strip()
+            if any(rec.get("processes") for rec in points.values()):
+                label += ", one-thread processes"
             if panel == "efficiency":
                 ys = [points[t].get("efficiency") for t in xs]
                 ys = [None if y is None else 100 * y for y in ys]

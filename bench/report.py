@@ -42,6 +42,10 @@ def load_results(path, case):
     runs = {run_id(r) for r in recs}
     if len(runs) > 1:
         raise InputError(f"{path}: holds {len(runs)} runs (started, hostname); want one")
+    # The reports measured threads sharing one object; processes share none.
+    if any(r.get("processes") for r in recs):
+        raise InputError(f"{path}: a --processes run, whose processes share no object; "
+                         f"the reports measured threads that share one")
     return recs
 
 

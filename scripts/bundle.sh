@@ -92,7 +92,8 @@ cat >"$bundle/run.sh" <<'RUN'
 # and the three seed cases (labels, creds, signal1).  Each point
 # is the median of 3 interleaved runs of 0.5 s (--quick: one run of 0.2 s,
 # and a short anatomy).  --threads is passed to every percpuref-bench workload
-# (default: each workload's, 1, 2, 4, ... all CPUs; anatomy runs one).
+# but managed-scan (default: each workload's, 1, 2, 4, ... all CPUs;
+# anatomy and managed-scan run one).
 # Tables go to standard output and DIR/WORKLOAD.txt, JSON Lines to
 # DIR/WORKLOAD.json (DIR: default results-HOSTNAME).
 set -euo pipefail
@@ -143,20 +144,31 @@ for w in "${workloads[@]}"; do
 	fi
 done
 
-# A bad --threads fails here, before machine.txt and the first table are
-# overwritten (it failed in the first workload, with both already lost).
-# More threads than CPUs only where signal1, which takes them by design,
-# is the only workload that uses --threads.
-over=(--oversubscribe)
+# args_for WORKLOAD: the arguments its run gets, in the array args.
+# managed-scan measures one scan at a time, and runs one thread whatever
+# --threads says.
+args_for() {
+	args=(--repeat "$repeat" --duration "$duration")
+	[[ $1 == managed-scan ]] || args+=("${threads[@]}")
+	if [[ $1 == switch-storm-in-flight ]]; then
+		args=(switch-storm --in-flight 16 "${args[@]}")
+	else
+		args=("$1" "${args[@]}")
+	fi
+}
+
+# Every workload's arguments are checked (percpuref-bench --dry-run: a bad
+# --threads, or one that signal1's limit on pending signals refuses) before
+# machine.txt and the first table are overwritten: a bad --threads failed
+# in the first workload, with both already lost.
 for w in "${workloads[@]}"; do
-	[[ $w == signal1 || $w == anatomy ]] || over=()
+	[[ $w == anatomy ]] && continue
+	args_for "$w"
+	if ! "$bench" "${args[@]}" --dry-run >/dev/null; then
+		echo "run.sh: $w: bad arguments (see above)" >&2
+		exit 2
+	fi
 done
-if ((${#threads[@]})) &&
-	! "$bench" micro "${threads[@]}" --variants private --duration 0.001 "${over[@]}" \
-		>/dev/null; then
-	echo "run.sh: bad ${threads[*]} (see above)" >&2
-	exit 2
-fi
 if ! mkdir -p -- "$out" 2>/dev/null || [[ ! -w $out ]]; then
 	echo "run.sh: --out $out is not a folder this user can write" >&2
 	exit 2
@@ -171,12 +183,9 @@ for w in "${workloads[@]}"; do
 	echo
 	if [[ $w == anatomy ]]; then
 		"$here/bin/percpuref-anatomy" "${anatomy[@]}" | tee "$out/anatomy.txt"
-	elif [[ $w == switch-storm-in-flight ]]; then
-		"$bench" switch-storm --in-flight 16 --repeat "$repeat" --duration "$duration" \
-			"${threads[@]}" --json "$out/$w.json" | tee "$out/$w.txt"
 	else
-		"$bench" "$w" --repeat "$repeat" --duration "$duration" "${threads[@]}" \
-			--json "$out/$w.json" | tee "$out/$w.txt"
+		args_for "$w"
+		"$bench" "${args[@]}" --json "$out/$w.json" | tee "$out/$w.txt"
 	fi
 done
 RUN

@@ -7,7 +7,7 @@
  *                   [--duration S] [--repeat N] [--stat median|best]
  *                   [--baseline N] [--oversubscribe] [--processes]
  *                   [--hang-limit S]
- *                   [--json FILE|-] [--list] [workload options]
+ *                   [--json FILE|-] [--dry-run] [--list] [workload options]
  *   percpuref-bench --help | --list | --topology | --version
  *
  * Workloads register themselves (PERCPUREF_BENCH_WORKLOAD() in bench.h) by
@@ -114,6 +114,7 @@ enum {
 	OPT_BASELINE,
 	OPT_JSON,
 	OPT_LIBRARY_CPUS,
+	OPT_DRY_RUN,
 	OPT_LIST,
 	OPT_HELP,
 	OPT_WORKLOAD,	/* + index of the workload's option */
@@ -131,6 +132,7 @@ static const struct option common_options[] = {
 	{ "baseline", required_argument, NULL, OPT_BASELINE },
 	{ "json", required_argument, NULL, OPT_JSON },
 	{ "library-cpus", required_argument, NULL, OPT_LIBRARY_CPUS },
+	{ "dry-run", no_argument, NULL, OPT_DRY_RUN },
 	{ "list", no_argument, NULL, OPT_LIST },
 	{ "help", no_argument, NULL, OPT_HELP },
 };
@@ -238,6 +240,7 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"  --library-cpus LIST CPUs the library's threads (callback thread, reclaimer) run on\n"
 		"                      (\"0-3,8\"; default: $PERCPUREF_LIBRARY_CPUS, else where the\n"
 		"                      thread whose call starts them may run)\n"
+		"  --dry-run           check everything given and print the plan, measure nothing\n"
 		"  --list              list workloads, or the workload's variants and options\n"
 		"  --topology          (no workload) print the usable CPUs in placement order\n"
 		"                      and the per-CPU fast path this process uses\n"
@@ -498,6 +501,7 @@ struct cli {
 	const char *library_cpus;
 	unsigned int baseline;	/* 0: not given (one thread) */
 	bool oversubscribe;
+	bool dry_run;
 	bool list;
 };
 
@@ -615,6 +619,9 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			break;
 		case OPT_LIBRARY_CPUS:
 			cli->library_cpus = optarg;
+			break;
+		case OPT_DRY_RUN:
+			cli->dry_run = true;
 			break;
 		case OPT_LIST:
 		case OPT_HELP:
@@ -745,13 +752,19 @@ static void plan_report(struct report *r, const struct cli *cli)
 static void run_schedule(struct report *r)
 {
 	unsigned int points = r->nthreads * r->nvariants, total = r->repeat * points, done = 0;
-	/* Each point: its window, its warm-up, and about as much again. */
+	/* Each point: its window and its warm-up, a fifth of it. */
 	bool progress = isatty(STDERR_FILENO) && total * r->duration * 1.2 > PROGRESS_AFTER_S;
 	double start = bench_seconds();
-	time_t now = time(NULL);
+	struct timespec now;
 	struct tm tm;
+	size_t len;
 
-	strftime(r->started, sizeof(r->started), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
+	/* To the microsecond: with the host name it tells runs apart, and
+	 * two short runs often start within one second. */
+	clock_gettime(CLOCK_REALTIME, &now);
+	len = strftime(r->started, sizeof(r->started), "%Y-%m-%dT%H:%M:%S",
+		       gmtime_r(&now.tv_sec, &tm));
+	snprintf(r->started + len, sizeof(r->started) - len, ".%06ldZ", now.tv_nsec / 1000);
 	for (unsigned int k = 0; k < r->repeat; k++) {
 		for (unsigned int i = 0; i < points; i++) {
 			struct result *res = &r->results[i];
@@ -896,8 +909,13 @@ static FILE *open_json_early(const char *path)
 	int fd;
 
 	if (!stat(path, &st) && !S_ISREG(st.st_mode)) {
-		f = fopen(path, "w");
-		if (!f)
+		/* A FIFO with no reader yet: ENXIO, where a blocking open
+		 * waited for one, saying nothing. */
+		fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+		if (fd < 0 && errno == ENXIO)
+			bench_die("%s: a FIFO with no reader: start its reader first", path);
+		if (fd < 0 || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) ||
+		    !(f = fdopen(fd, "w")))
 			bench_die("%s: %m", path);
 		return f;
 	}
@@ -916,6 +934,45 @@ static FILE *open_json_early(const char *path)
 		bench_die("%s: %m", path);
 	fclose(f);
 	return NULL;
+}
+
+/*
+ * --dry-run: the rows, columns and points a run would measure, and an
+ * estimate of its length, once everything given has been checked as a
+ * run checks it; a --json FILE is checked without being created.
+ */
+static void print_plan(const struct report *r, const struct cli *cli)
+{
+	unsigned int points = r->nthreads * r->nvariants * r->repeat;
+
+	if (cli->json && strcmp(cli->json, "-")) {
+		char *dir = strdup(cli->json), *slash;
+		struct stat st;
+
+		if (!dir)
+			bench_die("out of memory");
+		slash = strrchr(dir, '/');
+		if (slash)
+			slash[slash == dir] = '\0';	/* "/x": the root */
+		if (!stat(cli->json, &st) && S_ISDIR(st.st_mode))
+			errno = EISDIR;
+		else if (access(cli->json, F_OK) ? !access(slash ? dir : ".", W_OK | X_OK)
+						 : !access(cli->json, W_OK))
+			errno = 0;
+		if (errno)
+			bench_die("%s: %m", cli->json);
+		free(dir);
+	}
+	printf("%s: %u thread row%s (", r->workload->name, r->nthreads, r->nthreads == 1 ? "" : "s");
+	for (unsigned int i = 0; i < r->nthreads; i++)
+		printf("%s%u", i ? "," : "", r->threads[i]);
+	printf(") x %u variant%s (", r->nvariants, r->nvariants == 1 ? "" : "s");
+	for (unsigned int i = 0; i < r->nvariants; i++)
+		printf("%s%s", i ? "," : "", r->variants[i]->name);
+	/* Each point: its window and its warm-up, a fifth of it. */
+	printf(") x %u repetition%s: %u points, %.1f s of windows and warm-ups (set-ups not "
+	       "counted)\n", r->repeat, r->repeat == 1 ? "" : "s", points,
+	       points * r->duration * 1.2);
 }
 
 static void release_nothing(struct percpu_ref *ref)
@@ -1041,6 +1098,10 @@ int main(int argc, char **argv)
 	place_library_threads(&r, &cli);
 	topology_read(&topo);
 	plan_report(&r, &cli);
+	if (cli.dry_run) {
+		print_plan(&r, &cli);
+		return finish_stdout();
+	}
 	if (cli.json && !strcmp(cli.json, "-")) {
 		json_out = stdout;
 		table_out = stderr;

@@ -95,6 +95,21 @@ check "and machine.txt kept" cmp -s "$tmp/machine.before" "$tmp/res/machine.txt"
 check "and micro.txt kept" test -s "$tmp/res/micro.txt"
 check "run.sh --quick --threads $over signal1" \
 	status_of 0 "$run" --quick --threads "$over" --out "$tmp/res" signal1
+# Every workload is checked before anything is written, with its own
+# arguments: a --threads that signal1's limit on pending signals refuses
+# (it failed after machine.txt and micro.txt were overwritten) ...
+cp "$tmp/res/machine.txt" "$tmp/machine.before"
+check "run.sh --threads 1 micro signal1, 0 pending signals allowed: exit 2" \
+	status_of 2 prlimit --sigpending=0 "$run" --threads 1 --out "$tmp/res" micro signal1
+check "naming signal1's limit" grep -q 'signal1: bad arguments' "$tmp/err"
+check "and machine.txt kept" cmp -s "$tmp/machine.before" "$tmp/res/machine.txt"
+# ... and managed-scan, one scan at a time, runs one thread whatever
+# --threads says (two refused it after the others had run).
+check "run.sh --quick --threads 1,2 managed-scan" \
+	status_of 0 "$run" --quick --threads 1,2 --out "$tmp/res" managed-scan
+check "managed-scan.json has one-thread rows only" \
+	sh -c "grep -q '\"threads\":1,' '$tmp/res/managed-scan.json' &&
+	       ! grep -q '\"threads\":[02-9]' '$tmp/res/managed-scan.json'"
 check "micro.json has a row per variant" \
 	sh -c "[ \$(grep -c '\"variant\"' '$tmp/res/micro.json') -ge 4 ]"
 check "machine.txt names the fast path" grep -q "fast path" "$tmp/res/machine.txt"

@@ -988,6 +988,43 @@ for v in ("private", "kref"):
 	fi
 fi
 
+# managed-scan measures one scan at a time: at two threads the flushes
+# shared scans and counted as scans that never ran.
+expect 2 managed-scan --threads 1,2 --oversubscribe --variants filtered-1k $short
+grep -q 'one thread only' "$tmp/err" ||
+	{ echo "FAIL: managed-scan --threads 1,2: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+
+# --dry-run: everything checked as a run checks it, the plan printed,
+# nothing measured and no --json file made.
+expect 0 micro --dry-run --threads 1 --variants private,kref --repeat 2 --json "$tmp/dry.json"
+if grep -qx 'micro: 1 thread row (1) x 2 variants (private,kref) x 2 repetitions: 4 points, .*' \
+	"$tmp/out" && [ ! -e "$tmp/dry.json" ]; then
+	echo "ok: --dry-run printed the plan and wrote no file"
+else
+	echo "FAIL: --dry-run: $(head -1 "$tmp/out")"
+	fails=$((fails + 1))
+fi
+expect 2 micro --dry-run --threads 0
+expect 2 managed-scan --dry-run --threads 2 --oversubscribe
+expect 1 micro --dry-run --json "$tmp/nosuch/dry.json"
+mkdir "$tmp/dir.json"
+expect 1 micro --dry-run --json "$tmp/dir.json"
+expect 1 micro --threads 1 --variants private $short --json "$tmp/dir.json"
+
+# A FIFO with no reader: a clear error at once, where the open waited for
+# a reader, saying nothing (as timeout's 124 would show).
+if mkfifo "$tmp/fifo" 2>/dev/null; then
+	timeout 20 "$bench" micro --threads 1 --variants private $short --json "$tmp/fifo" \
+		>"$tmp/out" 2>"$tmp/err"
+	got=$?
+	if [ "$got" -eq 1 ] && grep -q 'a FIFO with no reader' "$tmp/err"; then
+		echo "ok: --json on a FIFO with no reader -> 1"
+	else
+		echo "FAIL: --json on a FIFO with no reader: exit $got: $(head -1 "$tmp/err")"
+		fails=$((fails + 1))
+	fi
+fi
+
 # The flagged table row and its footnote.
 "$bench" signal1 --threads "$over" --variants cached $short >"$tmp/out" 2>&1
 if grep -q "^ *$over! " "$tmp/out" && grep -q '^! oversubscribed' "$tmp/out"; then

@@ -78,6 +78,44 @@ expect 2 "$report" --results "$tmp/r" --reference-dir "$tmp/refs"
 sed 's/"started":"[^"]*"/"started":"2000-01-01T00:00:00Z"/' "$tmp/labels.json" >"$tmp/other.json"
 cat "$tmp/labels.json" "$tmp/other.json" >"$tmp/r/labels.json"
 expect 2 "$report" --results "$tmp/r"
+# Two runs that started within one second are two runs: "started" has
+# microseconds (to the second, a threads run and a --processes run made
+# back to back were one series, the first's rows replaced by the second's).
+"$bench" labels $short --variants off --json "$tmp/one.json" >/dev/null
+"$bench" labels $short --variants off --json "$tmp/two.json" >/dev/null
+cat "$tmp/one.json" "$tmp/two.json" >"$tmp/r/labels.json"
+expect 2 "$report" --results "$tmp/r"
+grep -q 'holds 2 runs' "$tmp/err" ||
+	{ echo "FAIL: two runs in one second: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+# A --processes run beside the reports' shared-object figures: refused
+# (report.py), labelled (plot.py).
+if "$bench" labels $short --variants off --processes --json "$tmp/r/labels.json" >/dev/null; then
+	expect 2 "$report" --results "$tmp/r"
+	grep -q 'a --processes run' "$tmp/err" ||
+		{ echo "FAIL: report.py --processes: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+fi
+# A reference whose figures are read relative to a first one of 0, or
+# whose rows' thread counts are not counts: a ZeroDivisionError, a
+# TypeError.
+"$bench" signal1 --threads 1 --duration 0.02 --variants global --json "$tmp/signal1.json" \
+	>/dev/null || { echo "FAIL: percpuref-bench signal1"; exit 1; }
+sed '0,/"before": *[0-9.]*/s//"before": 0/' "$root/bench/reference/signal1.json" \
+	>"$tmp/refs/signal1.json"
+grep -q '"before": 0' "$tmp/refs/signal1.json" ||
+	{ echo "FAIL: py_tools.sh: signal1.json's column names changed"; fails=$((fails + 1)); }
+expect 2 "$plot" "$tmp/signal1.json" -o "$tmp/x.png" --reference "$tmp/refs/signal1.json"
+cp "$tmp/signal1.json" "$tmp/r/signal1.json"
+cp "$tmp/labels.json" "$tmp/r/labels.json"
+cp "$root/bench/reference/labels.json" "$tmp/refs/"
+expect 2 "$report" --results "$tmp/r" --reference-dir "$tmp/refs"
+grep -q 'signal1.json: column "before"' "$tmp/err" ||
+	{ echo "FAIL: a first figure of 0: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+rm "$tmp/r/signal1.json"
+for threads in 0 '"8"' '[8]' true; do
+	sed "s/\"threads\": *[0-9]*/\"threads\": $threads/" "$root/bench/reference/labels.json" \
+		>"$tmp/refs/labels.json"
+	expect 2 "$plot" "$tmp/labels.json" -o "$tmp/x.png" --reference "$tmp/refs/labels.json"
+done
 # Only oversubscribed rows: no row within the CPUs to compare (max() of
 # nothing).
 cpus=$("$bench" --topology | sed -n 's/^machine: .*; \([0-9]*\) of .*/\1/p')
