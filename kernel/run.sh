@@ -22,6 +22,10 @@
 # that sleep), and step 5's builds then find little or nothing left to do.
 # A build that fails here is only logged: step 5 builds again and reports.
 #
+# --install: step 1 alone.  scripts/test.sh runs it first, before the
+# userspace suites' packages are installed, so that the preparation can
+# run while they are (apt's lock admits one installation at a time).
+#
 # --prefixes (not part of the test command): builds the x86_64 kernel for
 # every prefix of the series and boots the unpatched and the fully patched
 # kernel, printing the boot checks whose results differ.
@@ -332,8 +336,15 @@ prefixes() {
 
 main() {
 	local t0 status=0 step
+	case ${1:-} in
+	"" | --install | --prepare | --prefixes) ;;
+	*)
+		echo "usage: kernel/run.sh [--install | --prepare | --prefixes]" >&2
+		return 2 ;;
+	esac
 	t0=$(now)
 	install_deps
+	[ "${1:-}" = --install ] && return
 	unpack
 	apply_series
 	case ${1:-} in

@@ -27,34 +27,22 @@
 # whole command must stay under ~25 minutes on 2 CPUs.
 # Then kernel/run.sh builds the kernel patch series on linux-source-6.12 and
 # runs checkpatch, its KUnit suites (UML and x86_64 under qemu) and its boot
-# test; KERNEL_TESTS=0 skips that part.  As root, its source is installed,
+# test; KERNEL_TESTS=0 skips that part.  As root, the kernel's packages are
+# installed first (kernel/run.sh --install), and its source is then
 # unpacked and patched, and its two KUnit kernels built, in the background
-# meanwhile (kernel/run.sh --prepare, at nice 19 and idle I/O priority, log in
-# build/kernel-prepare.log): it runs on the CPU time the userspace stages
-# leave idle and barely slows them.  (Not as another user: sudo would ask
-# for a password where nobody sees it.)
+# from there on (kernel/run.sh --prepare, at nice 19 and idle I/O priority,
+# log in build/kernel-prepare.log): it runs on the CPU time that installing
+# the other packages and the userspace stages leave idle, and barely slows
+# them.  On a fresh Debian 12 (a debootstrap chroot) installing the
+# userspace packages took 132 s, a CPU's worth that the kernel's builds
+# now share, where they started after it.  (Not as another user: sudo
+# would ask for a password where nobody sees it.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export STRESS_SECONDS=${STRESS_SECONDS:-8}
 if ! [[ $STRESS_SECONDS =~ ^[1-9][0-9]{0,5}$ ]]; then
   echo "scripts/test.sh: STRESS_SECONDS=$STRESS_SECONDS: want whole seconds, 1 to 999999" >&2
   exit 2
-fi
-scripts/deps.sh
-
-kernel_prepare=""
-if [ "${KERNEL_TESTS:-1}" != 0 ] && [ "$(id -u)" -eq 0 ]; then
-  mkdir -p build
-  # Its own process group (setsid), so that an early exit stops its tar,
-  # git, apt and make too, not only the shell that runs them.  A new
-  # session is a new scheduler autogroup, and the kernel shares the CPUs
-  # fairly between autogroups whatever their tasks' nice values (a niced
-  # build got half the CPUs from the suites): the group itself is niced.
-  setsid sh -c 'echo 19 2>/dev/null >/proc/self/autogroup
-                exec nice -n 19 ionice -c 3 kernel/run.sh --prepare' \
-    >build/kernel-prepare.log 2>&1 </dev/null &
-  kernel_prepare=$!
-  trap 'kill -- -"$kernel_prepare" 2>/dev/null || true' EXIT
 fi
 
 # stage NAME: starts timing a stage (and ends the previous one's); the
@@ -70,6 +58,28 @@ stage() {
   stage_start=$SECONDS
   echo "=== $1"
 }
+
+kernel_prepare=""
+if [ "${KERNEL_TESTS:-1}" != 0 ] && [ "$(id -u)" -eq 0 ]; then
+  stage "kernel series: its packages"
+  # If apt fails here, the full run installs them again and reports it;
+  # no preparation then, which would run apt beside deps.sh.
+  if kernel/run.sh --install; then
+    mkdir -p build
+    # Its own process group (setsid), so that an early exit stops its tar,
+    # git and make too, not only the shell that runs them.  A new session
+    # is a new scheduler autogroup, and the kernel shares the CPUs fairly
+    # between autogroups whatever their tasks' nice values (a niced build
+    # got half the CPUs from the suites): the group itself is niced.
+    setsid sh -c 'echo 19 2>/dev/null >/proc/self/autogroup
+                  exec nice -n 19 ionice -c 3 kernel/run.sh --prepare' \
+      >build/kernel-prepare.log 2>&1 </dev/null &
+    kernel_prepare=$!
+    trap 'kill -- -"$kernel_prepare" 2>/dev/null || true' EXIT
+  fi
+fi
+stage "packages"
+scripts/deps.sh
 
 jobs=$(nproc)
 half_stress_seconds=$(( (STRESS_SECONDS + 1) / 2 ))
