@@ -74,7 +74,9 @@
  * internal.h) and give the child only the forking thread's unit.  A fork
  * from a handler inside a section of its thread takes no library lock at
  * all (runtime.c, fork_prepare()): every fence in flight waits for that
- * section, holding this lock.
+ * section, holding this lock.  A registration holds the lock with the
+ * asynchronous signals blocked, so no handler's fork waits for it on the
+ * thread that holds it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -243,11 +245,20 @@ static int claim_unit(void)
 bool percpuref_reader_register(void)
 {
 	struct percpuref_reader *self = &percpuref_reader_self;
+	sigset_t async, old;
 	int unit;
 
-	/* A signal handler that interrupts this sees REGISTERING: atomic. */
+	/* A signal handler that interrupts this sees REGISTERING: atomic.
+	 * Only a synchronous signal's can: the others wait until the
+	 * registration is done, so that a handler that forks does not wait
+	 * for readers_lock, or for the allocator's lock that the exit hook's
+	 * first calloc() holds, on this very thread (both hung: a get or put
+	 * that a forking handler interrupts is allowed).  Two system calls,
+	 * once per thread. */
 	if (self->state != PERCPUREF_READER_NEW)
 		return false;
+	percpuref_sigfill_async(&async);
+	pthread_sigmask(SIG_BLOCK, &async, &old);
 	self->state = PERCPUREF_READER_REGISTERING;
 	pthread_mutex_lock(&readers_lock);
 	unit = claim_unit();
@@ -257,14 +268,14 @@ bool percpuref_reader_register(void)
 	}
 	if (unit < 0) {
 		self->state = PERCPUREF_READER_ATOMIC;
-		pthread_mutex_unlock(&readers_lock);
-		return false;
+	} else {
+		self->unit = (unsigned int)unit;
+		self->ctr = &unit_records[unit].ctr;
+		self->state = PERCPUREF_READER_UNIT;
 	}
-	self->unit = (unsigned int)unit;
-	self->ctr = &unit_records[unit].ctr;
-	self->state = PERCPUREF_READER_UNIT;
 	pthread_mutex_unlock(&readers_lock);
-	return true;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return unit >= 0;
 }
 
 /* True while @rec's owner is in a section that began before the period @gp. */

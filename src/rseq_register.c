@@ -31,12 +31,14 @@
  * never registers again, and any later call on it (another key destructor)
  * takes the atomic count.  A fork child's thread keeps its registration:
  * the kernel copies it to the child along with the memory, TLS and hook.
- * A signal handler that interrupts a registration finds the thread
+ * Asynchronous signals are blocked during a registration (own_register());
+ * a synchronous signal's handler that interrupts one finds the thread
  * REGISTERING and takes the fallback for that call.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -86,21 +88,33 @@ static void own_unregister(void *unused)
 		__atomic_fetch_sub(&own_threads, 1, __ATOMIC_RELAXED);
 }
 
-/* Registers this thread's own area; true when it is registered now. */
+/*
+ * Registers this thread's own area; true when it is registered now.
+ * Asynchronous signals wait until it is done: the exit hook's first
+ * calloc() holds the allocator's lock, which a handler's fork takes (it
+ * hung; a get or put that a forking handler interrupts is allowed).  Two
+ * system calls, once per thread.
+ */
 static bool own_register(void)
 {
+	sigset_t async, old;
+	bool registered = false;
+
+	percpuref_sigfill_async(&async);
+	pthread_sigmask(SIG_BLOCK, &async, &old);
 	own_state = OWN_REGISTERING;
 	if (sys_rseq(&own_area, 0) != 0) {
 		own_state = OWN_RETIRED;
-		return false;
+	} else {
+		__atomic_fetch_add(&own_threads, 1, __ATOMIC_RELAXED);
+		registered = percpuref_at_thread_exit(own_unregister, NULL);
+		if (registered)
+			own_state = OWN_REGISTERED;
+		else
+			own_unregister(NULL);
 	}
-	__atomic_fetch_add(&own_threads, 1, __ATOMIC_RELAXED);
-	if (!percpuref_at_thread_exit(own_unregister, NULL)) {
-		own_unregister(NULL);
-		return false;
-	}
-	own_state = OWN_REGISTERED;
-	return true;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return registered;
 }
 
 /* glibc >= 2.35 (<sys/rseq.h>, declared here for older headers). */
