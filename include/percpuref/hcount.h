@@ -161,7 +161,8 @@ PERCPUREF_API int hcount_tree_create(struct hcount_tree **treep, unsigned int nr
 
 /*
  * hcount_tree_destroy - free a tree whose root has no children and no own
- * units left (else -EBUSY, nothing freed).  0 on success.
+ * units left (else -EBUSY, nothing freed).  0 on success; -EINVAL (warned)
+ * for a NULL tree.
  */
 PERCPUREF_API int hcount_tree_destroy(struct hcount_tree *tree);
 
@@ -170,7 +171,7 @@ PERCPUREF_API int hcount_tree_destroy(struct hcount_tree *tree);
  * the registry for every namespace and type.  Meaningful only while no
  * charge, uncharge or set_limit is in progress; excludes creates, destroys
  * and drains itself.  Returns 0, or -EUCLEAN after printing the first
- * violation on stderr.
+ * violation on stderr; -EINVAL (warned) for a NULL tree.
  */
 PERCPUREF_API int hcount_tree_check(struct hcount_tree *tree);
 

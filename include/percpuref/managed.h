@@ -73,8 +73,9 @@ PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_
  * list that started after the call has finished.  0; -EDEADLK (warned) from
  * a callback run by a library thread, by percpuref_shutdown() or by a call
  * running queued work itself (no thread can start), or inside an RCU
- * read-side section (it would wait for itself); -ENOMEM (warned) if a pass
- * cannot start for want of memory (the refs wait for the reclaimer's next
+ * read-side section (it would wait for itself); -ENOMEM if a pass cannot
+ * start for want of memory (warned the first time, and again after one
+ * could start) (the refs wait for the reclaimer's next
  * interval, or the next flush).  Needs no thread: while the reclaimer
  * cannot start, the caller scans, and the releases run on it.
  */

@@ -11,7 +11,9 @@
  * ref) the library calls @unpublish at once: remove the object from every
  * structure where readers can find it.  Then it waits for an RCU grace
  * period that starts after @unpublish returned and calls @release on the
- * reclaimer thread: no reader can still hold a pointer it found before, so
+ * reclaimer thread (or on the thread of a percpuref_shutdown(), which exit()
+ * runs too, or of a barrier or flush that runs the queue itself because no
+ * thread can start): no reader can still hold a pointer it found before, so
  * @release may percpu_rcuref_exit() and free the object.
  *
  * RCU flavour: liburcu-bp (link with liburcu-bp; pkg-config percpuref pulls

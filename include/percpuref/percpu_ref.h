@@ -35,7 +35,9 @@
  * thread for percpu_ref_switch_to_atomic_sync().  While that thread cannot
  * start, a call that waits for its work (a barrier, an exit, a mode call)
  * runs the work on the calling thread, under the caller's locks.  A managed ref is released
- * by the reclaimer thread only (docs/managed.md).  Confirm callbacks
+ * by the reclaimer thread, or by the thread of a percpuref_shutdown() (at
+ * exit() too), or of a percpu_ref_managed_flush() that scans itself because
+ * no thread can start (docs/managed.md).  Confirm callbacks
  * (kill_and_confirm, switch_to_atomic) run on the callback thread, or on the
  * caller's thread when the ref was already atomic.  Callbacks may free the
  * object, call percpu_ref_exit() on the ref they were called for (@release
@@ -261,7 +263,9 @@ PERCPUREF_API void **__percpu_ref_poll_owner(void);
  * percpu_ref_switch_to_managed - put @ref under the manager: the library's
  * reclaimer takes a reference of its own, switches the ref to (and keeps it
  * in) per-CPU mode, checks it periodically and calls @release, exactly
- * once, on its own thread, once the manager's is the only reference left.
+ * once, once the manager's is the only reference left: on its own thread,
+ * or on the thread of a percpuref_shutdown() (at exit() too) or of a flush
+ * that scans itself because no thread can start.
  * Every reference the caller held before, the initial one included, stays
  * the caller's, to drop with percpu_ref_put(); nobody kills a managed ref.
  * The ref must be live (never killed, count above zero) and allowed to
@@ -310,7 +314,8 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
  * before the library's first use (an atexit() handler registered then),
  * and once more after all of them.  Not from a callback on one of the
  * library's threads, nor from shutdown, nor from a callback that a poll or
- * a wait running the queued work itself runs (warned, does nothing).
+ * a wait running the queued work itself runs, nor inside an RCU read-side
+ * section, where it would wait for itself (warned, does nothing).
  */
 PERCPUREF_API void percpuref_shutdown(void);
 
