@@ -1037,13 +1037,46 @@ static void hold_closed_streams(void)
 			return;	/* no /dev/null (a bare sandbox): as it was */
 }
 
+/* Measures every point of @r and writes the table and the JSON. */
+static void measure_and_report(struct report *r, const struct cli *cli)
+{
+	FILE *table_out = stdout, *json_out = NULL;
+
+	if (cli->json && !strcmp(cli->json, "-")) {
+		json_out = stdout;
+		table_out = stderr;
+	} else if (cli->json) {
+		json_out = open_json_early(cli->json);
+	}
+
+	run_schedule(r);
+	compute_results(r);
+	warn_empty_samples(r);
+	report_table(table_out, r);
+	/* With --json -, the table went to standard error. */
+	if (table_out != stdout)
+		check_written(table_out, "standard error");
+	if (cli->json) {
+		if (!json_out && !(json_out = fopen(cli->json, "w")))
+			bench_die("%s: %m", cli->json);
+		report_json(json_out, r);
+		/* A full disk or a closed pipe: the results did not get out.
+		 * Standard output is checked by the caller. */
+		if (json_out != stdout) {
+			bool failed = ferror(json_out);
+
+			if (fclose(json_out) || failed)
+				bench_die("%s: cannot write the results", cli->json);
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
 	struct topology topo;
 	struct report r = { .repeat = 1, .stat = "median", .duration = 0.5, .hang_limit = 60,
 			    .topo = &topo, .baseline = 1 };
 	struct cli cli = { 0 };
-	FILE *table_out = stdout, *json_out = NULL;
 
 	/* Before anything opens a file. */
 	hold_closed_streams();
@@ -1098,37 +1131,10 @@ int main(int argc, char **argv)
 	place_library_threads(&r, &cli);
 	topology_read(&topo);
 	plan_report(&r, &cli);
-	if (cli.dry_run) {
+	if (cli.dry_run)
 		print_plan(&r, &cli);
-		return finish_stdout();
-	}
-	if (cli.json && !strcmp(cli.json, "-")) {
-		json_out = stdout;
-		table_out = stderr;
-	} else if (cli.json) {
-		json_out = open_json_early(cli.json);
-	}
-
-	run_schedule(&r);
-	compute_results(&r);
-	warn_empty_samples(&r);
-	report_table(table_out, &r);
-	/* With --json -, the table went to standard error. */
-	if (table_out != stdout)
-		check_written(table_out, "standard error");
-	if (cli.json) {
-		if (!json_out && !(json_out = fopen(cli.json, "w")))
-			bench_die("%s: %m", cli.json);
-		report_json(json_out, &r);
-		/* A full disk or a closed pipe: the results did not get out.
-		 * Standard output is checked below. */
-		if (json_out != stdout) {
-			bool failed = ferror(json_out);
-
-			if (fclose(json_out) || failed)
-				bench_die("%s: cannot write the results", cli.json);
-		}
-	}
+	else
+		measure_and_report(&r, &cli);
 	finish_stdout();
 	free_report(&r);
 	topology_free(&topo);
