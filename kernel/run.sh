@@ -15,8 +15,8 @@
 #   6. boots that x86_64 kernel under qemu with 2 CPUs and the static init of
 #      kernel/boot/init.c, and fails if any of its checks fails.
 #
-# --prepare: steps 1-3, then the two KUnit kernels built (kunit.py build,
-# UML then x86_64), and no test.  scripts/test.sh runs it in the
+# --prepare: steps 2-3 (step 1 only checks: missing packages fail it), then
+# the two KUnit kernels built (kunit.py build, UML then x86_64), and no test.  scripts/test.sh runs it in the
 # background at the lowest priority while the userspace suites run: it
 # takes the CPU time they leave idle (cmake's configure steps, links, tests
 # that sleep), and step 5's builds then find little or nothing left to do.
@@ -55,6 +55,12 @@ install_deps() {
 			grep -q "install ok installed" || missing+=("$p")
 	done
 	[ ${#missing[@]} -eq 0 ] && return
+	# The background preparation runs beside scripts/deps.sh's apt: it
+	# installs nothing (--install did); the full run installs and reports.
+	if [ "${1:-}" = --prepare ]; then
+		log "missing ${missing[*]}: not installed by --prepare"
+		return 1
+	fi
 	log "installing ${missing[*]}"
 	[ "$(id -u)" -eq 0 ] || sudo=sudo
 	export DEBIAN_FRONTEND=noninteractive
@@ -343,7 +349,7 @@ main() {
 		return 2 ;;
 	esac
 	t0=$(now)
-	install_deps
+	install_deps "${1:-}"
 	[ "${1:-}" = --install ] && return
 	unpack
 	apply_series

@@ -254,11 +254,17 @@ bool percpuref_reader_register(void)
 	 * for readers_lock, or for the allocator's lock that the exit hook's
 	 * first calloc() holds, on this very thread (both hung: a get or put
 	 * that a forking handler interrupts is allowed).  Two system calls,
-	 * once per thread. */
+	 * once per thread: the state is read again once they are blocked, a
+	 * handler having perhaps registered the thread just before (it then
+	 * took a second unit, and gave only one back). */
 	if (self->state != PERCPUREF_READER_NEW)
 		return false;
 	percpuref_sigfill_async(&async);
 	pthread_sigmask(SIG_BLOCK, &async, &old);
+	if (self->state != PERCPUREF_READER_NEW) {
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		return self->state == PERCPUREF_READER_UNIT;
+	}
 	self->state = PERCPUREF_READER_REGISTERING;
 	pthread_mutex_lock(&readers_lock);
 	unit = claim_unit();

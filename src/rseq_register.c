@@ -93,7 +93,9 @@ static void own_unregister(void *unused)
  * Asynchronous signals wait until it is done: the exit hook's first
  * calloc() holds the allocator's lock, which a handler's fork takes (it
  * hung; a get or put that a forking handler interrupts is allowed).  Two
- * system calls, once per thread.
+ * system calls, once per thread: the state is read again once they are
+ * blocked, a handler having perhaps registered the thread just before (the
+ * second registration then failed, EBUSY, and retired the thread's area).
  */
 static bool own_register(void)
 {
@@ -102,6 +104,10 @@ static bool own_register(void)
 
 	percpuref_sigfill_async(&async);
 	pthread_sigmask(SIG_BLOCK, &async, &old);
+	if (own_state != OWN_UNREGISTERED) {
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		return own_state == OWN_REGISTERED;
+	}
 	own_state = OWN_REGISTERING;
 	if (sys_rseq(&own_area, 0) != 0) {
 		own_state = OWN_RETIRED;

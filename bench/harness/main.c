@@ -900,15 +900,23 @@ static bool is_stdout_file(const char *path)
  * left it there, empty, and one another process made between a look and a
  * creation was removed too.  Anything else (a pipe, /dev/null, a terminal)
  * is opened for writing now, once: opening it twice could block on a FIFO
- * or show its reader an early end.
+ * or show its reader an early end.  @dry_run (--dry-run): the same checks,
+ * but such a file is not opened (a directory is refused, another file
+ * needs write permission), and nothing is returned.
  */
-static FILE *open_json_early(const char *path)
+static FILE *open_json_early(const char *path, bool dry_run)
 {
 	struct stat st;
 	FILE *f;
 	int fd;
 
 	if (!stat(path, &st) && !S_ISREG(st.st_mode)) {
+		if (dry_run) {
+			errno = S_ISDIR(st.st_mode) ? EISDIR : 0;
+			if (errno || access(path, W_OK))
+				bench_die("%s: %m", path);
+			return NULL;
+		}
 		/* A FIFO with no reader yet: ENXIO, where a blocking open
 		 * waited for one, saying nothing. */
 		fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
@@ -945,24 +953,8 @@ static void print_plan(const struct report *r, const struct cli *cli)
 {
 	unsigned int points = r->nthreads * r->nvariants * r->repeat;
 
-	if (cli->json && strcmp(cli->json, "-")) {
-		char *dir = strdup(cli->json), *slash;
-		struct stat st;
-
-		if (!dir)
-			bench_die("out of memory");
-		slash = strrchr(dir, '/');
-		if (slash)
-			slash[slash == dir] = '\0';	/* "/x": the root */
-		if (!stat(cli->json, &st) && S_ISDIR(st.st_mode))
-			errno = EISDIR;
-		else if (access(cli->json, F_OK) ? !access(slash ? dir : ".", W_OK | X_OK)
-						 : !access(cli->json, W_OK))
-			errno = 0;
-		if (errno)
-			bench_die("%s: %m", cli->json);
-		free(dir);
-	}
+	if (cli->json && strcmp(cli->json, "-"))
+		open_json_early(cli->json, true);
 	printf("%s: %u thread row%s (", r->workload->name, r->nthreads, r->nthreads == 1 ? "" : "s");
 	for (unsigned int i = 0; i < r->nthreads; i++)
 		printf("%s%u", i ? "," : "", r->threads[i]);
@@ -1046,7 +1038,7 @@ static void measure_and_report(struct report *r, const struct cli *cli)
 		json_out = stdout;
 		table_out = stderr;
 	} else if (cli->json) {
-		json_out = open_json_early(cli->json);
+		json_out = open_json_early(cli->json, false);
 	}
 
 	run_schedule(r);

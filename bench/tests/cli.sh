@@ -1010,6 +1010,15 @@ expect 1 micro --dry-run --json "$tmp/nosuch/dry.json"
 mkdir "$tmp/dir.json"
 expect 1 micro --dry-run --json "$tmp/dir.json"
 expect 1 micro --threads 1 --variants private $short --json "$tmp/dir.json"
+# ... and what the run's own open refuses: a path through a file, a
+# dangling link into no folder, a loop of links (--dry-run passed them).
+: >"$tmp/file"
+ln -s "$tmp/nosuch/y" "$tmp/dangling"
+ln -s "$tmp/loop" "$tmp/loop"
+for path in "$tmp/file/x" "$tmp/dangling" "$tmp/loop"; do
+	expect 1 micro --dry-run --json "$path"
+	expect 1 micro --threads 1 --variants private $short --json "$path"
+done
 
 # A FIFO with no reader: a clear error at once, where the open waited for
 # a reader, saying nothing (until ctest's timeout).

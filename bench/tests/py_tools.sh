@@ -111,6 +111,13 @@ expect 2 "$report" --results "$tmp/r" --reference-dir "$tmp/refs"
 grep -q 'signal1.json: column "before"' "$tmp/err" ||
 	{ echo "FAIL: a first figure of 0: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
 rm "$tmp/r/signal1.json"
+# ... and a 0 in the first row that has a thread count, after one without
+# (the check looked at the first figure of any row).
+printf '{"schema":"percpuref-reference/1","workload":"signal1","source":"s","metric":"m",' \
+	>"$tmp/refs/signal1.json"
+printf '"columns":[{"key":"a","label":"l"}],"rows":[{"values":{"a":5}},' >>"$tmp/refs/signal1.json"
+printf '{"groups":1,"values":{"a":0}},{"groups":2,"values":{"a":3}}]}\n' >>"$tmp/refs/signal1.json"
+expect 2 "$plot" "$tmp/signal1.json" -o "$tmp/x.png" --reference "$tmp/refs/signal1.json"
 for threads in 0 '"8"' '[8]' true; do
 	sed "s/\"threads\": *[0-9]*/\"threads\": $threads/" "$root/bench/reference/labels.json" \
 		>"$tmp/refs/labels.json"
