@@ -105,6 +105,11 @@ def read_records(path):
     return records
 
 
+def reference_x(row):
+    """A reference row's x: its thread count, else its group count."""
+    return row.get("threads", row.get("groups"))
+
+
 def read_reference(path):
     """A bench/reference/*.json file: the published rows of one workload."""
     try:
@@ -149,7 +154,7 @@ def read_reference(path):
         first = {}
         for row in ref["rows"]:
             # reference_curves() leaves out a row without its x.
-            if row.get("threads", row.get("groups")) is None:
+            if reference_x(row) is None:
                 continue
             for key, v in row["values"].items():
                 if v is not None:
@@ -168,7 +173,7 @@ def reference_curves(ref):
     rows = ref.get("rows") or []
     curves = []
     for col in ref.get("columns", []):
-        pts = [(r.get("threads", r.get("groups")), r["values"].get(col["key"])) for r in rows]
+        pts = [(reference_x(r), r["values"].get(col["key"])) for r in rows]
         pts = [(x, y) for x, y in pts if x is not None and y is not None]
         if not pts:
             continue

@@ -16,8 +16,8 @@
 #      kernel/boot/init.c, and fails if any of its checks fails.
 #
 # --prepare: steps 2-3 (step 1 only checks: missing packages fail it), then
-# the two KUnit kernels built (kunit.py build, UML then x86_64), and no test.  scripts/test.sh runs it in the
-# background at the lowest priority while the userspace suites run: it
+# the two KUnit kernels built (kunit.py build, UML then x86_64), and no
+# test.  scripts/test.sh runs it in the background at the lowest priority while the userspace suites run: it
 # takes the CPU time they leave idle (cmake's configure steps, links, tests
 # that sleep), and step 5's builds then find little or nothing left to do.
 # A build that fails here is only logged: step 5 builds again and reports.

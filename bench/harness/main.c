@@ -749,11 +749,17 @@ static void plan_report(struct report *r, const struct cli *cli)
  */
 #define PROGRESS_AFTER_S 3.0
 
+/* Seconds of the measurement windows of @r's @points, with each window's
+ * warm-up, a fifth of it; set-ups not counted. */
+static double windows_seconds(const struct report *r, unsigned int points)
+{
+	return points * r->duration * 1.2;
+}
+
 static void run_schedule(struct report *r)
 {
 	unsigned int points = r->nthreads * r->nvariants, total = r->repeat * points, done = 0;
-	/* Each point: its window and its warm-up, a fifth of it. */
-	bool progress = isatty(STDERR_FILENO) && total * r->duration * 1.2 > PROGRESS_AFTER_S;
+	bool progress = isatty(STDERR_FILENO) && windows_seconds(r, total) > PROGRESS_AFTER_S;
 	double start = bench_seconds();
 	struct timespec now;
 	struct tm tm;
@@ -947,7 +953,8 @@ static FILE *open_json_early(const char *path, bool dry_run)
 /*
  * --dry-run: the rows, columns and points a run would measure, and an
  * estimate of its length, once everything given has been checked as a
- * run checks it; a --json FILE is checked without being created.
+ * run checks it, a --json FILE by open_json_early() (a new one is made and
+ * removed at once, as a run does before it starts).
  */
 static void print_plan(const struct report *r, const struct cli *cli)
 {
@@ -961,10 +968,9 @@ static void print_plan(const struct report *r, const struct cli *cli)
 	printf(") x %u variant%s (", r->nvariants, r->nvariants == 1 ? "" : "s");
 	for (unsigned int i = 0; i < r->nvariants; i++)
 		printf("%s%s", i ? "," : "", r->variants[i]->name);
-	/* Each point: its window and its warm-up, a fifth of it. */
 	printf(") x %u repetition%s: %u points, %.1f s of windows and warm-ups (set-ups not "
 	       "counted)\n", r->repeat, r->repeat == 1 ? "" : "s", points,
-	       points * r->duration * 1.2);
+	       windows_seconds(r, points));
 }
 
 static void release_nothing(struct percpu_ref *ref)
