@@ -7,9 +7,10 @@
  * 1 << PERCPUREF_UNIT_SHIFT bytes, units back to back.  A counter is a slot
  * at the same offset in every unit, named by the address of its CPU 0 copy:
  * CPU n's copy is (n << PERCPUREF_UNIT_SHIFT) bytes further.  So a counter
- * costs 8 bytes per CPU, counters of one CPU are packed together (the only
- * writer of a unit's lines is that CPU), and no two CPUs' copies ever share a
- * cache line.  The fast path needs no table lookup: a shift and an add.
+ * costs 8 bytes per CPU, counters of one CPU are packed together (the fast
+ * path writes a unit's lines only from that CPU; an allocation's zeroing,
+ * a fold and the free links touch them from any), and no two CPUs' copies
+ * ever share a cache line.  The fast path needs no table lookup: a shift and an add.
  *
  * Chunks are anonymous mappings reserved whole and populated by the kernel as
  * slots are first touched; slots are handed out from a free list first, then
@@ -115,7 +116,21 @@
 
 #include "internal.h"
 
-#define SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / sizeof(unsigned long))
+/*
+ * A build may space the slots further apart (-DPERCPUREF_COUNTER_STRIDE=64,
+ * bytes, a power of two) to measure what threads whose counters share a
+ * cache line of a unit cost (docs/lent-16core.md): each slot then fills a
+ * line of its own, 64 bytes a CPU instead of 8.  The tests assume the
+ * default.
+ */
+#ifndef PERCPUREF_COUNTER_STRIDE
+#define PERCPUREF_COUNTER_STRIDE 8
+#endif
+_Static_assert(PERCPUREF_COUNTER_STRIDE >= sizeof(unsigned long) &&
+		       (PERCPUREF_COUNTER_STRIDE & (PERCPUREF_COUNTER_STRIDE - 1)) == 0 &&
+		       PERCPUREF_COUNTER_STRIDE <= 4096,
+	       "PERCPUREF_COUNTER_STRIDE: a power of two, 8 to 4096");
+#define SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / PERCPUREF_COUNTER_STRIDE)
 /*
  * A build may set another size (-DPERCPUREF_MAGAZINE_SLOTS=128) to measure
  * what trading magazines costs (docs/lent-16core.md): a thread then holds
@@ -238,7 +253,7 @@ static uintptr_t pool_take(bool may_grow)
 		free_head = *(uintptr_t *)cpu0;
 		slots_on_free_list--;
 	} else if (tail_used < SLOTS_PER_CHUNK || (may_grow && add_chunk() == 0)) {
-		cpu0 = chunks[nr_chunks - 1] + tail_used++ * sizeof(unsigned long);
+		cpu0 = chunks[nr_chunks - 1] + tail_used++ * PERCPUREF_COUNTER_STRIDE;
 	} else {
 		return 0;
 	}
