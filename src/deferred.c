@@ -150,7 +150,7 @@ static struct percpuref_batch callback_batch = PERCPUREF_BATCH_INIT(PERCPUREF_RA
 static struct percpuref_deferred *batch_rest;
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t work_queued = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t work_done;	/* timed waits: deferred_register() */
 /* Lock-free: pushed by any thread, taken whole by a batch (run_batch()). */
 static struct percpuref_deferred *pending;
 static unsigned long nr_queued;		/* atomic: items ever queued */
@@ -886,7 +886,7 @@ static void queue_fork_child(void)
 	unsigned long queued = 0;
 
 	pthread_cond_init(&work_queued, NULL);
-	pthread_cond_init(&work_done, NULL);
+	percpuref_cond_init(&work_done);
 	thread.running = false;
 	thread_sleeping = false;
 	thread.stopping = false;
@@ -933,6 +933,7 @@ static const struct percpuref_fork_hooks queue_hooks = {
 
 static __attribute__((constructor)) void deferred_register(void)
 {
+	percpuref_cond_init(&work_done);
 	percpuref_register_fork_hooks(&batch_hooks);
 	percpuref_register_fork_hooks(&poll_batch_hooks);
 	percpuref_register_fork_hooks(&queue_hooks);

@@ -217,9 +217,15 @@ bool percpuref_fence_covers(unsigned long stamp);
 bool percpuref_fence_started_after(unsigned long stamp);
 bool percpuref_fence_readers_paced(uint64_t interval_ns);
 uint64_t percpuref_monotonic_ns(void);
-/* Now plus @ms on CLOCK_REALTIME, the clock of the library's condition
- * variables that keep the default, for pthread_cond_timedwait(). */
-void percpuref_realtime_deadline(struct timespec *deadline, unsigned long ms);
+/*
+ * Every condition variable of the library that a timed wait uses runs on
+ * CLOCK_MONOTONIC (percpuref_cond_init(), from a constructor and again in
+ * a fork child): a step of the wall clock (an NTP step, a date set by hand)
+ * neither stretches a wait nor ends it at once.  percpuref_deadline() is
+ * now plus @ms on that clock, for pthread_cond_timedwait().
+ */
+void percpuref_cond_init(pthread_cond_t *cond);
+void percpuref_deadline(struct timespec *deadline, unsigned long ms);
 /*
  * The fence of a membarrier refused after start-up (runtime.c): warns once,
  * then runs the calling thread on every CPU in turn, a full barrier on each

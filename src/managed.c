@@ -124,7 +124,7 @@ static bool marker_refused;
 /* Everything below: managed_lock. */
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 static pthread_cond_t wake;			/* CLOCK_MONOTONIC: the thread */
-static pthread_cond_t progress = PTHREAD_COND_INITIALIZER; /* flush waiters */
+static pthread_cond_t progress;		/* CLOCK_MONOTONIC: flush waiters */
 static struct percpu_ref_managed_config config = {
 	.interval_ms = PERCPU_REF_MANAGED_INTERVAL_MS,
 	.max_per_scan = PERCPU_REF_MANAGED_MAX_PER_SCAN,
@@ -177,21 +177,14 @@ char percpuref_rcu_tsan_sync;
 
 static void init_conds(void)
 {
-	pthread_condattr_t attr;
-
-	pthread_condattr_init(&attr);
-	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-	pthread_cond_init(&wake, &attr);
-	pthread_condattr_destroy(&attr);
-	pthread_cond_init(&progress, NULL);
+	percpuref_cond_init(&wake);
+	percpuref_cond_init(&progress);
 }
 
 static void config_init_once(void)
 {
 	const char *strategy = getenv("PERCPUREF_SCAN_STRATEGY"), *who = "percpuref_managed";
 	unsigned long held_warn_s = 0;
-
-	init_conds();
 
 	percpuref_env_ulong(who, "PERCPUREF_SCAN_INTERVAL_MS", PERCPU_REF_MANAGED_INTERVAL_MAX_MS,
 			    &config.interval_ms);
@@ -1059,6 +1052,7 @@ static const struct percpuref_fork_hooks managed_hooks = {
 /* Process exit joins the threads and releases what is releasable. */
 static __attribute__((constructor)) void managed_register(void)
 {
+	init_conds();
 	percpuref_register_fork_hooks(&scan_hooks);
 	percpuref_register_fork_hooks(&managed_hooks);
 	percpuref_register_exit_hook(PERCPUREF_RANK_SCAN, percpuref_shutdown);

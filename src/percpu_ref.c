@@ -209,7 +209,7 @@ static void switch_fork_child(void)
 
 	/* Waiters on them were the parent's threads: none here. */
 	for (i = 0; i < SWITCH_STRIPES; i++) {
-		pthread_cond_init(&switch_stripes[i].done, NULL);
+		percpuref_cond_init(&switch_stripes[i].done);
 		switch_stripes[i].waiters = 0;
 	}
 	switch_fork_unlock();
@@ -284,7 +284,7 @@ static __attribute__((constructor)) void switch_register(void)
 
 	for (i = 0; i < SWITCH_STRIPES; i++) {
 		pthread_mutex_init(&switch_stripes[i].lock, NULL);
-		pthread_cond_init(&switch_stripes[i].done, NULL);
+		percpuref_cond_init(&switch_stripes[i].done);
 	}
 	percpuref_register_fork_hooks(&switch_hooks);
 	percpuref_register_fork_hooks(&sync_switch_hooks);
@@ -644,7 +644,7 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 			pthread_mutex_lock(switch_lock_of(ref));
 			if (ran_queue)
 				continue;
-			percpuref_realtime_deadline(&until, 50);
+			percpuref_deadline(&until, 50);
 			wait_switch_ended(ref, &until);
 			continue;
 		}

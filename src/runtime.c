@@ -502,7 +502,7 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 			break;
 		/* Woken at each batch's end, and at least every stall's
 		 * length to look at ran. */
-		percpuref_realtime_deadline(&deadline, BACKLOG_STALL_MS);
+		percpuref_deadline(&deadline, BACKLOG_STALL_MS);
 		if (pthread_cond_timedwait(b->progress, b->lock, &deadline) == ETIMEDOUT &&
 		    __atomic_load_n(&b->ran, __ATOMIC_RELAXED) == ran) {
 			stalled = true;
@@ -1206,9 +1206,19 @@ uint64_t percpuref_monotonic_ns(void)
 	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
 }
 
-void percpuref_realtime_deadline(struct timespec *deadline, unsigned long ms)
+void percpuref_cond_init(pthread_cond_t *cond)
 {
-	clock_gettime(CLOCK_REALTIME, deadline);
+	pthread_condattr_t attr;
+
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	pthread_cond_init(cond, &attr);
+	pthread_condattr_destroy(&attr);
+}
+
+void percpuref_deadline(struct timespec *deadline, unsigned long ms)
+{
+	clock_gettime(CLOCK_MONOTONIC, deadline);
 	deadline->tv_sec += (time_t)(ms / 1000);
 	deadline->tv_nsec += (long)(ms % 1000) * 1000000L;
 	if (deadline->tv_nsec >= 1000000000L) {

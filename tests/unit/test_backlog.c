@@ -11,13 +11,16 @@
  * releases too; every ref is still released exactly once.  The limit is 64
  * here (PERCPUREF_CALLBACK_BACKLOG, set before the library's first use).
  * Up to 0.4.6 nothing bounded it: a thread making and killing refs in a
- * loop left 1.7 million waiting after 2 s (333 MB).
+ * loop left 1.7 million waiting after 2 s (333 MB).  A step of the wall
+ * clock while a kill waits changes nothing (test_clock_steps()).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "percpuref/percpu_rcuref.h"
@@ -33,6 +36,23 @@ static bool confirms_take_the_lock;
 static unsigned long confirm_us = 20;
 static bool cascade;	/* atomic: each release kills a successor */
 static bool one_slow_confirm;	/* atomic: the next confirm takes 150 ms */
+
+/*
+ * The wall clock as the library reads it, this many seconds away from the
+ * kernel's (which pthread_cond_timedwait() on CLOCK_REALTIME goes by): a
+ * clock stepped just after a deadline was computed.  This definition
+ * takes the place of the C library's for the library's calls.
+ */
+static long realtime_offset_s;	/* atomic */
+
+int clock_gettime(clockid_t clock, struct timespec *ts)
+{
+	int ret = (int)syscall(SYS_clock_gettime, clock, ts);
+
+	if (ret == 0 && clock == CLOCK_REALTIME)
+		ts->tv_sec += __atomic_load_n(&realtime_offset_s, __ATOMIC_RELAXED);
+	return ret;
+}
 
 static double now(void)
 {
@@ -313,6 +333,37 @@ static void test_cascade(void)
 	all_released("cascade");
 }
 
+/*
+ * The wall clock steps while kills wait (an NTP step, a date set by hand):
+ * a wait's deadline is on the monotonic clock, so neither step shows.  Up
+ * to 0.4.8 the deadlines were on the wall clock: one 30 s behind made every
+ * wait time out at once and count a stall, and pacing went off; one 30 s
+ * ahead kept a killer behind a stalled thread 30 s instead of 100 ms.
+ */
+static void test_clock_steps(void)
+{
+	unsigned long stalls;
+	double start;
+
+	__atomic_store_n(&realtime_offset_s, -30, __ATOMIC_RELAXED);
+	test_paced("wall clock 30 s behind");
+	__atomic_store_n(&realtime_offset_s, 30, __ATOMIC_RELAXED);
+	stalls = percpuref_deferred_stalls();
+	pthread_mutex_lock(&held_by_killer);
+	__atomic_store_n(&confirms_take_the_lock, true, __ATOMIC_RELAXED);
+	start = now();
+	kill_many(4 * LIMIT);
+	ok(now() - start < 10, "wall clock 30 s ahead: a killer behind a stalled thread goes on "
+	   "(%.2f s)", now() - start);
+	is(percpuref_deferred_stalls(), stalls + 1, "wall clock 30 s ahead: one stall");
+	pthread_mutex_unlock(&held_by_killer);
+	percpu_ref_barrier();
+	__atomic_store_n(&confirms_take_the_lock, false, __ATOMIC_RELAXED);
+	__atomic_store_n(&realtime_offset_s, 0, __ATOMIC_RELAXED);
+	all_released("wall clock 30 s ahead");
+	test_paced("wall clock back");
+}
+
 static unsigned long rcu_released;	/* atomic */
 
 /* On the reclaimer, after a grace period: slower than a kill. */
@@ -361,6 +412,7 @@ int main(void)
 	kills_with_the_thread_stalled(kills_in_read_section, "read-side section");
 	kills_with_the_thread_stalled(kills_in_release, "release run by a put");
 	test_cascade();
+	test_clock_steps();
 	test_rcu_paced();
 	return done_testing();
 }
