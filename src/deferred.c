@@ -150,7 +150,9 @@ static struct percpuref_batch callback_batch = PERCPUREF_BATCH_INIT(PERCPUREF_RA
 static struct percpuref_deferred *batch_rest;
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t work_queued = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t work_done;	/* timed waits: deferred_register() */
+/* On CLOCK_MONOTONIC (timed waits) once the thread is first started, or
+ * in a fork child: ensure_thread(), queue_fork_child(). */
+static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
 /* Lock-free: pushed by any thread, taken whole by a batch (run_batch()). */
 static struct percpuref_deferred *pending;
 static unsigned long nr_queued;		/* atomic: items ever queued */
@@ -327,11 +329,26 @@ static void *deferred_thread(void *arg)
 	return NULL;
 }
 
-/* Lock held.  A failure to start leaves the items queued for the next try. */
+static void init_work_done(void)
+{
+	percpuref_cond_init(&work_done);
+}
+
+/*
+ * Lock held.  A failure to start leaves the items queued for the next try.
+ * Every wait on work_done follows a call that found the thread running, so
+ * the condition variable gets its clock here, before the first start, and
+ * not in a constructor: a program linked with the static library runs its
+ * own constructors first, and kills there waited on the default clock with
+ * monotonic deadlines, or on one reset under them (test_early_constructor).
+ */
 static bool ensure_thread(void)
 {
+	static pthread_once_t work_done_once = PTHREAD_ONCE_INIT;
+
 	if (thread.running)
 		return true;
+	pthread_once(&work_done_once, init_work_done);
 	thread.stopping = false;
 	__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
 	__atomic_store_n(&thread.running,
@@ -933,7 +950,6 @@ static const struct percpuref_fork_hooks queue_hooks = {
 
 static __attribute__((constructor)) void deferred_register(void)
 {
-	percpuref_cond_init(&work_done);
 	percpuref_register_fork_hooks(&batch_hooks);
 	percpuref_register_fork_hooks(&poll_batch_hooks);
 	percpuref_register_fork_hooks(&queue_hooks);

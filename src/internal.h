@@ -219,10 +219,14 @@ bool percpuref_fence_readers_paced(uint64_t interval_ns);
 uint64_t percpuref_monotonic_ns(void);
 /*
  * Every condition variable of the library that a timed wait uses runs on
- * CLOCK_MONOTONIC (percpuref_cond_init(), from a constructor and again in
- * a fork child): a step of the wall clock (an NTP step, a date set by hand)
- * neither stretches a wait nor ends it at once.  percpuref_deadline() is
- * now plus @ms on that clock, for pthread_cond_timedwait().
+ * CLOCK_MONOTONIC: a step of the wall clock (an NTP step, a date set by
+ * hand) neither stretches a wait nor ends it at once.  percpuref_cond_init()
+ * sets it once, before anything can wait on the variable (a pthread_once at
+ * the process's first init, or before a library thread's first start), and
+ * again in a fork child; never in a constructor, which in a program linked
+ * with the static library may run after the program's own constructors used
+ * the library.  percpuref_deadline() is now plus @ms on that clock, for
+ * pthread_cond_timedwait().
  */
 void percpuref_cond_init(pthread_cond_t *cond);
 void percpuref_deadline(struct timespec *deadline, unsigned long ms);

@@ -123,8 +123,9 @@ static bool marker_refused;
 
 /* Everything below: managed_lock. */
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
-static pthread_cond_t wake;			/* CLOCK_MONOTONIC: the thread */
-static pthread_cond_t progress;		/* CLOCK_MONOTONIC: flush waiters */
+/* On CLOCK_MONOTONIC once the thread is first started (init_conds()). */
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;	/* the thread */
+static pthread_cond_t progress = PTHREAD_COND_INITIALIZER; /* flush waiters */
 static struct percpu_ref_managed_config config = {
 	.interval_ms = PERCPU_REF_MANAGED_INTERVAL_MS,
 	.max_per_scan = PERCPU_REF_MANAGED_MAX_PER_SCAN,
@@ -181,6 +182,14 @@ static void init_conds(void)
 	percpuref_cond_init(&progress);
 }
 
+/* Before the thread first starts, so before anything waits on them:
+ * every wait on wake and progress is the thread's, or follows an
+ * ensure_thread() that found it running.  Not in a constructor: a program
+ * linked with the static library runs its own constructors first, and a
+ * managed ref used there left the thread asleep on wake, which the
+ * constructor then reset (test_early_constructor). */
+static pthread_once_t conds_once = PTHREAD_ONCE_INIT;
+
 static void config_init_once(void)
 {
 	const char *strategy = getenv("PERCPUREF_SCAN_STRATEGY"), *who = "percpuref_managed";
@@ -235,6 +244,7 @@ static bool ensure_thread(void)
 {
 	if (thread.running)
 		return true;
+	pthread_once(&conds_once, init_conds);
 	thread.stopping = false;
 	if (!percpuref_start_thread(&thread, reclaimer_main, "percpuref-recl"))
 		return false;
@@ -1052,7 +1062,6 @@ static const struct percpuref_fork_hooks managed_hooks = {
 /* Process exit joins the threads and releases what is releasable. */
 static __attribute__((constructor)) void managed_register(void)
 {
-	init_conds();
 	percpuref_register_fork_hooks(&scan_hooks);
 	percpuref_register_fork_hooks(&managed_hooks);
 	percpuref_register_exit_hook(PERCPUREF_RANK_SCAN, percpuref_shutdown);

@@ -148,9 +148,16 @@
 
 static struct switch_stripe {
 	pthread_mutex_t lock;
-	pthread_cond_t done;	/* a switch to atomic of one of its refs ended */
+	pthread_cond_t done;	/* a switch to atomic of one of its refs ended
+				 * (CLOCK_MONOTONIC from the first init) */
 	unsigned int waiters;	/* lock: threads waiting on done */
-} __attribute__((aligned(128))) switch_stripes[SWITCH_STRIPES];
+} __attribute__((aligned(128))) switch_stripes[SWITCH_STRIPES] = {
+	/* Static, not set up by a constructor, which a program linked with
+	 * the static library may run after its own constructors used refs
+	 * (a library thread could hold a stripe then).  The initialisers are
+	 * zero bytes on glibc and musl: the array stays in .bss. */
+	[0 ... SWITCH_STRIPES - 1] = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 }
+};
 
 static struct switch_stripe *stripe_of(const struct percpu_ref *ref)
 {
@@ -280,12 +287,6 @@ static const struct percpuref_fork_hooks sync_switch_hooks = {
 
 static __attribute__((constructor)) void switch_register(void)
 {
-	unsigned int i;
-
-	for (i = 0; i < SWITCH_STRIPES; i++) {
-		pthread_mutex_init(&switch_stripes[i].lock, NULL);
-		percpuref_cond_init(&switch_stripes[i].done);
-	}
 	percpuref_register_fork_hooks(&switch_hooks);
 	percpuref_register_fork_hooks(&sync_switch_hooks);
 }
@@ -530,6 +531,23 @@ static void noop_confirm(struct percpu_ref *ref)
 	(void)ref;
 }
 
+/*
+ * The stripes' condition variables go on CLOCK_MONOTONIC (a waiter's retry
+ * every 50 ms) at the process's first init, before any switch can wait on
+ * one, and not in a constructor: a program linked with the static library
+ * runs its own constructors first, and one that used refs there would have
+ * them reset under waiters (test_early_constructor).
+ */
+static void init_stripe_conds(void)
+{
+	unsigned int i;
+
+	for (i = 0; i < SWITCH_STRIPES; i++)
+		percpuref_cond_init(&switch_stripes[i].done);
+}
+
+static pthread_once_t stripe_conds_once = PTHREAD_ONCE_INIT;
+
 static void init_managed(struct percpu_ref *ref);
 
 PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *release,
@@ -543,6 +561,7 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	 * the inline sequence need not test for one that is not set up
 	 * (percpuref_this_cpu_add_after_setup()), even on a refused ref. */
 	percpuref_runtime_init();
+	pthread_once(&stripe_conds_once, init_stripe_conds);
 	if (!ref)
 		return -EINVAL;
 	ref->percpu_count_ptr = __PERCPU_REF_ATOMIC_DEAD;
