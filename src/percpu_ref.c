@@ -151,13 +151,28 @@ static struct switch_stripe {
 	pthread_cond_t done;	/* a switch to atomic of one of its refs ended
 				 * (CLOCK_MONOTONIC from the first init) */
 	unsigned int waiters;	/* lock: threads waiting on done */
-} __attribute__((aligned(128))) switch_stripes[SWITCH_STRIPES] = {
-	/* Static, not set up by a constructor, which a program linked with
-	 * the static library may run after its own constructors used refs
-	 * (a library thread could hold a stripe then).  The initialisers are
-	 * zero bytes on glibc and musl: the array stays in .bss. */
-	[0 ... SWITCH_STRIPES - 1] = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 }
-};
+} __attribute__((aligned(128))) switch_stripes[SWITCH_STRIPES];
+
+/*
+ * The stripes need no constructor: zeroed memory is PTHREAD_MUTEX_INITIALIZER
+ * and PTHREAD_COND_INITIALIZER on glibc and musl (test_early_constructor
+ * checks), and a constructor could run after a program's own constructors
+ * used refs, when a library thread may hold a stripe (a program linked with
+ * the static library runs its constructors first; up to 0.4.8 ours
+ * initialised the mutexes).  (A static initialiser of every element made
+ * clang take 40 s and 1.8 GB for 2^20 stripes.)  Their condition variables
+ * go on CLOCK_MONOTONIC (a waiter's retry every 50 ms) at the process's
+ * first init, before any switch can wait on one, or a fork's prepare.
+ */
+static void init_stripe_conds(void)
+{
+	unsigned int i;
+
+	for (i = 0; i < SWITCH_STRIPES; i++)
+		percpuref_cond_init(&switch_stripes[i].done);
+}
+
+static pthread_once_t stripe_conds_once = PTHREAD_ONCE_INIT;
 
 static struct switch_stripe *stripe_of(const struct percpu_ref *ref)
 {
@@ -198,6 +213,9 @@ static void switch_fork_lock(void)
 {
 	unsigned int i;
 
+	/* Not under way across the fork (musl's pthread_once would never
+	 * finish in the child). */
+	pthread_once(&stripe_conds_once, init_stripe_conds);
 	for (i = 0; i < SWITCH_STRIPES; i++)
 		pthread_mutex_lock(&switch_stripes[i].lock);
 }
@@ -531,22 +549,6 @@ static void noop_confirm(struct percpu_ref *ref)
 	(void)ref;
 }
 
-/*
- * The stripes' condition variables go on CLOCK_MONOTONIC (a waiter's retry
- * every 50 ms) at the process's first init, before any switch can wait on
- * one, and not in a constructor: a program linked with the static library
- * runs its own constructors first, and one that used refs there would have
- * them reset under waiters (test_early_constructor).
- */
-static void init_stripe_conds(void)
-{
-	unsigned int i;
-
-	for (i = 0; i < SWITCH_STRIPES; i++)
-		percpuref_cond_init(&switch_stripes[i].done);
-}
-
-static pthread_once_t stripe_conds_once = PTHREAD_ONCE_INIT;
 
 static void init_managed(struct percpu_ref *ref);
 

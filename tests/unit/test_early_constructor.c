@@ -14,9 +14,18 @@
  * and main()'s flush waited for ever; and kills before that constructor
  * waited on a wall-clock condition variable with monotonic deadlines, each
  * wait over at once: 1976 to 2000 left waiting against a limit of 64.
+ * The switch stripes are zeroed memory that no constructor sets up, which
+ * relies on zero bytes being the C library's static initialisers.
+ *
+ * A real stall (the callback thread kept off its CPU 100 ms on a loaded
+ * machine) turns pacing off for a while too, so a round of kills counts
+ * if any of three is paced without a stall; with waits that end at once,
+ * none is.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -26,8 +35,10 @@
 
 #define LIMIT 64
 #define KILLS 2000
+#define ROUNDS 3
 
 static unsigned long released;		/* atomic */
+static unsigned long issued;		/* refs the paced rounds killed */
 static unsigned long confirm_spins = 20000;	/* slower than a kill */
 
 static void count_release(struct percpu_ref *ref)
@@ -73,6 +84,7 @@ static unsigned long paced_kills(struct percpu_ref *refs)
 	for (unsigned long i = 0; i < KILLS; i++) {
 		if (percpu_ref_init(&refs[i], count_release, 0))
 			return 0;
+		issued++;
 		percpu_ref_kill_and_confirm(&refs[i], slow_confirm);
 		unsigned long waiting =
 			i + 1 - (__atomic_load_n(&released, __ATOMIC_ACQUIRE) - start);
@@ -86,43 +98,68 @@ static unsigned long paced_kills(struct percpu_ref *refs)
 	return most;
 }
 
+/* Up to ROUNDS rounds of paced kills, until one is paced (at most LIMIT
+ * waiting) with no stall; that one's figures, or the last round's. */
+static void paced_rounds(struct percpu_ref *refs, unsigned long *most, unsigned long *stalls)
+{
+	for (int round = 0; round < ROUNDS; round++) {
+		unsigned long before = percpuref_deferred_stalls();
+
+		*most = paced_kills(refs);
+		*stalls = percpuref_deferred_stalls() - before;
+		if (*most > 0 && *most <= LIMIT && !*stalls)
+			return;
+	}
+}
+
+static bool zero_bytes(const void *p, size_t n)
+{
+	const unsigned char *c = p;
+
+	for (size_t i = 0; i < n; i++)
+		if (c[i])
+			return false;
+	return true;
+}
+
 static int early_managed;
 static unsigned long early_most, early_stalls;
 static struct percpu_ref *refs;
 
 static __attribute__((constructor)) void early(void)
 {
+	/* A wait for ever is the failure this test looks for. */
+	alarm(120);
 	/* Before the library's first use: its backlog limit. */
 	setenv("PERCPUREF_CALLBACK_BACKLOG", "64", 1);
 	refs = malloc(KILLS * sizeof(*refs));
 	if (!refs)
 		abort();
 	early_managed = managed_round();
-	early_stalls = percpuref_deferred_stalls();
-	early_most = paced_kills(refs);
-	early_stalls = percpuref_deferred_stalls() - early_stalls;
+	paced_rounds(refs, &early_most, &early_stalls);
 	/* The reclaimer and the callback thread go to sleep. */
 	usleep(100000);
 }
 
 int main(void)
 {
+	pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+	pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 	unsigned long stalls, most;
 
-	/* A wait for ever is the failure this test looks for. */
-	alarm(60);
+	ok(zero_bytes(&mutex, sizeof(mutex)) && zero_bytes(&cond, sizeof(cond)),
+	   "the C library's static mutex and condition variable initialisers are zero bytes");
 	is(early_managed, 1, "a managed ref flushed from the program's constructor is released");
 	ok(early_most > 0 && early_most <= LIMIT,
 	   "2000 kills from the constructor: at most %lu waiting (limit %d)", early_most, LIMIT);
 	is(early_stalls, 0, "and no paced wait of theirs counted a stall");
 	is(managed_round(), 1, "after the library's constructors: a flush still wakes the reclaimer");
-	stalls = percpuref_deferred_stalls();
-	most = paced_kills(refs);
+	paced_rounds(refs, &most, &stalls);
 	ok(most > 0 && most <= LIMIT, "2000 kills from main(): at most %lu waiting (limit %d)", most,
 	   LIMIT);
-	is(percpuref_deferred_stalls(), stalls, "and no stall");
-	is(__atomic_load_n(&released, __ATOMIC_ACQUIRE), 2 + 2 * KILLS,
-	   "every ref released once");
+	is(stalls, 0, "and no stall");
+	is(__atomic_load_n(&released, __ATOMIC_ACQUIRE), 2 + issued,
+	   "every ref released once (%lu)", 2 + issued);
 	free(refs);
 	return done_testing();
 }
