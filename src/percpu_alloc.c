@@ -10,7 +10,8 @@
  * costs 8 bytes per CPU, counters of one CPU are packed together (the fast
  * path writes a unit's lines only from that CPU; an allocation's zeroing,
  * a fold and the free links touch them from any), and no two CPUs' copies
- * ever share a cache line.  The fast path needs no table lookup: a shift and an add.
+ * ever share a cache line.  The fast path needs no table lookup: a shift
+ * and an add.
  *
  * Chunks are anonymous mappings reserved whole and populated by the kernel as
  * slots are first touched; slots are handed out from a free list first, then

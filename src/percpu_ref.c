@@ -549,7 +549,6 @@ static void noop_confirm(struct percpu_ref *ref)
 	(void)ref;
 }
 
-
 static void init_managed(struct percpu_ref *ref);
 
 PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *release,

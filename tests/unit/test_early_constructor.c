@@ -112,16 +112,6 @@ static void paced_rounds(struct percpu_ref *refs, unsigned long *most, unsigned 
 	}
 }
 
-static bool zero_bytes(const void *p, size_t n)
-{
-	const unsigned char *c = p;
-
-	for (size_t i = 0; i < n; i++)
-		if (c[i])
-			return false;
-	return true;
-}
-
 static int early_managed;
 static unsigned long early_most, early_stalls;
 static struct percpu_ref *refs;
@@ -143,11 +133,15 @@ static __attribute__((constructor)) void early(void)
 
 int main(void)
 {
+	/* Zero bytes, as static storage is before any constructor runs. */
+	static const pthread_mutex_t zeroed_mutex;
+	static const pthread_cond_t zeroed_cond;
 	pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
 	pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 	unsigned long stalls, most;
 
-	ok(zero_bytes(&mutex, sizeof(mutex)) && zero_bytes(&cond, sizeof(cond)),
+	ok(!memcmp(&mutex, &zeroed_mutex, sizeof(mutex)) &&
+	   !memcmp(&cond, &zeroed_cond, sizeof(cond)),
 	   "the C library's static mutex and condition variable initialisers are zero bytes");
 	is(early_managed, 1, "a managed ref flushed from the program's constructor is released");
 	ok(early_most > 0 && early_most <= LIMIT,
