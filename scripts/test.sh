@@ -153,6 +153,25 @@ if ! configure_and_build build/test-aarch64-rseq -DCMAKE_TOOLCHAIN_FILE=cmake/aa
                          -- percpuref percpuref_static test_fast_path stress_percpu_ref; then
   failed+=("aarch64 rseq build")
 fi
+stage "per-CPU units spaced (PERCPUREF_UNIT_COLOUR=64): the layout's tests"
+# A build option that changes what the headers' sequences compute: the
+# tests of the layout, the fast paths (gcc, static, clang) and the managed
+# refs, on the three fast paths; and the aarch64 sequence compiled with it.
+if ! configure_and_build build/test-colour -DPERCPUREF_UNIT_COLOUR=64 \
+                         -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND \
+                         -- test_percpu_ref test_fast_path static_test_fast_path \
+                            clang_test_fast_path test_managed stress_percpu_ref; then
+  failed+=("unit colour build")
+elif ! ctest --test-dir build/test-colour --output-on-failure -j "$jobs" --timeout 900 \
+             -R '^(ownrseq_|norseq_)?(test_percpu_ref|test_fast_path|static_test_fast_path|clang_test_fast_path|test_managed|stress_percpu_ref)$'; then
+  failed+=("unit colour tests")
+fi
+if ! configure_and_build build/test-aarch64-rseq-colour -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+                         -DPERCPUREF_ARM64_RSEQ=ON -DPERCPUREF_UNIT_COLOUR=64 \
+                         -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND \
+                         -- percpuref percpuref_static test_fast_path; then
+  failed+=("aarch64 rseq build, units spaced")
+fi
 
 if [ "${KERNEL_TESTS:-1}" != 0 ]; then
   if [ -n "$kernel_prepare" ]; then

@@ -385,7 +385,7 @@ uintptr_t percpuref_counter_alloc(void);	/* CPU 0's address, or 0: ENOMEM */
 void percpuref_counter_free(uintptr_t cpu0);
 static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int cpu)
 {
-	return (unsigned long *)(cpu0 + ((uintptr_t)cpu << PERCPUREF_UNIT_SHIFT));
+	return (unsigned long *)(cpu0 + (uintptr_t)cpu * PERCPUREF_UNIT_STRIDE);
 }
 /* percpuref_get_counter_stats(): public, in <percpuref/percpu_ref.h>. */
 /*
@@ -407,6 +407,9 @@ struct percpuref_spares {
 /* Gives @spares' chain (none if empty) and empties @spares. */
 void percpuref_spares_give(struct percpuref_spares *spares);
 void *percpuref_spare_take(void);
+/* Keeps @obj (its first word free) as a spare of this thread's cache, or
+ * frees it: no cache, or spares off. */
+void percpuref_spare_keep(void *obj);
 /*
  * No spares where a use after free must be caught: under AddressSanitizer,
  * and under valgrind (percpuref_under_valgrind(): its core is loaded),
@@ -431,8 +434,11 @@ static inline bool percpuref_spares_off(void)
 	return percpuref_under_valgrind();
 #endif
 }
-/* Test hook: the spare objects waiting in the depot (not in caches). */
+/* Test hooks: the spare objects waiting in the depot (not in caches); and
+ * freeing those and the calling thread's, so that its next init allocates
+ * (a test of a refused allocation). */
 PERCPUREF_API unsigned long percpuref_test_spares_waiting(void);
+PERCPUREF_API void percpuref_test_spares_drop(void);
 
 /* Sum of the per-CPU words of the counter at @cpu0.  Acquire loads: no
  * later read (the reclaimer filter's second collect) moves before them; the

@@ -4,9 +4,10 @@
  *
  * Layout (the kernel's percpu allocator in miniature): memory comes in
  * chunks; a chunk holds one unit per possible CPU, each unit
- * 1 << PERCPUREF_UNIT_SHIFT bytes, units back to back.  A counter is a slot
+ * 1 << PERCPUREF_UNIT_SHIFT bytes of slots, units back to back (or
+ * PERCPUREF_UNIT_COLOUR bytes apart: this_cpu.h).  A counter is a slot
  * at the same offset in every unit, named by the address of its CPU 0 copy:
- * CPU n's copy is (n << PERCPUREF_UNIT_SHIFT) bytes further.  So a counter
+ * CPU n's copy is n * PERCPUREF_UNIT_STRIDE bytes further.  So a counter
  * costs 8 bytes per CPU, counters of one CPU are packed together (the fast
  * path writes a unit's lines only from that CPU; an allocation's zeroing,
  * a fold and the free links touch them from any), and no two CPUs' copies
@@ -79,7 +80,8 @@
  *
  * Spares.  The same caches and lock carry a second kind of object: the
  * refs' bookkeeping (percpu_ref.c's impls), which the reclaimer frees
- * when a ref exited while listed.  free() of memory another thread's
+ * when a ref exited while listed, and an application thread's exit of an
+ * unmanaged ref (percpuref_spare_keep()).  free() of memory another thread's
  * malloc() took locks that thread's arena, and every malloc() of a
  * thread whose frees all go elsewhere finds its tcache empty and locks
  * the arena too: with two threads cycling managed refs (switch-storm's
@@ -89,11 +91,16 @@
  * (spare_depot, at most PERCPUREF_SPARE_DEPOT_CHAINS chains: 4,096
  * objects, 557 KB of impls; past that it frees them), and an init takes
  * one from its thread's cache, which loads a whole chain from the depot
- * when empty: the lock once per chain on both sides.  A thread holds at
- * most one chain (31 objects once it took one), given back to the depot
- * (or freed) at its exit, as its slots are; a library thread holds none
- * and takes none.  A spare that an unmanaged exit later frees goes back
- * to the arena it first came from: the cross-arena free, moved, not gone.
+ * when empty: the lock once per chain on both sides.  An exit on an
+ * application thread keeps its impl in that chain too, for the thread's
+ * next init: a malloc() and a free() a ref, without a tcache entry for
+ * most of a batch, were the largest symbol of a kill cycle at sixteen
+ * threads (docs/percpu_ref.md); a full chain goes to the depot first.  A
+ * thread holds at most one chain (PERCPUREF_SPARE_CHAIN objects), given
+ * back to the depot (or freed) at its exit, as its slots are; a library
+ * thread holds none and takes none (its exits free).  A spare that a
+ * thread without a cache frees goes back to the arena it first came
+ * from: the cross-arena free, moved, not gone.
  * An init finds the depot empty without the lock (spare_depot_count, a
  * relaxed hint written under it: a chain given meanwhile waits for the
  * next init).
@@ -174,7 +181,7 @@ static __thread enum cache_state cache_state;
 
 static size_t chunk_bytes(void)
 {
-	return (size_t)percpuref_nr_units() << PERCPUREF_UNIT_SHIFT;
+	return (size_t)percpuref_nr_units() * PERCPUREF_UNIT_STRIDE;
 }
 
 /* Maps a new chunk and makes it the tail.  Lock held.  0 or -ENOMEM. */
@@ -516,6 +523,26 @@ void percpuref_spares_give(struct percpuref_spares *spares)
 	spares_free(spares);
 }
 
+void percpuref_spare_keep(void *obj)
+{
+	struct slot_cache *c = percpuref_spares_off() ? NULL : my_cache();
+
+	if (!c) {
+		free(obj);
+		return;
+	}
+	/* A full chain goes to the depot first, as a reclaimer's does. */
+	if (c->spares.n == PERCPUREF_SPARE_CHAIN) {
+		struct percpuref_spares full = c->spares;
+
+		c->spares = (struct percpuref_spares){ NULL, 0 };
+		percpuref_spares_give(&full);
+	}
+	*(void **)obj = c->spares.first;
+	c->spares.first = obj;
+	c->spares.n++;
+}
+
 void *percpuref_spare_take(void)
 {
 	struct slot_cache *c = my_cache();
@@ -554,6 +581,24 @@ PERCPUREF_API unsigned long percpuref_test_spares_waiting(void)
 		n += spare_depot[i].n;
 	pthread_mutex_unlock(&alloc_lock);
 	return n;
+}
+
+PERCPUREF_API void percpuref_test_spares_drop(void)
+{
+	struct percpuref_spares chains[PERCPUREF_SPARE_DEPOT_CHAINS];
+	unsigned int n, i;
+
+	if (cache_state == CACHE_ACTIVE)
+		spares_free(&cache->spares);
+	pthread_mutex_lock(&alloc_lock);
+	n = spare_depot_count;
+	for (i = 0; i < n; i++)
+		chains[i] = spare_depot[i];
+	/* Relaxed: the hint, as in spare_put_locked(). */
+	__atomic_store_n(&spare_depot_count, 0, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&alloc_lock);
+	for (i = 0; i < n; i++)
+		spares_free(&chains[i]);
 }
 
 PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *stats)

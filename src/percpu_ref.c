@@ -480,7 +480,9 @@ struct percpu_ref_impl {
  * next init (percpu_alloc.c, "Spares"), linked through spare_next, its
  * first word: the scanner freed every such impl with free(), on the arena
  * of the thread that made it, whose next malloc() then met it on that
- * arena's lock.  Not under the memory checkers (percpuref_spares_off()).
+ * arena's lock.  An exit that frees the impl itself keeps it in its
+ * thread's cache the same way (percpuref_spare_keep()).  Not under the
+ * memory checkers (percpuref_spares_off()).
  */
 _Static_assert(offsetof(struct percpu_ref_impl, spare_next) == 0, "the allocator's link");
 
@@ -733,7 +735,7 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 		data = NULL;
 	pthread_mutex_unlock(switch_lock_of(ref));
 	if (data)
-		free(impl_of(data));
+		percpuref_spare_keep(impl_of(data));
 	if (left_to_reclaimer)
 		percpuref_managed_exited();
 	return true;

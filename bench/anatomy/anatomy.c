@@ -61,6 +61,16 @@ static double thread_cpu_ns(void)
 	return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
+/* CPU n's copy is n units on (this_cpu.h): a shift, or a multiply where a
+ * build spaces the units (PERCPUREF_UNIT_COLOUR). */
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
+#if PERCPUREF_UNIT_COLOUR
+#define UNIT_OFFSET "imulq $(65536 + " STRINGIFY(PERCPUREF_UNIT_COLOUR) "), %%rax, %%rax\n\t"
+#else
+#define UNIT_OFFSET "shlq $16, %%rax\n\t"
+#endif
+
 /*
  * One add of @delta through @body, restarted on abort; a flagged or
  * out-of-range exit is a failure (the counter is per-CPU and the CPU has a
@@ -109,9 +119,9 @@ static void name(void)							\
 									\
 	for (long i = 0; i < pairs; i++) {				\
 		__asm__ __volatile__("movl %c[cpu_id](%[rs]), %%eax\n\t" \
-				     "shlq $16, %%rax\n\t" add("$1")	\
+				     UNIT_OFFSET add("$1")	\
 				     "movl %c[cpu_id](%[rs]), %%eax\n\t" \
-				     "shlq $16, %%rax\n\t" add("%[put]") \
+				     UNIT_OFFSET add("%[put]") \
 				     :					\
 				     : [rs] "r"(rs), [cpu0] "r"(cpu0),	\
 				       [put] "er"(PERCPU_REF_PUT_DELTA),	\
@@ -123,7 +133,7 @@ UNPROTECTED(unprotected, ONE_REGISTER)
 UNPROTECTED(unprotected_indexed, INDEXED)
 
 /* + the mode word loaded per add (the base of the counter). */
-#define MODE_WORD "movq %[word], %%rcx\n\tshlq $16, %%rax\n\taddq %[delta], (%%rcx, %%rax)\n\t"
+#define MODE_WORD "movq %[word], %%rcx\n\t" UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"
 static void with_mode_word(void)
 {
 	PAIRS("movq %[off], %%rdx\n\tadd %%fs:0, %%rdx\n\tmovl 4(%%rdx), %%eax\n\t" MODE_WORD);
@@ -134,7 +144,7 @@ static void with_mode_word(void)
 	"movq %[off], %%rdx\n\ttestq %%rdx, %%rdx\n\tje %l[failed]\n\t"	\
 	"add %%fs:0, %%rdx\n\tmovl 4(%%rdx), %%eax\n\t"			\
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	"shlq $16, %%rax\n\taddq %[delta], (%%rcx, %%rax)\n\t"
+	UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"
 static void with_tests(void)
 {
 	PAIRS(OLD_TESTS_BODY);
@@ -146,7 +156,7 @@ static void with_tests(void)
 	"add %%fs:0, %%rdx\n\tmovl 4(%%rdx), %%eax\n\t"			\
 	"cmpl %[units], %%eax\n\tjae %l[failed]\n\t"			\
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	"shlq $16, %%rax\n\taddq %[delta], (%%rcx, %%rax)\n\t"
+	UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"
 static void with_bound(void)
 {
 	PAIRS(OLD_BOUND_BODY);
@@ -161,7 +171,7 @@ static void with_bound(void)
 	"1:\n\t"							\
 	"movl 4(%%rdx), %%eax\n\tcmpl %[units], %%eax\n\tjae %l[failed]\n\t" \
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	"shlq $16, %%rax\n\taddq %[delta], (%%rcx, %%rax)\n\t"		\
+	UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"		\
 	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void old_sequence(void)
 {
@@ -176,7 +186,7 @@ static void old_sequence(void)
 	"1:\n\t"							\
 	"movl %%fs:4(%%rdx), %%eax\n\tcmpl %[units], %%eax\n\tjae %l[failed]\n\t" \
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	"shlq $16, %%rax\n\taddq %[delta], (%%rcx, %%rax)\n\t"		\
+	UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"		\
 	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void fs_relative(void)
 {
@@ -191,7 +201,7 @@ static void fs_relative(void)
 	"1:\n\t"							\
 	"movl %%fs:4(%%rcx), %%eax\n\tcmpl %%edx, %%eax\n\tjae %l[failed]\n\t" \
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	"shlq $16, %%rax\n\taddq %[delta], (%%rcx, %%rax)\n\t"		\
+	UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"		\
 	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void indexed_commit(void)
 {
@@ -230,7 +240,7 @@ static void library_put_in_register(void)
 	"1:\n\t"							\
 	"movl %%fs:4(%%rdx), %%eax\n\t"					\
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	"shlq $16, %%rax\n\taddq %%rcx, %%rax\n\taddq %[delta], (%%rax)\n\t" \
+	UNIT_OFFSET "addq %%rcx, %%rax\n\taddq %[delta], (%%rax)\n\t" \
 	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void no_bound(void)
 {

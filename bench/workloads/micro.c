@@ -223,7 +223,7 @@ static void percpu_loop(struct bench_thread *t)
  */
 static inline void unprotected_add(uintptr_t cpu0, uint32_t cpu, unsigned long delta)
 {
-	unsigned long *word = (unsigned long *)(cpu0 + ((uintptr_t)cpu << PERCPUREF_UNIT_SHIFT));
+	unsigned long *word = (unsigned long *)(cpu0 + ((uintptr_t)cpu * PERCPUREF_UNIT_STRIDE));
 
 #if defined(__x86_64__)
 	/* One addq to memory through one register, as the rseq commit is

@@ -4,7 +4,7 @@
  * locked instruction, from userspace.
  *
  * A per-CPU counter is addressed by the address of CPU 0's copy; CPU n's copy
- * lies (n << PERCPUREF_UNIT_SHIFT) bytes further (src/percpu_alloc.c lays
+ * lies n * PERCPUREF_UNIT_STRIDE bytes further (src/percpu_alloc.c lays
  * chunks out as one unit per possible CPU, the kernel's percpu layout).
  *
  * The fast path is a restartable sequence (rseq): read the CPU number the
@@ -68,8 +68,38 @@
 	".quad 1f, (2f - 1f), 4f\n\t"		\
 	".popsection\n\t"
 
-/* Per-CPU units are 64 KiB apart: 8192 eight-byte counters per chunk. */
+/* Per-CPU units hold 64 KiB of counters: 8192 eight-byte ones a chunk. */
 #define PERCPUREF_UNIT_SHIFT 16
+/*
+ * Units lie 64 KiB apart, unless a build spaces them further by
+ * PERCPUREF_UNIT_COLOUR bytes (a multiple of 64 below 64 KiB), to measure
+ * what a slot's copies cost where they share cache sets: 64 KiB apart,
+ * they all fall in one set of a cache indexed by the low 12 address bits
+ * (docs/lent-16core.md, "A fourth session"), and an init's zeroing or a
+ * fold of a slot fills it.  With -DPERCPUREF_UNIT_COLOUR=64 CPU n's copy
+ * lies n * (64 KiB + 64) bytes on, and the x86-64 sequence multiplies
+ * where it shifted.  A program must be built with the library's value:
+ * the variables the sequences read are named after it, so a mismatch
+ * fails to link (tests/compile/check_unit_colour.sh).
+ */
+#ifndef PERCPUREF_UNIT_COLOUR
+#define PERCPUREF_UNIT_COLOUR 0
+#endif
+#if PERCPUREF_UNIT_COLOUR < 0 || PERCPUREF_UNIT_COLOUR % 64 || PERCPUREF_UNIT_COLOUR >= 65536
+#error "PERCPUREF_UNIT_COLOUR: a multiple of 64, 0 to 65472"
+#endif
+#define PERCPUREF_UNIT_STRIDE ((1UL << PERCPUREF_UNIT_SHIFT) + PERCPUREF_UNIT_COLOUR)
+#if PERCPUREF_UNIT_COLOUR
+#define percpuref_this_cpu_params percpuref_this_cpu_params_coloured
+#define percpuref_nr_cpu_units percpuref_nr_cpu_units_coloured
+#define PERCPUREF_X86_64_UNIT_OFFSET "imulq %[stride], %%rax, %%rax\n\t"
+#define PERCPUREF_ARM64_UNIT_OFFSET "madd x16, x17, %[stride], x16\n\t"
+#define PERCPUREF_ARM64_STRIDE_OPERAND , [stride] "r"(PERCPUREF_UNIT_STRIDE)
+#else
+#define PERCPUREF_X86_64_UNIT_OFFSET "shlq %[shift], %%rax\n\t"
+#define PERCPUREF_ARM64_UNIT_OFFSET "add x16, x16, x17, lsl %[shift]\n\t"
+#define PERCPUREF_ARM64_STRIDE_OPERAND
+#endif
 /* Low bits of a mode word that send callers off the per-CPU path. */
 #define PERCPUREF_MODE_FLAGS 3UL
 
@@ -218,7 +248,7 @@ static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
 			"movq %[word], %%rcx\n\t"			\
 			"testq %[flags], %%rcx\n\t"			\
 			"jnz %l[flagged]\n\t"				\
-			"shlq %[shift], %%rax\n\t"			\
+			PERCPUREF_X86_64_UNIT_OFFSET			\
 			"addq %%rcx, %%rax\n\t"			\
 			"addq %[delta], (%%rax)\n\t"			\
 			PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT		\
@@ -228,7 +258,8 @@ static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
 			  [cpu_id] "i"(offsetof(struct percpuref_rseq_area, cpu_id)), \
 			  [word] "m"(*mode_word), [delta] "er"(delta),	\
 			  [flags] "i"(PERCPUREF_MODE_FLAGS),		\
-			  [shift] "i"(PERCPUREF_UNIT_SHIFT)		\
+			  [shift] "i"(PERCPUREF_UNIT_SHIFT),		\
+			  [stride] "i"(PERCPUREF_UNIT_STRIDE)		\
 			: "memory", "cc", "rax", "rcx", "rdx"		\
 			: flagged, restart, no_unit)
 #endif
@@ -296,7 +327,7 @@ __percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta, bool a
 			"ldr x16, [%[word]]\n\t"
 			"tst x16, %[flags]\n\t"
 			"b.ne %l[flagged]\n\t"
-			"add x16, x16, x17, lsl %[shift]\n\t"
+			PERCPUREF_ARM64_UNIT_OFFSET
 			"ldr x17, [x16]\n\t"
 			"add x17, x17, %[delta]\n\t"
 			"str x17, [x16]\n\t"
@@ -311,6 +342,7 @@ __percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta, bool a
 			  [units] "r"(percpuref_nr_cpu_units),
 			  [flags] "i"(PERCPUREF_MODE_FLAGS),
 			  [shift] "i"(PERCPUREF_UNIT_SHIFT)
+			  PERCPUREF_ARM64_STRIDE_OPERAND
 			: "memory", "cc", "x16", "x17"
 			: flagged, restart, no_unit);
 #endif

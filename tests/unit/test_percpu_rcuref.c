@@ -188,9 +188,10 @@ static void test_init_errors(void)
 	refused_ref_calls(&o, "no memory");
 	/* The thread's counter cache made first (by a ref's init), so that
 	 * the second allocation is the percpu_ref's impl: no spare impl is
-	 * there to take instead (main() runs this test first). */
+	 * there to take instead (the exit kept one: dropped). */
 	is(percpu_ref_init(&warm, plain_ref_release, 0), 0, "a ref's init first");
 	percpu_ref_exit(&warm);
+	percpuref_test_spares_drop();
 	is(percpuref_test_spares_waiting(), 0, "no spare impl waits");
 	percpuref_fault_fail_nth_alloc(2);
 	is(percpu_rcuref_init(&o.ref, NULL, obj_release, 0), -ENOMEM, "no memory later: -ENOMEM");
