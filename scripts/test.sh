@@ -155,15 +155,16 @@ if ! configure_and_build build/test-aarch64-rseq -DCMAKE_TOOLCHAIN_FILE=cmake/aa
 fi
 stage "per-CPU units spaced (PERCPUREF_UNIT_COLOUR=64): the layout's tests"
 # A build option that changes what the headers' sequences compute: the
-# tests of the layout, the fast paths (gcc, static, clang) and the managed
-# refs, on the three fast paths; and the aarch64 sequence compiled with it.
+# tests of the layout, the fast paths (gcc, static, clang where found) and
+# the managed refs, on the three fast paths, the check that a program built
+# with another value fails to link, and the installed library's consumers
+# (pkg-config, CMake: they must get the value); and the aarch64 sequence
+# compiled with it.  The whole tree, since the install needs it.
 if ! configure_and_build build/test-colour -DPERCPUREF_UNIT_COLOUR=64 \
-                         -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND \
-                         -- test_percpu_ref test_fast_path static_test_fast_path \
-                            clang_test_fast_path test_managed stress_percpu_ref; then
+                         -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND; then
   failed+=("unit colour build")
 elif ! ctest --test-dir build/test-colour --output-on-failure -j "$jobs" --timeout 900 \
-             -R '^(ownrseq_|norseq_)?(test_percpu_ref|test_fast_path|static_test_fast_path|clang_test_fast_path|test_managed|stress_percpu_ref)$'; then
+             -R '^((ownrseq_|norseq_)?(test_percpu_ref|test_fast_path|static_test_fast_path|clang_test_fast_path|test_managed|stress_percpu_ref)|check_unit_colour|install_check)$'; then
   failed+=("unit colour tests")
 fi
 if ! configure_and_build build/test-aarch64-rseq-colour -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \

@@ -12,7 +12,7 @@
  * path writes a unit's lines only from that CPU; an allocation's zeroing,
  * a fold and the free links touch them from any), and no two CPUs' copies
  * ever share a cache line.  The fast path needs no table lookup: a shift
- * and an add.
+ * (a multiply where the units are spaced) and an add.
  *
  * Chunks are anonymous mappings reserved whole and populated by the kernel as
  * slots are first touched; slots are handed out from a free list first, then
@@ -319,11 +319,33 @@ static void spares_free(struct percpuref_spares *chain)
 	chain->n = 0;
 }
 
-/* Lock held.  Moves @chain onto the depot, emptying it, unless the depot
- * is full: then it stays, for the caller to free. */
+/* Lock held.  Moves @chain onto the depot, emptying it: onto the top
+ * chain when both fit in one, else as a chain of its own unless the depot
+ * is full: then it stays, for the caller to free.  Threads that exit give
+ * back what is left of their chains, often a few objects (one, for a
+ * thread that made a ref and exited it): each its own entry, 128 such
+ * threads filled the depot with 128 objects, and every chain given after
+ * them was freed.  Spliced, two adjacent entries hold more than a chain:
+ * a full depot holds more than half of its 4,096. */
 static void spare_put_locked(struct percpuref_spares *chain)
 {
-	if (!chain->n || spare_depot_count == PERCPUREF_SPARE_DEPOT_CHAINS)
+	struct percpuref_spares *top = spare_depot_count ? &spare_depot[spare_depot_count - 1]
+							 : NULL;
+
+	if (!chain->n)
+		return;
+	if (top && top->n + chain->n <= PERCPUREF_SPARE_CHAIN) {
+		void *tail = chain->first;
+
+		while (spare_next(tail))
+			tail = spare_next(tail);
+		*(void **)tail = top->first;
+		top->first = chain->first;
+		top->n += chain->n;
+		*chain = (struct percpuref_spares){ NULL, 0 };
+		return;
+	}
+	if (spare_depot_count == PERCPUREF_SPARE_DEPOT_CHAINS)
 		return;
 	spare_depot[spare_depot_count] = *chain;
 	/* Relaxed: the hint percpuref_spare_take() reads without the lock. */

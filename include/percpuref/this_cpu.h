@@ -78,9 +78,11 @@
  * (docs/lent-16core.md, "A fourth session"), and an init's zeroing or a
  * fold of a slot fills it.  With -DPERCPUREF_UNIT_COLOUR=64 CPU n's copy
  * lies n * (64 KiB + 64) bytes on, and the x86-64 sequence multiplies
- * where it shifted.  A program must be built with the library's value:
- * the variables the sequences read are named after it, so a mismatch
- * fails to link (tests/compile/check_unit_colour.sh).
+ * where it shifted.  A program must be built with the library's value,
+ * spelt the same (CMake's targets and the .pc file pass it as a decimal):
+ * the variables the sequences read carry it in their names
+ * (percpuref_this_cpu_params_c64), so a program built with another value,
+ * or none, fails to link (tests/compile/check_unit_colour.sh).
  */
 #ifndef PERCPUREF_UNIT_COLOUR
 #define PERCPUREF_UNIT_COLOUR 0
@@ -90,8 +92,11 @@
 #endif
 #define PERCPUREF_UNIT_STRIDE ((1UL << PERCPUREF_UNIT_SHIFT) + PERCPUREF_UNIT_COLOUR)
 #if PERCPUREF_UNIT_COLOUR
-#define percpuref_this_cpu_params percpuref_this_cpu_params_coloured
-#define percpuref_nr_cpu_units percpuref_nr_cpu_units_coloured
+#define PERCPUREF_COLOURED_(name, colour) name##_c##colour
+#define PERCPUREF_COLOURED(name, colour) PERCPUREF_COLOURED_(name, colour)
+#define percpuref_this_cpu_params \
+	PERCPUREF_COLOURED(percpuref_this_cpu_params, PERCPUREF_UNIT_COLOUR)
+#define percpuref_nr_cpu_units PERCPUREF_COLOURED(percpuref_nr_cpu_units, PERCPUREF_UNIT_COLOUR)
 #define PERCPUREF_X86_64_UNIT_OFFSET "imulq %[stride], %%rax, %%rax\n\t"
 #define PERCPUREF_ARM64_UNIT_OFFSET "madd x16, x17, %[stride], x16\n\t"
 #define PERCPUREF_ARM64_STRIDE_OPERAND , [stride] "r"(PERCPUREF_UNIT_STRIDE)

@@ -3,55 +3,59 @@
 # PERCPUREF_UNIT_COLOUR (include/percpuref/this_cpu.h) moves every CPU's
 # copy of a counter, and the header's inline sequences compute that address:
 # a program built with another value than its library's would add to the
-# wrong words.  So the variables the sequences read are named after it.
-# Checks, against a library built without it: that a program built without
-# it links; that one built with it fails to link, naming the renamed
-# variable; that a value not a multiple of 64 stops at the header's #error.
-# Usage: check_unit_colour.sh CC INCLUDE_DIR LIBRARY
+# wrong words.  So the variables the sequences read carry the value in
+# their names.  With the install check's consumer (tests/install/consumer.c)
+# against the library: built with the library's value it links; built with
+# another (none, or 64 more or less) it fails to link, naming such a
+# variable, wherever the header inlines a sequence (aarch64 without
+# PERCPUREF_ARM64_RSEQ inlines none: the library computes every address);
+# a value not a multiple of 64 stops at the header's #error.
+# Usage: check_unit_colour.sh CC NM INCLUDE_DIR LIBRARY LIBRARY_COLOUR
 set -u
 cc=$1
-include=$2
-library=$3
+nm=$2
+include=$3
+library=$4
+colour=$5
+consumer=$(dirname "$0")/../install/consumer.c
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cat >"$work/consumer.c" <<'SRC'
-#include <percpuref/percpu_ref.h>
-static void release(struct percpu_ref *ref) { (void)ref; }
-int main(void)
-{
-	struct percpu_ref ref;
-
-	if (percpu_ref_init(&ref, release, 0))
-		return 1;
-	percpu_ref_get(&ref);
-	percpu_ref_put(&ref);
-	percpu_ref_kill(&ref);
-	percpu_ref_exit(&ref);
-	return 0;
-}
-SRC
 status=0
+flag() { (($1)) && echo "-DPERCPUREF_UNIT_COLOUR=$1"; }
 build() {
-	"$cc" -pthread -I"$include" "$@" "$work/consumer.c" -o "$work/consumer" "$library" 2>&1
+	"$cc" -pthread -I"$include" $(flag "$1") "$consumer" -o "$work/consumer" "$library" -lurcu-bp 2>&1
 }
-if out=$(build); then
-	echo "ok - a program built with the library's colour (none) links"
+# refused COLOUR PATTERN WHAT: building with COLOUR must fail, saying PATTERN.
+refused() {
+	local out
+	if out=$(build "$1"); then
+		echo "not ok - $3: it built"
+		status=1
+	elif grep -Eq -- "$2" <<<"$out"; then
+		echo "ok - $3"
+	else
+		echo "not ok - $3, but not for that reason: $out"
+		status=1
+	fi
+}
+if out=$(build "$colour"); then
+	echo "ok - built with the library's colour ($colour), a program links"
 else
-	echo "not ok - a program built with the library's colour does not link: $out"
+	echo "not ok - built with the library's colour ($colour), a program does not link: $out"
 	status=1
 fi
-out=$(build -DPERCPUREF_UNIT_COLOUR=64)
-if [ $? -ne 0 ] && grep -q '_coloured' <<<"$out"; then
-	echo "ok - a program built with PERCPUREF_UNIT_COLOUR=64 fails to link, naming the coloured variable"
-else
-	echo "not ok - a program built with another colour was not refused: $out"
-	status=1
-fi
-out=$(build -DPERCPUREF_UNIT_COLOUR=100)
-if [ $? -ne 0 ] && grep -q 'PERCPUREF_UNIT_COLOUR: a multiple of 64' <<<"$out"; then
-	echo "ok - a colour not a multiple of 64 stops at the header's #error"
-else
-	echo "not ok - PERCPUREF_UNIT_COLOUR=100 was not refused: $out"
-	status=1
-fi
+others=$( ((colour)) && echo 0 || echo 64)
+((colour + 64 < 65536)) && others+=" $((colour + 64))"
+((colour >= 64)) && others+=" $((colour - 64))"
+for other in $(tr ' ' '\n' <<<"$others" | sort -un); do
+	"$cc" -c -I"$include" $(flag "$other") "$consumer" -o "$work/consumer.o"
+	if ! "$nm" -u "$work/consumer.o" | grep -Eq 'percpuref_(this_cpu_params|nr_cpu_units)'; then
+		echo "ok - # skip colour $other: no inline sequence here reads the layout"
+		continue
+	fi
+	refused "$other" 'percpuref_(this_cpu_params|nr_cpu_units)' \
+		"built with colour $other against the library's $colour, it fails to link"
+done
+refused 100 'PERCPUREF_UNIT_COLOUR: a multiple of 64' \
+	"a colour not a multiple of 64 stops at the header's #error"
 exit $status

@@ -500,16 +500,68 @@ static void test_spares(void)
 		   PERCPU_REF_SCAN_FILTERED);
 }
 
+/* spare_giver()'s threads: how many made and exited their ref, and
+ * whether the test gave up waiting for the rest (a thread not created). */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t changed;
+	int made;
+	bool abandoned;
+} givers = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false };
+
+/* Thread of test_exit_keeps_spare(): makes a ref and exits it (its chain
+ * keeps the impl), waits until @nr threads did so (no init then follows
+ * a give), and exits, giving back its chain of one. */
+static void *spare_giver(void *arg)
+{
+	struct object o = { 0 };
+	int nr = *(int *)arg;
+	bool made = percpu_ref_init(&o.ref, obj_release, 0) == 0;
+
+	if (made)
+		percpu_ref_exit(&o.ref);
+	pthread_mutex_lock(&givers.lock);
+	givers.made += made;
+	pthread_cond_broadcast(&givers.changed);
+	while (givers.made < nr && !givers.abandoned)
+		pthread_cond_wait(&givers.changed, &givers.lock);
+	pthread_mutex_unlock(&givers.lock);
+	return NULL;
+}
+
+/* @nr threads each give back a chain of one spare at their exit. */
+static void give_chains_of_one(int nr)
+{
+	pthread_t *threads = calloc((size_t)nr, sizeof(*threads));
+	int i, created = 0;
+
+	for (i = 0; threads && i < nr; i++, created++)
+		if (pthread_create(&threads[i], NULL, spare_giver, &nr))
+			break;
+	pthread_mutex_lock(&givers.lock);
+	givers.abandoned = created < nr;
+	pthread_cond_broadcast(&givers.changed);
+	pthread_mutex_unlock(&givers.lock);
+	for (i = 0; i < created; i++)
+		pthread_join(threads[i], NULL);
+	is(created, nr, "%d threads, each with a ref made and exited", nr);
+	is(givers.made, created, "every one made its ref");
+	free(threads);
+}
+
 /*
  * An unmanaged ref's exit keeps its impl in the thread's cache for the
  * thread's next init, as the reclaimer's chains are kept (percpu_alloc.c,
  * "Spares"): a malloc() and a free() a ref were the largest symbol of a
  * kill cycle at sixteen threads on the lent machine.  Up to
  * PERCPUREF_SPARE_CHAIN wait in a thread; an exit past a full chain sends
- * that chain to the depot.  Under ASan and valgrind none is kept.
+ * that chain to the depot, and a thread's exit what is left of it, spliced
+ * onto the depot's top chain where both fit.  Under ASan and valgrind none
+ * is kept.
  */
 static void test_exit_keeps_spare(void)
 {
+	enum { GIVERS = 200 };
 	static struct object more[PERCPUREF_SPARE_CHAIN + 1];
 	struct object a = { 0 }, b = { 0 };
 	struct percpu_ref_data *impl;
@@ -552,6 +604,13 @@ static void test_exit_keeps_spare(void)
 	   "one more: the chain goes to the depot");
 	percpuref_test_spares_drop();
 	is(percpuref_test_spares_waiting(), 0, "dropped (test hook)");
+
+	/* Chains of one, given at once: spliced, the depot keeps them all
+	 * (each its own entry, it kept 128 and freed the rest). */
+	give_chains_of_one(GIVERS);
+	is(percpuref_test_spares_waiting(), GIVERS,
+	   "their %d chains of one are all kept in the depot, spliced", GIVERS);
+	percpuref_test_spares_drop();
 }
 
 /* Bytes the process's malloc() hands out now; 0 where another allocator
