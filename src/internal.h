@@ -390,12 +390,13 @@ static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int c
 /* percpuref_get_counter_stats(): public, in <percpuref/percpu_ref.h>. */
 /*
  * Spare objects (percpu_alloc.c, "Spares"): the memory of the refs'
- * bookkeeping (struct percpu_ref_impl) that the reclaimer let go of, kept
- * for the next init on an application thread instead of a cross-thread
+ * bookkeeping (struct percpu_ref_impl) that the reclaimer or an exit let
+ * go of, kept for the next init on an application thread instead of a
  * free().  A chain is up to PERCPUREF_SPARE_CHAIN objects linked through
- * their first word, NULL-terminated; give() keeps it, or frees it when
- * PERCPUREF_SPARE_DEPOT_CHAINS chains wait already; take() returns one
- * object, its contents undefined, or NULL (then malloc).
+ * their first word, NULL-terminated; give() keeps it (spliced onto the
+ * depot's top chain where both fit), or frees it when the depot holds
+ * PERCPUREF_SPARE_DEPOT_CHAINS chains and it does not fit on the top one;
+ * take() returns one object, its contents undefined, or NULL (then malloc).
  */
 #define PERCPUREF_SPARE_CHAIN 32
 #define PERCPUREF_SPARE_DEPOT_CHAINS 128

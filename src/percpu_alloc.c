@@ -326,7 +326,9 @@ static void spares_free(struct percpuref_spares *chain)
  * thread that made a ref and exited it): each its own entry, 128 such
  * threads filled the depot with 128 objects, and every chain given after
  * them was freed.  Spliced, two adjacent entries hold more than a chain:
- * a full depot holds more than half of its 4,096. */
+ * a full depot holds more than half of its 4,096.  The walk to the given
+ * chain's tail (at most 31 links) is under the lock; only a partial
+ * chain takes it, given at a thread's exit or a reclaimer pass's end. */
 static void spare_put_locked(struct percpuref_spares *chain)
 {
 	struct percpuref_spares *top = spare_depot_count ? &spare_depot[spare_depot_count - 1]

@@ -10,20 +10,39 @@
 # variable, wherever the header inlines a sequence (aarch64 without
 # PERCPUREF_ARM64_RSEQ inlines none: the library computes every address);
 # a value not a multiple of 64 stops at the header's #error.
-# Usage: check_unit_colour.sh CC NM INCLUDE_DIR LIBRARY LIBRARY_COLOUR
+# Usage: check_unit_colour.sh CC NM INCLUDE_DIR LIBRARY LIBRARY_COLOUR [ARG...]
+# ARGs: what else a consumer of the library is compiled and linked with
+# (liburcu's include directories and libraries, the library's other public
+# definitions: PERCPUREF_ARM64_RSEQ).
 set -u
+if (($# < 5)) || [ -z "$1" ] || [ -z "$2" ]; then
+	echo "usage: check_unit_colour.sh CC NM INCLUDE_DIR LIBRARY LIBRARY_COLOUR [ARG...]" >&2
+	exit 2
+fi
 cc=$1
 nm=$2
 include=$3
 library=$4
 colour=$5
+shift 5
 consumer=$(dirname "$0")/../install/consumer.c
-work=$(mktemp -d)
+work=$(mktemp -d) || exit 1
 trap 'rm -rf "$work"' EXIT
 status=0
 flag() { (($1)) && echo "-DPERCPUREF_UNIT_COLOUR=$1"; }
+# The ARGs sorted: -I and -D flags compile, the rest link; empty ones (a
+# definition the build has not) dropped.
+cflags=() libs=()
+for arg; do
+	case $arg in
+	"") ;;
+	-I* | -D*) cflags+=("$arg") ;;
+	*) libs+=("$arg") ;;
+	esac
+done
 build() {
-	"$cc" -pthread -I"$include" $(flag "$1") "$consumer" -o "$work/consumer" "$library" -lurcu-bp 2>&1
+	"$cc" -pthread -I"$include" $(flag "$1") "${cflags[@]}" "$consumer" -o "$work/consumer" \
+		"$library" "${libs[@]}" 2>&1
 }
 # refused COLOUR PATTERN WHAT: building with COLOUR must fail, saying PATTERN.
 refused() {
@@ -48,7 +67,11 @@ others=$( ((colour)) && echo 0 || echo 64)
 ((colour + 64 < 65536)) && others+=" $((colour + 64))"
 ((colour >= 64)) && others+=" $((colour - 64))"
 for other in $(tr ' ' '\n' <<<"$others" | sort -un); do
-	"$cc" -c -I"$include" $(flag "$other") "$consumer" -o "$work/consumer.o"
+	if ! out=$("$cc" -c -I"$include" $(flag "$other") "${cflags[@]}" "$consumer" -o "$work/consumer.o" 2>&1); then
+		echo "not ok - colour $other: the consumer does not compile: $out"
+		status=1
+		continue
+	fi
 	if ! "$nm" -u "$work/consumer.o" | grep -Eq 'percpuref_(this_cpu_params|nr_cpu_units)'; then
 		echo "ok - # skip colour $other: no inline sequence here reads the layout"
 		continue

@@ -500,18 +500,20 @@ static void test_spares(void)
 		   PERCPU_REF_SCAN_FILTERED);
 }
 
-/* spare_giver()'s threads: how many made and exited their ref, and
- * whether the test gave up waiting for the rest (a thread not created). */
+/* spare_giver()'s threads: how many tried to make and exit their ref,
+ * how many did, and whether the test gave up waiting for the rest (a
+ * thread not created). */
 static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t changed;
-	int made;
+	int arrived, made;
 	bool abandoned;
-} givers = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false };
+} givers = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, false };
 
 /* Thread of test_exit_keeps_spare(): makes a ref and exits it (its chain
- * keeps the impl), waits until @nr threads did so (no init then follows
- * a give), and exits, giving back its chain of one. */
+ * keeps the impl), waits until @nr threads tried (no init then follows
+ * a give; one whose init failed waits too, counted), and exits, giving
+ * back its chain of one. */
 static void *spare_giver(void *arg)
 {
 	struct object o = { 0 };
@@ -521,9 +523,10 @@ static void *spare_giver(void *arg)
 	if (made)
 		percpu_ref_exit(&o.ref);
 	pthread_mutex_lock(&givers.lock);
+	givers.arrived++;
 	givers.made += made;
 	pthread_cond_broadcast(&givers.changed);
-	while (givers.made < nr && !givers.abandoned)
+	while (givers.arrived < nr && !givers.abandoned)
 		pthread_cond_wait(&givers.changed, &givers.lock);
 	pthread_mutex_unlock(&givers.lock);
 	return NULL;
@@ -535,6 +538,10 @@ static void give_chains_of_one(int nr)
 	pthread_t *threads = calloc((size_t)nr, sizeof(*threads));
 	int i, created = 0;
 
+	pthread_mutex_lock(&givers.lock);
+	givers.arrived = givers.made = 0;
+	givers.abandoned = false;
+	pthread_mutex_unlock(&givers.lock);
 	for (i = 0; threads && i < nr; i++, created++)
 		if (pthread_create(&threads[i], NULL, spare_giver, &nr))
 			break;
