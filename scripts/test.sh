@@ -147,31 +147,35 @@ else
 fi
 stage "aarch64 rseq sequence (PERCPUREF_ARM64_RSEQ=ON): compiled, not run"
 # The libraries and the fast paths' unit test: what inlines the sequence
-# (the whole tree took 25-52 s, its tests never run).
-if ! configure_and_build build/test-aarch64-rseq -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
-                         -DPERCPUREF_ARM64_RSEQ=ON -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND \
-                         -- percpuref percpuref_static test_fast_path stress_percpu_ref; then
-  failed+=("aarch64 rseq build")
-fi
+# (the whole tree took 25-52 s, its tests never run); and the same with
+# the units spaced (PERCPUREF_UNIT_COLOUR, below: the sequence's madd).
+for colour in 0 64; do
+  dir=build/test-aarch64-rseq
+  suffix=""
+  if ((colour)); then
+    dir+=-colour
+    suffix=", units spaced"
+  fi
+  if ! configure_and_build "$dir" -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+                           -DPERCPUREF_ARM64_RSEQ=ON -DPERCPUREF_UNIT_COLOUR=$colour \
+                           -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND \
+                           -- percpuref percpuref_static test_fast_path stress_percpu_ref; then
+    failed+=("aarch64 rseq build$suffix")
+  fi
+done
 stage "per-CPU units spaced (PERCPUREF_UNIT_COLOUR=64): the layout's tests"
 # A build option that changes what the headers' sequences compute: the
 # tests of the layout, the fast paths (gcc, static, clang where found) and
 # the managed refs, on the three fast paths, the check that a program built
 # with another value fails to link, and the installed library's consumers
-# (pkg-config, CMake: they must get the value); and the aarch64 sequence
-# compiled with it.  The whole tree, since the install needs it.
+# (pkg-config, CMake: they must get the value).  The whole tree, since the
+# install needs it.
 if ! configure_and_build build/test-colour -DPERCPUREF_UNIT_COLOUR=64 \
                          -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND; then
   failed+=("unit colour build")
 elif ! ctest --test-dir build/test-colour --output-on-failure -j "$jobs" --timeout 900 \
              -R '^((ownrseq_|norseq_)?(test_percpu_ref|test_fast_path|static_test_fast_path|clang_test_fast_path|test_managed|stress_percpu_ref)|check_unit_colour|install_check)$'; then
   failed+=("unit colour tests")
-fi
-if ! configure_and_build build/test-aarch64-rseq-colour -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
-                         -DPERCPUREF_ARM64_RSEQ=ON -DPERCPUREF_UNIT_COLOUR=64 \
-                         -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND \
-                         -- percpuref percpuref_static test_fast_path; then
-  failed+=("aarch64 rseq build, units spaced")
 fi
 
 if [ "${KERNEL_TESTS:-1}" != 0 ]; then

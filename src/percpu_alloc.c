@@ -609,20 +609,17 @@ PERCPUREF_API unsigned long percpuref_test_spares_waiting(void)
 
 PERCPUREF_API void percpuref_test_spares_drop(void)
 {
-	struct percpuref_spares chains[PERCPUREF_SPARE_DEPOT_CHAINS];
-	unsigned int n, i;
+	unsigned int i;
 
 	if (cache_state == CACHE_ACTIVE)
 		spares_free(&cache->spares);
+	/* A test's: the frees may as well wait under the lock. */
 	pthread_mutex_lock(&alloc_lock);
-	n = spare_depot_count;
-	for (i = 0; i < n; i++)
-		chains[i] = spare_depot[i];
+	for (i = 0; i < spare_depot_count; i++)
+		spares_free(&spare_depot[i]);
 	/* Relaxed: the hint, as in spare_put_locked(). */
 	__atomic_store_n(&spare_depot_count, 0, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&alloc_lock);
-	for (i = 0; i < n; i++)
-		spares_free(&chains[i]);
 }
 
 PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *stats)

@@ -61,21 +61,12 @@ static double thread_cpu_ns(void)
 	return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
-/* CPU n's copy is n units on (this_cpu.h): a shift, or a multiply where a
- * build spaces the units (PERCPUREF_UNIT_COLOUR). */
-#define STRINGIFY_(x) #x
-#define STRINGIFY(x) STRINGIFY_(x)
-#if PERCPUREF_UNIT_COLOUR
-#define UNIT_OFFSET "imulq $(65536 + " STRINGIFY(PERCPUREF_UNIT_COLOUR) "), %%rax, %%rax\n\t"
-#else
-#define UNIT_OFFSET "shlq $16, %%rax\n\t"
-#endif
-
 /*
  * One add of @delta through @body, restarted on abort; a flagged or
  * out-of-range exit is a failure (the counter is per-CPU and the CPU has a
  * unit).  The operands every body may use: the params word, the old
- * variables, the mode word, the delta.
+ * variables, the mode word, the delta, and the unit step's (CPU n's copy
+ * is n units on: PERCPUREF_X86_64_UNIT_OFFSET, this_cpu.h).
  */
 #define ADD(body, delta_value)						\
 	do {								\
@@ -87,7 +78,9 @@ restart:								\
 			  [off] "m"(percpuref_rseq_offset),		\
 			  [units] "m"(percpuref_nr_cpu_units),		\
 			  [word] "m"(ref.percpu_count_ptr),		\
-			  [delta] "er"((unsigned long)(delta_value))	\
+			  [delta] "er"((unsigned long)(delta_value)),	\
+			  [shift] "i"(PERCPUREF_UNIT_SHIFT),		\
+			  [stride] "i"(PERCPUREF_UNIT_STRIDE)		\
 			: "memory", "cc", "rax", "rcx", "rdx"		\
 			: restart, failed);				\
 	} while (0)
@@ -119,13 +112,15 @@ static void name(void)							\
 									\
 	for (long i = 0; i < pairs; i++) {				\
 		__asm__ __volatile__("movl %c[cpu_id](%[rs]), %%eax\n\t" \
-				     UNIT_OFFSET add("$1")	\
+				     PERCPUREF_X86_64_UNIT_OFFSET add("$1")	\
 				     "movl %c[cpu_id](%[rs]), %%eax\n\t" \
-				     UNIT_OFFSET add("%[put]") \
+				     PERCPUREF_X86_64_UNIT_OFFSET add("%[put]") \
 				     :					\
 				     : [rs] "r"(rs), [cpu0] "r"(cpu0),	\
 				       [put] "er"(PERCPU_REF_PUT_DELTA),	\
-				       [cpu_id] "i"(offsetof(struct percpuref_rseq_area, cpu_id)) \
+				       [cpu_id] "i"(offsetof(struct percpuref_rseq_area, cpu_id)), \
+				       [shift] "i"(PERCPUREF_UNIT_SHIFT),	\
+				       [stride] "i"(PERCPUREF_UNIT_STRIDE)	\
 				     : "memory", "cc", "rax");		\
 	}								\
 }
@@ -133,7 +128,9 @@ UNPROTECTED(unprotected, ONE_REGISTER)
 UNPROTECTED(unprotected_indexed, INDEXED)
 
 /* + the mode word loaded per add (the base of the counter). */
-#define MODE_WORD "movq %[word], %%rcx\n\t" UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"
+#define MODE_WORD							\
+	"movq %[word], %%rcx\n\t" PERCPUREF_X86_64_UNIT_OFFSET		\
+	"addq %[delta], (%%rcx, %%rax)\n\t"
 static void with_mode_word(void)
 {
 	PAIRS("movq %[off], %%rdx\n\tadd %%fs:0, %%rdx\n\tmovl 4(%%rdx), %%eax\n\t" MODE_WORD);
@@ -144,7 +141,7 @@ static void with_mode_word(void)
 	"movq %[off], %%rdx\n\ttestq %%rdx, %%rdx\n\tje %l[failed]\n\t"	\
 	"add %%fs:0, %%rdx\n\tmovl 4(%%rdx), %%eax\n\t"			\
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"
+	PERCPUREF_X86_64_UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"
 static void with_tests(void)
 {
 	PAIRS(OLD_TESTS_BODY);
@@ -156,7 +153,7 @@ static void with_tests(void)
 	"add %%fs:0, %%rdx\n\tmovl 4(%%rdx), %%eax\n\t"			\
 	"cmpl %[units], %%eax\n\tjae %l[failed]\n\t"			\
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"
+	PERCPUREF_X86_64_UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"
 static void with_bound(void)
 {
 	PAIRS(OLD_BOUND_BODY);
@@ -171,7 +168,7 @@ static void with_bound(void)
 	"1:\n\t"							\
 	"movl 4(%%rdx), %%eax\n\tcmpl %[units], %%eax\n\tjae %l[failed]\n\t" \
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"		\
+	PERCPUREF_X86_64_UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"		\
 	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void old_sequence(void)
 {
@@ -186,7 +183,7 @@ static void old_sequence(void)
 	"1:\n\t"							\
 	"movl %%fs:4(%%rdx), %%eax\n\tcmpl %[units], %%eax\n\tjae %l[failed]\n\t" \
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"		\
+	PERCPUREF_X86_64_UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"		\
 	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void fs_relative(void)
 {
@@ -201,7 +198,7 @@ static void fs_relative(void)
 	"1:\n\t"							\
 	"movl %%fs:4(%%rcx), %%eax\n\tcmpl %%edx, %%eax\n\tjae %l[failed]\n\t" \
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"		\
+	PERCPUREF_X86_64_UNIT_OFFSET "addq %[delta], (%%rcx, %%rax)\n\t"		\
 	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void indexed_commit(void)
 {
@@ -240,7 +237,7 @@ static void library_put_in_register(void)
 	"1:\n\t"							\
 	"movl %%fs:4(%%rdx), %%eax\n\t"					\
 	"movq %[word], %%rcx\n\ttestq $3, %%rcx\n\tjnz %l[failed]\n\t"	\
-	UNIT_OFFSET "addq %%rcx, %%rax\n\taddq %[delta], (%%rax)\n\t" \
+	PERCPUREF_X86_64_UNIT_OFFSET "addq %%rcx, %%rax\n\taddq %[delta], (%%rax)\n\t" \
 	PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT
 static void no_bound(void)
 {
