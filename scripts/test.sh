@@ -163,19 +163,27 @@ for colour in 0 64; do
     failed+=("aarch64 rseq build$suffix")
   fi
 done
-stage "per-CPU units spaced (PERCPUREF_UNIT_COLOUR=64): the layout's tests"
-# A build option that changes what the headers' sequences compute: the
-# tests of the layout, the fast paths (gcc, static, clang where found) and
-# the managed refs, on the three fast paths, the check that a program built
-# with another value fails to link, and the installed library's consumers
-# (pkg-config, CMake: they must get the value).  The whole tree, since the
-# install needs it.
-if ! configure_and_build build/test-colour -DPERCPUREF_UNIT_COLOUR=64 \
+stage "measurement build options set otherwise: the layout's and the allocator's tests"
+# The build options that change a layout, in one tree: the per-CPU units
+# spaced (PERCPUREF_UNIT_COLOUR=64, which changes what the headers'
+# sequences compute), the counters a cache line apart
+# (PERCPUREF_COUNTER_STRIDE=64), magazines of 128 slots
+# (PERCPUREF_MAGAZINE_SLOTS) and 2^14 switch stripes
+# (PERCPUREF_SWITCH_STRIPE_BITS): docs/lent-16core.md measured with them.
+# The tests of the layout and the allocator (which take the build's
+# values from src/internal.h), the fast paths (gcc, static, clang where
+# found), the managed refs and the stripes, on the three fast paths; the
+# check that a program built with another colour fails to link; and the
+# installed library's consumers (pkg-config, CMake: they must get the
+# colour).  The whole tree, since the install needs it.  The last three
+# are internal: CMAKE_C_FLAGS, as a measurement build sets them.
+if ! configure_and_build build/test-options -DPERCPUREF_UNIT_COLOUR=64 \
+                         "-DCMAKE_C_FLAGS=-DPERCPUREF_COUNTER_STRIDE=64 -DPERCPUREF_MAGAZINE_SLOTS=128 -DPERCPUREF_SWITCH_STRIPE_BITS=14" \
                          -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND; then
-  failed+=("unit colour build")
-elif ! ctest --test-dir build/test-colour --output-on-failure -j "$jobs" --timeout 900 \
-             -R '^((ownrseq_|norseq_)?(test_percpu_ref|test_fast_path|static_test_fast_path|clang_test_fast_path|test_managed|stress_percpu_ref)|check_unit_colour|install_check)$'; then
-  failed+=("unit colour tests")
+  failed+=("build options build")
+elif ! ctest --test-dir build/test-options --output-on-failure -j "$jobs" --timeout 900 \
+             -R '^((ownrseq_|norseq_)?(test_percpu_ref|test_alloc_sweep|test_fast_path|static_test_fast_path|clang_test_fast_path|test_managed|stress_percpu_ref|stress_stripe_mates)|check_unit_colour|install_check)$'; then
+  failed+=("build options tests")
 fi
 
 if [ "${KERNEL_TESTS:-1}" != 0 ]; then

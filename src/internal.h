@@ -380,7 +380,38 @@ static inline unsigned int percpuref_switch_stripe_index(const void *ref)
 	return (unsigned int)(h >> (64 - PERCPUREF_SWITCH_STRIPE_BITS));
 }
 
-/* Per-CPU allocator (percpu_alloc.c).  Counters are zeroed on allocation. */
+/*
+ * The per-CPU allocator's measurement options (percpu_alloc.c), here so
+ * that the tests check the build's values.  A build may space the slots
+ * further apart (-DPERCPUREF_COUNTER_STRIDE=64, bytes, a power of two) to
+ * measure what threads whose counters share a cache line of a unit cost
+ * (docs/lent-16core.md): each slot then fills a line of its own, 64 bytes
+ * a CPU instead of 8.  Or another magazine size
+ * (-DPERCPUREF_MAGAZINE_SLOTS=128) to measure what trading magazines
+ * costs: a thread then holds up to twice that many free slots.
+ * scripts/test.sh runs the layout's and the allocator's tests with both
+ * (and the stripe bits above) set otherwise.
+ */
+#ifndef PERCPUREF_COUNTER_STRIDE
+#define PERCPUREF_COUNTER_STRIDE 8
+#endif
+_Static_assert(PERCPUREF_COUNTER_STRIDE >= sizeof(unsigned long) &&
+		       (PERCPUREF_COUNTER_STRIDE & (PERCPUREF_COUNTER_STRIDE - 1)) == 0 &&
+		       PERCPUREF_COUNTER_STRIDE <= 4096,
+	       "PERCPUREF_COUNTER_STRIDE: a power of two, 8 to 4096");
+#ifndef PERCPUREF_MAGAZINE_SLOTS
+#define PERCPUREF_MAGAZINE_SLOTS 32
+#endif
+_Static_assert(PERCPUREF_MAGAZINE_SLOTS >= 1 && PERCPUREF_MAGAZINE_SLOTS <= 4096,
+	       "PERCPUREF_MAGAZINE_SLOTS: 1 to 4096");
+
+/*
+ * Per-CPU allocator (percpu_alloc.c).  A free slot's copies are zero on
+ * every unit but CPU 0's, which holds its free link: an allocation zeroes
+ * that one, and whoever frees a slot leaves the others zero (a fold clears
+ * them: percpuref_counter_take_sum(); an exit of a per-CPU ref:
+ * percpuref_counter_clear()).  So a counter comes zeroed.
+ */
 uintptr_t percpuref_counter_alloc(void);	/* CPU 0's address, or 0: ENOMEM */
 void percpuref_counter_free(uintptr_t cpu0);
 static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int cpu)
@@ -452,6 +483,42 @@ static inline unsigned long percpuref_counter_sum(uintptr_t cpu0, unsigned int n
 	for (cpu = 0; cpu < nr_units; cpu++)
 		sum += __atomic_load_n(percpuref_counter_on(cpu0, cpu), __ATOMIC_ACQUIRE);
 	return sum;
+}
+
+/*
+ * The fold's sum: as percpuref_counter_sum(), each word zeroed once read.
+ * Only after the reader fence of a switch to atomic, which no add can
+ * follow, under the ref's switch lock: the words then stay zero while the
+ * ref is atomic (a switch back to per-CPU mode finds them so, and a free
+ * leaves them so), and a counter's copies are written by a fold, not by
+ * both the fold and the next allocation: one pass over their lines a
+ * life, not two (docs/percpu_ref.md, "One pass over the copies").
+ * Relaxed stores: the next to read them is the same ref under the same
+ * lock, whose switch back publishes them with the mode word's release, or
+ * the slot's next owner, after the allocator's lock or on this thread.
+ */
+static inline unsigned long percpuref_counter_take_sum(uintptr_t cpu0, unsigned int nr_units)
+{
+	unsigned long sum = 0, *word;
+	unsigned int cpu;
+
+	for (cpu = 0; cpu < nr_units; cpu++) {
+		word = percpuref_counter_on(cpu0, cpu);
+		sum += __atomic_load_n(word, __ATOMIC_ACQUIRE);
+		__atomic_store_n(word, 0, __ATOMIC_RELAXED);
+	}
+	return sum;
+}
+
+/* Zeroes the counter's per-CPU words: before the free of one that was
+ * per-CPU (an exit without a kill).  The caller holds the ref's switch
+ * lock; the next owner reads them after the allocator's lock. */
+static inline void percpuref_counter_clear(uintptr_t cpu0, unsigned int nr_units)
+{
+	unsigned int cpu;
+
+	for (cpu = 0; cpu < nr_units; cpu++)
+		__atomic_store_n(percpuref_counter_on(cpu0, cpu), 0, __ATOMIC_RELAXED);
 }
 
 /* The per-CPU net count a sum of monotonic words stands for (percpu_ref.h,

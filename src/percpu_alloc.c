@@ -9,9 +9,13 @@
  * at the same offset in every unit, named by the address of its CPU 0 copy:
  * CPU n's copy is n * PERCPUREF_UNIT_STRIDE bytes further.  So a counter
  * costs 8 bytes per CPU, counters of one CPU are packed together (the fast
- * path writes a unit's lines only from that CPU; an allocation's zeroing,
- * a fold and the free links touch them from any), and no two CPUs' copies
- * ever share a cache line.  The fast path needs no table lookup: a shift
+ * path writes a unit's lines only from that CPU; a fold, which reads and
+ * zeroes every copy, and the free links touch them from any), and no two
+ * CPUs' copies ever share a cache line.  A free slot's copies are zero
+ * but CPU 0's, its link: whoever frees one leaves them so (internal.h),
+ * and an allocation zeroes the link alone.  (Up to 0.4.10 it zeroed every
+ * copy, lines the fold of the slot's last life had just read: two passes
+ * over them a life, each line a miss where other threads' slots share it.)  The fast path needs no table lookup: a shift
  * (a multiply where the units are spaced) and an add.
  *
  * Chunks are anonymous mappings reserved whole and populated by the kernel as
@@ -64,8 +68,9 @@
  * At most 2 * MAGAZINE_SLOTS free slots wait in a live thread's cache; a
  * new chunk is mapped only when the shared pool (depot, free list, tail)
  * is empty (a refill takes what is left and maps none), whatever other
- * caches hold.  Zeroing happens outside the lock, by the allocating
- * thread, the slot being its own from the moment it left the pool.
+ * caches hold.  The link's zeroing happens outside the lock, by the
+ * allocating thread, the slot being its own from the moment it left the
+ * pool.
  *
  * A magazine is a chain of free slots linked through their CPU 0 copies,
  * named by its first slot; the depot is an array of such names (grown
@@ -124,32 +129,7 @@
 
 #include "internal.h"
 
-/*
- * A build may space the slots further apart (-DPERCPUREF_COUNTER_STRIDE=64,
- * bytes, a power of two) to measure what threads whose counters share a
- * cache line of a unit cost (docs/lent-16core.md): each slot then fills a
- * line of its own, 64 bytes a CPU instead of 8.  The tests assume the
- * default.
- */
-#ifndef PERCPUREF_COUNTER_STRIDE
-#define PERCPUREF_COUNTER_STRIDE 8
-#endif
-_Static_assert(PERCPUREF_COUNTER_STRIDE >= sizeof(unsigned long) &&
-		       (PERCPUREF_COUNTER_STRIDE & (PERCPUREF_COUNTER_STRIDE - 1)) == 0 &&
-		       PERCPUREF_COUNTER_STRIDE <= 4096,
-	       "PERCPUREF_COUNTER_STRIDE: a power of two, 8 to 4096");
 #define SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / PERCPUREF_COUNTER_STRIDE)
-/*
- * A build may set another size (-DPERCPUREF_MAGAZINE_SLOTS=128) to measure
- * what trading magazines costs (docs/lent-16core.md): a thread then holds
- * up to twice that many free slots, each 8 bytes a CPU.  The tests assume
- * the default.
- */
-#ifndef PERCPUREF_MAGAZINE_SLOTS
-#define PERCPUREF_MAGAZINE_SLOTS 32
-#endif
-_Static_assert(PERCPUREF_MAGAZINE_SLOTS >= 1 && PERCPUREF_MAGAZINE_SLOTS <= 4096,
-	       "PERCPUREF_MAGAZINE_SLOTS: 1 to 4096");
 #define MAGAZINE_SLOTS PERCPUREF_MAGAZINE_SLOTS
 
 enum cache_state { CACHE_UNREGISTERED, CACHE_ACTIVE, CACHE_RETIRED };
@@ -479,7 +459,6 @@ static uintptr_t cache_pop(struct slot_cache *c)
 uintptr_t percpuref_counter_alloc(void)
 {
 	struct slot_cache *c = my_cache();
-	unsigned int cpu, nr_units = percpuref_nr_units();
 	uintptr_t cpu0 = c ? cache_pop(c) : 0;
 
 	if (!cpu0) {
@@ -501,8 +480,8 @@ uintptr_t percpuref_counter_alloc(void)
 	} else {
 		cache_count(c);
 	}
-	for (cpu = 0; cpu < nr_units; cpu++)
-		*percpuref_counter_on(cpu0, cpu) = 0;
+	/* The free link; the other copies are zero (internal.h). */
+	*percpuref_counter_on(cpu0, 0) = 0;
 	return cpu0;
 }
 

@@ -29,7 +29,12 @@
  *    Finally the confirm callback runs and the extra reference is dropped;
  *    if that was the last one, @release runs there.
  *  - Kill: set DEAD, switch to atomic as above, drop the initial reference.
- *  - To per-CPU: add BIAS, zero the per-CPU counters, then clear ATOMIC with
+ *    The fold zeroes each per-CPU counter as it reads it, so an atomic ref
+ *    with no switch in flight has them all zero, as has a free slot (but
+ *    for CPU 0's link: the allocator's invariant, internal.h): one pass
+ *    over a counter's copies a life, where an allocation's zeroing and the
+ *    fold made two.  An exit of a per-CPU ref zeroes them before the free.
+ *  - To per-CPU: add BIAS (the counters are zero), then clear ATOMIC with
  *    a release store; it pairs with the reader's load of the mode word
  *    (an rseq load on x86 is ordered by TSO; the fallback loads with acquire)
  *    so any reader that sees the flag clear also sees the zeroed counters.
@@ -709,8 +714,13 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 	}
 	data = ref->data;	/* the wait may have dropped the lock */
 	cpu0 = counter_of(ref);
-	if (cpu0)
+	if (cpu0) {
+		/* An atomic ref's words are zero since its fold (no switch is
+		 * in flight); a per-CPU one's are counts. */
+		if (!(mode_word(ref) & __PERCPU_REF_ATOMIC))
+			percpuref_counter_clear(cpu0, percpuref_nr_units());
 		percpuref_counter_free(cpu0);
+	}
 	/* Keep the final count readable by percpu_ref_is_zero().  One the
 	 * shift past the flag bits would cut (2^62 and above: a per-CPU ref's
 	 * biased count, a pinned one) is kept as the largest that fits: as
@@ -770,8 +780,10 @@ static void fold_percpu_counts(struct percpu_ref *ref)
 	 * the putter's accesses happen before @release. */
 	unitless = __atomic_exchange_n(&impl_of(ref->data)->unitless_word, UNITLESS_FOLDED,
 				       __ATOMIC_ACQUIRE);
-	/* The fence made every update of the per-CPU words visible already. */
-	net = percpuref_counter_net(percpuref_counter_sum(counter_of(ref), percpuref_nr_units()) +
+	/* The fence made every update of the per-CPU words visible already;
+	 * they stay zero from here while the ref is atomic. */
+	net = percpuref_counter_net(percpuref_counter_take_sum(counter_of(ref),
+							       percpuref_nr_units()) +
 				    unitless);
 	/* Relaxed: no release can race (extra reference held); the putter
 	 * that reaches zero later orders after this through the RMW chain. */
@@ -862,7 +874,6 @@ static bool start_atomic_switch(struct percpu_ref *ref, percpu_ref_func_t *confi
 static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 {
 	uintptr_t cpu0 = counter_of(ref);
-	unsigned int cpu, nr_units = percpuref_nr_units();
 
 	if (!(mode_word(ref) & __PERCPU_REF_ATOMIC))
 		return;
@@ -871,10 +882,10 @@ static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 			       "stays atomic", (void *)ref);
 		return;
 	}
-	/* Relaxed: published by the release store below. */
+	/* Relaxed: published by the release store below.  The per-CPU words
+	 * are zero: cleared by the fold that made the ref atomic (no switch
+	 * is in flight), or never written (created atomic, or dead). */
 	__atomic_fetch_add(&ref->data->count, PERCPU_COUNT_BIAS, __ATOMIC_RELAXED);
-	for (cpu = 0; cpu < nr_units; cpu++)
-		__atomic_store_n(percpuref_counter_on(cpu0, cpu), 0, __ATOMIC_RELAXED);
 	/* Reopened.  Relaxed: published by the release store below, which
 	 * unitless_add()'s acquire load of the mode word pairs with; an add
 	 * that lands on it now belongs to the new period, whose fold takes

@@ -90,6 +90,19 @@
 #if PERCPUREF_UNIT_COLOUR < 0 || PERCPUREF_UNIT_COLOUR % 64 || PERCPUREF_UNIT_COLOUR >= 65536
 #error "PERCPUREF_UNIT_COLOUR: a multiple of 64, 0 to 65472"
 #endif
+/* (64) would pass the test above and break the names' pasting below with
+ * a message about tokens: the classic probe, 1 for a parenthesised value. */
+#define PERCPUREF_SECOND_(first, second, ...) second
+#define PERCPUREF_SECOND(...) PERCPUREF_SECOND_(__VA_ARGS__)
+#define PERCPUREF_PAREN_PROBE(...) ~, 1,
+#define PERCPUREF_PARENTHESISED(x) PERCPUREF_SECOND(PERCPUREF_PAREN_PROBE x, 0, ~)
+#if PERCPUREF_PARENTHESISED(PERCPUREF_UNIT_COLOUR)
+#error "PERCPUREF_UNIT_COLOUR: spell it as a plain decimal, as the library was built (64, not (64))"
+#endif
+#undef PERCPUREF_PARENTHESISED
+#undef PERCPUREF_PAREN_PROBE
+#undef PERCPUREF_SECOND
+#undef PERCPUREF_SECOND_
 #define PERCPUREF_UNIT_STRIDE ((1UL << PERCPUREF_UNIT_SHIFT) + PERCPUREF_UNIT_COLOUR)
 #if PERCPUREF_UNIT_COLOUR
 #define PERCPUREF_COLOURED_(name, colour) name##_c##colour

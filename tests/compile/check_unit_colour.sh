@@ -9,7 +9,8 @@
 # another (none, or 64 more or less) it fails to link, naming such a
 # variable, wherever the header inlines a sequence (aarch64 without
 # PERCPUREF_ARM64_RSEQ inlines none: the library computes every address);
-# a value not a multiple of 64 stops at the header's #error.
+# a value not a multiple of 64, or one in parentheses, stops at the
+# header's #error.
 # Usage: check_unit_colour.sh CC NM INCLUDE_DIR LIBRARY LIBRARY_COLOUR [ARG...]
 # ARGs: what else a consumer of the library is compiled and linked with
 # (liburcu's include directories and libraries, the library's other public
@@ -81,4 +82,6 @@ for other in $(tr ' ' '\n' <<<"$others" | sort -un); do
 done
 refused 100 'PERCPUREF_UNIT_COLOUR: a multiple of 64' \
 	"a colour not a multiple of 64 stops at the header's #error"
+refused '(64)' 'PERCPUREF_UNIT_COLOUR: spell it as a plain decimal' \
+	"a parenthesised colour stops at the header's #error, not at the names' pasting"
 exit $status

@@ -9,17 +9,19 @@
  * that checks the ref SCANS times while the users run and once more after
  * they are done.  A check is percpuref_managed_begin() (set ATOMIC, take the
  * switch's extra reference), the reader fence, and percpuref_managed_finish()
- * (fold with one add of sum - BIAS, then one CAS of the count from 2 to 0;
- * on success the ref is dead and @release runs, on failure drop the extra
- * reference and switch back to per-CPU: add BIAS, zero the slots, clear
- * ATOMIC).  Asserted:
+ * (fold: read each slot and zero it, then one add of sum - BIAS; then one
+ * CAS of the count from 2 to 0; on success the ref is dead and @release
+ * runs, on failure drop the extra reference and switch back to per-CPU:
+ * add BIAS, clear ATOMIC, the slots being zero since the fold).  Asserted:
  *  - @release runs at most once, only when no user holds a reference, and
  *    the check after the users are done does run it;
  *  - no tryget succeeds after @release;
  *  - no user put ever takes the atomic count to zero;
  *  - the count is exact in every state (monitor: count, less the bias while
- *    biased, plus the live slots equals the references held), and no
- *    per-CPU add lands while the slots are folded.
+ *    biased, plus the live slots and what the fold took from them so far
+ *    equals the references held), and no per-CPU add lands while the
+ *    slots are folded, nor between a slot's read and its zeroing;
+ *  - the slots are zero when the ref goes back to per-CPU mode.
  *
  * Abstractions, as in fold.pml: an rseq section is a start step (clear the
  * abort bit, choose a CPU, read the mode word) and a commit step (restart if
@@ -37,6 +39,12 @@
  * reference and then trygets: failure means the ref is dead and the manager
  * tears it down.  A user put in between takes the count to zero, so that
  * user calls @release too: SPIN finds the double release.
+ *
+ * Mutant (spin -DUSER_VISIBLE_ONLY -DMUTANT_NO_CLEAR): the fold reads the
+ * slots without zeroing them, and the switch back trusts they are zero
+ * (0.4.11 moved the zeroing from the switch back and the allocation to the
+ * fold): the counts of the last per-CPU period are counted again, and the
+ * monitor finds the count off.
  */
 
 #define NCPU	2
@@ -57,6 +65,7 @@ short total = 1;		/* references held by anyone */
 byte users_held;		/* references held by users */
 bit biased = 1;			/* count carries BIAS */
 bit slots_live = 1;		/* slots are part of the count */
+short taken;			/* what the fold zeroed and has not added yet */
 byte released;			/* times @release ran */
 byte users_done;
 
@@ -172,25 +181,36 @@ inline fence()
 	}
 }
 
-/* fold_percpu_counts(). */
+/* fold_percpu_counts(): percpuref_counter_take_sum(), each slot read and
+ * then zeroed, then one add. */
 inline fold()
 {
 	sum = slot[0];
+#ifndef MUTANT_NO_CLEAR
+	atomic { slot[0] = 0; taken = sum };
+#endif
 	sum = sum + slot[1];
+#ifndef MUTANT_NO_CLEAR
+	atomic { slot[1] = 0; taken = sum };
+#endif
 	atomic {
 		count = count + sum - BIAS;
 		biased = 0;
 		slots_live = 0;
+		taken = 0;
 		assert(count >= 2)	/* manager's and switch's at least */
 	}
 }
 
-/* switch_to_percpu_locked(): bias, zero the slots, release-store the word. */
+/* switch_to_percpu_locked(): bias, then release-store the word; the
+ * slots are zero since the fold. */
 inline to_percpu()
 {
 	atomic { count = count + BIAS; biased = 1 };
-	slot[0] = 0;
-	atomic { slot[1] = 0; slots_live = 1 };
+#ifndef USER_VISIBLE_ONLY
+	assert(slot[0] == 0 && slot[1] == 0);
+#endif
+	slots_live = 1;
 	mode = mode & ~ATOMIC
 }
 
@@ -263,7 +283,7 @@ proctype manager()
 active proctype monitor()
 {
 end:	atomic {
-		!(count - (biased -> BIAS : 0) + (slots_live -> slot[0] + slot[1] : 0) ==
+		!(count - (biased -> BIAS : 0) + (slots_live -> slot[0] + slot[1] + taken : 0) ==
 		  total) ->
 		assert(false)
 	}

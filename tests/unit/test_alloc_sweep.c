@@ -473,11 +473,12 @@ static void scenario_managed(void)
 
 /*
  * The allocator's depot: exits that fill both of this thread's magazines
- * (32 slots each) push one on the depot, which grows; inits empty both
- * magazines (4 and 32 slots) and pop one from the depot.
+ * (32 slots each, or a build's PERCPUREF_MAGAZINE_SLOTS) push one on the
+ * depot, which grows; inits empty both magazines (4 and 32 slots) and pop
+ * one from the depot.
  */
-#define DEPOT_REFS 100
-#define DEPOT_REINITS 40
+#define DEPOT_REFS (3 * PERCPUREF_MAGAZINE_SLOTS + 4)
+#define DEPOT_REINITS (PERCPUREF_MAGAZINE_SLOTS + 8)
 
 static struct object depot_objs[DEPOT_REFS];
 

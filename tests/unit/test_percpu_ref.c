@@ -383,20 +383,22 @@ static void test_alloc_failure(void)
 
 static void test_layout(void)
 {
-	size_t per_chunk = (1UL << PERCPUREF_UNIT_SHIFT) / sizeof(unsigned long), i, n;
+	size_t per_chunk = (1UL << PERCPUREF_UNIT_SHIFT) / PERCPUREF_COUNTER_STRIDE, i, n;
 	struct percpuref_counter_stats before, after;
 	struct percpu_ref *refs;
 	uintptr_t c;
 
 	/* Fill what is free, then exactly one chunk's worth: if a counter took
-	 * more than 8 bytes per CPU, a second new chunk would be needed. */
+	 * more than its stride (8 bytes unless a build spaces them) per CPU,
+	 * a second new chunk would be needed. */
 	percpuref_get_counter_stats(&before);
 	n = before.free + per_chunk;
 	refs = calloc(n, sizeof(*refs));
 	for (i = 0; i < n; i++)
 		percpu_ref_init(&refs[i], count_release, 0);
 	percpuref_get_counter_stats(&after);
-	is(after.chunks, before.chunks + 1, "one chunk holds unit/8 counters: 8 bytes per CPU per ref");
+	is(after.chunks, before.chunks + 1, "one chunk holds unit/%d counters: %d bytes per CPU per ref",
+	   PERCPUREF_COUNTER_STRIDE, PERCPUREF_COUNTER_STRIDE);
 	is(after.bytes_mapped - before.bytes_mapped,
 	   (size_t)percpuref_nr_units() * PERCPUREF_UNIT_STRIDE, "a chunk is one unit per possible CPU");
 	c = refs[0].percpu_count_ptr;
@@ -407,6 +409,128 @@ static void test_layout(void)
 	for (i = 0; i < n; i++)
 		percpu_ref_exit(&refs[i]);
 	free(refs);
+}
+
+/*
+ * One pass over a counter's copies a life (percpu_ref.c, internal.h): a
+ * fold zeroes the copies it reads, an exit of a per-CPU ref zeroes them,
+ * and an allocation zeroes only CPU 0's (the free link), trusting that a
+ * free slot's others are zero.  Each life below leaves counts on several
+ * units (threads pinned to different CPUs, or taking different fallback
+ * units, get and put at once), and the slot must then read zero: on every
+ * unit while the ref is atomic, on every unit but 0 once it is free.
+ */
+#define SPREAD_THREADS 4
+
+static pthread_barrier_t spread_barrier;
+
+static void *spread_get_put(void *ref)
+{
+	percpu_ref_get(ref);
+	percpu_ref_put(ref);
+	pthread_barrier_wait(&spread_barrier);	/* every unit taken at once */
+	return NULL;
+}
+
+/* A get and a put from SPREAD_THREADS threads, on as many CPUs. */
+static void spread(struct percpu_ref *ref)
+{
+	pthread_t threads[SPREAD_THREADS];
+	cpu_set_t allowed, one;
+	int i, cpu = -1;
+
+	sched_getaffinity(0, sizeof(allowed), &allowed);
+	pthread_barrier_init(&spread_barrier, NULL, SPREAD_THREADS);
+	for (i = 0; i < SPREAD_THREADS; i++) {
+		pthread_attr_t attr;
+
+		pthread_attr_init(&attr);
+		do
+			cpu = (cpu + 1) % CPU_SETSIZE;
+		while (!CPU_ISSET(cpu, &allowed));
+		CPU_ZERO(&one);
+		CPU_SET(cpu, &one);
+		pthread_attr_setaffinity_np(&attr, sizeof(one), &one);
+		pthread_create(&threads[i], &attr, spread_get_put, ref);
+		pthread_attr_destroy(&attr);
+	}
+	for (i = 0; i < SPREAD_THREADS; i++)
+		pthread_join(threads[i], NULL);
+	pthread_barrier_destroy(&spread_barrier);
+}
+
+/* The counter's CPU 0 address: the mode word without its flags. */
+static uintptr_t counter_of_ref(struct percpu_ref *ref)
+{
+	return ref->percpu_count_ptr & ~(uintptr_t)__PERCPU_REF_ATOMIC_DEAD;
+}
+
+/* Copies of the counter at @cpu0 that are not zero, on units @from on. */
+static unsigned int nonzero_copies(uintptr_t cpu0, unsigned int from)
+{
+	unsigned int cpu, n = 0;
+
+	for (cpu = from; cpu < percpuref_nr_units(); cpu++)
+		n += *percpuref_counter_on(cpu0, cpu) != 0;
+	return n;
+}
+
+static void test_copies_cleared(void)
+{
+	struct percpu_ref ref, fresh;
+	uintptr_t cpu0;
+
+	if (percpuref_nr_units() < 2) {
+		ok(1, "# skip one unit: no copy but CPU 0's");
+		return;
+	}
+	reset();
+	/* An exit of a per-CPU ref. */
+	percpu_ref_init(&ref, count_release, 0);
+	cpu0 = counter_of_ref(&ref);
+	spread(&ref);
+	ok(nonzero_copies(cpu0, 1) > 0, "gets and puts on several units leave counts past unit 0 (%u)",
+	   nonzero_copies(cpu0, 1));
+	percpu_ref_exit(&ref);
+	is(nonzero_copies(cpu0, 1), 0, "an exit of a per-CPU ref leaves its free slot zero");
+
+	/* A kill: the fold, then the free of a ref that cannot come back. */
+	percpu_ref_init(&ref, count_release, 0);
+	cpu0 = counter_of_ref(&ref);
+	spread(&ref);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 1, "killed: released");
+	is(nonzero_copies(cpu0, 1), 0, "a killed ref's fold leaves its free slot zero");
+	percpu_ref_exit(&ref);
+
+	/* Switches back and forth: atomic reads zero everywhere, and the
+	 * switch back, which no longer zeroes, counts exactly. */
+	percpu_ref_init(&ref, count_release, PERCPU_REF_ALLOW_REINIT);
+	cpu0 = counter_of_ref(&ref);
+	spread(&ref);
+	percpu_ref_switch_to_atomic_sync(&ref);
+	is(nonzero_copies(cpu0, 0), 0, "an atomic ref's copies are zero after its fold");
+	is(total(&ref), 1, "and its count is exact");
+	percpu_ref_switch_to_percpu(&ref);
+	spread(&ref);
+	percpu_ref_get(&ref);
+	is(total(&ref), 2, "back to per-CPU: counts exact on the copies the fold cleared");
+	percpu_ref_put(&ref);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 2, "killed again: released");
+	is(nonzero_copies(cpu0, 0), 0, "a dead ref that may come back keeps its counter, zero");
+	percpu_ref_reinit(&ref);
+	spread(&ref);
+	is(total(&ref), 1, "reinit: counts exact");
+	percpu_ref_exit(&ref);
+	is(nonzero_copies(cpu0, 1), 0, "and its exit leaves the free slot zero");
+
+	/* Whatever slot comes next: zero on every unit, CPU 0's link too. */
+	percpu_ref_init(&fresh, count_release, 0);
+	is(nonzero_copies(counter_of_ref(&fresh), 0), 0, "a new counter reads zero on every unit");
+	percpu_ref_exit(&fresh);
 }
 
 static struct percpu_ref migrating_ref;
@@ -632,11 +756,12 @@ static void test_thread_caches(void)
 
 /*
  * What a live thread keeps: <percpuref/percpu_ref.h> says up to 64 free
- * counters (two magazines; it said 63, the bound of the caches before
- * magazines), counted as free but out of other threads' reach.  A thread
- * frees 64 and waits; this one allocates until a chunk is mapped.
+ * counters (two magazines of 32, or of a build's PERCPUREF_MAGAZINE_SLOTS;
+ * it said 63, the bound of the caches before magazines), counted as free
+ * but out of other threads' reach.  A thread frees that many and waits;
+ * this one allocates until a chunk is mapped.
  */
-#define KEEP_DOCUMENTED 64
+#define KEEP_DOCUMENTED (2 * PERCPUREF_MAGAZINE_SLOTS)
 
 static uintptr_t keep_slots[KEEP_DOCUMENTED];
 static pthread_barrier_t keep_barrier;
@@ -1114,6 +1239,7 @@ int main(void)
 	test_misuse();
 	test_alloc_failure();
 	test_layout();
+	test_copies_cleared();
 	test_thread_caches();
 	test_thread_keeps();
 	test_magazine_trades();
