@@ -352,11 +352,13 @@ void percpuref_readers_fence(void)
 			 * ref itself, which the documentation does not allow,
 			 * gets here.  Its add lands after, unfenced: exact
 			 * unless it adds to the very ref being switched (rseq
-			 * restarts it). */
+			 * restarts it), and kept on that ref (internal.h,
+			 * percpuref_note_unfenced_adds()). */
 			if (!__atomic_exchange_n(&self_skip_warned, true, __ATOMIC_RELAXED))
 				percpuref_warn("percpuref_fence_readers", "called from a signal "
 					       "handler that interrupted a get or put; that call "
 					       "is not fenced");
+			percpuref_note_unfenced_adds();
 			continue;
 		}
 		/* A dead owner has no section open, and its unit comes back. */

@@ -237,6 +237,19 @@ void percpuref_deadline(struct timespec *deadline, unsigned long ms);
  * disables the rseq fast path and waits for sections in flight.
  */
 void percpuref_fence_without_membarrier(int err);
+/*
+ * A fence that could not stop every add in flight: the wait above after
+ * both were refused, or a signal handler's fence that skipped the section
+ * it interrupted (fallback.c).  Such an add may land after a fold, on a
+ * copy the fold zeroed, and stay there: from then on an allocation zeroes
+ * every copy of its slot again, and a switch back to per-CPU mode too (as
+ * up to 0.4.10), so that it stays on its own ref and never reaches the
+ * slot's next owner.  Relaxed: the flag is set before the fence returns,
+ * so before the fold, the free and the next allocation of any slot whose
+ * fence it was (coherence).
+ */
+void percpuref_note_unfenced_adds(void);
+PERCPUREF_API bool percpuref_unfenced_adds_possible(void);
 
 /*
  * rseq areas (rseq_register.c).  percpuref_rseq_choose(): the offset of the
@@ -511,8 +524,10 @@ static inline unsigned long percpuref_counter_take_sum(uintptr_t cpu0, unsigned 
 }
 
 /* Zeroes the counter's per-CPU words: before the free of one that was
- * per-CPU (an exit without a kill).  The caller holds the ref's switch
- * lock; the next owner reads them after the allocator's lock. */
+ * per-CPU (an exit without a kill), or where a fence let an add through
+ * (percpuref_note_unfenced_adds()).  The caller owns them: under the
+ * ref's switch lock, or just allocated; the next owner reads them after
+ * the allocator's lock or on this thread. */
 static inline void percpuref_counter_clear(uintptr_t cpu0, unsigned int nr_units)
 {
 	unsigned int cpu;

@@ -480,8 +480,12 @@ uintptr_t percpuref_counter_alloc(void)
 	} else {
 		cache_count(c);
 	}
-	/* The free link; the other copies are zero (internal.h). */
-	*percpuref_counter_on(cpu0, 0) = 0;
+	/* The free link; the other copies are zero (internal.h), unless a
+	 * fence let an add through. */
+	if (percpuref_unfenced_adds_possible())
+		percpuref_counter_clear(cpu0, percpuref_nr_units());
+	else
+		*percpuref_counter_on(cpu0, 0) = 0;
 	return cpu0;
 }
 

@@ -884,8 +884,11 @@ static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 	}
 	/* Relaxed: published by the release store below.  The per-CPU words
 	 * are zero: cleared by the fold that made the ref atomic (no switch
-	 * is in flight), or never written (created atomic, or dead). */
+	 * is in flight), or never written (created atomic, or dead); unless
+	 * a fence let an add through (internal.h). */
 	__atomic_fetch_add(&ref->data->count, PERCPU_COUNT_BIAS, __ATOMIC_RELAXED);
+	if (percpuref_unfenced_adds_possible())
+		percpuref_counter_clear(cpu0, percpuref_nr_units());
 	/* Reopened.  Relaxed: published by the release store below, which
 	 * unitless_add()'s acquire load of the mode word pairs with; an add
 	 * that lands on it now belongs to the new period, whose fold takes

@@ -221,6 +221,8 @@ extern int urcu_bp_has_sys_membarrier;
 static pthread_once_t runtime_once = PTHREAD_ONCE_INIT;
 /* Set once membarrier was refused; fences migrate from then on. */
 static bool membarrier_refused;
+/* Set once a fence left adds in flight (internal.h). */
+static bool unfenced_adds;
 static const struct percpuref_fork_hooks *fork_hooks[PERCPUREF_NR_RANKS];
 static void (*exit_hooks[PERCPUREF_NR_RANKS])(void);
 /* Batch locks (by rank bit) this thread holds; see percpuref_batch_lock(). */
@@ -1168,9 +1170,20 @@ void percpuref_fence_without_membarrier(int err)
 		 * instructions) time to end.  Warned: exactness is at stake. */
 		percpuref_warn("percpuref_fence_readers", "cannot run on every CPU either (%s); "
 			       "per-CPU fast path disabled", strerror(errno));
+		percpuref_note_unfenced_adds();
 		publish_fast_path(0, __ATOMIC_SEQ_CST);
 		usleep(10000);
 	}
+}
+
+void percpuref_note_unfenced_adds(void)
+{
+	__atomic_store_n(&unfenced_adds, true, __ATOMIC_RELAXED);
+}
+
+PERCPUREF_API bool percpuref_unfenced_adds_possible(void)
+{
+	return __atomic_load_n(&unfenced_adds, __ATOMIC_RELAXED);
 }
 
 /*

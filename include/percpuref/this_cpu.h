@@ -90,8 +90,10 @@
 #if PERCPUREF_UNIT_COLOUR < 0 || PERCPUREF_UNIT_COLOUR % 64 || PERCPUREF_UNIT_COLOUR >= 65536
 #error "PERCPUREF_UNIT_COLOUR: a multiple of 64, 0 to 65472"
 #endif
+#define PERCPUREF_UNIT_STRIDE ((1UL << PERCPUREF_UNIT_SHIFT) + PERCPUREF_UNIT_COLOUR)
 /* (64) would pass the test above and break the names' pasting below with
- * a message about tokens: the classic probe, 1 for a parenthesised value. */
+ * a message about tokens: the classic probe, 1 for a parenthesised value,
+ * and then no pasting. */
 #define PERCPUREF_SECOND_(first, second, ...) second
 #define PERCPUREF_SECOND(...) PERCPUREF_SECOND_(__VA_ARGS__)
 #define PERCPUREF_PAREN_PROBE(...) ~, 1,
@@ -99,12 +101,7 @@
 #if PERCPUREF_PARENTHESISED(PERCPUREF_UNIT_COLOUR)
 #error "PERCPUREF_UNIT_COLOUR: spell it as a plain decimal, as the library was built (64, not (64))"
 #endif
-#undef PERCPUREF_PARENTHESISED
-#undef PERCPUREF_PAREN_PROBE
-#undef PERCPUREF_SECOND
-#undef PERCPUREF_SECOND_
-#define PERCPUREF_UNIT_STRIDE ((1UL << PERCPUREF_UNIT_SHIFT) + PERCPUREF_UNIT_COLOUR)
-#if PERCPUREF_UNIT_COLOUR
+#if PERCPUREF_UNIT_COLOUR && !PERCPUREF_PARENTHESISED(PERCPUREF_UNIT_COLOUR)
 #define PERCPUREF_COLOURED_(name, colour) name##_c##colour
 #define PERCPUREF_COLOURED(name, colour) PERCPUREF_COLOURED_(name, colour)
 #define percpuref_this_cpu_params \
@@ -118,6 +115,10 @@
 #define PERCPUREF_ARM64_UNIT_OFFSET "add x16, x16, x17, lsl %[shift]\n\t"
 #define PERCPUREF_ARM64_STRIDE_OPERAND
 #endif
+#undef PERCPUREF_PARENTHESISED
+#undef PERCPUREF_PAREN_PROBE
+#undef PERCPUREF_SECOND
+#undef PERCPUREF_SECOND_
 /* Low bits of a mode word that send callers off the per-CPU path. */
 #define PERCPUREF_MODE_FLAGS 3UL
 

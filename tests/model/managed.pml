@@ -44,7 +44,9 @@
  * slots without zeroing them, and the switch back trusts they are zero
  * (0.4.11 moved the zeroing from the switch back and the allocation to the
  * fold): the counts of the last per-CPU period are counted again, and the
- * monitor finds the count off.
+ * next fold leaves the count below the manager's and the switch's
+ * references (its assertion; without it, the release check and then the
+ * monitor fail).
  */
 
 #define NCPU	2

@@ -10,8 +10,9 @@
  * release callback exiting another ref of its batch (6); exit() inside a
  * read-side section (7); membarrier refused by seccomp after start-up (8);
  * kill from the ref's own confirm callback (10); a put that dropped the
- * manager's reference (11); bad reclaimer settings (12).  Finding 9
- * (32-bit builds refused) is tests/compile/check_lp64.sh.
+ * manager's reference (11); bad reclaimer settings (12); membarrier and
+ * migration both refused (13).  Finding 9 (32-bit builds refused) is
+ * tests/compile/check_lp64.sh.
  *
  * Scenarios that can hang or die run in a child process with a deadline:
  * re-executed with a mode argument (posix_spawn: works under every
@@ -922,6 +923,90 @@ static int mode_seccomp(void)
 	return 0;
 }
 
+/*
+ * ---- Finding 13: neither membarrier nor migration (a sandbox that
+ * refuses both after start-up). ----  The fence then disables the rseq
+ * fast path and waits for sections in flight (runtime.c): the counts stay
+ * exact here, on the fallback path from then on.  And since a section
+ * that outlived the wait would add to a copy the fold had zeroed, an
+ * allocation zeroes every copy of its slot again (internal.h,
+ * percpuref_note_unfenced_adds()): a trace left on a free slot, as such
+ * an add would leave it, is gone when the slot is handed out.
+ */
+static int refuse_membarrier_and_migration(void)
+{
+	struct sock_filter filter[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 2, 0),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_sched_setaffinity, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+	};
+
+	return install_filter(filter, sizeof(filter) / sizeof(filter[0]), SECCOMP_FILTER_FLAG_TSYNC);
+}
+
+static int mode_no_fence(void)
+{
+	/* Static: a failure returns with a kill in flight, which the exit
+	 * handler then finishes. */
+	static struct object a, b;
+	cpu_set_t cpus;
+	uintptr_t slot, again;
+	int i;
+
+	percpu_ref_init(&a.ref, obj_release, 0);
+	percpu_ref_init(&b.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_atomic_sync(&b.ref);
+	percpu_ref_switch_to_percpu(&b.ref);
+	if (percpuref_unfenced_adds_possible())
+		return 10;	/* before any refusal */
+	if (percpuref_nr_units() < 2 || refuse_membarrier_and_migration())
+		return 77;
+	sched_getaffinity(0, sizeof(cpus), &cpus);
+	if (syscall(__NR_membarrier, 0, 0) != -1 || errno != EPERM ||
+	    sched_setaffinity(0, sizeof(cpus), &cpus) != -1 || errno != EPERM)
+		return 77;	/* another architecture's calls pass the filter */
+	for (i = 0; i < 100; i++) {
+		percpu_ref_get(&a.ref);
+		percpu_ref_put(&a.ref);
+	}
+	percpu_ref_kill(&a.ref);
+	if (percpu_ref_barrier() || releases_of(&a) != 1)
+		return 1;
+	if (strcmp(percpuref_fast_path(), "fallback"))
+		return 2;
+	if (!percpuref_unfenced_adds_possible())
+		return 3;
+	/* The switch back zeroes too; the counts stay exact. */
+	percpu_ref_switch_to_atomic_sync(&b.ref);
+	percpu_ref_switch_to_percpu(&b.ref);
+	percpu_ref_get(&b.ref);
+	percpu_ref_put(&b.ref);
+	percpu_ref_kill(&b.ref);
+	if (percpu_ref_barrier() || releases_of(&b) != 1)
+		return 4;
+	/* A trace on a free slot's copy (this thread's cache hands the slot
+	 * back, last in first out). */
+	slot = percpuref_counter_alloc();
+	if (!slot)
+		return 5;
+	*percpuref_counter_on(slot, 1) = 5;
+	percpuref_counter_free(slot);
+	again = percpuref_counter_alloc();
+	if (again != slot)
+		return 6;
+	if (*percpuref_counter_on(again, 1) != 0)
+		return 7;
+	percpuref_counter_free(again);
+	percpu_ref_exit(&a.ref);
+	percpu_ref_exit(&b.ref);
+	return 0;
+}
+
 /* ---- Finding 10: kill from the ref's own confirm callback. ---- */
 
 static struct object self_killed;
@@ -1021,6 +1106,8 @@ int main(int argc, char **argv)
 			return mode_exit_in_reader();
 		if (!strcmp(argv[1], "--seccomp"))
 			return mode_seccomp();
+		if (!strcmp(argv[1], "--no-fence"))
+			return mode_no_fence();
 		if (!strcmp(argv[1], "--print-interval"))
 			return mode_print_interval();
 		return 2;
@@ -1051,6 +1138,15 @@ int main(int argc, char **argv)
 		else
 			is(ret, 0, "8: membarrier refused after start-up: switches, kills, "
 			   "releases still exact, no abort");
+	}
+	{
+		int ret = run_mode_without_membarrier("--no-fence");
+
+		if (ret == 77)
+			printf("# skipped finding 13: cannot refuse membarrier and migration here\n");
+		else
+			is(ret, 0, "13: membarrier and migration refused: the fast path goes, "
+			   "releases stay exact, and a trace on a free slot is zeroed at allocation");
 	}
 	test_kill_from_confirm();
 	test_dropped_manager_ref();
