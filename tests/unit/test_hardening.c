@@ -883,11 +883,23 @@ static void rcu_count_release(struct percpu_rcuref *ref)
 	__atomic_fetch_add(&o->releases, 1, __ATOMIC_RELEASE);
 }
 
+/* A hundred get/put pairs on @o, then its kill: released once? */
+static bool pairs_then_kill(struct object *o)
+{
+	int i;
+
+	for (i = 0; i < 100; i++) {
+		percpu_ref_get(&o->ref);
+		percpu_ref_put(&o->ref);
+	}
+	percpu_ref_kill(&o->ref);
+	return !percpu_ref_barrier() && releases_of(o) == 1;
+}
+
 static int mode_seccomp(void)
 {
 	struct object a = { 0 }, b = { 0 }, m = { 0 };
 	struct robj r = { 0 };
-	int i;
 
 	/* Start-up: the library and both its threads are running. */
 	percpu_ref_init(&a.ref, obj_release, 0);
@@ -900,12 +912,7 @@ static int mode_seccomp(void)
 		return 77;
 	if (syscall(__NR_membarrier, 0, 0) != -1 || errno != EPERM)
 		return 4;
-	for (i = 0; i < 100; i++) {
-		percpu_ref_get(&a.ref);
-		percpu_ref_put(&a.ref);
-	}
-	percpu_ref_kill(&a.ref);
-	if (percpu_ref_barrier() || releases_of(&a) != 1)
+	if (!pairs_then_kill(&a))
 		return 1;
 	percpu_ref_switch_to_atomic_sync(&b.ref);
 	percpu_ref_kill(&b.ref);
@@ -956,7 +963,6 @@ static int mode_no_fence(void)
 	static struct object a, b;
 	cpu_set_t cpus;
 	uintptr_t slot, again;
-	int i;
 
 	percpu_ref_init(&a.ref, obj_release, 0);
 	percpu_ref_init(&b.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
@@ -970,12 +976,7 @@ static int mode_no_fence(void)
 	if (syscall(__NR_membarrier, 0, 0) != -1 || errno != EPERM ||
 	    sched_setaffinity(0, sizeof(cpus), &cpus) != -1 || errno != EPERM)
 		return 77;	/* another architecture's calls pass the filter */
-	for (i = 0; i < 100; i++) {
-		percpu_ref_get(&a.ref);
-		percpu_ref_put(&a.ref);
-	}
-	percpu_ref_kill(&a.ref);
-	if (percpu_ref_barrier() || releases_of(&a) != 1)
+	if (!pairs_then_kill(&a))
 		return 1;
 	if (strcmp(percpuref_fast_path(), "fallback"))
 		return 2;
