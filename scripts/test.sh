@@ -182,7 +182,7 @@ if ! configure_and_build build/test-options -DPERCPUREF_UNIT_COLOUR=64 \
                          -DVALGRIND=VALGRIND-NOTFOUND -DSPIN=SPIN-NOTFOUND; then
   failed+=("build options build")
 elif ! ctest --test-dir build/test-options --output-on-failure -j "$jobs" --timeout 900 \
-             -R '^((ownrseq_|norseq_)?(test_percpu_ref|test_alloc_sweep|test_fast_path|static_test_fast_path|clang_test_fast_path|test_managed|stress_percpu_ref|stress_stripe_mates)|check_unit_colour|install_check)$'; then
+             -R '^((ownrseq_|norseq_)?(test_percpu_ref|test_alloc_sweep|test_unbacked_units|test_fast_path|static_test_fast_path|clang_test_fast_path|test_managed|stress_percpu_ref|stress_stripe_mates)|check_unit_colour|install_check)$'; then
   failed+=("build options tests")
 fi
 

@@ -9,9 +9,14 @@
  * at the same offset in every unit, named by the address of its CPU 0 copy:
  * CPU n's copy is n * PERCPUREF_UNIT_STRIDE bytes further.  So a counter
  * costs 8 bytes per CPU, counters of one CPU are packed together (the fast
- * path writes a unit's lines only from that CPU; a fold, which reads and
- * zeroes every copy, and the free links touch them from any), and no two
- * CPUs' copies ever share a cache line.  A free slot's copies are zero
+ * path writes a unit's lines only from that CPU; a fold, which reads
+ * every copy and zeroes those that are not, and the free links touch them
+ * from any), and no two CPUs' copies ever share a cache line.  Chunks are
+ * mapped without their pages, and nothing stores a zero over a zero (the
+ * fold, an exit's clear), so a unit's pages are backed only once a ref's
+ * user wrote a copy there: a unit of a CPU no user ran on (a possible CPU
+ * the machine does not have) costs no memory, but for CPU 0's, which the
+ * free links write.  A free slot's copies are zero
  * but CPU 0's, its link: whoever frees one leaves them so (internal.h),
  * and an allocation zeroes the link alone.  (Up to 0.4.10 it zeroed every
  * copy, lines the fold of the slot's last life had just read: two passes

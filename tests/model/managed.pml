@@ -9,10 +9,11 @@
  * that checks the ref SCANS times while the users run and once more after
  * they are done.  A check is percpuref_managed_begin() (set ATOMIC, take the
  * switch's extra reference), the reader fence, and percpuref_managed_finish()
- * (fold: read each slot and zero it, then one add of sum - BIAS; then one
- * CAS of the count from 2 to 0; on success the ref is dead and @release
- * runs, on failure drop the extra reference and switch back to per-CPU:
- * add BIAS, clear ATOMIC, the slots being zero since the fold).  Asserted:
+ * (fold: read each slot and zero it unless it reads zero, then one add of
+ * sum - BIAS; then one CAS of the count from 2 to 0; on success the ref is
+ * dead and @release runs, on failure drop the extra reference and switch
+ * back to per-CPU: add BIAS, clear ATOMIC, the slots being zero since the
+ * fold).  Asserted:
  *  - @release runs at most once, only when no user holds a reference, and
  *    the check after the users are done does run it;
  *  - no tryget succeeds after @release;
@@ -183,17 +184,26 @@ inline fence()
 	}
 }
 
-/* fold_percpu_counts(): percpuref_counter_take_sum(), each slot read and
- * then zeroed, then one add. */
+/* fold_percpu_counts(): percpuref_counter_take_sum(), each slot read
+ * and then, if not zero, zeroed (a zero slot is left unwritten), then one
+ * add. */
 inline fold()
 {
-	sum = slot[0];
+	copy = slot[0];
+	sum = copy;
 #ifndef MUTANT_NO_CLEAR
-	atomic { slot[0] = 0; taken = sum };
+	if
+	:: copy != 0 -> atomic { slot[0] = 0; taken = sum }
+	:: else
+	fi;
 #endif
-	sum = sum + slot[1];
+	copy = slot[1];
+	sum = sum + copy;
 #ifndef MUTANT_NO_CLEAR
-	atomic { slot[1] = 0; taken = sum };
+	if
+	:: copy != 0 -> atomic { slot[1] = 0; taken = sum }
+	:: else
+	fi;
 #endif
 	atomic {
 		count = count + sum - BIAS;
@@ -264,7 +274,7 @@ inline check()
 proctype manager()
 {
 	byte s;
-	short sum;
+	short sum, copy;
 	bit dead;
 
 	for (s : 1 .. SCANS) {
