@@ -12,15 +12,17 @@
  * path writes a unit's lines only from that CPU; a fold, which reads
  * every copy and zeroes those that are not, and the free links touch them
  * from any), and no two CPUs' copies ever share a cache line.  Chunks are
- * mapped without their pages, and nothing stores a zero over a zero (the
- * fold, an exit's clear), so a unit's pages are backed only once a ref's
- * user wrote a copy there: a unit of a CPU no user ran on (a possible CPU
- * the machine does not have) costs no memory, but for CPU 0's, which the
- * free links write.  A free slot's copies are zero
- * but CPU 0's, its link: whoever frees one leaves them so (internal.h),
- * and an allocation zeroes the link alone.  (Up to 0.4.10 it zeroed every
- * copy, lines the fold of the slot's last life had just read: two passes
- * over them a life, each line a miss where other threads' slots share it.)  The fast path needs no table lookup: a shift
+ * mapped without their pages, and neither the fold nor an exit's clear
+ * stores a zero over a zero, so a unit's pages are backed only once a
+ * ref's user wrote a copy there: a unit of a CPU no user ran on (a
+ * possible CPU the machine does not have) costs no memory, but for CPU
+ * 0's, which the free links write, and where transparent huge pages back
+ * a chunk whole (docs/percpu_ref.md, "Clean lines stay clean").  A free
+ * slot's copies are zero but CPU 0's, its link: whoever frees one leaves
+ * them so (internal.h), and an allocation zeroes the link alone.  (Up to
+ * 0.4.10 it zeroed every copy, lines the fold of the slot's last life had
+ * just read: two passes over them a life, each line a miss where other
+ * threads' slots share it.)  The fast path needs no table lookup: a shift
  * (a multiply where the units are spaced) and an add.
  *
  * Chunks are anonymous mappings reserved whole and populated by the kernel as

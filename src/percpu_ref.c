@@ -29,11 +29,13 @@
  *    Finally the confirm callback runs and the extra reference is dropped;
  *    if that was the last one, @release runs there.
  *  - Kill: set DEAD, switch to atomic as above, drop the initial reference.
- *    The fold zeroes each per-CPU counter as it reads it, so an atomic ref
- *    with no switch in flight has them all zero, as has a free slot (but
- *    for CPU 0's link: the allocator's invariant, internal.h): one pass
- *    over a counter's copies a life, where an allocation's zeroing and the
- *    fold made two.  An exit of a per-CPU ref zeroes them before the free.
+ *    The fold zeroes each per-CPU counter it reads as other than zero, so
+ *    an atomic ref with no switch in flight has them all zero, as has a
+ *    free slot (but for CPU 0's link: the allocator's invariant,
+ *    internal.h): one pass over a counter's copies a life, where an
+ *    allocation's zeroing and the fold made two, and no store of a zero
+ *    over a zero.  An exit of a per-CPU ref zeroes them so before the
+ *    free.
  *  - To per-CPU: add BIAS (the counters are zero), then clear ATOMIC with
  *    a release store; it pairs with the reader's load of the mode word
  *    (an rseq load on x86 is ordered by TSO; the fallback loads with acquire)
