@@ -539,19 +539,12 @@ static inline unsigned long percpuref_counter_take_sum(uintptr_t cpu0, unsigned 
  * per-CPU (an exit without a kill), or where a fence let an add through
  * (percpuref_note_unfenced_adds()).  The caller owns them: under the
  * ref's switch lock, or just allocated; the next owner reads them after
- * the allocator's lock or on this thread.  A word that reads zero is not
- * written, as in the fold (a late add that lands after the read stays,
- * as one after a store would).  Relaxed: ordered as the fold's stores. */
+ * the allocator's lock or on this thread.  The fold's pass, its sum
+ * dropped: a word that reads zero is not written (a late add that lands
+ * after the read stays, as one after a store would). */
 static inline void percpuref_counter_clear(uintptr_t cpu0, unsigned int nr_units)
 {
-	unsigned int cpu;
-
-	for (cpu = 0; cpu < nr_units; cpu++) {
-		unsigned long *word = percpuref_counter_on(cpu0, cpu);
-
-		if (__atomic_load_n(word, __ATOMIC_RELAXED))
-			__atomic_store_n(word, 0, __ATOMIC_RELAXED);
-	}
+	(void)percpuref_counter_take_sum(cpu0, nr_units);
 }
 
 /* The per-CPU net count a sum of monotonic words stands for (percpu_ref.h,

@@ -265,15 +265,20 @@ static void test_cpu_list_patterns(void)
 		     "CPUs; refused ones are no list");
 }
 
+/* A child mode's verdict: 77, its "cannot be tested here", is a comment
+ * saying @why; anything else must be 0. */
+static void child_verdict(int ret, const char *why, const char *what)
+{
+	if (ret == 77)
+		printf("# skipped: %s\n", why);
+	else
+		is(ret, 0, "%s", what);
+}
+
 static void test_one_unit(void)
 {
-	int ret = run_mode("--one-unit");
-
-	if (ret == 77) {
-		printf("# skipped: no CPU 1 to run on (finding 1)\n");
-		return;
-	}
-	is(ret, 0, "1: one per-CPU unit, thread on CPU 1: counts exact, no stray write");
+	child_verdict(run_mode("--one-unit"), "no CPU 1 to run on (finding 1)",
+		      "1: one per-CPU unit, thread on CPU 1: counts exact, no stray write");
 }
 
 /*
@@ -330,13 +335,9 @@ static int mode_fence_cpus(void)
 
 static void test_fence_cpus(void)
 {
-	int ret = run_mode("--fence-cpus");
-
-	if (ret == 77)
-		printf("# skipped: one CPU, nothing to miss (finding 1, fence)\n");
-	else
-		is(ret, 0, "1: the migration fence runs on every CPU, not only up to the count, "
-		   "and is refused when it cannot list the threads");
+	child_verdict(run_mode("--fence-cpus"), "one CPU, nothing to miss (finding 1, fence)",
+		      "1: the migration fence runs on every CPU, not only up to the count, "
+		      "and is refused when it cannot list the threads");
 }
 
 /*
@@ -540,14 +541,10 @@ static int mode_fence_cpusets(void)
 
 static void test_fence_cpusets(void)
 {
-	int ret = run_mode("--fence-cpusets");
-
-	if (ret == 77)
-		printf("# skipped: no cgroup v1 cpuset to write, or one CPU (finding 1, "
-		       "fence across cpusets)\n");
-	else
-		is(ret, 0, "1: the migration fence is refused across cpusets, leaves a "
-		   "narrowed thread free to widen, and is not refused beside another fence");
+	child_verdict(run_mode("--fence-cpusets"),
+		      "no cgroup v1 cpuset to write, or one CPU (finding 1, fence across cpusets)",
+		      "1: the migration fence is refused across cpusets, leaves a "
+		      "narrowed thread free to widen, and is not refused beside another fence");
 }
 
 /* ---- Findings 2-4: fork while a library thread is in a batch. ---- */
@@ -1131,24 +1128,14 @@ int main(int argc, char **argv)
 	}
 	test_release_exits_other();
 	is(run_mode("--exit-in-reader"), 0, "7: exit() inside a read-side section completes");
-	{
-		int ret = run_mode_without_membarrier("--seccomp");
-
-		if (ret == 77)
-			printf("# skipped finding 8: cannot install a seccomp filter here\n");
-		else
-			is(ret, 0, "8: membarrier refused after start-up: switches, kills, "
-			   "releases still exact, no abort");
-	}
-	{
-		int ret = run_mode_without_membarrier("--no-fence");
-
-		if (ret == 77)
-			printf("# skipped finding 13: cannot refuse membarrier and migration here\n");
-		else
-			is(ret, 0, "13: membarrier and migration refused: the fast path goes, "
-			   "releases stay exact, and a trace on a free slot is zeroed at allocation");
-	}
+	child_verdict(run_mode_without_membarrier("--seccomp"),
+		      "finding 8: cannot install a seccomp filter here",
+		      "8: membarrier refused after start-up: switches, kills, "
+		      "releases still exact, no abort");
+	child_verdict(run_mode_without_membarrier("--no-fence"),
+		      "finding 13: cannot refuse membarrier and migration here",
+		      "13: membarrier and migration refused: the fast path goes, "
+		      "releases stay exact, and a trace on a free slot is zeroed at allocation");
 	test_kill_from_confirm();
 	test_dropped_manager_ref();
 	test_settings();
