@@ -400,10 +400,12 @@ static inline unsigned int percpuref_switch_stripe_index(const void *ref)
  * measure what threads whose counters share a cache line of a unit cost
  * (docs/lent-16core.md): each slot then fills a line of its own, 64 bytes
  * a CPU instead of 8.  Or another magazine size
- * (-DPERCPUREF_MAGAZINE_SLOTS=128) to measure what trading magazines
- * costs: a thread then holds up to twice that many free slots.
- * scripts/test.sh runs the layout's and the allocator's tests with both
- * (and the stripe bits above) set otherwise.
+ * (-DPERCPUREF_MAGAZINE_SLOTS=128), or another number of full magazines a
+ * thread keeps in its own depot besides its pair
+ * (-DPERCPUREF_THREAD_DEPOT_MAGAZINES=1), to measure what trading
+ * magazines costs: a thread holds up to (2 + that number) magazines of
+ * free slots, 512 by default.  scripts/test.sh runs the layout's and the
+ * allocator's tests with them (and the stripe bits above) set otherwise.
  */
 #ifndef PERCPUREF_COUNTER_STRIDE
 #define PERCPUREF_COUNTER_STRIDE 8
@@ -417,6 +419,11 @@ _Static_assert(PERCPUREF_COUNTER_STRIDE >= sizeof(unsigned long) &&
 #endif
 _Static_assert(PERCPUREF_MAGAZINE_SLOTS >= 1 && PERCPUREF_MAGAZINE_SLOTS <= 4096,
 	       "PERCPUREF_MAGAZINE_SLOTS: 1 to 4096");
+#ifndef PERCPUREF_THREAD_DEPOT_MAGAZINES
+#define PERCPUREF_THREAD_DEPOT_MAGAZINES 14
+#endif
+_Static_assert(PERCPUREF_THREAD_DEPOT_MAGAZINES >= 1 && PERCPUREF_THREAD_DEPOT_MAGAZINES <= 256,
+	       "PERCPUREF_THREAD_DEPOT_MAGAZINES: 1 to 256");
 
 /*
  * Per-CPU allocator (percpu_alloc.c).  A free slot's copies are zero on

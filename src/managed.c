@@ -224,7 +224,11 @@ void percpuref_managed_push(struct percpuref_mnode *node)
 {
 	struct percpuref_mnode *top = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
 
-	node->listed_ns = percpuref_monotonic_ns();
+	/* Only the held warning reads the time (a clock read was a tenth
+	 * of a managed-poll cycle of switch-storm); its setting is read
+	 * before the first push. */
+	managed_init();
+	node->listed_ns = held_warn_ns ? percpuref_monotonic_ns() : 0;
 	node->held_warned = false;
 	percpuref_note_work();
 	do

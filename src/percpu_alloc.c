@@ -41,43 +41,54 @@
  * So every thread keeps a cache of free slots, Bonwick's magazine layer
  * ("Magazines and Vmem", USENIX 2001): two magazines of up to
  * MAGAZINE_SLOTS slots each, the loaded one and the previous one, which is
- * either full or empty.  An allocation pops from the loaded magazine; when
- * that is empty it swaps in a full previous one, and only when there is
- * none does it take the lock, to trade for a full magazine from the depot
- * (the shared pool's stack of full magazines), or failing that to fill
- * one slot by slot from the free list and the tail.  A free pushes on the
- * loaded magazine; when that is full it becomes the previous one, and
- * only when the previous one is full too does the lock go, to push that
- * one on the depot.  So a thread takes the lock at most once per
- * MAGAZINE_SLOTS allocations or frees, and for O(1) work: a depot push or
- * pop moves a whole chain of slots by its head.  (The first build moved
- * slots one by one under the lock, each a cache miss on a line another
- * thread wrote last; two polling threads of switch-storm, whose frees come
- * in bursts of a fence's worth, made 19,000 context switches in 2.4 s
- * waiting on it.)  A cache is its thread's alone: no atomics but the
- * count, which percpuref_get_counter_stats() reads.  It goes back whole
- * when the thread exits (percpuref_at_thread_exit(); a thread that cannot
- * register that hook uses no cache).  The cache lives on the heap, TLS
- * holding only its address: a thread whose first call comes from a key
- * destructor in glibc's last round registers a hook that never runs
- * (thread_exit.c), and a registry node in its TLS would outlive the
- * thread, reused by the next thread on that stack (a list looped on
+ * either full or empty, and a depot of its own (kept): a stack of up to
+ * THREAD_DEPOT_MAGAZINES full magazines.  An allocation pops from the
+ * loaded magazine; when that is empty it swaps in a full previous one, or
+ * failing that a kept one, and only when there is none does it take the
+ * lock, to trade for a full magazine from the depot (the shared pool's
+ * stack of full magazines), or failing that to fill one slot by slot from
+ * the free list and the tail.  A free pushes on the loaded magazine; when
+ * that is full it becomes the previous one, the full previous one going on
+ * the kept stack, and only when that is full too does the lock go, to push
+ * it on the depot.  So a thread takes the lock at most once per
+ * MAGAZINE_SLOTS allocations or frees past what it keeps, and for O(1)
+ * work: a depot push or pop moves a whole chain of slots by its head.
+ * (The first build moved slots one by one under the lock, each a cache
+ * miss on a line another thread wrote last; two polling threads of
+ * switch-storm, whose frees come in bursts of a fence's worth, made 19,000
+ * context switches in 2.4 s waiting on it.)  The thread's own depot came
+ * in 0.4.13: with the pair alone, a polling thread's burst of frees (every
+ * kill a poll found covered by a fence) filled both magazines and pushed
+ * the rest on the shared depot, and its next batch of inits popped them
+ * back, so most magazines went through the lock (two kill-poll threads of
+ * switch-storm, 16 batches in flight: 50,902 pushes in 2.1 million
+ * allocations; 23, their exits', with 14 kept), and a magazine another
+ * thread had pushed mixed that thread's slots into this one's lines, where
+ * a fold or an allocation then missed on a line the other CPU wrote.
+ * Kept, a thread's slots come back to it.  A cache is its thread's alone:
+ * no atomics but the count, which percpuref_get_counter_stats() reads.  It
+ * goes back whole when the thread exits (percpuref_at_thread_exit(); a
+ * thread that cannot register that hook uses no cache).  The cache lives
+ * on the heap, TLS holding only its address: a thread whose first call
+ * comes from a key destructor in glibc's last round registers a hook that
+ * never runs (thread_exit.c), and a registry node in its TLS would outlive
+ * the thread, reused by the next thread on that stack (a list looped on
  * itself: test_percpu_ref, first call in the last destructor round).  On
- * the heap such a cache stays in the registry
- * until the pool is about to map a chunk: then each cache whose owner mark
- * reads orphaned (thread_exit.c) is emptied into the pool and freed.
- * (Before the marks its slots were lost, up to 2 * MAGAZINE_SLOTS a
- * thread, and a program that kept starting such threads mapped chunk after
- * chunk.)  The library's own threads use none: the callback thread
- * frees the counter of every killed ref and allocates none, so its cache
- * would only fill and give back; and freeing straight into the pool before
- * the release, it leaves the slot there for a thread that saw the release.
- * At most 2 * MAGAZINE_SLOTS free slots wait in a live thread's cache; a
- * new chunk is mapped only when the shared pool (depot, free list, tail)
- * is empty (a refill takes what is left and maps none), whatever other
- * caches hold.  The link's zeroing happens outside the lock, by the
- * allocating thread, the slot being its own from the moment it left the
- * pool.
+ * the heap such a cache stays in the registry until the pool is about to
+ * map a chunk: then each cache whose owner mark reads orphaned
+ * (thread_exit.c) is emptied into the pool and freed.  (Before the marks
+ * its slots were lost, up to 2 * MAGAZINE_SLOTS a thread, and a program
+ * that kept starting such threads mapped chunk after chunk.)  The
+ * library's own threads use none: the callback thread frees the counter of
+ * every killed ref and allocates none, so its cache would only fill and
+ * give back; and freeing straight into the pool before the release, it
+ * leaves the slot there for a thread that saw the release.  At most (2 +
+ * THREAD_DEPOT_MAGAZINES) * MAGAZINE_SLOTS free slots (512) wait in a live
+ * thread's cache; a new chunk is mapped only when the shared pool (depot,
+ * free list, tail) is empty (a refill takes what is left and maps none),
+ * whatever other caches hold.  The link's zeroing happens outside the
+ * lock, by the allocating thread, the slot being its own from the moment
+ * it left the pool.
  *
  * A magazine is a chain of free slots linked through their CPU 0 copies,
  * named by its first slot; the depot is an array of such names (grown
@@ -123,7 +134,8 @@
  *
  * Fork: the child keeps the forking thread's cache; every other thread's
  * cache is freed, its slots and spares lost to the child (at most
- * 2 * MAGAZINE_SLOTS slots each, counted in use there, and one chain):
+ * (2 + THREAD_DEPOT_MAGAZINES) * MAGAZINE_SLOTS slots each, counted in use
+ * there, and one chain):
  * its owner may have been halfway through a push or a pop, and does not
  * exist in the child.  The depot is the pool's,
  * consistent under the lock that fork holds.
@@ -138,6 +150,7 @@
 
 #define SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / PERCPUREF_COUNTER_STRIDE)
 #define MAGAZINE_SLOTS PERCPUREF_MAGAZINE_SLOTS
+#define THREAD_DEPOT_MAGAZINES PERCPUREF_THREAD_DEPOT_MAGAZINES
 
 enum cache_state { CACHE_UNREGISTERED, CACHE_ACTIVE, CACHE_RETIRED };
 
@@ -145,8 +158,10 @@ struct slot_cache {
 	uintptr_t loaded;		/* the loaded magazine's first slot, or 0 */
 	unsigned long nr_loaded;	/* its slots, 0..MAGAZINE_SLOTS */
 	uintptr_t previous;		/* a full magazine, or 0: none */
-	unsigned long count;		/* atomic: both magazines' slots; the
-					 * owner writes it, the stats read it */
+	uintptr_t kept[THREAD_DEPOT_MAGAZINES];	/* the thread's depot: a stack */
+	unsigned int nr_kept;		/* 0..THREAD_DEPOT_MAGAZINES */
+	unsigned long count;		/* atomic: all those slots; the owner
+					 * writes it, the stats read it */
 	struct percpuref_spares spares;	/* a chain, or empty */
 	struct slot_cache *prev, *next;	/* registry (alloc_lock) */
 	struct percpuref_owner_mark owner; /* held by the thread it serves */
@@ -261,7 +276,9 @@ static uintptr_t pool_take(bool may_grow)
  * all the stats promise). */
 static void cache_count(struct slot_cache *c)
 {
-	__atomic_store_n(&c->count, c->nr_loaded + (c->previous ? MAGAZINE_SLOTS : 0),
+	__atomic_store_n(&c->count,
+			 c->nr_loaded + (c->previous ? MAGAZINE_SLOTS : 0) +
+				 c->nr_kept * MAGAZINE_SLOTS,
 			 __ATOMIC_RELAXED);
 }
 
@@ -348,6 +365,8 @@ static void cache_unlink(struct slot_cache *c)
 	pool_put_magazine(c->loaded, c->nr_loaded);
 	if (c->previous)
 		pool_put_magazine(c->previous, MAGAZINE_SLOTS);
+	while (c->nr_kept)
+		pool_put_magazine(c->kept[--c->nr_kept], MAGAZINE_SLOTS);
 	/* Rare (a thread's exit): the frees may as well wait under the lock. */
 	spare_put_locked(&c->spares);
 	spares_free(&c->spares);
@@ -445,7 +464,8 @@ static void cache_refill_locked(struct slot_cache *c)
 	}
 }
 
-/* One slot out of @c, or 0 when both magazines are empty. */
+/* One slot out of @c, or 0 when it has none: its pair empty and no
+ * magazine kept. */
 static uintptr_t cache_pop(struct slot_cache *c)
 {
 	uintptr_t cpu0;
@@ -454,6 +474,9 @@ static uintptr_t cache_pop(struct slot_cache *c)
 		c->loaded = c->previous;
 		c->nr_loaded = MAGAZINE_SLOTS;
 		c->previous = 0;
+	} else if (!c->nr_loaded && c->nr_kept) {
+		c->loaded = c->kept[--c->nr_kept];
+		c->nr_loaded = MAGAZINE_SLOTS;
 	}
 	if (!c->nr_loaded)
 		return 0;
@@ -471,7 +494,8 @@ uintptr_t percpuref_counter_alloc(void)
 	if (!cpu0) {
 		pthread_mutex_lock(&alloc_lock);
 		if (c) {
-			/* Both magazines empty: load one, then take from it. */
+			/* Both magazines empty, none kept: load one, then
+			 * take from it. */
 			cache_refill_locked(c);
 			cpu0 = cache_pop(c);
 			/* Under the lock that counted the loaded slots out of
@@ -507,10 +531,13 @@ void percpuref_counter_free(uintptr_t cpu0)
 		return;
 	}
 	if (c->nr_loaded == MAGAZINE_SLOTS) {
-		/* Full: it becomes the previous one.  One there already goes
-		 * to the depot, and the count follows under the lock that
-		 * counted its slots back into the pool. */
-		if (c->previous) {
+		/* Full: it becomes the previous one.  One there already is
+		 * kept, or when the thread keeps all it may, goes to the
+		 * depot, and the count follows under the lock that counted
+		 * its slots back into the pool. */
+		if (c->previous && c->nr_kept < THREAD_DEPOT_MAGAZINES) {
+			c->kept[c->nr_kept++] = c->previous;
+		} else if (c->previous) {
 			pthread_mutex_lock(&alloc_lock);
 			pool_put_magazine(c->previous, MAGAZINE_SLOTS);
 			c->previous = 0;

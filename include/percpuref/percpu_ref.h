@@ -352,7 +352,7 @@ PERCPUREF_API int percpuref_set_library_cpus(const char *cpus);
  * reports and leak checks.  Any thread.  Exact while no other thread
  * creates or exits a ref; meanwhile each of their counts may be off by the
  * calls in flight.  @free counts the counters allocatable without a new
- * chunk, and those each live thread keeps for its own next inits (up to 64
+ * chunk, and those each live thread keeps for its own next inits (up to 512
  * a thread, given back when it exits): another thread may map a chunk while
  * some are kept.  A thread whose first call came from its last TLS
  * destructor cannot give them back itself: they stay counted as free, and

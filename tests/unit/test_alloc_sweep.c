@@ -473,14 +473,20 @@ static void scenario_managed(void)
 
 /*
  * The allocator's depot: exits that fill both of this thread's magazines
- * (32 slots each, or a build's PERCPUREF_MAGAZINE_SLOTS) push one on the
- * depot, which grows; inits empty both magazines (4 and 32 slots) and pop
- * one from the depot.
+ * (32 slots each, or a build's PERCPUREF_MAGAZINE_SLOTS) and the thread's
+ * own depot (PERCPUREF_THREAD_DEPOT_MAGAZINES of them) push one on the
+ * shared depot, which grows; the thread then takes as many counters as
+ * its own depot held straight from the allocator (no allocation of
+ * memory: under ASan, where no impl is kept, an init each would take the
+ * sweep past its runs), and inits empty the rest of the cache (4 and 32
+ * slots) and pop one from the shared depot.
  */
-#define DEPOT_REFS (3 * PERCPUREF_MAGAZINE_SLOTS + 4)
+#define DEPOT_REFS ((3 + PERCPUREF_THREAD_DEPOT_MAGAZINES) * PERCPUREF_MAGAZINE_SLOTS + 4)
+#define DEPOT_HELD (PERCPUREF_THREAD_DEPOT_MAGAZINES * PERCPUREF_MAGAZINE_SLOTS)
 #define DEPOT_REINITS (PERCPUREF_MAGAZINE_SLOTS + 8)
 
 static struct object depot_objs[DEPOT_REFS];
+static uintptr_t depot_held[DEPOT_HELD];
 
 static void depot_setup(void)
 {
@@ -496,10 +502,15 @@ static void scenario_depot(void)
 
 	for (i = 0; i < DEPOT_REFS; i++)
 		percpu_ref_exit(&depot_objs[i].ref);
+	for (i = 0; i < DEPOT_HELD; i++)
+		if (!(depot_held[i] = percpuref_counter_alloc()))
+			fail_at(__LINE__, "a cached counter refused");
 	for (i = 0; i < DEPOT_REINITS; i++)
 		RETRYING(init_obj(&depot_objs[i], 0), -ENOMEM, -ENOMEM);
 	for (i = 0; i < DEPOT_REINITS; i++)
 		percpu_ref_exit(&depot_objs[i].ref);
+	for (i = 0; i < DEPOT_HELD; i++)
+		percpuref_counter_free(depot_held[i]);
 }
 
 /*

@@ -764,13 +764,17 @@ static void test_thread_caches(void)
 }
 
 /*
- * What a live thread keeps: <percpuref/percpu_ref.h> says up to 64 free
- * counters (two magazines of 32, or of a build's PERCPUREF_MAGAZINE_SLOTS;
- * it said 63, the bound of the caches before magazines), counted as free
- * but out of other threads' reach.  A thread frees that many and waits;
- * this one allocates until a chunk is mapped.
+ * What a live thread keeps: <percpuref/percpu_ref.h> says up to 512 free
+ * counters (its pair of magazines and the 14 of its own depot, 32 slots
+ * each, or a build's PERCPUREF_THREAD_DEPOT_MAGAZINES and
+ * PERCPUREF_MAGAZINE_SLOTS; it said 64 before the thread's depot, and 63,
+ * the bound of the caches before magazines), counted as free but out of
+ * other threads' reach.  A thread frees that many and waits; this one
+ * allocates until a chunk is mapped.  The thread keeps more than its pair
+ * holds: the rest did not go to the shared depot (as all but two
+ * magazines did before 0.4.13), where another thread would have found it.
  */
-#define KEEP_DOCUMENTED (2 * PERCPUREF_MAGAZINE_SLOTS)
+#define KEEP_DOCUMENTED ((2 + PERCPUREF_THREAD_DEPOT_MAGAZINES) * PERCPUREF_MAGAZINE_SLOTS)
 
 static uintptr_t keep_slots[KEEP_DOCUMENTED];
 static pthread_barrier_t keep_barrier;
@@ -795,6 +799,8 @@ static void test_thread_keeps(void)
 	uintptr_t *taken;
 	pthread_t thread;
 
+	/* No kill of an earlier test may free a counter meanwhile. */
+	percpu_ref_barrier();
 	pthread_barrier_init(&keep_barrier, NULL, 2);
 	pthread_create(&thread, NULL, keep_freed, NULL);
 	pthread_barrier_wait(&keep_barrier);
@@ -808,9 +814,12 @@ static void test_thread_keeps(void)
 	pthread_barrier_wait(&keep_barrier);
 	pthread_join(thread, NULL);
 	pthread_barrier_destroy(&keep_barrier);
-	ok(kept > 0 && kept <= KEEP_DOCUMENTED,
-	   "a live thread keeps %zu free counters from the others, at most %d as documented", kept,
-	   KEEP_DOCUMENTED);
+	/* All of them where the pool held whole magazines for the thread's
+	 * allocations; a refill cut short by an empty pool leaves a few in
+	 * the shared depot.  Its pair alone holds 2 * MAGAZINE_SLOTS. */
+	ok(kept > 2 * PERCPUREF_MAGAZINE_SLOTS && kept <= KEEP_DOCUMENTED,
+	   "a live thread keeps %zu of the %d free counters it freed from the others, more than "
+	   "its pair of magazines holds, at most as documented", kept, KEEP_DOCUMENTED);
 	for (i = 0; i < n; i++)
 		percpuref_counter_free(taken[i]);
 	free(taken);
@@ -825,7 +834,8 @@ static void test_thread_keeps(void)
  * counter), and in the end the counts are exact.
  */
 #define TRADE_THREADS 2
-#define TRADE_REFS 300	/* per thread and burst: about nine magazines */
+/* Per thread and burst: seven magazines past what a thread keeps. */
+#define TRADE_REFS (KEEP_DOCUMENTED + 7 * PERCPUREF_MAGAZINE_SLOTS + 12)
 #define TRADE_ROUNDS 30
 
 static struct percpu_ref trade_refs[TRADE_THREADS][TRADE_REFS];
@@ -947,9 +957,12 @@ static void test_nocache_thread_reuses_depot(void)
  * saw the slots twice or not at all (in use read 2^64 - 31).
  * Lock-free pops and pushes may leave the count one behind.
  */
-#define STATS_HELD 200
+#define STATS_HELD (KEEP_DOCUMENTED + 200)	/* past what a thread keeps */
 
-static int stats_stop;	/* atomic */
+#define STATS_ROUNDS 50	/* the trader's, at least, while the stats are read */
+
+static int stats_stop;			/* atomic */
+static unsigned long stats_rounds;	/* atomic */
 
 static void *trade_while_read(void *unused)
 {
@@ -962,6 +975,7 @@ static void *trade_while_read(void *unused)
 		for (i = 0; i < STATS_HELD; i++)
 			if (held[i])
 				percpuref_counter_free(held[i]);
+		__atomic_fetch_add(&stats_rounds, 1, __ATOMIC_RELAXED);
 	}
 	return unused;
 }
@@ -976,15 +990,54 @@ static void test_stats_while_trading(void)
 	percpuref_get_counter_stats(&base);
 	__atomic_store_n(&stats_stop, 0, __ATOMIC_RELAXED);
 	pthread_create(&thread, NULL, trade_while_read, NULL);
-	for (i = 0; i < 200000; i++) {
+	/* Until the trader has run rounds too: 200,000 reads alone could
+	 * end before its first. */
+	for (i = 0; i < 200000 || __atomic_load_n(&stats_rounds, __ATOMIC_RELAXED) < STATS_ROUNDS;
+	     i++) {
 		percpuref_get_counter_stats(&now);
 		if (now.in_use - base.in_use > worst)
 			worst = now.in_use - base.in_use;
 	}
 	__atomic_store_n(&stats_stop, 1, __ATOMIC_RELAXED);
 	pthread_join(thread, NULL);
-	ok(worst <= STATS_HELD + 1, "stats read while a thread trades magazines: in use at most "
-	   "%d above the start (worst %zu)", STATS_HELD + 1, worst);
+	ok(worst <= STATS_HELD + 1, "stats read while a thread trades magazines (%lu rounds of %d): "
+	   "in use at most %d above the start (worst %zu)",
+	   __atomic_load_n(&stats_rounds, __ATOMIC_RELAXED), STATS_HELD, STATS_HELD + 1, worst);
+}
+
+/*
+ * The stats after an exit that waited for its ref's kill: the exit returns
+ * once the switch ended, and the counter the kill's fold no longer needs
+ * must be back in the pool by then (freed under the switch lock that the
+ * exit waits on), or a one-thread program reads one counter still in use.
+ * A first 0.4.13 freed it after that lock: 26 reads in 100,000 were one
+ * off, and this test failed one run in three on the 2-vCPU guest (the
+ * window is the callback thread's, between its unlock and the free).  Up
+ * to 20,000 rounds, or a second.
+ */
+#define WAITED_EXIT_ROUNDS 20000
+
+static void test_stats_after_waited_exit(void)
+{
+	struct percpuref_counter_stats base, now;
+	uint64_t until = now_ns() + 1000000000u;
+	struct percpu_ref ref;
+	int round, off = 0;
+
+	percpu_ref_barrier();
+	percpuref_get_counter_stats(&base);
+	for (round = 0; round < WAITED_EXIT_ROUNDS && now_ns() < until; round++) {
+		if (percpu_ref_init(&ref, count_release, 0))
+			break;
+		percpu_ref_kill(&ref);
+		percpu_ref_exit(&ref);
+		percpuref_get_counter_stats(&now);
+		off += now.in_use != base.in_use;
+	}
+	/* The last releases may still run: done before the next test. */
+	percpu_ref_barrier();
+	ok(round > 0 && off == 0,
+	   "init, kill, exit: in use as before after each of %d rounds (%d off)", round, off);
 }
 
 /*
@@ -1254,6 +1307,7 @@ int main(void)
 	test_magazine_trades();
 	test_nocache_thread_reuses_depot();
 	test_stats_while_trading();
+	test_stats_after_waited_exit();
 	test_stats_while_passing();
 #ifndef __SANITIZE_THREAD__
 	test_first_call_in_last_destructor();
