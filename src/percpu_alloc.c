@@ -39,19 +39,18 @@
  * they spent most of their system time in the futex of this lock, whose
  * holder also zeroed sixteen CPUs' copies of the slot, each a cache miss).
  * So every thread keeps a cache of free slots, Bonwick's magazine layer
- * ("Magazines and Vmem", USENIX 2001): two magazines of up to
- * MAGAZINE_SLOTS slots each, the loaded one and the previous one, which is
- * either full or empty, and a depot of its own (kept): a stack of up to
- * THREAD_DEPOT_MAGAZINES full magazines.  An allocation pops from the
- * loaded magazine; when that is empty it swaps in a full previous one, or
- * failing that a kept one, and only when there is none does it take the
- * lock, to trade for a full magazine from the depot (the shared pool's
- * stack of full magazines), or failing that to fill one slot by slot from
- * the free list and the tail.  A free pushes on the loaded magazine; when
- * that is full it becomes the previous one, the full previous one going on
- * the kept stack, and only when that is full too does the lock go, to push
- * it on the depot.  So a thread takes the lock at most once per
- * MAGAZINE_SLOTS allocations or frees past what it keeps, and for O(1)
+ * ("Magazines and Vmem", USENIX 2001): magazines of up to MAGAZINE_SLOTS
+ * slots each, the loaded one and a stack of up to FULL_MAGAZINES full
+ * ones: Bonwick's previous magazine (the top) and, below it, a depot of
+ * the thread's own (THREAD_DEPOT_MAGAZINES).  An allocation pops from the
+ * loaded magazine; when that is empty it swaps in the stack's top, and
+ * only when the stack is empty does it take the lock, to trade for a full
+ * magazine from the depot (the shared pool's stack of full magazines), or
+ * failing that to fill one slot by slot from the free list and the tail.
+ * A free pushes on the loaded magazine; when that is full it goes on the
+ * stack, and only when the stack is full does the lock go, to push the
+ * stack's top on the depot first.  So a thread takes the lock at most once
+ * per MAGAZINE_SLOTS allocations or frees past what it keeps, and for O(1)
  * work: a depot push or pop moves a whole chain of slots by its head.
  * (The first build moved slots one by one under the lock, each a cache
  * miss on a line another thread wrote last; two polling threads of
@@ -151,15 +150,15 @@
 #define SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / PERCPUREF_COUNTER_STRIDE)
 #define MAGAZINE_SLOTS PERCPUREF_MAGAZINE_SLOTS
 #define THREAD_DEPOT_MAGAZINES PERCPUREF_THREAD_DEPOT_MAGAZINES
+#define FULL_MAGAZINES (1 + THREAD_DEPOT_MAGAZINES)
 
 enum cache_state { CACHE_UNREGISTERED, CACHE_ACTIVE, CACHE_RETIRED };
 
 struct slot_cache {
 	uintptr_t loaded;		/* the loaded magazine's first slot, or 0 */
 	unsigned long nr_loaded;	/* its slots, 0..MAGAZINE_SLOTS */
-	uintptr_t previous;		/* a full magazine, or 0: none */
-	uintptr_t kept[THREAD_DEPOT_MAGAZINES];	/* the thread's depot: a stack */
-	unsigned int nr_kept;		/* 0..THREAD_DEPOT_MAGAZINES */
+	uintptr_t full[FULL_MAGAZINES];	/* a stack; its top: the previous one */
+	unsigned int nr_full;		/* 0..FULL_MAGAZINES */
 	unsigned long count;		/* atomic: all those slots; the owner
 					 * writes it, the stats read it */
 	struct percpuref_spares spares;	/* a chain, or empty */
@@ -277,8 +276,7 @@ static uintptr_t pool_take(bool may_grow)
 static void cache_count(struct slot_cache *c)
 {
 	__atomic_store_n(&c->count,
-			 c->nr_loaded + (c->previous ? MAGAZINE_SLOTS : 0) +
-				 c->nr_kept * MAGAZINE_SLOTS,
+			 c->nr_loaded + c->nr_full * MAGAZINE_SLOTS,
 			 __ATOMIC_RELAXED);
 }
 
@@ -363,10 +361,8 @@ static void spare_put_locked(struct percpuref_spares *chain)
 static void cache_unlink(struct slot_cache *c)
 {
 	pool_put_magazine(c->loaded, c->nr_loaded);
-	if (c->previous)
-		pool_put_magazine(c->previous, MAGAZINE_SLOTS);
-	while (c->nr_kept)
-		pool_put_magazine(c->kept[--c->nr_kept], MAGAZINE_SLOTS);
+	while (c->nr_full)
+		pool_put_magazine(c->full[--c->nr_full], MAGAZINE_SLOTS);
 	/* Rare (a thread's exit): the frees may as well wait under the lock. */
 	spare_put_locked(&c->spares);
 	spares_free(&c->spares);
@@ -464,18 +460,13 @@ static void cache_refill_locked(struct slot_cache *c)
 	}
 }
 
-/* One slot out of @c, or 0 when it has none: its pair empty and no
- * magazine kept. */
+/* One slot out of @c, or 0 when it has none. */
 static uintptr_t cache_pop(struct slot_cache *c)
 {
 	uintptr_t cpu0;
 
-	if (!c->nr_loaded && c->previous) {
-		c->loaded = c->previous;
-		c->nr_loaded = MAGAZINE_SLOTS;
-		c->previous = 0;
-	} else if (!c->nr_loaded && c->nr_kept) {
-		c->loaded = c->kept[--c->nr_kept];
+	if (!c->nr_loaded && c->nr_full) {
+		c->loaded = c->full[--c->nr_full];
 		c->nr_loaded = MAGAZINE_SLOTS;
 	}
 	if (!c->nr_loaded)
@@ -494,8 +485,8 @@ uintptr_t percpuref_counter_alloc(void)
 	if (!cpu0) {
 		pthread_mutex_lock(&alloc_lock);
 		if (c) {
-			/* Both magazines empty, none kept: load one, then
-			 * take from it. */
+			/* No slot, no full magazine: load one, then take
+			 * from it. */
 			cache_refill_locked(c);
 			cpu0 = cache_pop(c);
 			/* Under the lock that counted the loaded slots out of
@@ -531,20 +522,16 @@ void percpuref_counter_free(uintptr_t cpu0)
 		return;
 	}
 	if (c->nr_loaded == MAGAZINE_SLOTS) {
-		/* Full: it becomes the previous one.  One there already is
-		 * kept, or when the thread keeps all it may, goes to the
-		 * depot, and the count follows under the lock that counted
-		 * its slots back into the pool. */
-		if (c->previous && c->nr_kept < THREAD_DEPOT_MAGAZINES) {
-			c->kept[c->nr_kept++] = c->previous;
-		} else if (c->previous) {
+		/* Full: it goes on the stack.  When that is full, its top
+		 * goes to the depot first, and the count follows under the
+		 * lock that counted its slots back into the pool. */
+		if (c->nr_full == FULL_MAGAZINES) {
 			pthread_mutex_lock(&alloc_lock);
-			pool_put_magazine(c->previous, MAGAZINE_SLOTS);
-			c->previous = 0;
+			pool_put_magazine(c->full[--c->nr_full], MAGAZINE_SLOTS);
 			cache_count(c);
 			pthread_mutex_unlock(&alloc_lock);
 		}
-		c->previous = c->loaded;
+		c->full[c->nr_full++] = c->loaded;
 		c->loaded = 0;
 		c->nr_loaded = 0;
 	}
