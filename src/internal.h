@@ -231,6 +231,14 @@ uint64_t percpuref_monotonic_ns(void);
 void percpuref_cond_init(pthread_cond_t *cond);
 void percpuref_deadline(struct timespec *deadline, unsigned long ms);
 /*
+ * A futex of this process: sleeps while *@word is @expected, until a wake
+ * or @until (percpuref_deadline()'s clock and form) if not NULL; returns
+ * at once if the word differs, and on a signal (callers re-check).
+ */
+void percpuref_futex_wait(uint32_t *word, uint32_t expected, const struct timespec *until);
+void percpuref_futex_wake_one(uint32_t *word);
+void percpuref_futex_wake_all(uint32_t *word);
+/*
  * The fence of a membarrier refused after start-up (runtime.c): warns once,
  * then runs the calling thread on every CPU in turn, a full barrier on each
  * that also aborts the rseq sections there; where that is refused too,
@@ -373,15 +381,17 @@ PERCPUREF_API unsigned long percpuref_deferred_stalls(void);
 
 /*
  * The switch stripe of the ref at @ref (percpu_ref.c: one of
- * PERCPUREF_SWITCH_STRIPES locks and condition variables).  Fibonacci
- * hashing of the address: neighbouring refs spread.  Here so that
- * tests/stress/stress_stripe_mates.c finds refs that share one.  A build
- * may set other bits (-DPERCPUREF_SWITCH_STRIPE_BITS=14) to measure what
- * threads sharing stripes cost (docs/lent-16core.md); fork takes every
- * stripe, so more cost every fork that much more.
+ * PERCPUREF_SWITCH_STRIPES locks, a cache line each).  Fibonacci hashing
+ * of the address: neighbouring refs spread.  Here so that
+ * tests/stress/stress_stripe_mates.c finds refs that share one.  2^14 of
+ * them since 0.4.14 (256 before), 1 MiB of which a process touches the
+ * pages its refs hash to: a fork no longer takes them but reads their lock
+ * words, so their number costs it a read of 64 bytes each.  A build may
+ * set other bits (-DPERCPUREF_SWITCH_STRIPE_BITS=16) to measure what
+ * threads sharing stripes cost (docs/lent-16core.md).
  */
 #ifndef PERCPUREF_SWITCH_STRIPE_BITS
-#define PERCPUREF_SWITCH_STRIPE_BITS 8
+#define PERCPUREF_SWITCH_STRIPE_BITS 14
 #endif
 _Static_assert(PERCPUREF_SWITCH_STRIPE_BITS >= 1 && PERCPUREF_SWITCH_STRIPE_BITS <= 20,
 	       "PERCPUREF_SWITCH_STRIPE_BITS: 1 to 20");

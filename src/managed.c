@@ -463,7 +463,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 	struct percpuref_mnode *prev = cursor, *node;
 	unsigned long k = 0, i, others;
 	uint64_t now = held_warn_ns ? percpuref_monotonic_ns() : 0;
-	pthread_mutex_t *lock;
+	struct percpuref_switch_stripe *stripe;
 	/* Impls of exited refs freed here: given as spares, a chain at a
 	 * time, with no stripe held (percpu_alloc.c, "Spares"). */
 	struct percpuref_spares spares = { NULL, 0 };
@@ -476,7 +476,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			continue;
 		}
 		pass_walked++;
-		lock = percpuref_managed_lock_node(node);
+		stripe = percpuref_managed_lock_node(node);
 		switch (percpuref_managed_begin(node, filter, &others)) {
 		case MANAGED_CHECK:
 			node->checking = true;
@@ -499,7 +499,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			percpuref_managed_free(node, &spares);
 			break;
 		}
-		pthread_mutex_unlock(lock);	/* a stripe: valid after the free */
+		percpuref_managed_unlock_node(stripe);	/* valid after the free */
 		if (spares.n == PERCPUREF_SPARE_CHAIN)
 			percpuref_spares_give(&spares);
 	}
@@ -521,7 +521,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			prev = node;
 			continue;
 		}
-		lock = percpuref_managed_lock_node(node);
+		stripe = percpuref_managed_lock_node(node);
 		if (percpuref_managed_finish(node, &others)) {
 			prev->next = node->next;
 			node->next = *released;
@@ -530,7 +530,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			warn_held(node, others, now);
 			prev = node;
 		}
-		pthread_mutex_unlock(lock);
+		percpuref_managed_unlock_node(stripe);
 	}
 	*end = !prev->next;
 	cursor = prev;

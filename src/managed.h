@@ -30,9 +30,12 @@ struct percpuref_mnode {
 };
 
 /* percpu_ref.c: lock the switch lock (rank SWITCH) of the ref @node
- * belongs to, for the per-ref steps below; returns it, to unlock.  The
- * lock is a stripe, valid after the node is freed. */
-pthread_mutex_t *percpuref_managed_lock_node(struct percpuref_mnode *node);
+ * belongs to, for the per-ref steps below; returns it, for
+ * percpuref_managed_unlock_node().  The lock is a stripe, valid after the
+ * node is freed. */
+struct percpuref_switch_stripe;
+struct percpuref_switch_stripe *percpuref_managed_lock_node(struct percpuref_mnode *node);
+void percpuref_managed_unlock_node(struct percpuref_switch_stripe *stripe);
 
 /* managed.c: put @node on the list; any thread, any lock held. */
 void percpuref_managed_push(struct percpuref_mnode *node);

@@ -53,12 +53,15 @@
  * each once; tests/model/unitless.pml.
  *
  * Concurrency.  A ref's mode changes serialise on its switch lock, one of
- * SWITCH_STRIPES mutexes its address hashes to (the kernel and the proposal
+ * SWITCH_STRIPES locks its address hashes to (the kernel and the proposal
  * have one global lock: limitation 4); independent refs switch in
  * parallel.  A switch to atomic in flight is marked by a non-NULL
  * data->confirm_switch; the next mode change on that ref waits on its
- * stripe's condition variable until it is cleared.  Callbacks (confirm, release) are never
- * called with the lock held, so they may call into the API on other refs.
+ * stripe's futex word, the lock dropped, until it is cleared.  A fork
+ * takes no stripe: it waits for every thread inside a switch's critical
+ * section and keeps new ones out (below, and tests/model/gate.pml).
+ * Callbacks (confirm, release) are never called with the lock held, so
+ * they may call into the API on other refs.
  * The asynchronous switch (switch_to_atomic, kill) finishes on the library's
  * callback thread after one fence for the whole batch (deferred.c); percpu_ref_switch_to_atomic_sync() waits for the fence
  * on the calling thread instead, which costs a membarrier, not a grace period
@@ -130,6 +133,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -144,106 +148,214 @@
 /*
  * Per-ref switch locks, striped: a ref's mode changes serialise on the
  * stripe its address hashes to, so independent refs switch in parallel (the
- * proposal's limitation 4 was one global lock).  A stripe is a mutex and the
- * condition variable its in-flight switches are waited on with; refs that
- * share a stripe share both, and every waiter re-checks its own ref.  The
- * stripe depends on the ref's address only, so it stays the same from init
- * to exit and after.  No path holds two stripes at once; fork takes them
- * all, in index order.
+ * proposal's limitation 4 was one global lock).  A stripe is a lock word
+ * and the futex word its in-flight switches are waited on with, one cache
+ * line; refs that share a stripe share both, and every waiter re-checks
+ * its own ref.  The stripe depends on the ref's address only, so it stays
+ * the same from init to exit and after.  No path holds two stripes at once.
+ *
+ * The lock word is its own fork gate.  Up to 0.4.13 a fork's prepare
+ * locked every stripe, in index order, which made more stripes cost every
+ * fork (2.5-4.0 ms with 2^14 of them, docs/percpu_ref.md) and wrote all
+ * their pages in the parent and the child.  Now a fork raises fork_pending
+ * and then reads every lock word until it reads unlocked; a thread that
+ * takes a stripe reads the flag after its lock's compare-and-swap, and if
+ * the flag is up lets go of the stripe, untouched, and sleeps on
+ * fork_gate, which the fork holds until its parent or child handler.
+ * Dekker's pattern: the lock's seq_cst compare-and-swap and the fork's
+ * seq_cst store of the flag are each followed by a seq_cst load of the
+ * other's word, so either the fork sees the stripe locked and waits, or the
+ * thread sees the flag.  So at the fork no thread is inside a switch's
+ * critical section; a word may read locked in the child only for a thread
+ * that was stepping back, which the child's handler unlocks.  The fork
+ * only reads the stripes (the pages of unused ones map the zero page), so
+ * their number costs it a read of 64 bytes each.  (A signal handler's call
+ * that interrupted a section of its own thread, outside the documented
+ * use, may wait for a fork that waits for that section, as it could wait
+ * for the stripe before.)  Waiters for a switch in flight let go of the
+ * stripe while they sleep and take it back through the same check
+ * (wait_switch_ended()); tests/model/gate.pml.
  */
 #define SWITCH_STRIPES PERCPUREF_SWITCH_STRIPES
 
-static struct switch_stripe {
-	pthread_mutex_t lock;
-	pthread_cond_t done;	/* a switch to atomic of one of its refs ended
-				 * (CLOCK_MONOTONIC from the first init) */
-	unsigned int waiters;	/* lock: threads waiting on done */
-} __attribute__((aligned(128))) switch_stripes[SWITCH_STRIPES];
+struct percpuref_switch_stripe {
+	/* 0 unlocked, 1 locked, 2 locked with sleepers (futex). */
+	uint32_t lock;
+	/* Bumped (the low 31 bits) under the lock when a switch to atomic of
+	 * one of its refs ends, and waited on (futex) with the lock dropped;
+	 * SWITCH_WAITERS set by a waiter, under the lock. */
+	uint32_t ended;
+} __attribute__((aligned(64)));
+
+#define SWITCH_WAITERS (1u << 31)
 
 /*
- * The stripes need no constructor: zeroed memory is PTHREAD_MUTEX_INITIALIZER
- * and PTHREAD_COND_INITIALIZER on glibc and musl (test_early_constructor
- * checks), and a constructor could run after a program's own constructors
- * used refs, when a library thread may hold a stripe (a program linked with
- * the static library runs its constructors first; up to 0.4.8 ours
- * initialised the mutexes).  (A static initialiser of every element made
- * clang take 40 s and 1.8 GB for 2^20 stripes.)  Their condition variables
- * go on CLOCK_MONOTONIC (a waiter's retry every 50 ms) at the process's
- * first init, before any switch can wait on one, or a fork's prepare.
+ * Zeroed memory is unlocked and a futex word needs nothing, so the stripes
+ * need no constructor, which could run after a program's own constructors
+ * used refs (a program linked with the static library runs its
+ * constructors first; up to 0.4.8 ours initialised pthread mutexes).  (A
+ * static initialiser of every element made clang take 40 s and 1.8 GB for
+ * 2^20 stripes.)
  */
-static void init_stripe_conds(void)
-{
-	unsigned int i;
+static struct percpuref_switch_stripe switch_stripes[SWITCH_STRIPES];
 
-	for (i = 0; i < SWITCH_STRIPES; i++)
-		percpuref_cond_init(&switch_stripes[i].done);
-}
+static bool fork_pending;
+static pthread_mutex_t fork_gate = PTHREAD_MUTEX_INITIALIZER;
 
-static pthread_once_t stripe_conds_once = PTHREAD_ONCE_INIT;
-
-static struct switch_stripe *stripe_of(const struct percpu_ref *ref)
+static struct percpuref_switch_stripe *stripe_of(const struct percpu_ref *ref)
 {
 	return &switch_stripes[percpuref_switch_stripe_index(ref)];
 }
 
-static pthread_mutex_t *switch_lock_of(const struct percpu_ref *ref)
+/* The futex lock of "Futexes Are Tricky" (Drepper), as glibc's mutexes. */
+static void lock_word(uint32_t *word)
 {
-	return &stripe_of(ref)->lock;
+	uint32_t seen = 0;
+
+	/* Seq_cst: acquires the section, and is ordered before the load of
+	 * fork_pending (Dekker, above). */
+	if (__atomic_compare_exchange_n(word, &seen, 1, false, __ATOMIC_SEQ_CST,
+					__ATOMIC_RELAXED))
+		return;
+	/* Seq_cst likewise; 2 tells the holder to wake a sleeper. */
+	if (seen != 2)
+		seen = __atomic_exchange_n(word, 2, __ATOMIC_SEQ_CST);
+	while (seen != 0) {
+		percpuref_futex_wait(word, 2, NULL);
+		seen = __atomic_exchange_n(word, 2, __ATOMIC_SEQ_CST);
+	}
+}
+
+static void unlock_word(uint32_t *word)
+{
+	/* Release: the section happens before the next holder's acquire and
+	 * before a fork that reads the word unlocked (its seq_cst load). */
+	if (__atomic_exchange_n(word, 0, __ATOMIC_RELEASE) == 2)
+		percpuref_futex_wake_one(word);
+}
+
+static void lock_stripe(struct percpuref_switch_stripe *stripe)
+{
+	for (;;) {
+		lock_word(&stripe->lock);
+		/* Seq_cst: after the lock's compare-and-swap (Dekker). */
+		if (!__atomic_load_n(&fork_pending, __ATOMIC_SEQ_CST))
+			return;
+		unlock_word(&stripe->lock);
+		pthread_mutex_lock(&fork_gate);
+		pthread_mutex_unlock(&fork_gate);
+	}
+}
+
+static void unlock_stripe(struct percpuref_switch_stripe *stripe)
+{
+	unlock_word(&stripe->lock);
+}
+
+static void lock_switch(const struct percpu_ref *ref)
+{
+	lock_stripe(stripe_of(ref));
+}
+
+static void unlock_switch(const struct percpu_ref *ref)
+{
+	unlock_stripe(stripe_of(ref));
 }
 
 /* Lock held.  Waits for a switch of a ref of this stripe to end, or until
- * @until (the condvar's clock) if not NULL. */
+ * @until (CLOCK_MONOTONIC, percpuref_deadline()) if not NULL, with the
+ * lock dropped meanwhile. */
 static void wait_switch_ended(const struct percpu_ref *ref, const struct timespec *until)
 {
-	struct switch_stripe *stripe = stripe_of(ref);
+	struct percpuref_switch_stripe *stripe = stripe_of(ref);
+	/* Under the lock: a switch that ends after the unlock changes the
+	 * word first, and the futex then returns at once. */
+	uint32_t seen = stripe->ended | SWITCH_WAITERS;
 
-	stripe->waiters++;
-	if (until)
-		pthread_cond_timedwait(&stripe->done, &stripe->lock, until);
-	else
-		pthread_cond_wait(&stripe->done, &stripe->lock);
-	stripe->waiters--;
+	/* Relaxed: read under the lock by whoever ends a switch. */
+	__atomic_store_n(&stripe->ended, seen, __ATOMIC_RELAXED);
+	unlock_switch(ref);
+	percpuref_futex_wait(&stripe->ended, seen, until);
+	lock_switch(ref);
 }
 
 /* Lock held.  A switch of @ref ended: wakes its stripe's waiters, if any
- * (the callback thread ends one per kill; a broadcast nobody waits for
- * still touched the condvar's line). */
+ * (the callback thread ends one per kill; a wake nobody waits for is a
+ * system call).  A fork child may find the flag of a parent's waiter: one
+ * wake for nobody, and it is clear. */
 static void switch_ended(const struct percpu_ref *ref)
 {
-	struct switch_stripe *stripe = stripe_of(ref);
+	struct percpuref_switch_stripe *stripe = stripe_of(ref);
+	uint32_t old = stripe->ended;
 
-	if (stripe->waiters)
-		pthread_cond_broadcast(&stripe->done);
+	/* Relaxed: other threads read it under the lock, the kernel's futex
+	 * compare atomically. */
+	__atomic_store_n(&stripe->ended, (old + 1) & ~SWITCH_WAITERS, __ATOMIC_RELAXED);
+	if (old & SWITCH_WAITERS)
+		percpuref_futex_wake_all(&stripe->ended);
+}
+
+/*
+ * How a fork waits for a stripe's section to end: a few yields (a section
+ * is mostly a few hundred nanoseconds), then sleeps that double from 50 µs
+ * to 1 ms.  Not yields alone: under SCHED_FIFO a yield gives the CPU to no
+ * thread of lower priority, so a real-time thread's fork spun, while a
+ * holder of that CPU preempted inside its section waited, until the
+ * kernel's real-time throttling (up to 1 s, and for ever without it;
+ * test_fork_priority).  A section may also block: on a lock of a later
+ * rank (which no fork holds yet), a warning's write to stderr, a library
+ * thread's start.
+ */
+#define FORK_WAIT_YIELDS 64
+#define FORK_WAIT_FIRST_NS 50000L
+#define FORK_WAIT_MAX_NS 1000000L
+
+static void fork_wait_unlocked(const uint32_t *word)
+{
+	struct timespec pause = { 0, FORK_WAIT_FIRST_NS };
+	unsigned int yields = 0;
+
+	/* Seq_cst (an acquire): a section that ended happens before the
+	 * fork; ordered after the store of fork_pending (Dekker). */
+	while (__atomic_load_n(word, __ATOMIC_SEQ_CST)) {
+		if (yields < FORK_WAIT_YIELDS) {
+			yields++;
+			sched_yield();
+			continue;
+		}
+		nanosleep(&pause, NULL);
+		if (pause.tv_nsec < FORK_WAIT_MAX_NS)
+			pause.tv_nsec *= 2;
+	}
 }
 
 static void switch_fork_lock(void)
 {
 	unsigned int i;
 
-	/* Not under way across the fork (musl's pthread_once would never
-	 * finish in the child). */
-	pthread_once(&stripe_conds_once, init_stripe_conds);
+	pthread_mutex_lock(&fork_gate);
+	/* Seq_cst: ordered before the loads of the lock words (Dekker). */
+	__atomic_store_n(&fork_pending, true, __ATOMIC_SEQ_CST);
 	for (i = 0; i < SWITCH_STRIPES; i++)
-		pthread_mutex_lock(&switch_stripes[i].lock);
+		fork_wait_unlocked(&switch_stripes[i].lock);
 }
 
 static void switch_fork_unlock(void)
 {
-	unsigned int i;
-
-	for (i = SWITCH_STRIPES; i-- > 0;)
-		pthread_mutex_unlock(&switch_stripes[i].lock);
+	__atomic_store_n(&fork_pending, false, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&fork_gate);
 }
 
 static void switch_fork_child(void)
 {
 	unsigned int i;
 
-	/* Waiters on them were the parent's threads: none here. */
-	for (i = 0; i < SWITCH_STRIPES; i++) {
-		percpuref_cond_init(&switch_stripes[i].done);
-		switch_stripes[i].waiters = 0;
-	}
+	/* A word locked here is a parent's thread's that was stepping back
+	 * from the fork: it touched nothing.  Written only then, so that the
+	 * child copies no page of them. */
+	for (i = 0; i < SWITCH_STRIPES; i++)
+		if (__atomic_load_n(&switch_stripes[i].lock, __ATOMIC_RELAXED))
+			__atomic_store_n(&switch_stripes[i].lock, 0, __ATOMIC_RELAXED);
 	switch_fork_unlock();
 }
 
@@ -571,7 +683,6 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 	 * the inline sequence need not test for one that is not set up
 	 * (percpuref_this_cpu_add_after_setup()), even on a refused ref. */
 	percpuref_runtime_init();
-	pthread_once(&stripe_conds_once, init_stripe_conds);
 	if (!ref)
 		return -EINVAL;
 	ref->percpu_count_ptr = __PERCPU_REF_ATOMIC_DEAD;
@@ -668,9 +779,9 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 		if (impl_of(ref->data)->async_switch && !percpuref_deferred_start()) {
 			struct timespec until;
 
-			pthread_mutex_unlock(switch_lock_of(ref));
+			unlock_switch(ref);
 			ran_queue = !percpuref_wait_deferred();
-			pthread_mutex_lock(switch_lock_of(ref));
+			lock_switch(ref);
 			if (ran_queue)
 				continue;
 			percpuref_deadline(&until, 50);
@@ -694,10 +805,10 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 
 	if (!ref)
 		return true;
-	pthread_mutex_lock(switch_lock_of(ref));
+	lock_switch(ref);
 	data = ref->data;
 	if (!data) {	/* never initialised successfully, or exited */
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		return true;
 	}
 	/* Its own confirm: the switch, or the kill's put, still uses it. */
@@ -706,12 +817,12 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 	if (wait == SWITCH_MAY_NOT_WAIT) {
 		percpuref_warn("percpu_ref_exit", "ref %p exited from its confirm callback or while "
 			       "its switch is in flight; ignored", (void *)ref);
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		return false;
 	}
 	/* Exited during the wait: done, as a second exit. */
 	if (wait == SWITCH_REF_EXITED) {
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		return true;
 	}
 	data = ref->data;	/* the wait may have dropped the lock */
@@ -745,7 +856,7 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 			      __ATOMIC_ACQ_REL) ||
 	    impl_of(data)->mstate != MNODE_OFF)
 		data = NULL;
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 	if (data)
 		percpuref_spare_keep(impl_of(data));
 	if (left_to_reclaimer)
@@ -808,15 +919,15 @@ static percpu_ref_func_t *finish_atomic_switch(struct percpu_ref *ref)
 	percpu_ref_func_t *confirm, *release = data->release;
 	bool released;
 
-	pthread_mutex_lock(switch_lock_of(ref));
+	lock_switch(ref);
 	fold_percpu_counts(ref);
 	confirm = data->confirm_switch;
 	/* A kill or switch without a confirm keeps the lock: one hold per
 	 * switch, not two, on the callback thread's path. */
 	if (confirm != noop_confirm) {
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		run_confirm(ref, confirm);
-		pthread_mutex_lock(switch_lock_of(ref));
+		lock_switch(ref);
 	}
 	/* A dead ref that may never go back needs no per-CPU counter. */
 	if ((mode_word(ref) & __PERCPU_REF_DEAD) && !data->allow_reinit) {
@@ -826,7 +937,7 @@ static percpu_ref_func_t *finish_atomic_switch(struct percpu_ref *ref)
 	released = __percpu_ref_atomic_sub_and_test(ref, 1);
 	data->confirm_switch = NULL;
 	switch_ended(ref);
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 
 	/* The data may be gone once the lock is dropped (a waiting exit):
 	 * use the release function read before. */
@@ -974,19 +1085,19 @@ static bool lock_unmanaged(struct percpu_ref *ref, const char *caller)
 {
 	if (!ref_usable(ref, caller))
 		return false;
-	pthread_mutex_lock(switch_lock_of(ref));
+	lock_switch(ref);
 	/* Tested before the wait too: a managed ref is refused at once, not
 	 * after the reclaimer's check of it. */
 	if (!is_managed(ref)) {
 		if (wait_switch_done(ref) == SWITCH_REF_EXITED) {
-			pthread_mutex_unlock(switch_lock_of(ref));
+			unlock_switch(ref);
 			percpuref_warn(caller, "ref %p was exited meanwhile; ignored", (void *)ref);
 			return false;
 		}
 		if (!is_managed(ref))
 			return true;
 	}
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 	percpuref_warn(caller, "ref %p is managed (the reclaimer owns its mode); ignored",
 		       (void *)ref);
 	return false;
@@ -1014,7 +1125,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic(struct percpu_ref *ref,
 	if (!lock_unmanaged(ref, __func__))
 		return;
 	confirm_now = switch_mode_locked(ref, true, confirm_switch, __func__);
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
 		run_switch_confirm_at_once(ref, confirm_now);
@@ -1044,7 +1155,7 @@ static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref
 		if (!__atomic_load_n(&sync_switch_fork_waiting, __ATOMIC_RELAXED) &&
 		    !pthread_rwlock_tryrdlock(&sync_switch_lock))
 			return SYNC_SWITCH_READY;
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		/* Held by the fork until it is done. */
 		pthread_mutex_lock(&sync_switch_fork_gate);
 		pthread_mutex_unlock(&sync_switch_fork_gate);
@@ -1070,7 +1181,7 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 		else
 			percpuref_warn(__func__, "ref %p switched from a callback while its switch "
 				       "is in flight; ignored", (void *)ref);
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		return;
 	case SYNC_SWITCH_READY:
 		break;
@@ -1078,10 +1189,10 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 	ref->data->force_atomic = true;
 	if (!start_atomic_switch(ref, NULL, false, __func__)) {
 		pthread_rwlock_unlock(&sync_switch_lock);
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		return;
 	}
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 	percpuref_fence_readers();
 	release = finish_atomic_switch(ref);
 	/* Before @release, which may switch another ref synchronously. */
@@ -1095,7 +1206,7 @@ PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
 	if (!lock_unmanaged(ref, __func__))
 		return;
 	switch_mode_locked(ref, false, NULL, __func__);
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 }
 
 PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
@@ -1110,19 +1221,19 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	 * confirm callback it works).  The wait first: a kill that waited with
 	 * us may have killed it. */
 	if (wait_switch_done(ref) != SWITCH_NONE && finishing_switch_of != ref) {
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		percpuref_warn(__func__, "ref %p killed from a callback while its switch is in "
 			       "flight; ignored", (void *)ref);
 		return;
 	}
 	if (mode_word(ref) & __PERCPU_REF_DEAD) {
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		percpuref_warn(__func__, "called more than once on ref %p; ignored", (void *)ref);
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
 	confirm_now = switch_mode_locked(ref, ref->data->force_atomic, confirm_kill, __func__);
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 	percpuref_deferred_wake_owed();
 	if (confirm_now)
 		run_kill_confirm_at_once(ref, confirm_now);
@@ -1136,29 +1247,29 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 
 	if (!ref_usable(ref, __func__))
 		return;
-	pthread_mutex_lock(switch_lock_of(ref));
+	lock_switch(ref);
 	/* Refused means nothing changed: still dead, no reference added.
 	 * The wait first: a resurrect that waited with us may have done it. */
 	switch (wait_switch_done(ref)) {
 	case SWITCH_NONE:
 		break;
 	case SWITCH_MAY_NOT_WAIT:
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		percpuref_warn(__func__, "ref %p resurrected from a callback while its switch is "
 			       "in flight; ignored", (void *)ref);
 		return;
 	case SWITCH_REF_EXITED:
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		percpuref_warn(__func__, "ref %p was exited meanwhile; ignored", (void *)ref);
 		return;
 	}
 	if (!(mode_word(ref) & __PERCPU_REF_DEAD)) {
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		percpuref_warn(__func__, "ref %p is not dead; ignored", (void *)ref);
 		return;
 	}
 	if (!ref->data->allow_reinit) {
-		pthread_mutex_unlock(switch_lock_of(ref));
+		unlock_switch(ref);
 		percpuref_warn(__func__, "ref %p was created without PERCPU_REF_ALLOW_REINIT; "
 			       "ignored", (void *)ref);
 		return;
@@ -1174,7 +1285,7 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 	__atomic_fetch_add(&ref->data->count, is_managed(ref) ? 2 : 1, __ATOMIC_RELAXED);
 	switch_mode_locked(ref, ref->data->force_atomic, NULL, __func__);
 	push = is_managed(ref) && list_node(ref);
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 	if (push)
 		percpuref_managed_kick();
 }
@@ -1221,7 +1332,7 @@ static void init_managed(struct percpu_ref *ref)
 {
 	bool push = false;
 
-	pthread_mutex_lock(switch_lock_of(ref));
+	lock_switch(ref);
 	if (mode_word(ref) & __PERCPU_REF_DEAD) {
 		/* Managed from its first reinit on, per-CPU then. */
 		ref->data->force_atomic = false;
@@ -1229,7 +1340,7 @@ static void init_managed(struct percpu_ref *ref)
 	} else {
 		manage_locked(ref, &push);	/* count 1: cannot fail */
 	}
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 	if (push)
 		percpuref_managed_kick();
 }
@@ -1243,7 +1354,7 @@ PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
 
 	if (!ref_usable(ref, __func__))
 		return -EINVAL;
-	pthread_mutex_lock(switch_lock_of(ref));
+	lock_switch(ref);
 	wait = wait_switch_done(ref);
 	if (wait == SWITCH_MAY_NOT_WAIT)
 		why = "called from a callback while the ref's switch is in flight";
@@ -1259,7 +1370,7 @@ PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
 		why = "count is zero: no reference to hand over";
 	else
 		ret = 0;
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 	if (why)
 		percpuref_warn(__func__, "ref %p: %s; ignored", (void *)ref, why);
 	if (push)
@@ -1273,7 +1384,7 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref)
 
 	if (!ref_usable(ref, __func__))
 		return -EINVAL;
-	pthread_mutex_lock(switch_lock_of(ref));
+	lock_switch(ref);
 	/* A check in flight ends with the ref per-CPU or released. */
 	if (wait_switch_done(ref) == SWITCH_REF_EXITED)
 		why = "ref was exited meanwhile";
@@ -1283,7 +1394,7 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref)
 		why = "ref was released by the reclaimer";
 	else
 		set_managed(ref, false);	/* the reclaimer unlinks the node */
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 	if (why) {
 		percpuref_warn(__func__, "ref %p: %s; ignored", (void *)ref, why);
 		return -EINVAL;
@@ -1435,12 +1546,17 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 	return released;
 }
 
-pthread_mutex_t *percpuref_managed_lock_node(struct percpuref_mnode *node)
+struct percpuref_switch_stripe *percpuref_managed_lock_node(struct percpuref_mnode *node)
 {
-	pthread_mutex_t *lock = switch_lock_of(impl_of_node(node)->data.ref);
+	struct percpuref_switch_stripe *stripe = stripe_of(impl_of_node(node)->data.ref);
 
-	pthread_mutex_lock(lock);
-	return lock;
+	lock_stripe(stripe);
+	return stripe;
+}
+
+void percpuref_managed_unlock_node(struct percpuref_switch_stripe *stripe)
+{
+	unlock_stripe(stripe);
 }
 
 struct percpu_ref *percpuref_managed_ref(struct percpuref_mnode *node)
@@ -1458,7 +1574,7 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 {
 	struct percpu_ref_impl *impl = impl_of_node(node);
 	/* The ref's address only, never dereferenced: it may be exited. */
-	pthread_mutex_t *lock = switch_lock_of(impl->data.ref);
+	struct percpu_ref *ref = impl->data.ref;
 	bool run;
 
 	/*
@@ -1472,9 +1588,9 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 	 * would free it under its new holders.  Only one that begins while the
 	 * callback runs can race it, as with any percpu_ref.
 	 */
-	pthread_mutex_lock(lock);
+	lock_switch(ref);
 	run = !impl->exited && !impl->release_voided;
-	pthread_mutex_unlock(lock);
+	unlock_switch(ref);
 	if (run && impl->data.release)
 		run_release(impl->data.ref, impl->data.release);
 	percpuref_managed_release_done(node);
@@ -1483,12 +1599,12 @@ void percpuref_managed_release(struct percpuref_mnode *node)
 void percpuref_managed_release_done(struct percpuref_mnode *node)
 {
 	struct percpu_ref_impl *impl = impl_of_node(node);
-	pthread_mutex_t *lock = switch_lock_of(impl->data.ref);
+	struct percpu_ref *ref = impl->data.ref;	/* likewise */
 	bool push = false;
 
-	pthread_mutex_lock(lock);
+	lock_switch(ref);
 	if (impl->exited) {
-		pthread_mutex_unlock(lock);
+		unlock_switch(ref);
 		(void)drop_exit_hold(impl, IMPL_RECLAIMER_HOLDS, NULL);
 		return;
 	}
@@ -1497,7 +1613,7 @@ void percpuref_managed_release_done(struct percpuref_mnode *node)
 	/* Reinit from the release callback (or racing it): back on the list. */
 	if (is_managed(impl->data.ref) && !(mode_word(impl->data.ref) & __PERCPU_REF_DEAD))
 		push = list_node(impl->data.ref);
-	pthread_mutex_unlock(lock);
+	unlock_switch(ref);
 	if (push)
 		percpuref_managed_kick();
 }
@@ -1509,12 +1625,12 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref)
 	if (!(mode_word(ref) & __PERCPU_REF_ATOMIC_DEAD))
 		return false;
 	/* The lock keeps data from being freed under us. */
-	pthread_mutex_lock(switch_lock_of(ref));
+	lock_switch(ref);
 	if (ref->data)
 		count = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
 	else
 		count = mode_word(ref) >> __PERCPU_REF_FLAG_BITS;
-	pthread_mutex_unlock(switch_lock_of(ref));
+	unlock_switch(ref);
 	return count == 0;
 }
 

@@ -128,8 +128,10 @@
 #include <assert.h>
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <link.h>
 #include <linux/membarrier.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -1238,6 +1240,38 @@ void percpuref_deadline(struct timespec *deadline, unsigned long ms)
 		deadline->tv_sec++;
 		deadline->tv_nsec -= 1000000000L;
 	}
+}
+
+void percpuref_futex_wait(uint32_t *word, uint32_t expected, const struct timespec *until)
+{
+	/* Not the caller's errno: a @release in a signal handler may get here
+	 * (pthread_mutex_lock() and pthread_cond_wait() left it alone). */
+	int saved = errno;
+
+	/* FUTEX_WAIT_BITSET: an absolute timeout, on CLOCK_MONOTONIC without
+	 * FUTEX_CLOCK_REALTIME.  EAGAIN (the word changed), EINTR and
+	 * ETIMEDOUT all return: callers re-check under their lock. */
+	(void)syscall(SYS_futex, word, FUTEX_WAIT_BITSET_PRIVATE, expected, until, NULL,
+		      FUTEX_BITSET_MATCH_ANY);
+	errno = saved;
+}
+
+static void futex_wake(uint32_t *word, int nr)
+{
+	int saved = errno;	/* as percpuref_futex_wait() */
+
+	(void)syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, nr, NULL, NULL, 0);
+	errno = saved;
+}
+
+void percpuref_futex_wake_one(uint32_t *word)
+{
+	futex_wake(word, 1);
+}
+
+void percpuref_futex_wake_all(uint32_t *word)
+{
+	futex_wake(word, INT_MAX);
 }
 
 unsigned long percpuref_fence_stamp(void)

@@ -5,7 +5,7 @@
  *
  * Every mode change of a ref goes through its switch lock (a stripe of
  * src/percpu_ref.c), and a call that finds a switch in flight waits for it
- * on the stripe's condition variable, which drops the lock.  The reclaimer
+ * on the stripe's futex word, with the lock dropped.  The reclaimer
  * owns the mode and the initial reference of a managed ref, so kill and the
  * mode calls refuse one; and a check of a managed ref starts from per-CPU
  * with no switch in flight (percpuref_managed_begin()).  Both hold only if
