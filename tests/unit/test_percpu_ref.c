@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -826,6 +827,102 @@ static void test_thread_keeps(void)
 }
 
 /*
+ * Counters of different threads share no line of a unit (percpu_alloc.c,
+ * "the tail in whole lines"): with the pool drained, the next allocation
+ * maps a chunk, and two threads then load their magazines from its tail,
+ * one after the other.  Before 0.4.15 the allocation that mapped the chunk
+ * took one slot alone, so every magazine after it began one slot past a
+ * line and ended one slot into the next, which the next thread's magazine
+ * began: a fold of one thread's ref then read a line the other's adds
+ * wrote.  A thread without a cache takes one slot off the tail between
+ * them: the first thread's refill ends on a line all the same.  (A magazine of fewer slots than a line, or not a whole number of
+ * lines, must share; the test needs whole lines.)
+ */
+#define LINE_SLOTS (PERCPUREF_COUNTER_STRIDE < 64 ? 64 / PERCPUREF_COUNTER_STRIDE : 1)
+#define LINE_TEST_SLOTS (3 * PERCPUREF_MAGAZINE_SLOTS)
+
+static uintptr_t line_test_slots[2][LINE_TEST_SLOTS];
+/* A thread keeps what its cache holds until both allocated: at its exit
+ * the cache goes back to the pool, where the other's refill would find
+ * it. */
+static sem_t line_test_done, line_test_exit;
+
+static void *line_test_allocate(void *arg)
+{
+	uintptr_t *slots = arg;
+	int i;
+
+	if (!slots) {
+		/* No cache, as a library thread: one slot off the tail. */
+		percpuref_library_thread = true;
+		return (void *)percpuref_counter_alloc();
+	}
+	for (i = 0; i < LINE_TEST_SLOTS; i++)
+		slots[i] = percpuref_counter_alloc();
+	sem_post(&line_test_done);
+	sem_wait(&line_test_exit);
+	return NULL;
+}
+
+static void test_tail_lines(void)
+{
+	struct percpuref_counter_stats before, now;
+	uintptr_t lines[2][LINE_TEST_SLOTS], *drained, alone;
+	void *alone_slot;
+	size_t n = 0, i, j, shared = 0, missing = 0;
+	pthread_t thread, threads[2];
+	int t;
+
+	if (PERCPUREF_MAGAZINE_SLOTS % LINE_SLOTS) {
+		for (t = 0; t < 2; t++)
+			skip("magazines of %d slots are not whole lines of %d",
+			     PERCPUREF_MAGAZINE_SLOTS, (int)LINE_SLOTS);
+		return;
+	}
+	/* No kill of an earlier test may free a counter meanwhile. */
+	percpu_ref_barrier();
+	percpuref_get_counter_stats(&before);
+	drained = calloc(before.free + 1, sizeof(*drained));
+	do {
+		drained[n++] = percpuref_counter_alloc();
+		percpuref_get_counter_stats(&now);
+	} while (now.chunks == before.chunks && n <= before.free);
+	pthread_create(&thread, NULL, line_test_allocate, NULL);
+	pthread_join(thread, &alone_slot);
+	alone = (uintptr_t)alone_slot;
+	sem_init(&line_test_done, 0, 0);
+	sem_init(&line_test_exit, 0, 0);
+	for (t = 0; t < 2; t++) {
+		pthread_create(&threads[t], NULL, line_test_allocate, line_test_slots[t]);
+		sem_wait(&line_test_done);
+	}
+	for (t = 0; t < 2; t++)
+		sem_post(&line_test_exit);
+	for (t = 0; t < 2; t++) {
+		pthread_join(threads[t], NULL);
+		for (i = 0; i < LINE_TEST_SLOTS; i++) {
+			missing += !line_test_slots[t][i];
+			lines[t][i] = line_test_slots[t][i] / (LINE_SLOTS * PERCPUREF_COUNTER_STRIDE);
+		}
+	}
+	is(missing + !alone, 0, "%d counters allocated on each of two threads, one on a third",
+	   LINE_TEST_SLOTS);
+	for (i = 0; i < LINE_TEST_SLOTS; i++)
+		for (j = 0; j < LINE_TEST_SLOTS; j++)
+			shared += lines[0][i] == lines[1][j];
+	is(shared, 0, "after a chunk was mapped, the two threads' counters share no line of a unit");
+	for (t = 0; t < 2; t++)
+		for (i = 0; i < LINE_TEST_SLOTS; i++)
+			percpuref_counter_free(line_test_slots[t][i]);
+	for (i = 0; i < n; i++)
+		percpuref_counter_free(drained[i]);
+	percpuref_counter_free(alone);
+	free(drained);
+	sem_destroy(&line_test_done);
+	sem_destroy(&line_test_exit);
+}
+
+/*
  * Magazines change hands through the depot (percpu_alloc.c): two threads
  * fill and empty their refs in bursts of several magazines, at once, so
  * that full magazines go to the depot and come back to either thread.
@@ -1304,6 +1401,7 @@ int main(void)
 	test_copies_cleared();
 	test_thread_caches();
 	test_thread_keeps();
+	test_tail_lines();
 	test_magazine_trades();
 	test_nocache_thread_reuses_depot();
 	test_stats_while_trading();
