@@ -49,12 +49,13 @@
  * failing that to fill one slot by slot from the free list and the tail,
  * which it takes in whole lines (a take ends on a line boundary), mapping
  * a chunk if the pool is empty.  So two threads' magazines from the tail
- * share no line of a unit: up to 0.4.14 the allocation that mapped a
- * chunk took one slot alone, every later magazine straddled two lines,
- * and two threads taking magazines in turn shared a line at each end
- * (two kill-poll threads of switch-storm: 14 to 31 of each thread's 69
- * to 91 lines of counters held the other's too, a fold reading a line
- * the other CPU's adds wrote; now none, 64 lines each).
+ * share no line of a unit (where a magazine is a line or more): up to
+ * 0.4.14 the allocation that mapped a chunk took one slot alone, every
+ * later magazine straddled two lines, and two threads taking magazines
+ * in turn shared a line at each end (a probe, two threads cycling refs
+ * as switch-storm's kill-poll does: 14 to 31 of each thread's 69 to 91
+ * lines of counters held the other's too, a fold reading a line the
+ * other CPU's adds wrote; now none, 64 lines each).
  * A free pushes on the loaded magazine; when that is full it goes on the
  * stack, and only when the stack is full does the lock go, to push the
  * stack's top on the depot first.  So a thread takes the lock at most once
@@ -92,7 +93,8 @@
  * leaves the slot there for a thread that saw the release.  At most (2 +
  * THREAD_DEPOT_MAGAZINES) * MAGAZINE_SLOTS free slots (512) wait in a live
  * thread's cache; a new chunk is mapped only when the shared pool (depot,
- * free list, tail) is empty (a refill takes what is left and maps none),
+ * free list, tail) is empty (a refill takes what is left before it maps
+ * one),
  * whatever other caches hold.  The link's zeroing happens outside the
  * lock, by the allocating thread, the slot being its own from the moment
  * it left the pool.
@@ -252,32 +254,54 @@ static uintptr_t depot_pop(void)
 
 static void take_back_orphaned_caches(void);
 
-/* Lock held.  One slot out of the shared pool, or 0 when it is empty and
- * may not grow or a chunk cannot be added.  A thread without a cache (a
- * library thread, one past its exit hook) allocates only here: the depot's
- * magazines are its too, unpacked onto the free list when that is empty,
- * or a chunk was mapped while they sat there, and memory grew under churn
- * without bound. */
-static uintptr_t pool_take(bool may_grow)
+/* Lock held.  Whether the shared pool holds no slot. */
+static bool pool_empty(void)
 {
-	uintptr_t cpu0;
+	return !free_head && !depot_count && tail_used == SLOTS_PER_CHUNK;
+}
 
-	/* Before a chunk is mapped, what the caches of dead threads hold. */
-	if (may_grow && !free_head && !depot_count && tail_used == SLOTS_PER_CHUNK)
-		take_back_orphaned_caches();
-	if (!free_head && depot_count)
-		pool_put_chain(depot_pop(), MAGAZINE_SLOTS);
-	if (free_head) {
-		cpu0 = free_head;
-		free_head = *(uintptr_t *)cpu0;
-		slots_on_free_list--;
-	} else if (tail_used < SLOTS_PER_CHUNK || (may_grow && add_chunk() == 0)) {
-		cpu0 = chunks[nr_chunks - 1] + tail_used++ * PERCPUREF_COUNTER_STRIDE;
-	} else {
-		return 0;
-	}
+/* Lock held.  Leaves the pool with a slot unless it is empty and no chunk
+ * can be mapped: before a chunk is mapped, what the caches of dead
+ * threads hold goes back.  False when it stays empty. */
+static bool pool_fill(void)
+{
+	if (!pool_empty())
+		return true;
+	take_back_orphaned_caches();
+	return !pool_empty() || add_chunk() == 0;
+}
+
+/* Lock held, free_head set.  The free list's first slot, out of the pool. */
+static uintptr_t free_list_take(void)
+{
+	uintptr_t cpu0 = free_head;
+
+	free_head = *(uintptr_t *)cpu0;
+	slots_on_free_list--;
 	slots_handed_out++;
 	return cpu0;
+}
+
+/* Lock held, tail_used < SLOTS_PER_CHUNK.  The tail's next slot. */
+static uintptr_t tail_take(void)
+{
+	slots_handed_out++;
+	return chunks[nr_chunks - 1] + tail_used++ * PERCPUREF_COUNTER_STRIDE;
+}
+
+/* Lock held.  One slot out of the shared pool for a thread without a
+ * cache (a library thread, one past its exit hook), which allocates only
+ * here, or 0 when the pool is empty and no chunk can be mapped.  The
+ * depot's magazines are its too, unpacked onto the free list when that
+ * is empty, or a chunk was mapped while they sat there, and memory grew
+ * under churn without bound. */
+static uintptr_t pool_take(void)
+{
+	if (!pool_fill())
+		return 0;
+	if (!free_head && depot_count)
+		pool_put_chain(depot_pop(), MAGAZINE_SLOTS);
+	return free_head ? free_list_take() : tail_take();
 }
 
 /* The stats' count of @c (relaxed: read under alloc_lock by
@@ -462,34 +486,38 @@ static void cache_load_slot(struct slot_cache *c, uintptr_t cpu0)
 
 /* Lock held.  Loads @c with a full magazine from the depot, or one filled
  * slot by slot from the free list and then from the tail in whole lines,
- * mapping a chunk when the pool is empty (what the caches of dead threads
- * held first); loads nothing when no chunk can be mapped. */
+ * mapping a chunk when the pool is empty; loads nothing when no chunk can
+ * be mapped. */
 static void cache_refill_locked(struct slot_cache *c)
 {
-	unsigned long want, end;
+	unsigned long end;
 
-	if (!free_head && !depot_count && tail_used == SLOTS_PER_CHUNK) {
-		take_back_orphaned_caches();
-		if (!free_head && !depot_count && add_chunk())
-			return;
-	}
+	if (!pool_fill())
+		return;
 	if (depot_count) {
 		c->loaded = depot_pop();
 		c->nr_loaded = MAGAZINE_SLOTS;
 		return;
 	}
 	while (c->nr_loaded < MAGAZINE_SLOTS && free_head)
-		cache_load_slot(c, pool_take(false));
-	/* The tail ends each take on a line boundary, so a thread's
-	 * magazines from it share no line with another's (a take of one
-	 * slot, by a thread without a cache, moves the boundary; the next
-	 * take here ends on one again). */
-	want = MAGAZINE_SLOTS - c->nr_loaded;
-	end = tail_used + want < SLOTS_PER_CHUNK ? tail_used + want : SLOTS_PER_CHUNK;
-	if (end % SLOTS_PER_LINE && end - end % SLOTS_PER_LINE > tail_used)
-		end -= end % SLOTS_PER_LINE;
+		cache_load_slot(c, free_list_take());
+	/* A take from the tail ends on a line boundary, so that the next
+	 * thread's take begins on one: a shorter take where the tail does
+	 * not (a thread without a cache took one slot), none where the
+	 * free list gave slots and the rest would end inside a line.
+	 * Where a magazine is shorter than a line, lines are shared
+	 * whatever the takes: a full take, for fewer trips to the lock. */
+	end = tail_used + (MAGAZINE_SLOTS - c->nr_loaded);
+	if (end > SLOTS_PER_CHUNK)
+		end = SLOTS_PER_CHUNK;
+	if (MAGAZINE_SLOTS >= SLOTS_PER_LINE && end % SLOTS_PER_LINE) {
+		if (end - end % SLOTS_PER_LINE > tail_used)
+			end -= end % SLOTS_PER_LINE;
+		else if (c->nr_loaded)
+			end = tail_used;
+	}
 	while (tail_used < end)
-		cache_load_slot(c, pool_take(false));
+		cache_load_slot(c, tail_take());
 }
 
 /* One slot out of @c, or 0 when it has none. */
@@ -525,7 +553,7 @@ uintptr_t percpuref_counter_alloc(void)
 			 * the pool: the stats never see them twice or not at all. */
 			cache_count(c);
 		} else {
-			cpu0 = pool_take(true);
+			cpu0 = pool_take();
 		}
 		pthread_mutex_unlock(&alloc_lock);
 		if (!cpu0)
