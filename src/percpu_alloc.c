@@ -93,8 +93,8 @@
  * leaves the slot there for a thread that saw the release.  At most (2 +
  * THREAD_DEPOT_MAGAZINES) * MAGAZINE_SLOTS free slots (512) wait in a live
  * thread's cache; a new chunk is mapped only when the shared pool (depot,
- * free list, tail) is empty (a refill takes what is left before it maps
- * one),
+ * free list, tail) is empty (a refill takes what is left and maps none
+ * while anything is),
  * whatever other caches hold.  The link's zeroing happens outside the
  * lock, by the allocating thread, the slot being its own from the moment
  * it left the pool.
@@ -502,9 +502,10 @@ static void cache_refill_locked(struct slot_cache *c)
 	while (c->nr_loaded < MAGAZINE_SLOTS && free_head)
 		cache_load_slot(c, free_list_take());
 	/* A take from the tail ends on a line boundary, so that the next
-	 * thread's take begins on one: a shorter take where the tail does
-	 * not (a thread without a cache took one slot), none where the
-	 * free list gave slots and the rest would end inside a line.
+	 * thread's take begins on one: shorter wherever the whole take
+	 * would end inside a line (the free list gave slots, or a thread
+	 * without a cache took one off the tail), none where no boundary
+	 * lies within it and the free list gave slots.
 	 * Where a magazine is shorter than a line, lines are shared
 	 * whatever the takes: a full take, for fewer trips to the lock. */
 	end = tail_used + (MAGAZINE_SLOTS - c->nr_loaded);
