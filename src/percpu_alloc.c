@@ -475,9 +475,9 @@ static struct slot_cache *my_cache(void)
 	return c;
 }
 
-/* Lock held.  Pushes @cpu0, a slot just taken out of the pool, on @c's
- * loaded magazine. */
-static void cache_load_slot(struct slot_cache *c, uintptr_t cpu0)
+/* Pushes the free slot @cpu0 on @c's loaded magazine, which has room: its
+ * owner's free, or a refill under the lock. */
+static void cache_push(struct slot_cache *c, uintptr_t cpu0)
 {
 	*(uintptr_t *)cpu0 = c->loaded;
 	c->loaded = cpu0;
@@ -500,7 +500,7 @@ static void cache_refill_locked(struct slot_cache *c)
 		return;
 	}
 	while (c->nr_loaded < MAGAZINE_SLOTS && free_head)
-		cache_load_slot(c, free_list_take());
+		cache_push(c, free_list_take());
 	/* A take from the tail ends on a line boundary, so that the next
 	 * thread's take begins on one: shorter wherever the whole take
 	 * would end inside a line (the free list gave slots, or a thread
@@ -518,7 +518,7 @@ static void cache_refill_locked(struct slot_cache *c)
 			end = tail_used;
 	}
 	while (tail_used < end)
-		cache_load_slot(c, tail_take());
+		cache_push(c, tail_take());
 }
 
 /* One slot out of @c, or 0 when it has none. */
@@ -595,9 +595,7 @@ void percpuref_counter_free(uintptr_t cpu0)
 		c->loaded = 0;
 		c->nr_loaded = 0;
 	}
-	*(uintptr_t *)cpu0 = c->loaded;
-	c->loaded = cpu0;
-	c->nr_loaded++;
+	cache_push(c, cpu0);
 	cache_count(c);
 }
 

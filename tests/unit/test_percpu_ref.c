@@ -841,8 +841,8 @@ static void *keep_freed(void *unused)
 
 static void test_thread_keeps(void)
 {
-	struct percpuref_counter_stats before, now;
-	size_t n = 0, kept, i;
+	struct percpuref_counter_stats before;
+	size_t n, kept;
 	uintptr_t *taken;
 	pthread_t thread;
 
@@ -852,11 +852,7 @@ static void test_thread_keeps(void)
 	pthread_create(&thread, NULL, keep_freed, NULL);
 	pthread_barrier_wait(&keep_barrier);
 	percpuref_get_counter_stats(&before);
-	taken = calloc(before.free + 1, sizeof(*taken));
-	do {
-		taken[n++] = percpuref_counter_alloc();
-		percpuref_get_counter_stats(&now);
-	} while (now.chunks == before.chunks && n <= before.free);
+	taken = drain_pool(&n);
 	kept = before.free - (n - 1);
 	pthread_barrier_wait(&keep_barrier);
 	pthread_join(thread, NULL);
@@ -867,9 +863,7 @@ static void test_thread_keeps(void)
 	ok(kept > 2 * PERCPUREF_MAGAZINE_SLOTS && kept <= KEEP_DOCUMENTED,
 	   "a live thread keeps %zu of the %d free counters it freed from the others, more than "
 	   "its pair of magazines holds, at most as documented", kept, KEEP_DOCUMENTED);
-	for (i = 0; i < n; i++)
-		percpuref_counter_free(taken[i]);
-	free(taken);
+	undrain_pool(taken, n);
 }
 
 /*
