@@ -382,9 +382,12 @@ static void test_alloc_failure(void)
 	   "init/exit churn reuses slots");
 }
 
+/* Counters a chunk holds: a slot of each unit per counter. */
+#define TEST_SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / PERCPUREF_COUNTER_STRIDE)
+
 static void test_layout(void)
 {
-	size_t per_chunk = (1UL << PERCPUREF_UNIT_SHIFT) / PERCPUREF_COUNTER_STRIDE, i, n;
+	size_t i, n;
 	struct percpuref_counter_stats before, after;
 	struct percpu_ref *refs;
 	uintptr_t c;
@@ -393,7 +396,7 @@ static void test_layout(void)
 	 * more than its stride (8 bytes unless a build spaces them) per CPU,
 	 * a second new chunk would be needed. */
 	percpuref_get_counter_stats(&before);
-	n = before.free + per_chunk;
+	n = before.free + TEST_SLOTS_PER_CHUNK;
 	refs = calloc(n, sizeof(*refs));
 	for (i = 0; i < n; i++)
 		percpu_ref_init(&refs[i], count_release, 0);
@@ -698,12 +701,11 @@ static void test_exit_while_release_exits(void)
  * mapped while a free slot exists outside a live thread's cache.
  */
 #define CACHE_TEST_REFS 1000
-/* What a live thread keeps at most (test_thread_keeps(), below), and the
- * counters a chunk holds: 512 and 8,192 with the default sizes, 512 and 16
- * with PERCPUREF_COUNTER_STRIDE=4096, where what a cache keeps fills
- * chunks whole. */
+/* What a live thread keeps at most (test_thread_keeps(), below), against
+ * the counters a chunk holds (TEST_SLOTS_PER_CHUNK): 512 and 8,192 with the
+ * default sizes, 512 and 16 with PERCPUREF_COUNTER_STRIDE=4096, where what
+ * a cache keeps fills chunks whole. */
 #define KEEP_DOCUMENTED ((2 + PERCPUREF_THREAD_DEPOT_MAGAZINES) * PERCPUREF_MAGAZINE_SLOTS)
-#define TEST_SLOTS_PER_CHUNK ((1UL << PERCPUREF_UNIT_SHIFT) / PERCPUREF_COUNTER_STRIDE)
 /* Chunks the allocating thread below may map from a drained pool: its
  * first round, and what the freeing thread keeps, rounded up (none with
  * the default sizes, where the drained pool's new chunk holds both). */
