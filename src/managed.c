@@ -23,7 +23,8 @@
  * pushed during the pass sit above the marker and wait for the next pass.
  * Markers of earlier passes met on the way are unlinked and freed; nodes of
  * refs no longer managed are unlinked; nodes of refs exited while listed are
- * unlinked and freed.  Every other ref is checked (percpu_ref.c):
+ * unlinked and freed, without the ref's switch lock (their exit's mark:
+ * percpuref_managed_node_exited()).  Every other ref is checked (percpu_ref.c):
  * switch to atomic mode, reader fence, fold the per-CPU counts, then drop the
  * manager's reference if and only if it is the last one, in one CAS; if it
  * was, the node is unlinked and @release is called (without any lock, after
@@ -159,14 +160,27 @@ static unsigned long reclaimer_nice;
 
 /*
  * Exited refs wait for a pass (percpuref_managed_exited()): exits that left
- * their node to the reclaimer since the open pass began, and whether one of
- * them asked for an early pass (both atomic, reset when a pass opens); the
- * nodes the last complete pass met (atomic, written by the scanner).
+ * their node to the reclaimer since the open pass began, as their threads
+ * counted them in, and whether one of them asked for an early pass (both
+ * atomic, reset when a pass opens); the nodes the last complete pass met
+ * (atomic, written by the scanner).
  */
 static unsigned long exited_since_pass, last_pass_walked;
 static bool early_pass_asked;
 /* At least this many exited nodes, and half the list, ask for a pass. */
 #define EARLY_PASS_MIN_EXITED 4096
+/*
+ * Exits are counted per CPU first (exits_on_cpu: one line a CPU, indexed
+ * by the CPU the exit ran on, percpuref_nr_units() of them, allocated at
+ * the first such exit) and added to exited_since_pass this many at a time.
+ * No array (no memory for it), or a CPU not known: straight to the word.
+ */
+#define EXITS_COUNTED_TOGETHER 64
+struct exits_on_cpu {
+	unsigned long n;	/* atomic: exits counted here, ever */
+} __attribute__((aligned(64)));
+static struct exits_on_cpu *exits_on_cpu;
+static pthread_once_t exits_on_cpu_once = PTHREAD_ONCE_INIT;
 
 /*
  * TSAN cannot see a liburcu grace period.  Every percpu_rcuref read-side
@@ -300,11 +314,62 @@ void percpuref_managed_kick(void)
  * matter) and a flag that only keeps later exits off the lock until the
  * next pass opens; an exit that read the count before that pass reset it
  * asks once more, for the pass after, which frees what this one left.
+ *
+ * Each CPU counts its exits in EXITS_COUNTED_TOGETHER at a time: one add
+ * to the process-wide word for every 64 exits, where every managed cycle
+ * of switch-storm's managed-poll had moved that word's line between the
+ * threads' CPUs (docs/managed.md, "An exited ref's node costs its CPU no
+ * line").  The CPU's word is written by the threads that run there (an
+ * atomic add: a thread may be moved between reading its CPU and the add,
+ * and the word's line then moves once).  Per CPU, not per thread: a
+ * thread's uncounted exits would be lost when it ends, and threads that
+ * each exit fewer than 64 listed refs never asked for a pass (a review,
+ * 0.4.16's first build: 3,000 threads of 63 exits, no pass in a 60 s
+ * interval, 28 MB held; test_exits_of_short_threads).  So up to 63 exits
+ * a CPU are not counted yet (the memory bound above grows by 63 nodes a
+ * CPU), and an exit counted in after a pass opened may be one that pass
+ * frees (a count ahead of the nodes by as much, which asks for a pass
+ * that much sooner).
  */
+static void exits_on_cpu_alloc(void)
+{
+	void *cpus;
+	size_t size = (size_t)percpuref_nr_units() * sizeof(struct exits_on_cpu);
+
+	if (posix_memalign(&cpus, sizeof(struct exits_on_cpu), size))
+		return;
+	memset(cpus, 0, size);
+	/* Release: the zeroed array before its address (read with acquire). */
+	__atomic_store_n(&exits_on_cpu, cpus, __ATOMIC_RELEASE);
+}
+
+/* How many exits this one makes to count in: 1, EXITS_COUNTED_TOGETHER
+ * (the 64th on its CPU) or 0 (counted on the CPU, not yet in). */
+static unsigned long exits_to_count(void)
+{
+	/* Acquire: pairs with exits_on_cpu_alloc()'s release. */
+	struct exits_on_cpu *cpus = __atomic_load_n(&exits_on_cpu, __ATOMIC_ACQUIRE);
+	/* glibc reads it from the thread's rseq area where it registered one. */
+	int cpu = sched_getcpu();
+
+	if (!cpus) {
+		pthread_once(&exits_on_cpu_once, exits_on_cpu_alloc);
+		cpus = __atomic_load_n(&exits_on_cpu, __ATOMIC_ACQUIRE);
+	}
+	if (!cpus || cpu < 0 || (unsigned int)cpu >= percpuref_nr_units())
+		return 1;
+	/* Relaxed: a count; the word's own RMWs keep it exact. */
+	return __atomic_add_fetch(&cpus[cpu].n, 1, __ATOMIC_RELAXED) % EXITS_COUNTED_TOGETHER ?
+	       0 : EXITS_COUNTED_TOGETHER;
+}
+
 void percpuref_managed_exited(void)
 {
-	unsigned long exited = __atomic_add_fetch(&exited_since_pass, 1, __ATOMIC_RELAXED);
+	unsigned long exited, counted = exits_to_count();
 
+	if (!counted)
+		return;
+	exited = __atomic_add_fetch(&exited_since_pass, counted, __ATOMIC_RELAXED);
 	if (exited < EARLY_PASS_MIN_EXITED ||
 	    exited < __atomic_load_n(&last_pass_walked, __ATOMIC_RELAXED) / 2 ||
 	    __atomic_exchange_n(&early_pass_asked, true, __ATOMIC_RELAXED))
@@ -476,6 +541,16 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			continue;
 		}
 		pass_walked++;
+		/* Most nodes a pass meets are of exited refs: no stripe for
+		 * them, whose line the ref's next user (a new ref at the same
+		 * address) would take back from this CPU. */
+		if (percpuref_managed_node_exited(node)) {
+			prev->next = node->next;
+			percpuref_managed_free(node, &spares);
+			if (spares.n == PERCPUREF_SPARE_CHAIN)
+				percpuref_spares_give(&spares);
+			continue;
+		}
 		stripe = percpuref_managed_lock_node(node);
 		switch (percpuref_managed_begin(node, filter, &others)) {
 		case MANAGED_CHECK:

@@ -37,6 +37,11 @@ struct percpuref_switch_stripe;
 struct percpuref_switch_stripe *percpuref_managed_lock_node(struct percpuref_mnode *node);
 void percpuref_managed_unlock_node(struct percpuref_switch_stripe *stripe);
 
+/* percpu_ref.c: the ref of the listed @node was exited: the scanner may
+ * unlink and free the node (percpuref_managed_free()) without its switch
+ * lock, as the exit reads nothing of the impl after its mark. */
+bool percpuref_managed_node_exited(struct percpuref_mnode *node);
+
 /* managed.c: put @node on the list; any thread, any lock held. */
 void percpuref_managed_push(struct percpuref_mnode *node);
 /* managed.c: start the reclaimer if needed and wake it; no lock held. */
@@ -67,7 +72,9 @@ extern char percpuref_rcu_tsan_sync;
 
 /*
  * Per-ref steps of a check (percpu_ref.c), each called by the scanner with
- * the ref's switch lock held (percpuref_managed_lock_node()).
+ * the ref's switch lock held (percpuref_managed_lock_node()), but
+ * percpuref_managed_free() of a node percpuref_managed_node_exited() found
+ * marked, which needs none.
  *
  * percpuref_managed_begin() looks at a listed node: MANAGED_CHECK means it
  * started a switch to atomic mode (the node stays linked, marked in flight

@@ -91,7 +91,8 @@
  * manager's reference (misuse: warned, count pinned, never released).
  * The reclaimer owns a node while it is linked or its release is pending
  * (mstate): an exit meanwhile only marks it exited, and the reclaimer frees
- * it.  The in-flight mark (confirm_switch) makes exit, switch_to_unmanaged
+ * it; a linked one without taking its switch lock, on an acquire load of
+ * the mark (IMPL_EXITED), which is the exit's last access to the impl.  The in-flight mark (confirm_switch) makes exit, switch_to_unmanaged
  * and switch_to_managed wait for a check to end, and @release is called
  * only after every mark of the batch is cleared, so a release callback may
  * exit or unmanage any other ref of the same batch (the release of a ref
@@ -798,7 +799,7 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 bool percpuref_ref_exit(struct percpu_ref *ref)
 {
 	struct percpu_ref_data *data;
-	bool left_to_reclaimer;
+	bool left_to_reclaimer, reclaimer_holds;
 	enum switch_wait wait;
 	unsigned long count;
 	uintptr_t cpu0;
@@ -847,14 +848,17 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 	/* A node the reclaimer still reaches, or a release a thread's
 	 * handler list still owes, holds the impl: the last to let go frees
 	 * it.  Acquire-release against the owed count's changes: whichever
-	 * comes second sees the other's (run_one_handler_release()). */
+	 * comes second sees the other's (run_one_handler_release()); release
+	 * also for the reclaimer, which frees a listed node it finds marked
+	 * without this lock (percpuref_managed_node_exited()).  So nothing
+	 * of the impl is read after the mark where the reclaimer holds it. */
 	impl_of(data)->exited = true;
 	left_to_reclaimer = impl_of(data)->mstate == MNODE_LISTED;
+	reclaimer_holds = impl_of(data)->mstate != MNODE_OFF;
 	if (__atomic_fetch_or(&impl_of(data)->owed_and_holds,
-			      IMPL_EXITED | (impl_of(data)->mstate != MNODE_OFF ?
-					     IMPL_RECLAIMER_HOLDS : 0),
+			      IMPL_EXITED | (reclaimer_holds ? IMPL_RECLAIMER_HOLDS : 0),
 			      __ATOMIC_ACQ_REL) ||
-	    impl_of(data)->mstate != MNODE_OFF)
+	    reclaimer_holds)
 		data = NULL;
 	unlock_switch(ref);
 	if (data)
@@ -1568,6 +1572,15 @@ void percpuref_managed_free(struct percpuref_mnode *node, struct percpuref_spare
 {
 	(void)drop_exit_hold(impl_of_node(node), IMPL_RECLAIMER_HOLDS,
 			     percpuref_spares_off() ? NULL : spares);
+}
+
+bool percpuref_managed_node_exited(struct percpuref_mnode *node)
+{
+	/* Acquire: pairs with the exit's mark (percpuref_ref_exit()), after
+	 * which the exit reads and writes nothing of the impl: a listed
+	 * node's impl is the reclaimer's alone from then on. */
+	return __atomic_load_n(&impl_of_node(node)->owed_and_holds, __ATOMIC_ACQUIRE) &
+	       IMPL_EXITED;
 }
 
 void percpuref_managed_release(struct percpuref_mnode *node)

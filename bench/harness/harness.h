@@ -72,8 +72,15 @@ struct sample {
 	uint64_t ops;
 	double seconds;
 	bool paused;		/* the run was stopped and continued in the window */
+	/* measure_line_transfer() just before the point; NAN: not measured */
+	double transfer_ns;
 	struct bench_metrics metrics;
 };
+
+/* What passing one cache line between the first two CPUs of the placement
+ * order costs, in ns a transfer (transfer.c); NAN with fewer than two
+ * CPUs, or where the probe's threads could not run. */
+double measure_line_transfer(const struct topology *topo);
 
 /* Before any thread but the main one exists (the library's included):
  * the count of SIGCONTs the measurements read (measure.c). */

@@ -774,6 +774,7 @@ static void run_schedule(struct report *r)
 	for (unsigned int k = 0; k < r->repeat; k++) {
 		for (unsigned int i = 0; i < points; i++) {
 			struct result *res = &r->results[i];
+			double transfer_ns;
 
 			if (progress) {
 				double elapsed = bench_seconds() - start;
@@ -787,9 +788,11 @@ static void run_schedule(struct report *r)
 				fprintf(stderr, "\033[K");
 				progress_shown();
 			}
+			transfer_ns = measure_line_transfer(r->topo);
 			res->samples[k] = (r->processes ? measure_processes : measure)(
 				r->workload, res->variant, res->threads, r->topo, r->duration,
 				r->hang_limit);
+			res->samples[k].transfer_ns = transfer_ns;
 			done++;
 		}
 	}

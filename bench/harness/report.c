@@ -168,6 +168,44 @@ static void report_metrics(FILE *out, const struct report *r)
 	free(cols);
 }
 
+/*
+ * The probe's range over the run's points (transfer.c): one line, and a
+ * warning where the slowest read more than TRANSFER_SWING times the
+ * fastest, so that a host that moved the CPUs during the run (or other
+ * work that kept them busy) is seen in the table, not only in the JSON's
+ * per-sample figures.
+ */
+#define TRANSFER_SWING 1.5
+static void report_transfers(FILE *out, const struct report *r)
+{
+	unsigned int points = r->nthreads * r->nvariants, measured = 0;
+	double lo = INFINITY, hi = 0;
+
+	for (unsigned int i = 0; i < points; i++)
+		for (unsigned int k = 0; k < r->repeat; k++) {
+			double ns = r->results[i].samples[k].transfer_ns;
+
+			if (!isfinite(ns))
+				continue;
+			measured++;
+			lo = fmin(lo, ns);
+			hi = fmax(hi, ns);
+		}
+	if (!measured)
+		return;
+	fprintf(out, "line transfer between CPUs %d and %d before each point: ",
+		r->topo->order[0], r->topo->order[1]);
+	if (hi - lo < 0.5)
+		fprintf(out, "%.0f ns\n", lo);
+	else
+		fprintf(out, "%.0f-%.0f ns\n", lo, hi);
+	if (hi > TRANSFER_SWING * lo)
+		fprintf(out, "warning: the slowest point's probe read %.1fx the fastest's: the "
+			"host moved these CPUs between points, or other work shared them, and "
+			"rows measured apart may compare two machines (each point's figure: "
+			"--json)\n", hi / lo);
+}
+
 void report_table(FILE *out, const struct report *r)
 {
 	const struct topology *topo = r->topo;
@@ -276,6 +314,7 @@ void report_table(FILE *out, const struct report *r)
 	if (r->processes)
 		fprintf(out, "--processes: a row of T is T one-thread processes at once, "
 			"sharing nothing\n");
+	report_transfers(out, r);
 	report_metrics(out, r);
 	fflush(out);
 }
@@ -414,6 +453,8 @@ void report_json(FILE *out, const struct report *r)
 				fprintf(out, "%s{\"ops\":%llu,\"seconds\":", k ? "," : "",
 					(unsigned long long)res->samples[k].ops);
 				json_number(out, res->samples[k].seconds);
+				fprintf(out, ",\"line_transfer_ns\":");
+				json_number(out, res->samples[k].transfer_ns);
 				if (res->samples[k].metrics.n) {
 					fprintf(out, ",\"metrics\":");
 					json_metrics(out, &res->samples[k].metrics, false);

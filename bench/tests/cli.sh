@@ -330,6 +330,54 @@ if [ ! -e /sys/devices/system/cpu/cpu1023 ]; then
 else
 	echo "ok: a refused pin # skip: this machine has a CPU 1023"
 fi
+# The line-transfer probe before each point (harness/transfer.c): on two
+# CPUs or more every sample carries a positive figure and the table its
+# range; a probe whose second thread cannot be pinned (the made-up CPU
+# 1023 beside CPU 0, where thread 0 of the point runs) reads null, prints
+# no range, and neither hangs nor fails the run.  A probe that cannot
+# finish in half a second reads null too (a loaded machine, two tests on
+# its two CPUs): the first check takes the best of three runs.
+probe_run() {
+	"$bench" micro --threads 1,2 --variants private $short --json - >"$tmp/json" \
+		2>"$tmp/table" &&
+	"$python" -c '
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+ns = [s["line_transfer_ns"] for row in rows for s in row["samples"]]
+assert len(ns) == 2 and all(isinstance(x, (int, float)) and 0 < x < 1e6 for x in ns), ns
+' "$tmp/json" 2>"$tmp/err" &&
+	grep -q '^line transfer between CPUs [0-9]* and [0-9]* before each point: [0-9-]* ns$' \
+		"$tmp/table"
+}
+if [ "$cpus" -ge 2 ] && { probe_run || probe_run || probe_run; }; then
+	echo "ok: the line-transfer probe: a figure a point, its range in the table"
+elif [ "$cpus" -lt 2 ]; then
+	echo "ok: the line-transfer probe # skip: one usable CPU"
+else
+	echo "FAIL: the line-transfer probe:"
+	sed 's/^/  /' "$tmp/err" "$tmp/json" "$tmp/table" | head -20
+	fails=$((fails + 1))
+fi
+if [ ! -e /sys/devices/system/cpu/cpu1023 ]; then
+	mkdir "$tmp/cpu0and1023"
+	echo 0,1023 >"$tmp/cpu0and1023/online"
+	if env PERCPUREF_BENCH_SYSFS="$tmp/cpu0and1023" "$bench" micro --threads 1 \
+		--variants private $short --hang-limit 10 --json - >"$tmp/json" 2>"$tmp/table" &&
+	   "$python" -c '
+import json, sys
+row = json.loads(open(sys.argv[1]).read())
+assert [s["line_transfer_ns"] for s in row["samples"]] == [None], row["samples"]
+assert row["ops_per_sec"] > 0, row
+' "$tmp/json" && ! grep -q '^line transfer' "$tmp/table"; then
+		echo "ok: a probe refused its second CPU: null, the run measured"
+	else
+		echo "FAIL: a probe refused its second CPU:"
+		sed 's/^/  /' "$tmp/json" "$tmp/table" | head -20
+		fails=$((fails + 1))
+	fi
+else
+	echo "ok: a probe refused its second CPU # skip: this machine has a CPU 1023"
+fi
 # ... and so is a pin that cannot even be asked for (glibc's copy of the
 # set could not be allocated): the thread ran unpinned, and nothing said
 # so.  An LD_PRELOAD shim makes pthread_attr_setaffinity_np() fail;

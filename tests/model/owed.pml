@@ -49,6 +49,11 @@
  * -DMUTANT_NEXT_AFTER_COUNT: the runner reads handler_next after its
  * decrement: at zero another thread's handler may have linked the impl to
  * its own list meanwhile, and the runner goes on down that list.
+ * -DMUTANT_EXIT_READS_AFTER_MARK: the exit reads the impl after its mark
+ * (whether the reclaimer holds it, as up to 0.4.15): since 0.4.16 the
+ * reclaimer frees a node it finds marked without the switch lock that the
+ * exit holds (percpuref_managed_node_exited()), and the read meets the
+ * freed impl.  The model's reclaimer starts at the mark and takes no lock.
  */
 
 #define OWED	3	/* the low bits: releases owed (at most 2 here) */
@@ -209,6 +214,10 @@ proctype user()
 		fi
 	:: atomic { w = w | EXITED | RECL; exited = 1 };
 		run reclaimer()
+#ifdef MUTANT_EXIT_READS_AFTER_MARK
+		;
+		touch()
+#endif
 	fi;
 	user_done = 1
 }

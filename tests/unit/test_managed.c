@@ -698,6 +698,56 @@ static void test_exits_ask_for_a_pass(void)
 		   PERCPU_REF_SCAN_FILTERED);
 }
 
+/*
+ * The same asks from threads that each exit fewer listed refs than a count
+ * batch (63; 0.4.16 adds 64 exits at a time to the count that asks for a
+ * pass) and then end.  Its first build kept the batch per thread, and an
+ * ended thread's uncounted exits were lost: 3,000 such threads, no pass
+ * in a 60 s interval, every exited ref's state held.  Per CPU they are
+ * counted whichever thread made them.
+ */
+enum { SHORT_THREAD_EXITS = 63 };
+
+static void *short_thread(void *arg)
+{
+	struct object *objs = arg;
+	int i;
+
+	for (i = 0; i < SHORT_THREAD_EXITS; i++)
+		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_REL_MANAGED);
+	for (i = 0; i < SHORT_THREAD_EXITS; i++)
+		percpu_ref_exit(&objs[i].ref);	/* listed: left to a pass */
+	return NULL;
+}
+
+static void test_exits_of_short_threads(void)
+{
+	enum { THREADS = 1000 };
+	static struct object objs[SHORT_THREAD_EXITS];
+	struct percpu_ref_managed_stats before, after;
+	uint64_t deadline;
+	pthread_t t;
+	int i, started = 0;
+
+	set_config(3600000, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FILTERED);
+	percpu_ref_managed_flush();	/* nothing exited waits for a pass */
+	percpu_ref_managed_get_stats(&before);
+	for (i = 0; i < THREADS; i++)
+		if (!pthread_create(&t, NULL, short_thread, objs)) {
+			pthread_join(t, NULL);
+			started++;
+		}
+	deadline = now_ns() + UINT64_C(60000000000);
+	do
+		percpu_ref_managed_get_stats(&after);
+	while (after.passes == before.passes && now_ns() < deadline && !usleep(1000));
+	ok(started == THREADS && after.passes > before.passes,
+	   "%d threads of %d exits of listed refs each asked for a pass (1 h interval)", started,
+	   SHORT_THREAD_EXITS);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+}
+
 static void check_strategy(enum percpu_ref_scan_strategy strategy, const char *name)
 {
 	enum { N = 10 };
@@ -1558,6 +1608,7 @@ int main(int argc, char **argv)
 	test_transitions();
 	test_unmanaged_and_exit();
 	test_exits_ask_for_a_pass();
+	test_exits_of_short_threads();
 	check_strategy(PERCPU_REF_SCAN_FAITHFUL, "faithful");
 	check_strategy(PERCPU_REF_SCAN_BATCHED, "batched");
 	check_strategy(PERCPU_REF_SCAN_FILTERED, "filtered");
