@@ -170,17 +170,21 @@ static bool early_pass_asked;
 /* At least this many exited nodes, and half the list, ask for a pass. */
 #define EARLY_PASS_MIN_EXITED 4096
 /*
- * Exits are counted per CPU first (exits_on_cpu: one line a CPU, indexed
- * by the CPU the exit ran on, percpuref_nr_units() of them, allocated at
- * the first such exit) and added to exited_since_pass this many at a time.
- * No array (no memory for it), or a CPU not known: straight to the word.
+ * Exits are counted per CPU first (exits_on_cpu: a line for each CPU id,
+ * percpuref_nr_units() of them, indexed by the CPU the exit ran on) and
+ * added to exited_since_pass this many at a time.  Allocated with the
+ * configuration (config_init_once()), which every push reads first, so
+ * before any exit leaves a listed node: an exit allocates nothing (one in
+ * a signal handler that interrupted malloc() would wait for ever).  No
+ * array (no memory for it), or a CPU not known: straight to the word.
+ * Its address in a line of its own: read by every such exit, beside words
+ * that every pass writes.
  */
 #define EXITS_COUNTED_TOGETHER 64
 struct exits_on_cpu {
 	unsigned long n;	/* atomic: exits counted here, ever */
 } __attribute__((aligned(64)));
-static struct exits_on_cpu *exits_on_cpu;
-static pthread_once_t exits_on_cpu_once = PTHREAD_ONCE_INIT;
+static struct exits_on_cpu *exits_on_cpu __attribute__((aligned(64)));
 
 /*
  * TSAN cannot see a liburcu grace period.  Every percpu_rcuref read-side
@@ -204,10 +208,24 @@ static void init_conds(void)
  * constructor then reset (test_early_constructor). */
 static pthread_once_t conds_once = PTHREAD_ONCE_INIT;
 
+static void exits_on_cpu_alloc(void)
+{
+	size_t size = (size_t)percpuref_nr_units() * sizeof(struct exits_on_cpu);
+	void *cpus;
+
+	if (posix_memalign(&cpus, sizeof(struct exits_on_cpu), size))
+		return;
+	memset(cpus, 0, size);
+	/* Release: the zeroed array before its address (read with acquire). */
+	__atomic_store_n(&exits_on_cpu, cpus, __ATOMIC_RELEASE);
+}
+
 static void config_init_once(void)
 {
 	const char *strategy = getenv("PERCPUREF_SCAN_STRATEGY"), *who = "percpuref_managed";
 	unsigned long held_warn_s = 0;
+
+	exits_on_cpu_alloc();
 
 	percpuref_env_ulong(who, "PERCPUREF_SCAN_INTERVAL_MS", PERCPU_REF_MANAGED_INTERVAL_MAX_MS,
 			    &config.interval_ms);
@@ -299,6 +317,31 @@ void percpuref_managed_kick(void)
 	pthread_mutex_unlock(&managed_lock);
 }
 
+/* How many exits this one makes to count in: 1, EXITS_COUNTED_TOGETHER
+ * (the 64th on its CPU) or 0 (counted on the CPU, not yet in). */
+static unsigned long exits_to_count(void)
+{
+	/* Acquire: pairs with exits_on_cpu_alloc()'s release. */
+	struct exits_on_cpu *cpus = __atomic_load_n(&exits_on_cpu, __ATOMIC_ACQUIRE);
+	unsigned int nr = percpuref_nr_units(), cpu = nr;
+	struct percpuref_rseq_area *rseq = percpuref_this_rseq_area();
+
+	if (!cpus)
+		return 1;
+	/* The thread's rseq area where it has one registered (-1 reads as
+	 * past every unit); sched_getcpu() else, a system call where the C
+	 * library has no vDSO or rseq area to read it from. */
+	if (rseq)
+		cpu = __atomic_load_n(&rseq->cpu_id, __ATOMIC_RELAXED);
+	if (cpu >= nr)
+		cpu = (unsigned int)sched_getcpu();
+	if (cpu >= nr)
+		return 1;
+	/* Relaxed: a count; the word's own RMWs keep it exact. */
+	return __atomic_add_fetch(&cpus[cpu].n, 1, __ATOMIC_RELAXED) % EXITS_COUNTED_TOGETHER ?
+	       0 : EXITS_COUNTED_TOGETHER;
+}
+
 /*
  * After an exit that left its listed node to the reclaimer.  Such nodes are
  * freed by the next pass only, so a program that makes and exits managed
@@ -331,38 +374,6 @@ void percpuref_managed_kick(void)
  * frees (a count ahead of the nodes by as much, which asks for a pass
  * that much sooner).
  */
-static void exits_on_cpu_alloc(void)
-{
-	void *cpus;
-	size_t size = (size_t)percpuref_nr_units() * sizeof(struct exits_on_cpu);
-
-	if (posix_memalign(&cpus, sizeof(struct exits_on_cpu), size))
-		return;
-	memset(cpus, 0, size);
-	/* Release: the zeroed array before its address (read with acquire). */
-	__atomic_store_n(&exits_on_cpu, cpus, __ATOMIC_RELEASE);
-}
-
-/* How many exits this one makes to count in: 1, EXITS_COUNTED_TOGETHER
- * (the 64th on its CPU) or 0 (counted on the CPU, not yet in). */
-static unsigned long exits_to_count(void)
-{
-	/* Acquire: pairs with exits_on_cpu_alloc()'s release. */
-	struct exits_on_cpu *cpus = __atomic_load_n(&exits_on_cpu, __ATOMIC_ACQUIRE);
-	/* glibc reads it from the thread's rseq area where it registered one. */
-	int cpu = sched_getcpu();
-
-	if (!cpus) {
-		pthread_once(&exits_on_cpu_once, exits_on_cpu_alloc);
-		cpus = __atomic_load_n(&exits_on_cpu, __ATOMIC_ACQUIRE);
-	}
-	if (!cpus || cpu < 0 || (unsigned int)cpu >= percpuref_nr_units())
-		return 1;
-	/* Relaxed: a count; the word's own RMWs keep it exact. */
-	return __atomic_add_fetch(&cpus[cpu].n, 1, __ATOMIC_RELAXED) % EXITS_COUNTED_TOGETHER ?
-	       0 : EXITS_COUNTED_TOGETHER;
-}
-
 void percpuref_managed_exited(void)
 {
 	unsigned long exited, counted = exits_to_count();

@@ -92,7 +92,8 @@
  * The reclaimer owns a node while it is linked or its release is pending
  * (mstate): an exit meanwhile only marks it exited, and the reclaimer frees
  * it; a linked one without taking its switch lock, on an acquire load of
- * the mark (IMPL_EXITED), which is the exit's last access to the impl.  The in-flight mark (confirm_switch) makes exit, switch_to_unmanaged
+ * the mark (IMPL_EXITED), which is the exit's last access to the impl.
+ * The in-flight mark (confirm_switch) makes exit, switch_to_unmanaged
  * and switch_to_managed wait for a check to end, and @release is called
  * only after every mark of the batch is cleared, so a release callback may
  * exit or unmanage any other ref of the same batch (the release of a ref

@@ -30,12 +30,15 @@
  * machine.  Relaxed atomics: each thread waits for the value its partner
  * stored, which is all the protocol needs; the time is read by one thread
  * between its waits.  A partner that gets no CPU (a host that takes it
- * away for long) would leave the other spinning: each thread gives up once
- * the probe has run TRANSFER_LIMIT_NS, thread starts included, and the
- * figure is then not measured.
+ * away for long) would leave the other spinning: a thread whose wait
+ * spins 4,096 times looks at the clock, and gives up once the probe has
+ * run TRANSFER_LIMIT_NS, thread starts included; the figure is then not
+ * measured.  (A probe whose every wait is slow but shorter than that may
+ * run longer and still report.  A thread that never gets its CPU at all
+ * holds the join for as long: no watchdog covers the probe, while the
+ * point's own thread on that CPU would fail its start at --hang-limit.)
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
