@@ -7,9 +7,14 @@
  *
  * The list.  Managed refs sit on a push-only lockless stack (list_head).
  * Any thread pushes (percpu_ref_switch_to_managed, reinit of a managed ref)
- * with a CAS on the head; nobody else ever writes the head except the
- * reclaimer, which (1) pushes a marker node at the start of each pass and
- * (2) pops that marker at the end of the pass if it is still on top.  Every
+ * with a CAS on the head of its CPU's stage (managed_cpus: a stack of the
+ * same kind a CPU, where the CPU is known; else on list_head itself); at
+ * the start of each pass the reclaimer takes every stage whole with an
+ * exchange and splices it on top of the list.  Up to 0.4.15 every push
+ * CASed list_head, a word every CPU wrote (docs/managed.md, "Stages").
+ * Besides the pushes, only the reclaimer writes the head: it (1) splices
+ * the stages and pushes a marker node at the start of each pass and (2)
+ * pops that marker at the end of the pass if it is still on top.  Every
  * node below a marker is older than the marker and is owned by the
  * reclaimer: it alone reads and writes those nodes' next pointers, so the
  * walk and unlinking use plain pointers.  A pusher reads only the head and
@@ -19,8 +24,9 @@
  * assembly that ThreadSanitizer cannot see, and we need no pop; so the few
  * lines are ours and the ordering is checked by TSAN.)
  *
- * A pass.  Push a marker, then walk from it down to the bottom.  Nodes
- * pushed during the pass sit above the marker and wait for the next pass.
+ * A pass.  Splice the stages, push a marker, then walk from it down to the
+ * bottom.  Nodes pushed during the pass sit in the stages or above the
+ * marker and wait for the next pass.
  * Markers of earlier passes met on the way are unlinked and freed; nodes of
  * refs no longer managed are unlinked; nodes of refs exited while listed are
  * unlinked and freed, without the ref's switch lock (their exit's mark:
@@ -170,21 +176,28 @@ static bool early_pass_asked;
 /* At least this many exited nodes, and half the list, ask for a pass. */
 #define EARLY_PASS_MIN_EXITED 4096
 /*
- * Exits are counted per CPU first (exits_on_cpu: a line for each CPU id,
- * percpuref_nr_units() of them, indexed by the CPU the exit ran on) and
- * added to exited_since_pass this many at a time.  Allocated with the
- * configuration (config_init_once()), which every push reads first, so
- * before any exit leaves a listed node: an exit allocates nothing (one in
- * a signal handler that interrupted malloc() would wait for ever).  No
- * array (no memory for it), or a CPU not known: straight to the word.
- * Its address in a line of its own: read by every such exit, beside words
+ * What the list's users write on their own CPU (managed_cpus: a line for
+ * each CPU id, percpuref_nr_units() of them, indexed by the CPU the caller
+ * runs on): a stage of the list, where a push puts its node and a pass
+ * that opens takes them (splice_stages()), and the exits counted there,
+ * added to exited_since_pass EXITS_COUNTED_TOGETHER at a time.  Allocated
+ * with the configuration (config_init_once()), which every push reads
+ * first, so before any exit leaves a listed node: an exit allocates
+ * nothing (one in a signal handler that interrupted malloc() would wait
+ * for ever).  No array (no memory for it), or a CPU not known: a push goes
+ * on list_head, an exit's count straight to the word.  The array's address
+ * in a line of its own: read by every push and such exit, beside words
  * that every pass writes.
  */
 #define EXITS_COUNTED_TOGETHER 64
-struct exits_on_cpu {
-	unsigned long n;	/* atomic: exits counted here, ever */
+struct managed_cpu {
+	/* Pushed on this CPU since a pass last took them: a push-only stack
+	 * as the list is, written by pushers (CAS) and emptied by the
+	 * scanner (exchange). */
+	struct percpuref_mnode *staged;
+	unsigned long exits;	/* atomic: exits counted here, ever */
 } __attribute__((aligned(64)));
-static struct exits_on_cpu *exits_on_cpu __attribute__((aligned(64)));
+static struct managed_cpu *managed_cpus __attribute__((aligned(64)));
 
 /*
  * TSAN cannot see a liburcu grace period.  Every percpu_rcuref read-side
@@ -208,16 +221,32 @@ static void init_conds(void)
  * constructor then reset (test_early_constructor). */
 static pthread_once_t conds_once = PTHREAD_ONCE_INIT;
 
-static void exits_on_cpu_alloc(void)
+static void managed_cpus_alloc(void)
 {
-	size_t size = (size_t)percpuref_nr_units() * sizeof(struct exits_on_cpu);
+	size_t size = (size_t)percpuref_nr_units() * sizeof(struct managed_cpu);
 	void *cpus;
 
-	if (posix_memalign(&cpus, sizeof(struct exits_on_cpu), size))
+	if (posix_memalign(&cpus, sizeof(struct managed_cpu), size))
 		return;
 	memset(cpus, 0, size);
 	/* Release: the zeroed array before its address (read with acquire). */
-	__atomic_store_n(&exits_on_cpu, cpus, __ATOMIC_RELEASE);
+	__atomic_store_n(&managed_cpus, cpus, __ATOMIC_RELEASE);
+}
+
+/* The caller's CPU, an index into managed_cpus, or @nr when not known:
+ * from the thread's rseq area where it has one registered (-1 reads as
+ * past every unit), else sched_getcpu() (a system call where the C
+ * library has no vDSO or rseq area to read it from). */
+static unsigned int this_cpu_index(unsigned int nr)
+{
+	struct percpuref_rseq_area *rseq = percpuref_this_rseq_area();
+	unsigned int cpu = nr;
+
+	if (rseq)
+		cpu = __atomic_load_n(&rseq->cpu_id, __ATOMIC_RELAXED);
+	if (cpu >= nr)
+		cpu = (unsigned int)sched_getcpu();
+	return cpu < nr ? cpu : nr;
 }
 
 static void config_init_once(void)
@@ -225,7 +254,7 @@ static void config_init_once(void)
 	const char *strategy = getenv("PERCPUREF_SCAN_STRATEGY"), *who = "percpuref_managed";
 	unsigned long held_warn_s = 0;
 
-	exits_on_cpu_alloc();
+	managed_cpus_alloc();
 
 	percpuref_env_ulong(who, "PERCPUREF_SCAN_INTERVAL_MS", PERCPU_REF_MANAGED_INTERVAL_MAX_MS,
 			    &config.interval_ms);
@@ -254,7 +283,9 @@ static void managed_init(void)
 
 void percpuref_managed_push(struct percpuref_mnode *node)
 {
-	struct percpuref_mnode *top = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
+	struct percpuref_mnode **head = &list_head, *top;
+	struct managed_cpu *cpus;
+	unsigned int nr, cpu;
 
 	/* Only the held warning reads the time (a clock read was a tenth
 	 * of a managed-poll cycle of switch-storm); its setting is read
@@ -263,14 +294,77 @@ void percpuref_managed_push(struct percpuref_mnode *node)
 	node->listed_ns = held_warn_ns ? percpuref_monotonic_ns() : 0;
 	node->held_warned = false;
 	percpuref_note_work();
+	/* Acquire: pairs with managed_cpus_alloc()'s release. */
+	cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
+	nr = percpuref_nr_units();
+	if (cpus && (cpu = this_cpu_index(nr)) < nr)
+		head = &cpus[cpu].staged;
+	top = __atomic_load_n(head, __ATOMIC_RELAXED);
 	do
 		node->next = top;
 	/* Release: the node's next and everything written before the push
-	 * (the ref's data) are visible to the reclaimer, whose marker push
-	 * acquires the head (a later push continues the release sequence).
-	 * Seq_cst: the Dekker pair of the thread's going idle (kick). */
-	while (!__atomic_compare_exchange_n(&list_head, &top, node, true, __ATOMIC_SEQ_CST,
+	 * (the ref's data) are visible to the reclaimer, whose exchange of
+	 * the stage or marker push on the list acquires the word (a later
+	 * push continues the release sequence).  Seq_cst: the Dekker pair
+	 * of the thread's going idle (kick), whose re-read covers every
+	 * stage (nothing_listed()). */
+	while (!__atomic_compare_exchange_n(head, &top, node, true, __ATOMIC_SEQ_CST,
 					    __ATOMIC_RELAXED));
+}
+
+/*
+ * The list and every stage empty?  @order: relaxed for a look, seq_cst for
+ * the thread's re-read after it set kick_needed (the Dekker pair of a
+ * push: the push's seq_cst CAS on whichever word, then its seq_cst read of
+ * kick_needed).
+ */
+static bool nothing_listed(int order)
+{
+	struct managed_cpu *cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
+	unsigned int cpu, nr = percpuref_nr_units();
+
+	if (__atomic_load_n(&list_head, order))
+		return false;
+	for (cpu = 0; cpus && cpu < nr; cpu++)
+		if (__atomic_load_n(&cpus[cpu].staged, order))
+			return false;
+	return true;
+}
+
+/*
+ * Scanner, managed_lock held, as a pass opens: every stage's nodes go on
+ * top of the list, below the marker about to be pushed.  In that lock
+ * section, as the marker's push: a flush that pushed before it took its
+ * target there finds its node in this pass or names a later one (see
+ * scan_once()).  Only the scanner empties a stage, so a stage read
+ * non-empty is still non-empty at its exchange; the walk to a chain's last
+ * node reads nodes whose pushes the exchange acquired.
+ */
+static void splice_stages(void)
+{
+	/* Acquire: pairs with managed_cpus_alloc()'s release. */
+	struct managed_cpu *cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
+	unsigned int cpu, nr = percpuref_nr_units();
+	struct percpuref_mnode *first, *last, *top;
+
+	for (cpu = 0; cpus && cpu < nr; cpu++) {
+		/* Relaxed: a look; a push that happened before the pass
+		 * (a flush's) is seen by coherence. */
+		if (!__atomic_load_n(&cpus[cpu].staged, __ATOMIC_RELAXED))
+			continue;
+		/* Acquire: pairs with the pushes' release CAS. */
+		first = __atomic_exchange_n(&cpus[cpu].staged, NULL, __ATOMIC_ACQUIRE);
+		for (last = first; last->next; last = last->next)
+			;
+		top = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
+		do
+			last->next = top;
+		/* Release: the chain's links before it is reachable from the
+		 * head (the marker's push acquires it; pushers that go straight
+		 * to the list read only the head). */
+		while (!__atomic_compare_exchange_n(&list_head, &top, first, true, __ATOMIC_RELEASE,
+						    __ATOMIC_RELAXED));
+	}
 }
 
 static void *reclaimer_main(void *arg);
@@ -321,25 +415,17 @@ void percpuref_managed_kick(void)
  * (the 64th on its CPU) or 0 (counted on the CPU, not yet in). */
 static unsigned long exits_to_count(void)
 {
-	/* Acquire: pairs with exits_on_cpu_alloc()'s release. */
-	struct exits_on_cpu *cpus = __atomic_load_n(&exits_on_cpu, __ATOMIC_ACQUIRE);
-	unsigned int nr = percpuref_nr_units(), cpu = nr;
-	struct percpuref_rseq_area *rseq = percpuref_this_rseq_area();
+	/* Acquire: pairs with managed_cpus_alloc()'s release. */
+	struct managed_cpu *cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
+	unsigned int nr = percpuref_nr_units(), cpu;
 
-	if (!cpus)
-		return 1;
-	/* The thread's rseq area where it has one registered (-1 reads as
-	 * past every unit); sched_getcpu() else, a system call where the C
-	 * library has no vDSO or rseq area to read it from. */
-	if (rseq)
-		cpu = __atomic_load_n(&rseq->cpu_id, __ATOMIC_RELAXED);
-	if (cpu >= nr)
-		cpu = (unsigned int)sched_getcpu();
-	if (cpu >= nr)
+	if (!cpus || (cpu = this_cpu_index(nr)) >= nr)
 		return 1;
 	/* Relaxed: a count; the word's own RMWs keep it exact. */
-	return __atomic_add_fetch(&cpus[cpu].n, 1, __ATOMIC_RELAXED) % EXITS_COUNTED_TOGETHER ?
-	       0 : EXITS_COUNTED_TOGETHER;
+	return __atomic_add_fetch(&cpus[cpu].exits, 1, __ATOMIC_RELAXED) %
+			       EXITS_COUNTED_TOGETHER ?
+		       0 :
+		       EXITS_COUNTED_TOGETHER;
 }
 
 /*
@@ -651,12 +737,14 @@ static bool scan_once(bool unlimited)
 		 * A pass starts, or is refused, in one managed_lock section
 		 * with its count: a flush (which takes its target under that
 		 * lock) then either sees the pass counted, or started after
-		 * the marker went on top of every ref pushed before it.  The
+		 * the stages were spliced and the marker went on top of every
+		 * ref pushed before it.  The
 		 * marker was pushed before the count: a flush in between
 		 * named this pass as one starting after it, and the ref it
 		 * had just pushed, above the marker, stayed unreleased.
 		 */
 		pthread_mutex_lock(&managed_lock);
+		splice_stages();
 		if (!__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
 			/* An empty pass: nothing to check, a flush is satisfied. */
 			passes_started++;
@@ -825,11 +913,11 @@ static void *reclaimer_main(void *arg)
 		}
 		now = percpuref_monotonic_ns();
 		if (passes_done >= flush_target) {
-			if (!pass_open && !__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
+			if (!pass_open && nothing_listed(__ATOMIC_RELAXED)) {
 				/* Idle: a push or a flush kicks us.  The
 				 * Dekker pair of a push (kick). */
 				(void)__atomic_exchange_n(&kick_needed, true, __ATOMIC_SEQ_CST);
-				if (!__atomic_load_n(&list_head, __ATOMIC_SEQ_CST))
+				if (nothing_listed(__ATOMIC_SEQ_CST))
 					pthread_cond_wait(&wake, &managed_lock);
 				__atomic_store_n(&kick_needed, false, __ATOMIC_RELAXED);
 				just_scanned = false;
