@@ -9,12 +9,12 @@
  * Any thread pushes (percpu_ref_switch_to_managed, reinit of a managed ref)
  * with a CAS on the head of its CPU's stage (managed_cpus: a stack of the
  * same kind a CPU, where the CPU is known; else on list_head itself); at
- * the start of each pass the reclaimer takes every stage whole with an
- * exchange and splices it on top of the list.  Up to 0.4.15 every push
- * CASed list_head, a word every CPU wrote (docs/managed.md, "Stages").
- * Besides the pushes, only the reclaimer writes the head: it (1) splices
- * the stages and pushes a marker node at the start of each pass and (2)
- * pops that marker at the end of the pass if it is still on top.  Every
+ * the start of each pass the scanner takes every stage whole with an
+ * exchange, and links each below the list's last node when its walk gets
+ * there.  Up to 0.4.15 every push CASed list_head, a word every CPU wrote
+ * (docs/managed.md, "Stages").  Besides the pushes, only the scanner
+ * writes the head: it (1) pushes a marker node at the start of each pass
+ * and (2) pops that marker at the end of the pass if it is still on top.  Every
  * node below a marker is older than the marker and is owned by the
  * reclaimer: it alone reads and writes those nodes' next pointers, so the
  * walk and unlinking use plain pointers.  A pusher reads only the head and
@@ -24,9 +24,10 @@
  * assembly that ThreadSanitizer cannot see, and we need no pop; so the few
  * lines are ours and the ordering is checked by TSAN.)
  *
- * A pass.  Splice the stages, push a marker, then walk from it down to the
- * bottom.  Nodes pushed during the pass sit in the stages or above the
- * marker and wait for the next pass.
+ * A pass.  Take the stages, push a marker, then walk from it down to the
+ * bottom, where each stage taken is linked in turn, until none is left.
+ * Nodes pushed during the pass sit in the stages or above the marker and
+ * wait for the next pass.
  * Markers of earlier passes met on the way are unlinked and freed; nodes of
  * refs no longer managed are unlinked; nodes of refs exited while listed are
  * unlinked and freed, without the ref's switch lock (their exit's mark:
@@ -98,6 +99,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fallback.h"
 #include "managed.h"
 #include "percpuref/managed.h"
 
@@ -177,17 +179,15 @@ static bool early_pass_asked;
 #define EARLY_PASS_MIN_EXITED 4096
 /*
  * What the list's users write on their own CPU (managed_cpus: a line for
- * each CPU id, percpuref_nr_units() of them, indexed by the CPU the caller
- * runs on): a stage of the list, where a push puts its node and a pass
- * that opens takes them (splice_stages()), and the exits counted there,
+ * each possible CPU, managed_nr of them, indexed by the CPU the caller
+ * runs on): a stage of the list, where a push puts its node and which a
+ * pass that opens takes (take_stages()), and the exits counted there,
  * added to exited_since_pass EXITS_COUNTED_TOGETHER at a time.  Allocated
  * with the configuration (config_init_once()), which every push reads
  * first, so before any exit leaves a listed node: an exit allocates
  * nothing (one in a signal handler that interrupted malloc() would wait
  * for ever).  No array (no memory for it), or a CPU not known: a push goes
- * on list_head, an exit's count straight to the word.  The array's address
- * in a line of its own: read by every push and such exit, beside words
- * that every pass writes.
+ * on list_head, an exit's count straight to the word.
  */
 #define EXITS_COUNTED_TOGETHER 64
 struct managed_cpu {
@@ -195,9 +195,17 @@ struct managed_cpu {
 	 * as the list is, written by pushers (CAS) and emptied by the
 	 * scanner (exchange). */
 	struct percpuref_mnode *staged;
+	/* Scanner's: the stage the open pass took and has not yet linked
+	 * below the list's last node (attach_taken()). */
+	struct percpuref_mnode *taken;
 	unsigned long exits;	/* atomic: exits counted here, ever */
 } __attribute__((aligned(64)));
-static struct managed_cpu *managed_cpus __attribute__((aligned(64)));
+static struct managed_cpu *managed_cpus;
+/* Its length: set before the array's address is published. */
+static unsigned int managed_nr;
+/* Scanner's: stages the open pass took and has not linked yet, and the
+ * CPU to look at first for the next of them. */
+static unsigned int taken_left, taken_next_cpu;
 
 /*
  * TSAN cannot see a liburcu grace period.  Every percpu_rcuref read-side
@@ -223,13 +231,19 @@ static pthread_once_t conds_once = PTHREAD_ONCE_INIT;
 
 static void managed_cpus_alloc(void)
 {
-	size_t size = (size_t)percpuref_nr_units() * sizeof(struct managed_cpu);
+	/* A unit per possible CPU where the process uses rseq; the fallback
+	 * readers' two (fallback.h), whose CPU ids go as far. */
+	unsigned int nr = percpuref_nr_units() /
+			  (percpuref_this_rseq_area() ? 1 : PERCPUREF_READER_UNITS_PER_CPU);
+	size_t size = (size_t)nr * sizeof(struct managed_cpu);
 	void *cpus;
 
-	if (posix_memalign(&cpus, sizeof(struct managed_cpu), size))
+	if (!nr || posix_memalign(&cpus, sizeof(struct managed_cpu), size))
 		return;
 	memset(cpus, 0, size);
-	/* Release: the zeroed array before its address (read with acquire). */
+	managed_nr = nr;
+	/* Release: the zeroed array and its length before its address (read
+	 * with acquire). */
 	__atomic_store_n(&managed_cpus, cpus, __ATOMIC_RELEASE);
 }
 
@@ -296,7 +310,7 @@ void percpuref_managed_push(struct percpuref_mnode *node)
 	percpuref_note_work();
 	/* Acquire: pairs with managed_cpus_alloc()'s release. */
 	cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
-	nr = percpuref_nr_units();
+	nr = managed_nr;
 	if (cpus && (cpu = this_cpu_index(nr)) < nr)
 		head = &cpus[cpu].staged;
 	top = __atomic_load_n(head, __ATOMIC_RELAXED);
@@ -316,55 +330,69 @@ void percpuref_managed_push(struct percpuref_mnode *node)
  * The list and every stage empty?  @order: relaxed for a look, seq_cst for
  * the thread's re-read after it set kick_needed (the Dekker pair of a
  * push: the push's seq_cst CAS on whichever word, then its seq_cst read of
- * kick_needed).
+ * kick_needed).  The stages first: a node leaves a stage only for the open
+ * pass (take_stages(), under managed_lock as this is), never for the head.
  */
 static bool nothing_listed(int order)
 {
+	/* Acquire: pairs with managed_cpus_alloc()'s release. */
 	struct managed_cpu *cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
-	unsigned int cpu, nr = percpuref_nr_units();
+	unsigned int cpu;
 
-	if (__atomic_load_n(&list_head, order))
-		return false;
-	for (cpu = 0; cpus && cpu < nr; cpu++)
+	for (cpu = 0; cpus && cpu < managed_nr; cpu++)
 		if (__atomic_load_n(&cpus[cpu].staged, order))
 			return false;
-	return true;
+	return !__atomic_load_n(&list_head, order);
 }
 
 /*
- * Scanner, managed_lock held, as a pass opens: every stage's nodes go on
- * top of the list, below the marker about to be pushed.  In that lock
- * section, as the marker's push: a flush that pushed before it took its
+ * Scanner, managed_lock held, as a pass opens: every stage's nodes become
+ * the open pass's (taken), to be linked below the list's last node as the
+ * walk reaches it (attach_taken()): no walk to a chain's end here, under
+ * managed_lock, and none twice a pass.  In the lock section that counts
+ * the pass and pushes its marker: a flush that pushed before it took its
  * target there finds its node in this pass or names a later one (see
  * scan_once()).  Only the scanner empties a stage, so a stage read
- * non-empty is still non-empty at its exchange; the walk to a chain's last
- * node reads nodes whose pushes the exchange acquired.
+ * non-empty is still non-empty at its exchange.
  */
-static void splice_stages(void)
+static void take_stages(void)
 {
 	/* Acquire: pairs with managed_cpus_alloc()'s release. */
 	struct managed_cpu *cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
-	unsigned int cpu, nr = percpuref_nr_units();
-	struct percpuref_mnode *first, *last, *top;
+	unsigned int cpu;
 
-	for (cpu = 0; cpus && cpu < nr; cpu++) {
+	taken_next_cpu = 0;
+	for (cpu = 0; cpus && cpu < managed_nr; cpu++) {
 		/* Relaxed: a look; a push that happened before the pass
 		 * (a flush's) is seen by coherence. */
 		if (!__atomic_load_n(&cpus[cpu].staged, __ATOMIC_RELAXED))
 			continue;
-		/* Acquire: pairs with the pushes' release CAS. */
-		first = __atomic_exchange_n(&cpus[cpu].staged, NULL, __ATOMIC_ACQUIRE);
-		for (last = first; last->next; last = last->next)
-			;
-		top = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
-		do
-			last->next = top;
-		/* Release: the chain's links before it is reachable from the
-		 * head (the marker's push acquires it; pushers that go straight
-		 * to the list read only the head). */
-		while (!__atomic_compare_exchange_n(&list_head, &top, first, true, __ATOMIC_RELEASE,
-						    __ATOMIC_RELAXED));
+		/* Acquire: pairs with the pushes' release CAS (the nodes'
+		 * next pointers and the refs' data). */
+		cpus[cpu].taken = __atomic_exchange_n(&cpus[cpu].staged, NULL, __ATOMIC_ACQUIRE);
+		taken_left++;
 	}
+}
+
+/*
+ * Scanner: @last is the list's last node (below the open pass's marker, or
+ * the marker): link the next stage the pass took below it, and return its
+ * first node; NULL when none is left.  Nodes below the marker are the
+ * scanner's, so a plain store.
+ */
+static struct percpuref_mnode *attach_taken(struct percpuref_mnode *last)
+{
+	/* Plain: this thread's take_stages() acquired it. */
+	struct managed_cpu *cpus = managed_cpus;
+
+	for (; taken_left && taken_next_cpu < managed_nr; taken_next_cpu++)
+		if (cpus[taken_next_cpu].taken) {
+			last->next = cpus[taken_next_cpu].taken;
+			cpus[taken_next_cpu].taken = NULL;
+			taken_left--;
+			return last->next;
+		}
+	return NULL;
 }
 
 static void *reclaimer_main(void *arg);
@@ -394,9 +422,10 @@ static bool ensure_thread(void)
  * lock and a wake-up per push, every switch_to_managed in the process
  * took managed_lock and woke the thread from its timed sleep.  No push
  * is left unseen: the thread sets kick_needed and then re-reads the list
- * head, a pusher CASes the head and then reads kick_needed, all four
- * sequentially consistent (the thread's side an exchange: see deferred.c
- * on qemu-user), so one of them sees the other.  The thread holds
+ * head and every stage (nothing_listed()), a pusher CASes the head or its
+ * CPU's stage and then reads kick_needed, all sequentially consistent
+ * (the thread's side an exchange: see deferred.c on qemu-user), so one of
+ * them sees the other.  The thread holds
  * managed_lock from setting it until cond_wait releases the lock, so a
  * pusher that saw it signals a thread that is waiting.
  */
@@ -417,7 +446,7 @@ static unsigned long exits_to_count(void)
 {
 	/* Acquire: pairs with managed_cpus_alloc()'s release. */
 	struct managed_cpu *cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
-	unsigned int nr = percpuref_nr_units(), cpu;
+	unsigned int nr = managed_nr, cpu;
 
 	if (!cpus || (cpu = this_cpu_index(nr)) >= nr)
 		return 1;
@@ -631,7 +660,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 	struct percpuref_spares spares = { NULL, 0 };
 
 	*switched = *skipped = 0;
-	while (k < limit && (node = prev->next)) {
+	while (k < limit && ((node = prev->next) || (node = attach_taken(prev)))) {
 		if (node->marker) {	/* an earlier pass's */
 			prev->next = node->next;
 			free(node);
@@ -676,7 +705,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			percpuref_spares_give(&spares);
 	}
 	percpuref_spares_give(&spares);
-	*end = !prev->next;
+	*end = !prev->next && !taken_left;
 	if (!*switched) {
 		cursor = prev;
 		return k;
@@ -704,7 +733,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 		}
 		percpuref_managed_unlock_node(stripe);
 	}
-	*end = !prev->next;
+	*end = !prev->next && !taken_left;
 	cursor = prev;
 	return k;
 }
@@ -737,15 +766,14 @@ static bool scan_once(bool unlimited)
 		 * A pass starts, or is refused, in one managed_lock section
 		 * with its count: a flush (which takes its target under that
 		 * lock) then either sees the pass counted, or started after
-		 * the stages were spliced and the marker went on top of every
-		 * ref pushed before it.  The
+		 * it took the stages and its marker went on top of every ref
+		 * pushed before it.  The
 		 * marker was pushed before the count: a flush in between
 		 * named this pass as one starting after it, and the ref it
 		 * had just pushed, above the marker, stayed unreleased.
 		 */
 		pthread_mutex_lock(&managed_lock);
-		splice_stages();
-		if (!__atomic_load_n(&list_head, __ATOMIC_RELAXED)) {
+		if (nothing_listed(__ATOMIC_RELAXED)) {
 			/* An empty pass: nothing to check, a flush is satisfied. */
 			passes_started++;
 			passes_done++;
@@ -779,6 +807,7 @@ static bool scan_once(bool unlimited)
 			return false;
 		}
 		marker_refused = false;
+		take_stages();
 		pass_marker->marker = true;
 		pass_marker->next = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
 		/* Acquire: pairs with the release CAS of the pushes below the

@@ -750,6 +750,70 @@ static void test_exits_of_short_threads(void)
 		   PERCPU_REF_SCAN_FILTERED);
 }
 
+/*
+ * A push goes on its CPU's stage (0.4.16), which a pass takes as it opens:
+ * a flush must cover a ref made managed on any CPU, from any other.  For
+ * each CPU this process may use, a thread pinned there makes a ref managed
+ * and drops its own reference; then this thread, pinned elsewhere where it
+ * can be, flushes, and the ref must be released by then.
+ */
+static void *manage_on_cpu(void *arg)
+{
+	struct object *o = arg;
+
+	percpu_ref_init(&o->ref, obj_release, PERCPU_REF_REL_MANAGED);
+	percpu_ref_put(&o->ref);	/* the manager's alone is left */
+	return NULL;
+}
+
+static void test_flush_covers_other_cpus(void)
+{
+	cpu_set_t allowed, one;
+	int cpu, other, checked = 0, released = 0;
+
+	set_config(3600000, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FILTERED);
+	if (sched_getaffinity(0, sizeof(allowed), &allowed)) {
+		ok(0, "sched_getaffinity: %s", strerror(errno));
+		return;
+	}
+	for (cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+		struct object o;
+		pthread_attr_t attr;
+		pthread_t t;
+
+		if (!CPU_ISSET(cpu, &allowed))
+			continue;
+		memset(&o, 0, sizeof(o));
+		CPU_ZERO(&one);
+		CPU_SET(cpu, &one);
+		pthread_attr_init(&attr);
+		if (pthread_attr_setaffinity_np(&attr, sizeof(one), &one) ||
+		    pthread_create(&t, &attr, manage_on_cpu, &o)) {
+			pthread_attr_destroy(&attr);
+			continue;
+		}
+		pthread_attr_destroy(&attr);
+		pthread_join(t, NULL);
+		/* This thread on another allowed CPU, if there is one. */
+		for (other = 0; other < CPU_SETSIZE; other++)
+			if (other != cpu && CPU_ISSET(other, &allowed))
+				break;
+		CPU_ZERO(&one);
+		CPU_SET(other < CPU_SETSIZE ? other : cpu, &one);
+		(void)sched_setaffinity(0, sizeof(one), &one);
+		percpu_ref_managed_flush();
+		checked++;
+		released += releases_of(&o) == 1;
+		percpu_ref_exit(&o.ref);
+	}
+	(void)sched_setaffinity(0, sizeof(allowed), &allowed);
+	ok(checked > 0 && released == checked,
+	   "a ref made managed on each of %d CPUs, flushed from another: %d released", checked,
+	   released);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+}
+
 static void check_strategy(enum percpu_ref_scan_strategy strategy, const char *name)
 {
 	enum { N = 10 };
@@ -1611,6 +1675,7 @@ int main(int argc, char **argv)
 	test_unmanaged_and_exit();
 	test_exits_ask_for_a_pass();
 	test_exits_of_short_threads();
+	test_flush_covers_other_cpus();
 	check_strategy(PERCPU_REF_SCAN_FAITHFUL, "faithful");
 	check_strategy(PERCPU_REF_SCAN_BATCHED, "batched");
 	check_strategy(PERCPU_REF_SCAN_FILTERED, "filtered");
