@@ -330,8 +330,8 @@ void percpuref_managed_push(struct percpuref_mnode *node)
  * The list and every stage empty?  @order: relaxed for a look, seq_cst for
  * the thread's re-read after it set kick_needed (the Dekker pair of a
  * push: the push's seq_cst CAS on whichever word, then its seq_cst read of
- * kick_needed).  The stages first: a node leaves a stage only for the open
- * pass (take_stages(), under managed_lock as this is), never for the head.
+ * kick_needed).  Under managed_lock, as take_stages() is: no node moves
+ * from a word not yet read to one already read meanwhile.
  */
 static bool nothing_listed(int order)
 {
@@ -361,7 +361,8 @@ static void take_stages(void)
 	struct managed_cpu *cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
 	unsigned int cpu;
 
-	taken_next_cpu = 0;
+	/* Zero already: the last pass ended with every stage linked. */
+	taken_left = taken_next_cpu = 0;
 	for (cpu = 0; cpus && cpu < managed_nr; cpu++) {
 		/* Relaxed: a look; a push that happened before the pass
 		 * (a flush's) is seen by coherence. */
@@ -382,7 +383,8 @@ static void take_stages(void)
  */
 static struct percpuref_mnode *attach_taken(struct percpuref_mnode *last)
 {
-	/* Plain: this thread's take_stages() acquired it. */
+	/* Plain: read only while taken_left counts stages, which this
+	 * thread's take_stages() found through its acquire load. */
 	struct managed_cpu *cpus = managed_cpus;
 
 	for (; taken_left && taken_next_cpu < managed_nr; taken_next_cpu++)
@@ -392,6 +394,7 @@ static struct percpuref_mnode *attach_taken(struct percpuref_mnode *last)
 			taken_left--;
 			return last->next;
 		}
+	taken_left = 0;	/* none left to find: the pass may end */
 	return NULL;
 }
 
@@ -714,7 +717,8 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 	percpuref_fence_readers();
 
 	/* The k nodes looked at follow the cursor, contiguous: nothing else
-	 * unlinks below the marker, nothing is linked there. */
+	 * unlinks below the marker, and nothing is linked there but a stage
+	 * taken, by the first half, below the last node (attach_taken()). */
 	prev = cursor;
 	for (i = 0; i < k; i++) {
 		node = prev->next;
@@ -810,9 +814,10 @@ static bool scan_once(bool unlimited)
 		take_stages();
 		pass_marker->marker = true;
 		pass_marker->next = __atomic_load_n(&list_head, __ATOMIC_RELAXED);
-		/* Acquire: pairs with the release CAS of the pushes below the
-		 * marker, whose nodes the walk reads.  Release: a push that
-		 * reads the marker as top links to an initialised node. */
+		/* Acquire: pairs with the release CAS of the pushes on the
+		 * head below the marker, whose nodes the walk reads (the
+		 * stages' nodes: take_stages()'s exchange).  Release: a push
+		 * that reads the marker as top links to an initialised node. */
 		while (!__atomic_compare_exchange_n(&list_head, &pass_marker->next, pass_marker,
 						    true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			;
@@ -835,9 +840,10 @@ static bool scan_once(bool unlimited)
 		fences += switched != 0;
 	}
 	if (end) {
-		/* Pop our marker if nothing was pushed above it (relaxed: the
-		 * head's new value was published by its own push); otherwise
-		 * the next pass frees it. */
+		/* Pop our marker if nothing was pushed above it (relaxed:
+		 * pushers never read the node the head names, and the next
+		 * scanner reads it after scan_lock, as every node below a
+		 * marker); otherwise the next pass frees it. */
 		struct percpuref_mnode *top = pass_marker;
 
 		if (__atomic_compare_exchange_n(&list_head, &top, pass_marker->next, false,

@@ -751,11 +751,14 @@ static void test_exits_of_short_threads(void)
 }
 
 /*
- * A push goes on its CPU's stage (0.4.16), which a pass takes as it opens:
- * a flush must cover a ref made managed on any CPU, from any other.  For
- * each CPU this process may use, a thread pinned there makes a ref managed
- * and drops its own reference; then this thread, pinned elsewhere where it
- * can be, flushes, and the ref must be released by then.
+ * A push goes on its CPU's stage (0.4.16), which a pass takes as it opens
+ * and links below the list as its walk gets there: a flush must cover refs
+ * made managed on any CPU, from any other.  First one CPU at a time: a
+ * thread pinned there makes a ref managed and drops its own reference;
+ * this thread, pinned to another CPU where it can be, flushes, and the ref
+ * must be released by then.  Then one ref on every CPU before one flush,
+ * one ref a scan (faithful, max 1): a pass of several scans with stages
+ * still to link, each of which must be.
  */
 static void *manage_on_cpu(void *arg)
 {
@@ -766,34 +769,43 @@ static void *manage_on_cpu(void *arg)
 	return NULL;
 }
 
+/* A thread pinned to @cpu runs manage_on_cpu(@o); false if it could not. */
+static bool manage_pinned(int cpu, struct object *o)
+{
+	pthread_attr_t attr;
+	cpu_set_t one;
+	pthread_t t;
+	bool started;
+
+	memset(o, 0, sizeof(*o));
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	pthread_attr_init(&attr);
+	started = !pthread_attr_setaffinity_np(&attr, sizeof(one), &one) &&
+		  !pthread_create(&t, &attr, manage_on_cpu, o);
+	pthread_attr_destroy(&attr);
+	if (started)
+		pthread_join(t, NULL);
+	return started;
+}
+
 static void test_flush_covers_other_cpus(void)
 {
+	enum { MAX_CPUS = 64 };
+	static struct object all[MAX_CPUS];
 	cpu_set_t allowed, one;
-	int cpu, other, checked = 0, released = 0;
+	int cpu, other, checked = 0, released = 0, n = 0;
 
-	set_config(3600000, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FILTERED);
 	if (sched_getaffinity(0, sizeof(allowed), &allowed)) {
 		ok(0, "sched_getaffinity: %s", strerror(errno));
 		return;
 	}
+	set_config(3600000, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FILTERED);
 	for (cpu = 0; cpu < CPU_SETSIZE; cpu++) {
 		struct object o;
-		pthread_attr_t attr;
-		pthread_t t;
 
-		if (!CPU_ISSET(cpu, &allowed))
+		if (!CPU_ISSET(cpu, &allowed) || !manage_pinned(cpu, &o))
 			continue;
-		memset(&o, 0, sizeof(o));
-		CPU_ZERO(&one);
-		CPU_SET(cpu, &one);
-		pthread_attr_init(&attr);
-		if (pthread_attr_setaffinity_np(&attr, sizeof(one), &one) ||
-		    pthread_create(&t, &attr, manage_on_cpu, &o)) {
-			pthread_attr_destroy(&attr);
-			continue;
-		}
-		pthread_attr_destroy(&attr);
-		pthread_join(t, NULL);
 		/* This thread on another allowed CPU, if there is one. */
 		for (other = 0; other < CPU_SETSIZE; other++)
 			if (other != cpu && CPU_ISSET(other, &allowed))
@@ -807,9 +819,24 @@ static void test_flush_covers_other_cpus(void)
 		percpu_ref_exit(&o.ref);
 	}
 	(void)sched_setaffinity(0, sizeof(allowed), &allowed);
-	ok(checked > 0 && released == checked,
-	   "a ref made managed on each of %d CPUs, flushed from another: %d released", checked,
-	   released);
+	if (!checked) {
+		skip("no thread could be pinned to a CPU");
+	} else {
+		ok(released == checked, "a ref made managed on each of %d CPUs, flushed from "
+		   "another where there is one: %d released", checked, released);
+		set_config(3600000, 1, PERCPU_REF_SCAN_FAITHFUL);
+		percpu_ref_managed_flush();	/* no pass open: the next takes them */
+		for (cpu = 0; cpu < CPU_SETSIZE && n < MAX_CPUS; cpu++)
+			if (CPU_ISSET(cpu, &allowed) && manage_pinned(cpu, &all[n]))
+				n++;
+		percpu_ref_managed_flush();
+		for (released = 0, cpu = 0; cpu < n; cpu++) {
+			released += releases_of(&all[cpu]) == 1;
+			percpu_ref_exit(&all[cpu].ref);
+		}
+		ok(released == n, "a ref made managed on each of %d CPUs, then one flush of "
+		   "one-ref scans: %d released", n, released);
+	}
 	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
 		   PERCPU_REF_SCAN_FILTERED);
 }
