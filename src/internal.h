@@ -193,6 +193,9 @@ void percpuref_runtime_init(void);
 
 /* Number of per-CPU units: every CPU id the kernel may report is below it. */
 unsigned int percpuref_nr_units(void);
+/* Number of possible CPUs: every CPU id the kernel may report is below it
+ * too (the units are twice as many for the fallback readers). */
+unsigned int percpuref_nr_cpus(void);
 
 /*
  * percpuref_fence_readers - wait until no per-CPU update that read a mode

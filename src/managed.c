@@ -99,7 +99,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fallback.h"
 #include "managed.h"
 #include "percpuref/managed.h"
 
@@ -231,10 +230,7 @@ static pthread_once_t conds_once = PTHREAD_ONCE_INIT;
 
 static void managed_cpus_alloc(void)
 {
-	/* A unit per possible CPU where the process uses rseq; the fallback
-	 * readers' two (fallback.h), whose CPU ids go as far. */
-	unsigned int nr = percpuref_nr_units() /
-			  (percpuref_this_rseq_area() ? 1 : PERCPUREF_READER_UNITS_PER_CPU);
+	unsigned int nr = percpuref_nr_cpus();
 	size_t size = (size_t)nr * sizeof(struct managed_cpu);
 	void *cpus;
 
@@ -454,10 +450,9 @@ static unsigned long exits_to_count(void)
 	if (!cpus || (cpu = this_cpu_index(nr)) >= nr)
 		return 1;
 	/* Relaxed: a count; the word's own RMWs keep it exact. */
-	return __atomic_add_fetch(&cpus[cpu].exits, 1, __ATOMIC_RELAXED) %
-			       EXITS_COUNTED_TOGETHER ?
-		       0 :
-		       EXITS_COUNTED_TOGETHER;
+	if (__atomic_add_fetch(&cpus[cpu].exits, 1, __ATOMIC_RELAXED) % EXITS_COUNTED_TOGETHER)
+		return 0;
+	return EXITS_COUNTED_TOGETHER;
 }
 
 /*
@@ -658,6 +653,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 	unsigned long k = 0, i, others;
 	uint64_t now = held_warn_ns ? percpuref_monotonic_ns() : 0;
 	struct percpuref_switch_stripe *stripe;
+	bool exited;
 	/* Impls of exited refs freed here: given as spares, a chain at a
 	 * time, with no stripe held (percpu_alloc.c, "Spares"). */
 	struct percpuref_spares spares = { NULL, 0 };
@@ -672,16 +668,11 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 		pass_walked++;
 		/* Most nodes a pass meets are of exited refs: no stripe for
 		 * them, whose line the ref's next user (a new ref at the same
-		 * address) would take back from this CPU. */
-		if (percpuref_managed_node_exited(node)) {
-			prev->next = node->next;
-			percpuref_managed_free(node, &spares);
-			if (spares.n == PERCPUREF_SPARE_CHAIN)
-				percpuref_spares_give(&spares);
-			continue;
-		}
-		stripe = percpuref_managed_lock_node(node);
-		switch (percpuref_managed_begin(node, filter, &others)) {
+		 * address) would take back from this CPU.  One exited after
+		 * the look is found under the stripe (MANAGED_FREE too). */
+		exited = percpuref_managed_node_exited(node);
+		stripe = exited ? NULL : percpuref_managed_lock_node(node);
+		switch (exited ? MANAGED_FREE : percpuref_managed_begin(node, filter, &others)) {
 		case MANAGED_CHECK:
 			node->checking = true;
 			++*switched;
@@ -703,7 +694,8 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			percpuref_managed_free(node, &spares);
 			break;
 		}
-		percpuref_managed_unlock_node(stripe);	/* valid after the free */
+		if (stripe)
+			percpuref_managed_unlock_node(stripe);	/* valid after the free */
 		if (spares.n == PERCPUREF_SPARE_CHAIN)
 			percpuref_spares_give(&spares);
 	}

@@ -149,6 +149,9 @@
 
 PERCPUREF_API ptrdiff_t percpuref_rseq_offset;
 PERCPUREF_API unsigned int percpuref_nr_cpu_units;
+/* The possible CPUs (a fault's count in tests): percpuref_nr_cpu_units
+ * before the fallback readers' units multiply it. */
+static unsigned int nr_cpu_ids;
 PERCPUREF_API uint64_t percpuref_this_cpu_params;
 /*
  * The offset of the registered rseq areas the sequences have written: the
@@ -1030,7 +1033,8 @@ static void runtime_init_once(void)
 			       "the static destructors");
 
 	/* Before the fast path can be used: it checks cpu_id against it. */
-	percpuref_nr_cpu_units = fault_cpu_units ? fault_cpu_units : read_possible_cpus();
+	nr_cpu_ids = fault_cpu_units ? fault_cpu_units : read_possible_cpus();
+	percpuref_nr_cpu_units = nr_cpu_ids;
 	if (!(no_rseq && *no_rseq && strcmp(no_rseq, "0")))
 		offset = percpuref_rseq_choose();
 	/* The params word holds 32 bits of it; TLS offsets are far smaller. */
@@ -1058,6 +1062,12 @@ unsigned int percpuref_nr_units(void)
 {
 	percpuref_runtime_init();
 	return percpuref_nr_cpu_units;
+}
+
+unsigned int percpuref_nr_cpus(void)
+{
+	percpuref_runtime_init();
+	return nr_cpu_ids;
 }
 
 /*
