@@ -21,8 +21,19 @@
  * writes only its new node.  Push-only means no ABA: a push CAS that
  * succeeds links the new node to whatever node is on top at that moment.
  * (liburcu's cds_lfs_push is this same CAS loop, but its atomics are inline
- * assembly that ThreadSanitizer cannot see, and we need no pop; so the few
- * lines are ours and the ordering is checked by TSAN.)
+ * assembly that ThreadSanitizer cannot see, and we need no general pop; so
+ * the few lines are ours and the ordering is checked by TSAN.)  One pop
+ * there is, since 0.4.17, and it keeps the argument: a ref unmanaged or
+ * exited while its node is still the top of the stage it was pushed on
+ * takes the node back with one CAS of that stage from the node to the
+ * node below it at its push (percpuref_managed_unstage()), under the
+ * ref's switch lock, which every push of that node also holds; a node a
+ * pass took never returns to a stage while that lock is held, so a node
+ * read on top has been there since its push, the same node below it
+ * (tests/model/stage.pml, with the mutant that drops the lock in
+ * between).  A managed-poll cycle of switch-storm then leaves the
+ * reclaimer nothing: its node, and the impl's free, stay on the cycling
+ * thread (docs/managed.md, "Taken back").
  *
  * A pass.  Take the stages, push a marker, then walk from it down to the
  * bottom, where each stage taken is linked in turn, until none is left.
@@ -307,8 +318,11 @@ void percpuref_managed_push(struct percpuref_mnode *node)
 	/* Acquire: pairs with managed_cpus_alloc()'s release. */
 	cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
 	nr = managed_nr;
-	if (cpus && (cpu = this_cpu_index(nr)) < nr)
+	node->stage_cpu = PERCPUREF_MNODE_UNSTAGED;
+	if (cpus && (cpu = this_cpu_index(nr)) < nr) {
 		head = &cpus[cpu].staged;
+		node->stage_cpu = cpu;
+	}
 	top = __atomic_load_n(head, __ATOMIC_RELAXED);
 	do
 		node->next = top;
@@ -320,6 +334,40 @@ void percpuref_managed_push(struct percpuref_mnode *node)
 	 * stage (nothing_listed()). */
 	while (!__atomic_compare_exchange_n(head, &top, node, true, __ATOMIC_SEQ_CST,
 					    __ATOMIC_RELAXED));
+	node->below = top;	/* the switch lock keeps unstage out till now */
+}
+
+/*
+ * A pop, but only by the node's owner and only of its own node, under the
+ * ref's switch lock: no other thread pops that node, and it is not pushed
+ * again while it is listed (list_node() pushes only a node in MNODE_OFF,
+ * which only this lock's holder sets).  So a node read on top of its stage
+ * has been there since its push without a break: once a pass's exchange
+ * takes it, it never comes back to a stage while this lock is held; and
+ * while it sits on the stage nobody writes its next pointer (pushers write
+ * their own node's, the scanner only nodes it took), which is still the
+ * @below its push recorded.  The compare-and-swap then replaces it with
+ * the node below it exactly when it is still on top: the ABA that a
+ * general pop must rule out with tags or hazard pointers cannot happen.
+ * A push on top of it, or a pass that took it, makes the swap fail: the
+ * node stays for the reclaimer, as before 0.4.17.
+ */
+bool percpuref_managed_unstage(struct percpuref_mnode *node)
+{
+	/* Acquire: pairs with managed_cpus_alloc()'s release (the push that
+	 * set stage_cpu read the same array). */
+	struct managed_cpu *cpus = __atomic_load_n(&managed_cpus, __ATOMIC_ACQUIRE);
+	struct percpuref_mnode *top = node;
+
+	if (node->stage_cpu == PERCPUREF_MNODE_UNSTAGED)
+		return false;
+	/* Relaxed: @below is this ref's own (above), and the node below,
+	 * published by its push's release compare-and-swap, stays published
+	 * to the pass that takes the stage: this read-modify-write continues
+	 * that push's release sequence.  No Dekker pair either: a node taken
+	 * off makes no work the reclaimer could miss. */
+	return __atomic_compare_exchange_n(&cpus[node->stage_cpu].staged, &top, node->below, false,
+					   __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
 /*
@@ -348,8 +396,9 @@ static bool nothing_listed(int order)
  * managed_lock, and none twice a pass.  In the lock section that counts
  * the pass and pushes its marker: a flush that pushed before it took its
  * target there finds its node in this pass or names a later one (see
- * scan_once()).  Only the scanner empties a stage, so a stage read
- * non-empty is still non-empty at its exchange.
+ * scan_once()).  A stage read non-empty may be empty at its exchange: its
+ * one node taken back by its ref's owner meanwhile
+ * (percpuref_managed_unstage()); only what the exchange returns counts.
  */
 static void take_stages(void)
 {
@@ -367,7 +416,7 @@ static void take_stages(void)
 		/* Acquire: pairs with the pushes' release CAS (the nodes'
 		 * next pointers and the refs' data). */
 		cpus[cpu].taken = __atomic_exchange_n(&cpus[cpu].staged, NULL, __ATOMIC_ACQUIRE);
-		taken_left++;
+		taken_left += cpus[cpu].taken != NULL;
 	}
 }
 

@@ -7,6 +7,7 @@
 #ifndef PERCPUREF_MANAGED_INTERNAL_H
 #define PERCPUREF_MANAGED_INTERNAL_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -27,7 +28,17 @@ struct percpuref_mnode {
 	bool held_warned;
 	bool marker;
 	bool checking;		/* scanner's: begin answered MANAGED_CHECK */
+	/* The CPU whose stage the node was last pushed on, or
+	 * PERCPUREF_MNODE_UNSTAGED (pushed on the list's head), and the node
+	 * below it then: written by the push, read by
+	 * percpuref_managed_unstage(), both under the ref's switch lock.
+	 * @next equals @below while the node is on its stage, but once a
+	 * pass took it the scanner writes @next, which a failing unstage
+	 * would then read without any order against it. */
+	unsigned int stage_cpu;
+	struct percpuref_mnode *below;
 };
+#define PERCPUREF_MNODE_UNSTAGED UINT_MAX
 
 /* percpu_ref.c: lock the switch lock (rank SWITCH) of the ref @node
  * belongs to, for the per-ref steps below; returns it, for
@@ -44,6 +55,14 @@ bool percpuref_managed_node_exited(struct percpuref_mnode *node);
 
 /* managed.c: put @node on the list; any thread, any lock held. */
 void percpuref_managed_push(struct percpuref_mnode *node);
+/*
+ * managed.c: takes the listed @node back off the stage it was pushed on,
+ * if it is still that stage's top (no pass has taken it, no push went on
+ * top of it since); the ref's switch lock held.  True: the node is off the
+ * list and the ref's own again (mstate MNODE_OFF); false: it stays for the
+ * reclaimer.
+ */
+bool percpuref_managed_unstage(struct percpuref_mnode *node);
 /* managed.c: start the reclaimer if needed and wake it; no lock held. */
 void percpuref_managed_kick(void);
 /* managed.c: an exit left its listed node to the reclaimer (it frees such

@@ -121,7 +121,7 @@
  * the process's futex calls.  So the reclaimer hands chains of up to
  * PERCPUREF_SPARE_CHAIN such objects to a depot of its own
  * (spare_depot, at most PERCPUREF_SPARE_DEPOT_CHAINS chains: 4,096
- * objects, 557 KB of impls; past that it frees them), and an init takes
+ * objects, 590 KB of impls; past that it frees them), and an init takes
  * one from its thread's cache, which loads a whole chain from the depot
  * when empty: the lock once per chain on both sides.  An exit on an
  * application thread keeps its impl in that chain too, for the thread's

@@ -93,6 +93,9 @@
  * (mstate): an exit meanwhile only marks it exited, and the reclaimer frees
  * it; a linked one without taking its switch lock, on an acquire load of
  * the mark (IMPL_EXITED), which is the exit's last access to the impl.
+ * But a node still on top of the stage it was pushed on, which no pass
+ * has taken, goes back to its ref when the ref is unmanaged or exited
+ * (unstage_node(); managed.c, percpuref_managed_unstage()).
  * The in-flight mark (confirm_switch) makes exit, switch_to_unmanaged
  * and switch_to_managed wait for a check to end, and @release is called
  * only after every mark of the batch is cleared, so a release callback may
@@ -797,6 +800,17 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 	return found;
 }
 
+/* Lock held.  A listed node still on top of its stage, which no pass has
+ * taken, goes back to the ref at once (percpuref_managed_unstage()): a ref
+ * made managed and then unmanaged, or exited, before the reclaimer saw it
+ * costs the reclaimer nothing, and its exit frees the impl on its own
+ * thread instead of the next pass. */
+static void unstage_node(struct percpu_ref_impl *impl)
+{
+	if (impl->mstate == MNODE_LISTED && percpuref_managed_unstage(&impl->mnode))
+		impl->mstate = MNODE_OFF;
+}
+
 bool percpuref_ref_exit(struct percpu_ref *ref)
 {
 	struct percpu_ref_data *data;
@@ -853,6 +867,7 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 	 * also for the reclaimer, which frees a listed node it finds marked
 	 * without this lock (percpuref_managed_node_exited()).  So nothing
 	 * of the impl is read after the mark where the reclaimer holds it. */
+	unstage_node(impl_of(data));
 	impl_of(data)->exited = true;
 	left_to_reclaimer = impl_of(data)->mstate == MNODE_LISTED;
 	reclaimer_holds = impl_of(data)->mstate != MNODE_OFF;
@@ -1397,8 +1412,11 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref)
 		why = "ref is not managed";
 	else if (mode_word(ref) & __PERCPU_REF_DEAD)
 		why = "ref was released by the reclaimer";
-	else
-		set_managed(ref, false);	/* the reclaimer unlinks the node */
+	else {
+		set_managed(ref, false);
+		/* Off its stage, or the reclaimer unlinks the node. */
+		unstage_node(impl_of(ref->data));
+	}
 	unlock_switch(ref);
 	if (why) {
 		percpuref_warn(__func__, "ref %p: %s; ignored", (void *)ref, why);

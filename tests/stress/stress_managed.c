@@ -17,6 +17,16 @@
  * one release in eight creates a new managed object itself.  Checked: every
  * object is freed exactly once, by the end.
  *
+ * Cyclers: threads that each make 1 to CYCLE_BATCH heap refs managed,
+ * use them, and end each, in push order or the reverse (so that its node
+ * is on top of its stage or below another), in one of three ways:
+ * unmanaged, killed and exited after its release; exited while managed;
+ * unmanaged, managed again, then as the first.  A node still on top is
+ * taken back (percpuref_managed_unstage()) while the reclaimer takes the
+ * stages back to back and other threads push on the same CPUs.  Checked:
+ * each killed ref released exactly once, none exited while managed ever
+ * released (its object is freed at once, poisoned).
+ *
  * Flushes: a thread makes a managed ref of its own, drops its reference and
  * flushes, again and again, during the above and then for a third of the
  * time alone, the list held non-empty, with a thread reading the statistics
@@ -44,6 +54,8 @@
 
 #define NR_STATIC 32
 #define NR_WORKERS 3
+#define NR_CYCLERS 2
+#define CYCLE_BATCH 4
 #define RING 64
 #define MAGIC 0x5eed5eedUL
 
@@ -71,6 +83,7 @@ static long errors, created, freed, spawns;
  */
 static long live;
 static long flushes, flush_misses;	/* the flusher's */
+static long cycles;			/* the cyclers' refs, ended */
 
 /* Hand-off of heap objects, each with one user reference. */
 static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -189,6 +202,79 @@ static void *worker(void *arg)
 		use_static(&seed);
 		if (rnd(&seed) % 4 == 0)
 			use_heap(&seed);
+	}
+	return NULL;
+}
+
+struct cycled {
+	struct percpu_ref ref;
+	unsigned long magic;
+	int released;
+};
+
+static void cycled_release(struct percpu_ref *ref)
+{
+	struct cycled *c = container_of(ref, struct cycled, ref);
+
+	if (c->magic != MAGIC || __atomic_exchange_n(&c->released, 1, __ATOMIC_SEQ_CST))
+		__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
+}
+
+/* Unmanaged, killed, released once, exited. */
+static void cycled_kill(struct cycled *c)
+{
+	if (percpu_ref_switch_to_unmanaged(&c->ref))
+		__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
+	percpu_ref_kill(&c->ref);
+	while (!__atomic_load_n(&c->released, __ATOMIC_SEQ_CST))
+		sched_yield();
+	percpu_ref_exit(&c->ref);
+}
+
+static void *cycler(void *arg)
+{
+	unsigned int seed = (unsigned int)(uintptr_t)arg;
+	struct cycled *batch[CYCLE_BATCH];
+	unsigned int i, n;
+	bool reverse;
+
+	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
+		n = 1 + rnd(&seed) % CYCLE_BATCH;
+		for (i = 0; i < n; i++) {
+			struct cycled *c = calloc(1, sizeof(*c));
+
+			if (!c || percpu_ref_init(&c->ref, cycled_release, PERCPU_REF_ALLOW_REINIT))
+				abort();
+			c->magic = MAGIC;
+			percpu_ref_switch_to_managed(&c->ref);
+			percpu_ref_get(&c->ref);
+			percpu_ref_put(&c->ref);
+			batch[i] = c;
+		}
+		reverse = rnd(&seed) & 1;
+		for (i = 0; i < n; i++) {
+			struct cycled *c = batch[reverse ? n - 1 - i : i];
+
+			switch (rnd(&seed) % 3) {
+			case 0:
+				cycled_kill(c);
+				break;
+			case 1:	/* the creator's reference keeps it */
+				if (__atomic_load_n(&c->released, __ATOMIC_SEQ_CST))
+					__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
+				percpu_ref_exit(&c->ref);
+				break;
+			default:
+				if (percpu_ref_switch_to_unmanaged(&c->ref) ||
+				    percpu_ref_switch_to_managed(&c->ref))
+					__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
+				cycled_kill(c);
+				break;
+			}
+			memset(c, 0xa5, sizeof(*c));
+			free(c);
+			__atomic_fetch_add(&cycles, 1, __ATOMIC_RELAXED);
+		}
 	}
 	return NULL;
 }
@@ -331,7 +417,7 @@ static long controller(double seconds)
 
 int main(void)
 {
-	pthread_t threads[NR_WORKERS], prod, flush_thread;
+	pthread_t threads[NR_WORKERS], cyclers[NR_CYCLERS], prod, flush_thread;
 	struct percpu_ref_managed_stats stats;
 	struct heap_obj *h;
 	long control_ops, i, releases = 0, lives = 0;
@@ -348,12 +434,16 @@ int main(void)
 	}
 	for (i = 0; i < NR_WORKERS; i++)
 		pthread_create(&threads[i], NULL, worker, (void *)(uintptr_t)(i + 1));
+	for (i = 0; i < NR_CYCLERS; i++)
+		pthread_create(&cyclers[i], NULL, cycler, (void *)(uintptr_t)(i + 100));
 	pthread_create(&prod, NULL, producer, NULL);
 	pthread_create(&flush_thread, NULL, flusher, NULL);
 	control_ops = controller(stress_seconds(2) * 2 / 3);
 	__atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
 	for (i = 0; i < NR_WORKERS; i++)
 		pthread_join(threads[i], NULL);
+	for (i = 0; i < NR_CYCLERS; i++)
+		pthread_join(cyclers[i], NULL);
 	pthread_join(prod, NULL);
 	pthread_join(flush_thread, NULL);
 	flush_phase(stress_seconds(2) / 3);
@@ -371,8 +461,10 @@ int main(void)
 	       "%lu fences; %ld heap objects\n", control_ops, (unsigned long)stats.scans,
 	       (unsigned long)stats.refs_scanned, (unsigned long)stats.released,
 	       (unsigned long)stats.fences, __atomic_load_n(&created, __ATOMIC_RELAXED));
-	ok(control_ops > 10 && __atomic_load_n(&created, __ATOMIC_RELAXED) > 100,
-	   "lives restarted and objects went through");
+	ok(control_ops > 10 && __atomic_load_n(&created, __ATOMIC_RELAXED) > 100 &&
+	   __atomic_load_n(&cycles, __ATOMIC_RELAXED) > 100,
+	   "lives restarted and objects went through (%ld cycled refs)",
+	   __atomic_load_n(&cycles, __ATOMIC_RELAXED));
 	percpu_ref_barrier();	/* releases of the controller's kills */
 	for (i = 0; i < NR_STATIC; i++) {
 		long n = __atomic_load_n(&objs[i].releases, __ATOMIC_RELAXED);
@@ -388,7 +480,8 @@ int main(void)
 	ok(once, "every life of %ld ended in exactly one release (%ld)", lives, releases);
 	is(__atomic_load_n(&freed, __ATOMIC_RELAXED), __atomic_load_n(&created, __ATOMIC_RELAXED),
 	   "every heap object freed exactly once");
-	is(errors, 0, "no tryget succeeded on a released ref, no double release, no stale object");
+	is(errors, 0, "no tryget succeeded on a released ref, no double release, no stale object, "
+	   "no ref exited while managed released");
 	is(flush_misses, 0, "every one of %ld flushes released the ref dropped before it", flushes);
 	return done_testing();
 }

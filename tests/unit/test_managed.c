@@ -488,6 +488,9 @@ static void test_spares(void)
 	is(percpu_ref_init(&a.ref, obj_release, PERCPU_REF_ALLOW_REINIT), 0, "spares: init");
 	percpu_ref_switch_to_managed(&a.ref);
 	spare = a.ref.data;
+	/* A pass takes the node off its stage (the creator's reference
+	 * keeps the ref), so the exit cannot take it back (test_unstage). */
+	percpu_ref_managed_flush();
 	percpu_ref_exit(&a.ref);		/* listed: the reclaimer frees it */
 	is(percpuref_test_spares_waiting(), 0, "spares: none before the pass");
 	percpu_ref_managed_flush();
@@ -647,7 +650,7 @@ static void test_exits_ask_for_a_pass(void)
 	 * percpu_ref_impl) on x86-64; at most half of the N may stay (the
 	 * 4,096 the spares' depot may keep among them). */
 	enum { BATCH = 256, N = 8 * 4096, LIVE = 3 * PERCPU_REF_MANAGED_MAX_PER_SCAN,
-	       REF_STATE = 136, LEFT_AT_MOST = N * REF_STATE / 2 };
+	       REF_STATE = 144, LEFT_AT_MOST = N * REF_STATE / 2 };
 	static struct object objs[BATCH], live[LIVE];
 	struct percpu_ref_managed_stats before, after;
 	size_t in_use_before, in_use = 0;
@@ -667,12 +670,17 @@ static void test_exits_ask_for_a_pass(void)
 			memset(&objs[i], 0, sizeof(objs[i]));
 			percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT);
 			percpu_ref_switch_to_managed(&objs[i].ref);
+		}
+		/* In the order of the pushes: each node but the last is
+		 * below another on its stage, and stays listed
+		 * (test_unstage). */
+		for (i = 0; i < BATCH; i++) {
 			percpu_ref_switch_to_unmanaged(&objs[i].ref);
 			percpu_ref_kill(&objs[i].ref);
 		}
 		percpu_ref_barrier();
 		for (i = 0; i < BATCH; i++)
-			percpu_ref_exit(&objs[i].ref);	/* node listed: left to a pass */
+			percpu_ref_exit(&objs[i].ref);	/* listed: left to a pass */
 	}
 	/* The passes are the reclaimer's: wait for them, a minute at most. */
 	deadline = now_ns() + UINT64_C(60000000000);
@@ -699,9 +707,89 @@ static void test_exits_ask_for_a_pass(void)
 }
 
 /*
+ * A ref made managed and then unmanaged, or exited, while its node is still
+ * the top of its CPU's stage (no pass took it, no push went on top) takes
+ * the node back (0.4.17): nothing is left to the reclaimer, and the exit
+ * keeps the impl on its own thread, where the next init finds it.  A node
+ * below another, or one a pass took, stays for the reclaimer: the next
+ * init gets another impl, and the pass frees it.  Up to 0.4.16 every such
+ * node waited for a pass, which at a one-hour interval did not come.  This
+ * thread is pinned to one CPU, so that its pushes share a stage; where the
+ * memory checkers keep no spares, the impl's reuse does not show.
+ */
+static void test_unstage(void)
+{
+	struct object a = { 0 }, b = { 0 }, c = { 0 };
+	struct percpu_ref_data *first, *below;
+	cpu_set_t allowed, one;
+	int cpu = sched_getcpu();
+
+	if (under_memory_checker()) {
+		skip("unstage: ASan and valgrind keep no spares, whose reuse shows it");
+		return;
+	}
+	if (cpu < 0 || sched_getaffinity(0, sizeof(allowed), &allowed)) {
+		skip("unstage: this thread's CPU is not known");
+		return;
+	}
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	if (sched_setaffinity(0, sizeof(one), &one)) {
+		skip("unstage: this thread could not be pinned to its CPU");
+		return;
+	}
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MAX_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+	percpu_ref_managed_flush();	/* every stage empty, no pass due */
+
+	percpu_ref_init(&a.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	first = a.ref.data;
+	percpu_ref_switch_to_managed(&a.ref);
+	is(percpu_ref_switch_to_unmanaged(&a.ref), 0, "unstage: managed, then unmanaged");
+	percpu_ref_kill(&a.ref);
+	percpu_ref_barrier();
+	is(releases_of(&a), 1, "unstage: the kill released it once");
+	percpu_ref_exit(&a.ref);
+	percpu_ref_init(&b.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	ok(b.ref.data == first, "unstage: no pass, and the next init has its impl");
+
+	percpu_ref_switch_to_managed(&b.ref);
+	percpu_ref_exit(&b.ref);	/* a live managed ref, its node on top */
+	percpu_ref_init(&c.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	ok(c.ref.data == first, "unstage: likewise for one exited while managed");
+
+	percpu_ref_switch_to_managed(&c.ref);
+	below = c.ref.data;
+	memset(&a, 0, sizeof(a));
+	percpu_ref_init(&a.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&a.ref);	/* on top of c's node */
+	percpu_ref_exit(&c.ref);
+	memset(&b, 0, sizeof(b));
+	percpu_ref_init(&b.ref, obj_release, 0);
+	ok(b.ref.data != below, "unstage: a node below another stays listed");
+	percpu_ref_exit(&b.ref);	/* b's impl kept: the next init's */
+	first = a.ref.data;
+	percpu_ref_exit(&a.ref);	/* on top again: its own */
+	memset(&b, 0, sizeof(b));
+	percpu_ref_init(&b.ref, obj_release, 0);
+	ok(b.ref.data == first, "unstage: the node above it is taken back");
+	percpu_ref_exit(&b.ref);
+	is(percpuref_test_spares_waiting(), 0, "unstage: nothing freed by a pass yet");
+	percpu_ref_managed_flush();
+	is(percpuref_test_spares_waiting(), 1, "unstage: the pass freed the node below");
+	percpuref_test_spares_drop();
+
+	(void)sched_setaffinity(0, sizeof(allowed), &allowed);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+}
+
+/*
  * The same asks from threads that each exit fewer listed refs than a count
  * batch (63; 0.4.16 adds 64 exits at a time to the count that asks for a
- * pass) and then end.  Its first build kept the batch per thread, and an
+ * pass) and then end (62 are left to a pass: the last one pushed is still
+ * on top of its stage at its exit, which takes it back, test_unstage).
+ * Its first build kept the batch per thread, and an
  * ended thread's uncounted exits were lost: 3,000 such threads, no pass
  * in a 60 s interval, every exited ref's state held.  Per CPU they are
  * counted whichever thread made them.
@@ -715,7 +803,7 @@ static void *short_thread(void *arg)
 
 	for (i = 0; i < SHORT_THREAD_EXITS; i++)
 		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_REL_MANAGED);
-	for (i = 0; i < SHORT_THREAD_EXITS; i++)
+	for (i = 0; i < SHORT_THREAD_EXITS; i++)	/* in the order of the pushes */
 		percpu_ref_exit(&objs[i].ref);	/* listed: left to a pass */
 	return NULL;
 }
@@ -1700,6 +1788,7 @@ int main(int argc, char **argv)
 	test_rules();
 	test_transitions();
 	test_unmanaged_and_exit();
+	test_unstage();
 	test_exits_ask_for_a_pass();
 	test_exits_of_short_threads();
 	test_flush_covers_other_cpus();
