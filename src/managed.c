@@ -201,9 +201,10 @@ static bool early_pass_asked;
  */
 #define EXITS_COUNTED_TOGETHER 64
 struct managed_cpu {
-	/* Pushed on this CPU since a pass last took them: a push-only stack
-	 * as the list is, written by pushers (CAS) and emptied by the
-	 * scanner (exchange). */
+	/* Pushed on this CPU since a pass last took them: a stack as the
+	 * list is, written by pushers (CAS), emptied by the scanner
+	 * (exchange), and its top taken back by that node's ref
+	 * (percpuref_managed_unstage(): CAS). */
 	struct percpuref_mnode *staged;
 	/* Scanner's: the stage the open pass took and has not yet linked
 	 * below the list's last node (attach_taken()). */

@@ -59,8 +59,8 @@ void percpuref_managed_push(struct percpuref_mnode *node);
  * managed.c: takes the listed @node back off the stage it was pushed on,
  * if it is still that stage's top (no pass has taken it, no push went on
  * top of it since); the ref's switch lock held.  True: the node is off the
- * list and the ref's own again (mstate MNODE_OFF); false: it stays for the
- * reclaimer.
+ * list and the ref's own again (the caller sets mstate MNODE_OFF); false:
+ * it stays for the reclaimer.
  */
 bool percpuref_managed_unstage(struct percpuref_mnode *node);
 /* managed.c: start the reclaimer if needed and wake it; no lock held. */

@@ -283,7 +283,8 @@ PERCPUREF_API void **__percpu_ref_poll_owner(void);
  * fails); reinit or resurrect gives the caller a new initial reference and
  * the manager its own again (count 2), back under management.  exit of a
  * managed ref, released or not, is allowed: the ref is never checked again
- * (the reclaimer frees the list node later); @release does not run.  From
+ * (the reclaimer frees the list node later, unless the exit takes it back
+ * first); @release does not run.  From
  * another thread than the reclaimer, exit a ref held by the manager alone
  * only while holding a reference, or after its @release ran: otherwise
  * the reclaimer may be running @release already.  A put

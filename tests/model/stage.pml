@@ -24,15 +24,31 @@
  * lock; a managed one stays the reclaimer's).  Asserted: a take finds
  * only listed nodes that are not the reclaimer's already, in a chain
  * without a cycle; a pop hands the stage a node below that is not the
- * reclaimer's; at the end every node is listed exactly when it is on the
- * stage or the reclaimer's, never both.
+ * reclaimer's; at the end every managed ref's node is listed, and every
+ * node is listed exactly when it is on the stage or the reclaimer's,
+ * never both.
  *
  * Mutant -DMUTANT_POP_UNLOCKED: the pop outside A's switch lock (the lock
- * dropped once the ref is unmanaged): between the pop's read of the node
+ * dropped once the ref is unmanaged).  The shortest trail: the other
+ * thread manages A again, finds its node still listed and pushes nothing,
+ * and the pop then takes the node off: a managed ref on no list, never
+ * checked.  A longer one is the ABA: between the pop's read of the node
  * below and its CAS, a pass takes A and B, unlinks A, the other thread
  * manages A again and pushes it on the emptied stage; the CAS finds A on
- * top and puts B, the reclaimer's, back on the stage: the ABA.  SPIN finds
- * the assertion violation.
+ * top and puts B, the reclaimer's, back on the stage.  SPIN finds an
+ * assertion violation either way.
+ *
+ * Mutant -DMUTANT_UNLINK_UNLOCKED: the other half of the argument, the
+ * reclaimer's unlink without the ref's lock: it reads A unmanaged, the
+ * other thread manages A again and, finding the node listed, pushes
+ * nothing; the unlink then drops it: a managed ref on no list.
+ *
+ * Not shown here: why the pop swaps in the node recorded at the push
+ * rather than the node's next pointer.  While the node is on top the two
+ * are equal (the model's scanner never writes next[]); the code's scanner
+ * writes the next pointer of a node it took, which a pop that then fails
+ * would have read unordered, a data race (ThreadSanitizer saw it in
+ * stress_managed), not a wrong value.
  */
 
 #define NIL	255
@@ -176,12 +192,19 @@ active proctype scanner()
 		 * under its ref's switch lock. */
 		if
 		:: reclaimers[A] ->
+#ifdef MUTANT_UNLINK_UNLOCKED
+			if
+			:: !managed[A] -> reclaimers[A] = 0; listed[A] = 0
+			:: else -> skip
+			fi
+#else
 			lock();
 			if
 			:: !managed[A] -> reclaimers[A] = 0; listed[A] = 0
 			:: else -> skip
 			fi;
 			unlock()
+#endif
 		:: else -> skip
 		fi
 	}
@@ -207,6 +230,7 @@ active proctype check()
 		assert(steps <= NODES)
 	od;
 	for (x : 0 .. NODES - 1) {
+		assert(!managed[x] || listed[x]);
 		assert(!(on_stage[x] && reclaimers[x]));
 		assert(listed[x] == (on_stage[x] || reclaimers[x]))
 	}

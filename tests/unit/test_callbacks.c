@@ -124,15 +124,30 @@ static void allowed_calls(enum kind k, int on_library)
 	}
 
 	/* A new ref managed and unmanaged again, then killed from per-CPU
-	 * mode (an asynchronous switch) and released by its own callback. */
+	 * mode (an asynchronous switch) and released by its own callback,
+	 * whose exit leaves the node to the reclaimer: another ref's node
+	 * goes on top of it on this CPU's stage, so that the unmanage does
+	 * not take it back (test_managed.c, test_unstage), unless this
+	 * thread moved to another CPU in between. */
 	u = calloc(1, sizeof(*u));
 	if (!u || percpu_ref_init(u, spawned_release, PERCPU_REF_ALLOW_REINIT)) {
 		fail(k, "init of the unmanaged ref failed");
 		free(u);
 	} else {
-		if (percpu_ref_switch_to_managed(u) || percpu_ref_switch_to_unmanaged(u))
-			fail(k, "switch_to_managed / _unmanaged failed");
-		percpu_ref_kill(u);
+		struct percpu_ref above;
+
+		if (percpu_ref_init(&above, NULL, PERCPU_REF_ALLOW_REINIT)) {
+			fail(k, "init of the ref above failed");
+			percpu_ref_exit(u);
+			free(u);
+		} else {
+			if (percpu_ref_switch_to_managed(u) ||
+			    percpu_ref_switch_to_managed(&above) ||
+			    percpu_ref_switch_to_unmanaged(u))
+				fail(k, "switch_to_managed / _unmanaged failed");
+			percpu_ref_kill(u);
+			percpu_ref_exit(&above);	/* a live managed ref */
+		}
 	}
 
 	/* A new ref switched to atomic asynchronously, never waited for, and

@@ -359,28 +359,62 @@ static void test_transitions(void)
 		   PERCPU_REF_SCAN_BATCHED);
 }
 
+/*
+ * This thread pinned to the CPU it runs on, @saved its affinity before, so
+ * that its pushes share a stage; false (nothing changed) where it cannot
+ * be.
+ */
+static bool pin_here(cpu_set_t *saved)
+{
+	cpu_set_t one;
+	int cpu = sched_getcpu();
+
+	if (cpu < 0 || sched_getaffinity(0, sizeof(*saved), saved))
+		return false;
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	return !sched_setaffinity(0, sizeof(one), &one);
+}
+
+/*
+ * Each node here sits below another ref's on this CPU's stage when its ref
+ * is unmanaged or exited, so that none is taken back (test_unstage): the
+ * reclaimer's unlink of an unmanaged node and its free of an exited one
+ * are what run (where this thread cannot be pinned, most of the time).
+ */
 static void test_unmanaged_and_exit(void)
 {
-	struct object o = { 0 }, listed = { 0 };
+	struct object o = { 0 }, listed = { 0 }, above = { 0 }, cover = { 0 };
+	cpu_set_t allowed;
+	bool pinned = pin_here(&allowed);
 
 	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_init(&above.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
 	percpu_ref_switch_to_managed(&o.ref);
+	percpu_ref_switch_to_managed(&above.ref);	/* on top of o's node */
 	is(percpu_ref_switch_to_unmanaged(&o.ref), 0, "switch_to_unmanaged: 0");
-	percpu_ref_managed_flush();
-	is(releases_of(&o), 0, "unmanaged: the caller's initial reference keeps it");
 	is(percpu_ref_switch_to_managed(&o.ref), 0, "managed again before the node left");
 	is(percpu_ref_switch_to_unmanaged(&o.ref), 0, "and unmanaged again");
+	percpu_ref_managed_flush();	/* unlinks o's node */
+	is(releases_of(&o), 0, "unmanaged: the caller's initial reference keeps it");
 	percpu_ref_kill(&o.ref);
 	percpu_ref_barrier();
 	is(releases_of(&o), 1, "kill after unmanaged releases as usual");
-	percpu_ref_exit(&o.ref);	/* node maybe still listed: reclaimer frees */
+	percpu_ref_exit(&o.ref);
 
 	percpu_ref_init(&listed.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_init(&cover.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
 	percpu_ref_switch_to_managed(&listed.ref);
+	percpu_ref_switch_to_managed(&cover.ref);	/* on top of listed's node */
 	percpu_ref_exit(&listed.ref);	/* a live managed ref: never checked again */
-	percpu_ref_managed_flush();
+	percpu_ref_managed_flush();	/* frees its node */
 	percpu_ref_managed_flush();
 	is(releases_of(&listed), 0, "exit of a managed ref: no release");
+
+	percpu_ref_exit(&cover.ref);	/* live managed refs too */
+	percpu_ref_exit(&above.ref);
+	if (pinned)
+		(void)sched_setaffinity(0, sizeof(allowed), &allowed);
 }
 
 /* Under ASan, or valgrind (the test command's runs say so). */
@@ -717,27 +751,26 @@ static void test_exits_ask_for_a_pass(void)
  * thread is pinned to one CPU, so that its pushes share a stage; where the
  * memory checkers keep no spares, the impl's reuse does not show.
  */
+/* test_unstage(): @cond about the impls' reuse, which only spares show. */
+static void check_reuse(bool spares, bool cond, const char *what)
+{
+	if (spares)
+		ok(cond, "unstage: %s", what);
+}
+
 static void test_unstage(void)
 {
 	struct object a = { 0 }, b = { 0 }, c = { 0 };
 	struct percpu_ref_data *first, *below;
-	cpu_set_t allowed, one;
-	int cpu = sched_getcpu();
+	bool spares = !under_memory_checker();
+	cpu_set_t allowed;
 
-	if (under_memory_checker()) {
-		skip("unstage: ASan and valgrind keep no spares, whose reuse shows it");
-		return;
-	}
-	if (cpu < 0 || sched_getaffinity(0, sizeof(allowed), &allowed)) {
-		skip("unstage: this thread's CPU is not known");
-		return;
-	}
-	CPU_ZERO(&one);
-	CPU_SET(cpu, &one);
-	if (sched_setaffinity(0, sizeof(one), &one)) {
+	if (!pin_here(&allowed)) {
 		skip("unstage: this thread could not be pinned to its CPU");
 		return;
 	}
+	if (!spares)	/* the sequences still run, for the checker */
+		skip("unstage: ASan and valgrind keep no spares, whose reuse shows it");
 	set_config(PERCPU_REF_MANAGED_INTERVAL_MAX_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
 		   PERCPU_REF_SCAN_FILTERED);
 	percpu_ref_managed_flush();	/* every stage empty, no pass due */
@@ -751,12 +784,32 @@ static void test_unstage(void)
 	is(releases_of(&a), 1, "unstage: the kill released it once");
 	percpu_ref_exit(&a.ref);
 	percpu_ref_init(&b.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
-	ok(b.ref.data == first, "unstage: no pass, and the next init has its impl");
+	check_reuse(spares, b.ref.data == first, "no pass, and the next init has its impl");
 
+	/* The unmanage's own: a push after it buries the node for the exit. */
+	first = b.ref.data;
 	percpu_ref_switch_to_managed(&b.ref);
-	percpu_ref_exit(&b.ref);	/* a live managed ref, its node on top */
+	is(percpu_ref_switch_to_unmanaged(&b.ref), 0, "unstage: unmanaged again");
+	memset(&c, 0, sizeof(c));
 	percpu_ref_init(&c.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
-	ok(c.ref.data == first, "unstage: likewise for one exited while managed");
+	percpu_ref_switch_to_managed(&c.ref);	/* on top, had b's stayed */
+	percpu_ref_kill(&b.ref);
+	percpu_ref_barrier();
+	percpu_ref_exit(&b.ref);
+	memset(&a, 0, sizeof(a));
+	percpu_ref_init(&a.ref, obj_release, 0);
+	check_reuse(spares, a.ref.data == first, "the unmanage took it back, not the exit");
+	percpu_ref_exit(&a.ref);
+	percpu_ref_exit(&c.ref);	/* a live managed ref, its node on top */
+
+	memset(&b, 0, sizeof(b));
+	percpu_ref_init(&b.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	first = b.ref.data;
+	percpu_ref_switch_to_managed(&b.ref);
+	percpu_ref_exit(&b.ref);	/* likewise */
+	memset(&c, 0, sizeof(c));
+	percpu_ref_init(&c.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	check_reuse(spares, c.ref.data == first, "likewise for one exited while managed");
 
 	percpu_ref_switch_to_managed(&c.ref);
 	below = c.ref.data;
@@ -766,17 +819,17 @@ static void test_unstage(void)
 	percpu_ref_exit(&c.ref);
 	memset(&b, 0, sizeof(b));
 	percpu_ref_init(&b.ref, obj_release, 0);
-	ok(b.ref.data != below, "unstage: a node below another stays listed");
+	check_reuse(spares, b.ref.data != below, "a node below another stays listed");
 	percpu_ref_exit(&b.ref);	/* b's impl kept: the next init's */
 	first = a.ref.data;
 	percpu_ref_exit(&a.ref);	/* on top again: its own */
 	memset(&b, 0, sizeof(b));
 	percpu_ref_init(&b.ref, obj_release, 0);
-	ok(b.ref.data == first, "unstage: the node above it is taken back");
+	check_reuse(spares, b.ref.data == first, "the node above it is taken back");
 	percpu_ref_exit(&b.ref);
-	is(percpuref_test_spares_waiting(), 0, "unstage: nothing freed by a pass yet");
+	check_reuse(spares, percpuref_test_spares_waiting() == 0, "nothing freed by a pass yet");
 	percpu_ref_managed_flush();
-	is(percpuref_test_spares_waiting(), 1, "unstage: the pass freed the node below");
+	check_reuse(spares, percpuref_test_spares_waiting() == 1, "the pass freed the node below");
 	percpuref_test_spares_drop();
 
 	(void)sched_setaffinity(0, sizeof(allowed), &allowed);
@@ -787,8 +840,9 @@ static void test_unstage(void)
 /*
  * The same asks from threads that each exit fewer listed refs than a count
  * batch (63; 0.4.16 adds 64 exits at a time to the count that asks for a
- * pass) and then end (62 are left to a pass: the last one pushed is still
- * on top of its stage at its exit, which takes it back, test_unstage).
+ * pass) and then end (62 are left to a pass where no other thread pushed
+ * meanwhile: the last one pushed is still on top of its stage at its
+ * exit, which takes it back, test_unstage).
  * Its first build kept the batch per thread, and an
  * ended thread's uncounted exits were lost: 3,000 such threads, no pass
  * in a 60 s interval, every exited ref's state held.  Per CPU they are

@@ -121,7 +121,7 @@ static void test_kill_waits_for_readers(void)
 
 static void test_managed(void)
 {
-	struct object o = { 0 };
+	struct object o = { 0 }, above = { 0 };
 
 	percpu_rcuref_init(&o.ref, obj_unpublish, obj_release, PERCPU_REF_ALLOW_REINIT);
 	is(percpu_rcuref_switch_to_managed(&o.ref), 0, "switch_to_managed: 0");
@@ -133,10 +133,18 @@ static void test_managed(void)
 	   "managed: unpublished and released by the time flush returns");
 	percpu_rcuref_exit(&o.ref);
 
+	/* With another ref's node on top of its own on this CPU's stage, so
+	 * that neither the unmanage nor the exit takes it back
+	 * (test_managed.c, test_unstage): the reclaimer frees it (unless
+	 * this thread moved to another CPU in between). */
 	percpu_rcuref_init(&o.ref, obj_unpublish, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_rcuref_init(&above.ref, obj_unpublish, obj_release, PERCPU_REF_ALLOW_REINIT);
 	percpu_rcuref_switch_to_managed(&o.ref);
+	percpu_rcuref_switch_to_managed(&above.ref);
 	is(percpu_rcuref_switch_to_unmanaged(&o.ref), 0, "switch_to_unmanaged: 0");
 	percpu_rcuref_exit(&o.ref);
+	percpu_rcuref_exit(&above.ref);	/* a live managed ref */
+	is(percpu_ref_managed_flush(), 0, "flush after the exits: 0");
 
 	/* PERCPU_REF_REL_MANAGED at init: managed with the creator's
 	 * reference and the manager's. */
