@@ -48,6 +48,8 @@ static unsigned long progress[WORKERS + 1];	/* atomic */
 static bool finished[WORKERS + 1];		/* atomic */
 static unsigned long worker_releases[WORKERS];	/* atomic */
 static unsigned long releases, forks;	/* atomic */
+/* The managed user's ref released (by the reclaimer), atomic. */
+static unsigned long managed_releases;
 static bool stop, dog_stop;		/* atomic */
 
 static bool pick_mates(void)
@@ -100,6 +102,8 @@ static void count_release(struct percpu_ref *ref)
 	for (i = 0; i < WORKERS; i++)
 		if (ref == mate[i])
 			__atomic_fetch_add(&worker_releases[i], 1, __ATOMIC_RELAXED);
+	if (ref == managed)
+		__atomic_fetch_add(&managed_releases, 1, __ATOMIC_RELAXED);
 	__atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
 	if (!(rnd(&cb_seed) % 4))
 		poke_shared();
@@ -170,6 +174,7 @@ static void *worker(void *arg)
 static void *managed_user(void *arg)
 {
 	unsigned int seed = 99;
+	bool unmanaged;
 
 	(void)arg;
 	while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
@@ -180,12 +185,18 @@ static void *managed_user(void *arg)
 			percpu_ref_get(managed);
 			percpu_ref_put(managed);
 		}
-		if (rnd(&seed) % 2)
+		unmanaged = rnd(&seed) % 2;
+		if (unmanaged)
 			percpu_ref_switch_to_unmanaged(managed);
 		/* Our reference: a managed ref is then released by the reclaimer. */
 		percpu_ref_put(managed);
 		if (rnd(&seed) % 2)
 			usleep(rnd(&seed) % 500);
+		/* Still managed, half the time: its check and release, a
+		 * flush away; otherwise an exit soon after its push takes
+		 * its node back off its stage before any pass met it. */
+		if (!unmanaged && rnd(&seed) % 2)
+			percpu_ref_managed_flush();
 		percpu_ref_exit(managed);
 		__atomic_fetch_add(&progress[WORKERS], 1, __ATOMIC_RELAXED);
 	}
@@ -306,6 +317,9 @@ int main(void)
 	if (!ok(i == WORKERS, "every worker made rounds, each released once, none hung"))
 		printf("# worker %ld: %lu rounds, %lu releases\n", i, progress[i],
 		       worker_releases[i]);
+	ok(__atomic_load_n(&managed_releases, __ATOMIC_RELAXED) > 0,
+	   "the reclaimer checked and released the managed stripe-mate (%lu times in %lu rounds)",
+	   __atomic_load_n(&managed_releases, __ATOMIC_RELAXED), progress[WORKERS]);
 	ok(fork_failures == 0, "fork children finished (%d failed)", fork_failures);
 	percpu_ref_switch_to_percpu(shared);
 	percpu_ref_kill(shared);
