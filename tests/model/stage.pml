@@ -77,6 +77,44 @@ inline unlock()
 	lock_a = 0
 }
 
+/* A's lock around the pop, and around the reclaimer's unlink; each mutant
+ * drops one of them (the pop's: released before it). */
+inline pop_unlock_before()
+{
+#ifdef MUTANT_POP_UNLOCKED
+	unlock()
+#else
+	skip
+#endif
+}
+
+inline pop_unlock_after()
+{
+#ifdef MUTANT_POP_UNLOCKED
+	skip
+#else
+	unlock()
+#endif
+}
+
+inline unlink_lock()
+{
+#ifdef MUTANT_UNLINK_UNLOCKED
+	skip
+#else
+	lock()
+#endif
+}
+
+inline unlink_unlock()
+{
+#ifdef MUTANT_UNLINK_UNLOCKED
+	skip
+#else
+	unlock()
+#endif
+}
+
 /* percpuref_managed_push(): read the top, link below it, CAS. */
 inline push(node)
 {
@@ -138,19 +176,12 @@ active proctype unmanage_a()
 		if
 		:: managed[A] ->
 			managed[A] = 0;
-#ifdef MUTANT_POP_UNLOCKED
-			unlock();
-			if
-			:: listed[A] -> unstage(A)
-			:: else -> skip
-			fi
-#else
+			pop_unlock_before();
 			if
 			:: listed[A] -> unstage(A)
 			:: else -> skip
 			fi;
-			unlock()
-#endif
+			pop_unlock_after()
 		:: else -> unlock()
 		fi
 	}
@@ -192,19 +223,12 @@ active proctype scanner()
 		 * under its ref's switch lock. */
 		if
 		:: reclaimers[A] ->
-#ifdef MUTANT_UNLINK_UNLOCKED
-			if
-			:: !managed[A] -> reclaimers[A] = 0; listed[A] = 0
-			:: else -> skip
-			fi
-#else
-			lock();
+			unlink_lock();
 			if
 			:: !managed[A] -> reclaimers[A] = 0; listed[A] = 0
 			:: else -> skip
 			fi;
-			unlock()
-#endif
+			unlink_unlock()
 		:: else -> skip
 		fi
 	}
