@@ -582,6 +582,16 @@ void percpuref_rcu_pace(void)
 		percpuref_backlog_wait(&rcu_backlog, queued);
 }
 
+PERCPUREF_API unsigned long percpuref_rcu_stalls(void)
+{
+	unsigned long n;
+
+	pthread_mutex_lock(&managed_lock);
+	n = rcu_backlog.stalls;
+	pthread_mutex_unlock(&managed_lock);
+	return n;
+}
+
 int percpuref_managed_may_wait(const char *fn)
 {
 	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {

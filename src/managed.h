@@ -86,6 +86,8 @@ int percpuref_managed_may_wait(const char *fn);
  * calling thread while no thread can start.  The caller checked
  * percpuref_managed_may_wait(). */
 void percpuref_wait_rcu(void);
+/* Paced waits that found the reclaimer's RCU queue stalled (tests). */
+PERCPUREF_API unsigned long percpuref_rcu_stalls(void);
 /* TSAN only: read-side unlocks release here, grace periods acquire. */
 extern char percpuref_rcu_tsan_sync;
 
