@@ -707,9 +707,10 @@ void *percpuref_zalloc(size_t size);
 
 /*
  * Fault injection for tests.  Counted together: allocations made through
- * percpuref_zalloc() (a thread's slot cache among them) or the per-CPU
+ * percpuref_zalloc() (a thread's slot cache among them), the per-CPU
  * allocator (a chunk, its table, and the depot's growth, which a free may
- * make), and starts of the library's threads (a stack each: refused as
+ * make) and the managed list's stages (managed.c), and starts of the
+ * library's threads (a stack each: refused as
  * pthread_create() refuses one, EAGAIN).  percpuref_fault_fail_nth_alloc():
  * the @nth next fails (1 = the very next), and the hook disarms; -1: every
  * one fails until disarmed (memory short for a while); 0 disarms.

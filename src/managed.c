@@ -246,8 +246,15 @@ static void managed_cpus_alloc(void)
 	size_t size = (size_t)nr * sizeof(struct managed_cpu);
 	void *cpus;
 
-	if (!nr || posix_memalign(&cpus, sizeof(struct managed_cpu), size))
+	if (!nr)
 		return;
+	/* Under the tests' fault injection too (test_managed_unstaged). */
+	if (percpuref_fault_should_fail() ||
+	    posix_memalign(&cpus, sizeof(struct managed_cpu), size)) {
+		percpuref_warn("percpuref_managed", "no memory for the managed list's per-CPU "
+			       "stages (%zu bytes): every push goes on its one head", size);
+		return;
+	}
 	memset(cpus, 0, size);
 	managed_nr = nr;
 	/* Release: the zeroed array and its length before its address (read
