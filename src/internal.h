@@ -214,11 +214,13 @@ void percpuref_fence_readers(void);
  * percpuref_fence_started_after(stamp) once such a fence has started.
  * percpuref_fence_readers_paced() runs a fence unless one started in the
  * last @interval_ns (any caller's): true if it ran one.
+ * percpuref_fence_started_within() says whether one did.
  */
 unsigned long percpuref_fence_stamp(void);
 bool percpuref_fence_covers(unsigned long stamp);
 bool percpuref_fence_started_after(unsigned long stamp);
 bool percpuref_fence_readers_paced(uint64_t interval_ns);
+bool percpuref_fence_started_within(uint64_t interval_ns);
 uint64_t percpuref_monotonic_ns(void);
 /*
  * Every condition variable of the library that a timed wait uses runs on
@@ -379,6 +381,8 @@ int percpuref_wait_deferred(void);
 bool percpuref_deferred_stop(void);
 /* Fences the callback thread waited for (one per batch). */
 unsigned long percpuref_deferred_fences(void);
+/* Batches before which the callback thread gave way (tests). */
+PERCPUREF_API unsigned long percpuref_test_deferred_gave_way(void);
 /* Paced waits that found the callback thread stalled (tests). */
 PERCPUREF_API unsigned long percpuref_deferred_stalls(void);
 

@@ -1308,6 +1308,14 @@ bool percpuref_fence_started_after(unsigned long stamp)
 	return (long)(__atomic_load_n(&fence_tickets, __ATOMIC_RELAXED) - stamp) > 0;
 }
 
+bool percpuref_fence_started_within(uint64_t interval_ns)
+{
+	/* Relaxed: pacing only.  Read before the clock, as below. */
+	uint64_t last = __atomic_load_n(&fence_last_start_ns, __ATOMIC_RELAXED);
+
+	return percpuref_monotonic_ns() - last < interval_ns;
+}
+
 bool percpuref_fence_readers_paced(uint64_t interval_ns)
 {
 	/* Relaxed, here and in the claim: pacing only, the fence orders.
