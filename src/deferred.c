@@ -50,14 +50,17 @@
  * with a fence that interrupts every CPU running the process: the more CPU
  * it got, the smaller its batches and the more fences (0.4.17 took the
  * reclaimer's load off that CPU, and `managed` got slower so).  So before
- * a batch, if a fence started within the poll interval, it yields once
- * (give_way_after_a_fence()): the killers on its CPU run first, and what
- * they queue joins the batch.  Where nothing else is runnable the yield
- * returns at once; a fence after a quiet spell does not yield at all.  The
- * price is latency where the CPU is contended: a release waits up to a
- * scheduler slice more.  The Dekker pair is untouched: the thread is
- * awake (thread_sleeping false) across the yield, and run_batch() takes
- * the stack after it.
+ * a batch, if a fence started within PERCPUREF_CALLBACK_YIELD_US (300 µs)
+ * and nobody waits for the thread (a barrier, an exit, a paced kill), it
+ * yields once (give_way_after_a_fence()): the killers on its CPU run
+ * first, and what they queue joins the batch.  Where nothing else is
+ * runnable the yield returns at once; a fence after a quiet spell does not
+ * yield at all.  The price is latency where the CPU is contended: the
+ * batch waits until the threads ready there have had their turn (on Linux
+ * a scheduler slice each at most).  The Dekker pair is untouched: the
+ * thread is awake (thread_sleeping false) across the yield, and
+ * run_batch() takes the stack after it; a stop asked meanwhile is seen
+ * before the batch.
  *
  * Counting.  nr_queued is incremented before the push, nr_done after a whole
  * batch ran.  A waiter wants every item pushed before its call; it reads
@@ -124,7 +127,7 @@
  * @release; rest holds what is not started), so the acquire that saw
  * the ticket covered orders the fold after every commit that fence saw.
  * With nothing covered, it runs a fence if none started in the last
- * fence_interval_ns (any thread's).  With
+ * poll_interval_ns (any thread's).  With
  * PERCPU_REF_POLL_WAIT and nothing finished yet, it waits for a fence
  * that started after its oldest item, or runs one if none did: a fence
  * covers every thread's items queued before it, so threads whose oldest
@@ -178,6 +181,8 @@ static struct percpuref_thread thread;
 static bool thread_sleeping;
 static unsigned long batch_fences;
 static unsigned long gave_way;		/* give_way_after_a_fence()'s yields */
+/* Callers of percpuref_wait_deferred() waiting for the thread. */
+static unsigned int barrier_waiters;
 /* This thread pushed onto the stack of a thread that may sleep. */
 static __thread bool wake_owed;
 
@@ -193,22 +198,39 @@ static __thread unsigned long backlog_owed_queued;
  * A poll starts a fence only if none started in this long (any thread's):
  * sixteen CPUs then take an interrupt from our polls once every 300 µs at
  * most, however many kills they queue.  It is also about how long a kill
- * waits for its fence on a thread that polls often.  And the callback
- * thread gives way before a batch when a fence started within it
- * (give_way_after_a_fence()).  PERCPUREF_POLL_INTERVAL_US sets it
- * (0..1000000; 0: neither paces), read at the first registration or the
- * callback thread's first batch, whichever comes first.
+ * waits for its fence on a thread that polls often.  PERCPUREF_POLL_
+ * INTERVAL_US sets it (0..1000000), read at the first registration.
  */
-#define FENCE_INTERVAL_DEFAULT_US 300
-static uint64_t fence_interval_ns = FENCE_INTERVAL_DEFAULT_US * UINT64_C(1000);
-static pthread_once_t fence_interval_once = PTHREAD_ONCE_INIT;
+#define POLL_INTERVAL_DEFAULT_US 300
+static uint64_t poll_interval_ns = POLL_INTERVAL_DEFAULT_US * UINT64_C(1000);
+static pthread_once_t poll_interval_once = PTHREAD_ONCE_INIT;
 
-static void read_fence_interval(void)
+/*
+ * The callback thread gives way before a batch when a fence started less
+ * than this long ago (give_way_after_a_fence()): the poll interval's
+ * default, so that it yields where fences come about as often as polls
+ * may start them.  PERCPUREF_CALLBACK_YIELD_US sets it (0..1000000; 0:
+ * never), read as the thread starts.
+ */
+#define CALLBACK_YIELD_DEFAULT_US 300
+static uint64_t callback_yield_ns = CALLBACK_YIELD_DEFAULT_US * UINT64_C(1000);
+static pthread_once_t callback_yield_once = PTHREAD_ONCE_INIT;
+
+static void read_callback_yield(void)
 {
 	unsigned long us;
 
-	if (percpuref_env_ulong("percpuref_fences", "PERCPUREF_POLL_INTERVAL_US", 1000000, &us))
-		fence_interval_ns = us * UINT64_C(1000);
+	if (percpuref_env_ulong("percpuref-cb", "PERCPUREF_CALLBACK_YIELD_US", 1000000, &us))
+		callback_yield_ns = us * UINT64_C(1000);
+}
+
+static void read_poll_interval(void)
+{
+	unsigned long us;
+
+	if (percpuref_env_ulong("percpu_ref_poll_register", "PERCPUREF_POLL_INTERVAL_US",
+				1000000, &us))
+		poll_interval_ns = us * UINT64_C(1000);
 }
 
 /*
@@ -319,17 +341,19 @@ static void run_batch(void)
 
 /*
  * The thread's, deferred_lock held (dropped around the yield): a fence that
- * started less than fence_interval_ns ago (any thread's) means kills are
+ * started less than callback_yield_ns ago (any thread's) means kills are
  * coming fast, and this batch's fence would interrupt every CPU again at
  * once.  So whatever else is runnable on this CPU (the killers, where the
  * CPUs are all busy) runs first, and what they queue meanwhile joins this
  * batch: sched_yield(), which returns at once where nothing else is
  * runnable.  Once a batch: the yield only orders us behind those ready now.
+ * Not while a caller waits for the thread (a barrier, an exit, a paced
+ * kill): the yield would lie on its path.
  */
 static void give_way_after_a_fence(void)
 {
-	pthread_once(&fence_interval_once, read_fence_interval);
-	if (!percpuref_fence_started_within(fence_interval_ns))
+	if (barrier_waiters || backlog.waiting ||
+	    !percpuref_fence_started_within(callback_yield_ns))
 		return;
 	pthread_mutex_unlock(&deferred_lock);
 	sched_yield();
@@ -340,6 +364,8 @@ static void give_way_after_a_fence(void)
 static void *deferred_thread(void *arg)
 {
 	(void)arg;
+	/* Before the lock: a warning writes to stderr, which may block. */
+	pthread_once(&callback_yield_once, read_callback_yield);
 	pthread_mutex_lock(&deferred_lock);
 	for (;;) {
 		while (queue_empty() && !thread.stopping) {
@@ -361,6 +387,9 @@ static void *deferred_thread(void *arg)
 			break;
 		}
 		give_way_after_a_fence();
+		/* A stop asked during the yield: as before the batch. */
+		if (thread.stopping)
+			continue;
 		run_batch();
 	}
 	__atomic_store_n(&thread.running, false, __ATOMIC_RELAXED);
@@ -596,7 +625,7 @@ PERCPUREF_API int percpu_ref_poll(unsigned int flags)
 			/* A plain poll, or a waiting one that finished some:
 			 * a fence only if one is due. */
 			if (!(flags & PERCPU_REF_POLL_WAIT) || ran) {
-				if (!percpuref_fence_readers_paced(fence_interval_ns))
+				if (!percpuref_fence_readers_paced(poll_interval_ns))
 					break;
 				continue;
 			}
@@ -695,7 +724,7 @@ PERCPUREF_API int percpu_ref_poll_register(void)
 	/* Before any poll reads it: every poller registered after this.  Its
 	 * warning writes to stderr, a cancellation point. */
 	cancel = percpuref_cancel_disable();
-	pthread_once(&fence_interval_once, read_fence_interval);
+	pthread_once(&poll_interval_once, read_poll_interval);
 	percpuref_cancel_restore(cancel);
 	if (!poller_exit_armed) {
 		if (!percpuref_at_thread_exit(poller_thread_exit, NULL))
@@ -783,7 +812,9 @@ int percpuref_wait_deferred(void)
 			run_batch();
 			continue;
 		}
+		barrier_waiters++;
 		pthread_cond_wait(&work_done, &deferred_lock);
+		barrier_waiters--;
 	}
 	pthread_mutex_unlock(&deferred_lock);
 	wait_polled_batches();

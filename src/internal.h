@@ -666,7 +666,8 @@ void percpuref_note_work(void);
  * @done, the items of finished batches (relaxed stores under @lock), is
  * what a push reads instead;
  * @progress is broadcast under @lock at each batch's end; @thread works it
- * off.  A wait that sees no item run for BACKLOG_STALL_MS (a stall: a
+ * off.  A wait that sees no item run for BACKLOG_STALL_MS (looking every
+ * BACKLOG_LOOK_MS at least; a stall: a
  * callback waiting for a lock the caller holds) sets stalled_at to ran and
  * rearm_items to one, or doubles it at each stall that follows: nobody
  * waits again until rearm_items more have run; a wait that ends without a
@@ -680,10 +681,11 @@ struct percpuref_backlog {
 	const struct percpuref_thread *thread;
 	unsigned long stalled_at, rearm_items;
 	unsigned long stalls;	/* @lock: waits that found it stalled */
+	unsigned int waiting;	/* @lock: callers in percpuref_backlog_wait() */
 	unsigned long ran __attribute__((aligned(64)));
 };
 #define PERCPUREF_BACKLOG_INIT(lock_, progress_, queued_, done_, thread_) \
-	{ (lock_), (progress_), (queued_), (done_), (thread_), 0, 0, 0, 0 }
+	{ (lock_), (progress_), (queued_), (done_), (thread_), 0, 0, 0, 0, 0 }
 /* True when @queued (the count a push just made, or read) leaves more than
  * PERCPUREF_CALLBACK_BACKLOG items of @b not run, and @b is not stalled.
  * Lock-free. */

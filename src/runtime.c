@@ -429,6 +429,7 @@ bool percpuref_env_ulong(const char *who, const char *name, unsigned long max,
 #define BACKLOG_DEFAULT 65536
 #define BACKLOG_MAX (1UL << 30)
 #define BACKLOG_STALL_MS 100
+#define BACKLOG_LOOK_MS 25
 #define BACKLOG_WAIT_MAX_MS 1000
 static unsigned long backlog_limit = BACKLOG_DEFAULT;
 static pthread_once_t backlog_once = PTHREAD_ONCE_INIT;
@@ -483,8 +484,8 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 {
 	/* Run up to the caller's push but half the limit: what others queue
 	 * later cannot keep it waiting. */
-	unsigned long target = queued - backlog_limit / 2, ran_before;
-	uint64_t start;
+	unsigned long target = queued - backlog_limit / 2, ran_before, ran_seen;
+	uint64_t start, seen_ns;
 	bool stalled = false;
 	int cancel;
 
@@ -494,9 +495,12 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 	cancel = percpuref_cancel_disable();
 	start = percpuref_monotonic_ns();
 	pthread_mutex_lock(b->lock);
-	ran_before = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
+	b->waiting++;
+	ran_before = ran_seen = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
+	seen_ns = start;
 	for (;;) {
 		unsigned long ran = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
+		uint64_t now = percpuref_monotonic_ns();
 		struct timespec deadline;
 
 		/* Its own share only, the limit's items and a second at most:
@@ -505,16 +509,25 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 		 * kept a paced caller for seconds to hours. */
 		if (!b->thread->running || (long)(target - ran) <= 0 ||
 		    ran - ran_before >= backlog_limit ||
-		    percpuref_monotonic_ns() - start >= BACKLOG_WAIT_MAX_MS * UINT64_C(1000000))
+		    now - start >= BACKLOG_WAIT_MAX_MS * UINT64_C(1000000))
 			break;
-		/* Woken at each batch's end, and at least every stall's
-		 * length to look at ran. */
-		percpuref_deadline(&deadline, BACKLOG_STALL_MS);
-		if (pthread_cond_timedwait(b->progress, b->lock, &deadline) == ETIMEDOUT &&
-		    __atomic_load_n(&b->ran, __ATOMIC_RELAXED) == ran) {
+		/* A stall: no item seen to run for BACKLOG_STALL_MS, judged
+		 * by looks BACKLOG_LOOK_MS apart at most, so that a stuck
+		 * item of 125 ms or more always shows.  A timed wait of the
+		 * stall's whole length, restarted whenever an item had run,
+		 * missed one of 150 ms that began in the second half of such
+		 * a wait (test_backlog, one slow callback: once batches grew
+		 * in 0.4.18, the killer was often waiting as it began). */
+		if (ran != ran_seen) {
+			ran_seen = ran;
+			seen_ns = now;
+		} else if (now - seen_ns >= BACKLOG_STALL_MS * UINT64_C(1000000)) {
 			stalled = true;
 			break;
 		}
+		/* Woken at each batch's end, or for the next look. */
+		percpuref_deadline(&deadline, BACKLOG_LOOK_MS);
+		(void)pthread_cond_timedwait(b->progress, b->lock, &deadline);
 	}
 	if (stalled) {
 		/* From one item, the thread back at work after a slow
@@ -534,6 +547,7 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 	} else {
 		__atomic_store_n(&b->rearm_items, 0, __ATOMIC_RELAXED);
 	}
+	b->waiting--;
 	pthread_mutex_unlock(b->lock);
 	percpuref_cancel_restore(cancel);
 }

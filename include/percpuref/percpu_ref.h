@@ -225,9 +225,7 @@ PERCPUREF_API int percpu_ref_barrier(void);
  * at process exit; a call that waits for one switch in flight (exit,
  * reinit, switch_to_percpu of its ref) hands over that switch alone.  The
  * pacing, 300 µs, is read from PERCPUREF_POLL_INTERVAL_US (0..1000000)
- * at the first registration (or the callback thread's first batch: it
- * yields its CPU once before a batch that follows a fence this closely).
- * Returns 0, -EALREADY if registered (inside
+ * at the first registration.  Returns 0, -EALREADY if registered (inside
  * a callback its own poll runs, too), -EPERM on one of the library's
  * threads, -EDEADLK inside a callback run by a wait that runs the queue
  * itself (no callback thread could start), -ENOMEM, or -EAGAIN when no

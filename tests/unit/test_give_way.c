@@ -1,19 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * test_give_way.c - the callback thread gives way before a batch when a
- * fence started within the poll interval (src/deferred.c, "Giving way"):
- * it yields once, so that killers sharing its CPU queue more for the same
- * fence.  Here a thread pinned to one CPU (the callback thread its first
- * kill starts takes the same CPU) kills refs in a loop, with the interval
- * at 1 s so that every batch after the first follows a fence: the thread
- * gives way, and every ref is still released exactly once.  Child runs:
- * with PERCPUREF_POLL_INTERVAL_US=0 it never gives way; with 2 ms, a kill
- * after a quiet spell of 20 ms does not either.  How much it gains is the
- * benchmark's to say (switch-storm's kill and managed variants).
+ * fence started within PERCPUREF_CALLBACK_YIELD_US (src/deferred.c,
+ * "Giving way"): it yields once, so that killers sharing its CPU queue
+ * more for the same fence.  Here a thread pinned to one CPU (the callback
+ * thread its first kill starts takes the same CPU) kills refs in a loop,
+ * with the window at 1 s so that every batch after the first follows a
+ * fence: the thread gives way, its sched_yield() calls show it (wrapped:
+ * tests/CMakeLists.txt), and every ref is still released exactly once.
+ * It does not while a barrier waits for it.  Child runs: with the window
+ * at 0 it never gives way; at 2 ms, a kill after a quiet spell of 20 ms
+ * does not either.  How much it gains is the benchmark's to say
+ * (switch-storm's kill and managed variants).
  */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdio.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,6 +38,25 @@ struct object {
 };
 
 static struct object objects[KILLS];
+
+/* sched_yield() calls made on the library's callback thread (atomic). */
+static unsigned long callback_thread_yields;
+
+int __real_sched_yield(void);
+
+int __wrap_sched_yield(void)
+{
+	char name[16] = "";
+
+	if (!prctl(PR_GET_NAME, name) && !strcmp(name, "percpuref-cb"))
+		__atomic_fetch_add(&callback_thread_yields, 1, __ATOMIC_RELAXED);
+	return __real_sched_yield();
+}
+
+static unsigned long yields_seen(void)
+{
+	return __atomic_load_n(&callback_thread_yields, __ATOMIC_RELAXED);
+}
 
 static void count_release(struct percpu_ref *ref)
 {
@@ -79,13 +101,13 @@ static bool pin_here(void)
 	return cpu >= 0 && !sched_setaffinity(0, sizeof(one), &one);
 }
 
-/* PERCPUREF_POLL_INTERVAL_US=0: a storm of kills, and no yield. */
+/* PERCPUREF_CALLBACK_YIELD_US=0: a storm of kills, and no yield. */
 static int child_no_interval(void)
 {
 	pin_here();
 	if (kill_and_count(KILLS))
 		return CHILD_LOST_RELEASE;
-	return percpuref_test_deferred_gave_way() ? CHILD_GAVE_WAY : CHILD_OK;
+	return percpuref_test_deferred_gave_way() || yields_seen() ? CHILD_GAVE_WAY : CHILD_OK;
 }
 
 /* 2 ms: two kills 20 ms apart, each its own batch after a quiet spell. */
@@ -98,16 +120,54 @@ static int child_quiet(void)
 	nanosleep(&quiet, NULL);
 	if (kill_and_count(1))
 		return CHILD_LOST_RELEASE;
-	return percpuref_test_deferred_gave_way() ? CHILD_GAVE_WAY : CHILD_OK;
+	return percpuref_test_deferred_gave_way() || yields_seen() ? CHILD_GAVE_WAY : CHILD_OK;
+}
+
+static int slow_confirm_started;	/* atomic */
+
+static void slow_confirm(struct percpu_ref *ref)
+{
+	static const struct timespec slow = { 0, 200000000 };
+
+	(void)ref;
+	__atomic_store_n(&slow_confirm_started, 1, __ATOMIC_RELAXED);
+	nanosleep(&slow, NULL);
+}
+
+/*
+ * A barrier waits for the thread: no yield on its path.  The thread is
+ * in a confirm of 200 ms when the barrier starts waiting, and then finds
+ * the next kill queued, with a fence just before.
+ */
+static void test_not_while_waited_for(void)
+{
+	unsigned long gave;
+
+	if (percpu_ref_init(&objects[0].ref, count_release, 0) ||
+	    percpu_ref_init(&objects[1].ref, count_release, 0))
+		abort();
+	percpu_ref_kill_and_confirm(&objects[0].ref, slow_confirm);
+	while (!__atomic_load_n(&slow_confirm_started, __ATOMIC_RELAXED))
+		sched_yield();
+	gave = percpuref_test_deferred_gave_way();
+	percpu_ref_kill(&objects[1].ref);
+	percpu_ref_barrier();
+	is(percpuref_test_deferred_gave_way(), gave, "no yield while a barrier waits");
+	ok(__atomic_load_n(&objects[0].releases, __ATOMIC_ACQUIRE) == 1 &&
+	   __atomic_load_n(&objects[1].releases, __ATOMIC_ACQUIRE) == 1, "both released once");
+	for (int i = 0; i < 2; i++) {
+		percpu_ref_exit(&objects[i].ref);
+		objects[i].releases = 0;
+	}
 }
 
 static int child_run(const char *what, const char *interval_us, const char *mode)
 {
 	int status;
 
-	setenv("PERCPUREF_POLL_INTERVAL_US", interval_us, 1);
+	setenv("PERCPUREF_CALLBACK_YIELD_US", interval_us, 1);
 	status = run_mode(mode);
-	setenv("PERCPUREF_POLL_INTERVAL_US", "1000000", 1);
+	setenv("PERCPUREF_CALLBACK_YIELD_US", "1000000", 1);
 	if (status == CHILD_LOST_RELEASE)
 		printf("# %s: a ref was not released exactly once\n", what);
 	return status;
@@ -123,15 +183,17 @@ int main(int argc, char **argv)
 	if (argc > 1 && !strcmp(argv[1], "--quiet"))
 		return child_quiet();
 
-	setenv("PERCPUREF_POLL_INTERVAL_US", "1000000", 1);
+	setenv("PERCPUREF_CALLBACK_YIELD_US", "1000000", 1);
 	pinned = pin_here();
 	is(kill_and_count(KILLS), 0, "%d kills: each released once", KILLS);
 	gave = percpuref_test_deferred_gave_way();
 	fences = percpuref_deferred_fences();
 	ok(gave > 0 && gave <= fences, "the thread gave way before %lu of its %lu batches%s", gave,
 	   fences, pinned ? " (sharing this CPU)" : "");
-	is(child_run("interval 0", "0", "--no-interval"), CHILD_OK,
-	   "PERCPUREF_POLL_INTERVAL_US=0: never gave way, each released once");
+	ok(yields_seen() >= gave, "it called sched_yield() for each (%lu)", yields_seen());
+	test_not_while_waited_for();
+	is(child_run("window 0", "0", "--no-interval"), CHILD_OK,
+	   "PERCPUREF_CALLBACK_YIELD_US=0: never gave way, each released once");
 	is(child_run("quiet", "2000", "--quiet"), CHILD_OK,
 	   "a kill after a quiet spell: no yield, released once");
 	return done_testing();
