@@ -51,7 +51,8 @@
  * it got, the smaller its batches and the more fences (0.4.17 took the
  * reclaimer's load off that CPU, and `managed` got slower so).  So before
  * a batch, if a fence started within PERCPUREF_CALLBACK_YIELD_US (300 µs)
- * and nobody waits for the thread (a barrier, an exit, a paced kill), it
+ * and nobody waits for the thread in percpuref_wait_deferred() (a barrier,
+ * a shutdown, process exit) or in the backlog (a paced kill), it
  * yields once (give_way_after_a_fence()): the killers on its CPU run
  * first, and what they queue joins the batch.  Where nothing else is
  * runnable the yield returns at once; a fence after a quiet spell does not
@@ -347,7 +348,7 @@ static void run_batch(void)
  * CPUs are all busy) runs first, and what they queue meanwhile joins this
  * batch: sched_yield(), which returns at once where nothing else is
  * runnable.  Once a batch: the yield only orders us behind those ready now.
- * Not while a caller waits for the thread (a barrier, an exit, a paced
+ * Not while a caller waits for the thread (a barrier, a shutdown, a paced
  * kill): the yield would lie on its path.
  */
 static void give_way_after_a_fence(void)
@@ -993,6 +994,10 @@ static void queue_fork_child(void)
 	/* Paced callers compare queue positions with it (internal.h); the
 	 * items of a batch cut in half that ran are no longer counted. */
 	backlog.ran = nr_done;
+	/* Counted by threads the child lacks (this one waits in neither):
+	 * left as they were, the child's thread would never give way. */
+	barrier_waiters = 0;
+	backlog.waiting = 0;
 	if (pending)
 		ensure_thread();
 	pthread_mutex_unlock(&deferred_lock);
@@ -1033,6 +1038,16 @@ PERCPUREF_API unsigned long percpuref_deferred_stalls(void)
 
 	pthread_mutex_lock(&deferred_lock);
 	n = backlog.stalls;
+	pthread_mutex_unlock(&deferred_lock);
+	return n;
+}
+
+PERCPUREF_API unsigned int percpuref_test_deferred_waiters(void)
+{
+	unsigned int n;
+
+	pthread_mutex_lock(&deferred_lock);
+	n = barrier_waiters;
 	pthread_mutex_unlock(&deferred_lock);
 	return n;
 }

@@ -1302,6 +1302,7 @@ static void managed_fork_child(void)
 		rcu_queued++;
 	/* Paced callers compare queue positions with it (internal.h). */
 	rcu_backlog.ran = rcu_done;
+	rcu_backlog.waiting = 0;	/* threads the child lacks */
 	/* With no pass open, every pass started is done: a scan cut short
 	 * after its pass ended never counted it, and its pass_open would
 	 * keep an idle reclaimer scanning. */

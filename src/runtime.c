@@ -497,27 +497,29 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 	pthread_mutex_lock(b->lock);
 	b->waiting++;
 	ran_before = ran_seen = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
-	seen_ns = start;
+	/* After the lock: a wait for it is no stall of the thread. */
+	seen_ns = percpuref_monotonic_ns();
 	for (;;) {
 		unsigned long ran = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
 		uint64_t now = percpuref_monotonic_ns();
 		struct timespec deadline;
 
-		/* Its own share only, the limit's items and a second at most:
-		 * a backlog that unpaced pushes (callbacks', read-side
-		 * sections') made larger, or items each of nearly a stall,
-		 * kept a paced caller for seconds to hours. */
+		/* Its own share only, the limit's items and a second at most
+		 * (below): a backlog that unpaced pushes (callbacks',
+		 * read-side sections') made larger, or items each of nearly a
+		 * stall, kept a paced caller for seconds to hours. */
 		if (!b->thread->running || (long)(target - ran) <= 0 ||
-		    ran - ran_before >= backlog_limit ||
-		    now - start >= BACKLOG_WAIT_MAX_MS * UINT64_C(1000000))
+		    ran - ran_before >= backlog_limit)
 			break;
 		/* A stall: no item seen to run for BACKLOG_STALL_MS, judged
-		 * by looks BACKLOG_LOOK_MS apart at most, so that a stuck
-		 * item of 125 ms or more always shows.  A timed wait of the
-		 * stall's whole length, restarted whenever an item had run,
-		 * missed one of 150 ms that began in the second half of such
-		 * a wait (test_backlog, one slow callback: once batches grew
-		 * in 0.4.18, the killer was often waiting as it began). */
+		 * by looks BACKLOG_LOOK_MS apart at most, so that within a
+		 * wait a stuck item of 125 ms or more shows (but for this
+		 * thread's own delays in being scheduled).  A timed wait of
+		 * the stall's whole length, restarted whenever an item had
+		 * run, missed one of 150 ms that began in the second half of
+		 * such a wait (test_backlog, one slow callback: once batches
+		 * grew in 0.4.18, the killer was often waiting as it began).
+		 * Before the second's cap, which would hide it. */
 		if (ran != ran_seen) {
 			ran_seen = ran;
 			seen_ns = now;
@@ -525,6 +527,8 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 			stalled = true;
 			break;
 		}
+		if (now - start >= BACKLOG_WAIT_MAX_MS * UINT64_C(1000000))
+			break;
 		/* Woken at each batch's end, or for the next look. */
 		percpuref_deadline(&deadline, BACKLOG_LOOK_MS);
 		(void)pthread_cond_timedwait(b->progress, b->lock, &deadline);
