@@ -183,7 +183,7 @@ static bool thread_sleeping;
 static unsigned long batch_fences;
 static unsigned long gave_way;		/* give_way_after_a_fence()'s yields */
 /* Callers of percpuref_wait_deferred() waiting for the thread. */
-static unsigned int barrier_waiters;
+static unsigned long barrier_waiters;
 /* This thread pushed onto the stack of a thread that may sleep. */
 static __thread bool wake_owed;
 
@@ -1032,42 +1032,33 @@ static __attribute__((constructor)) void deferred_register(void)
 	percpuref_register_exit_hook(PERCPUREF_RANK_DEFERRED_BATCH, deferred_exit_hook);
 }
 
-PERCPUREF_API unsigned long percpuref_deferred_stalls(void)
+/* A count kept under deferred_lock, read there. */
+static unsigned long read_counted(const unsigned long *count)
 {
 	unsigned long n;
 
 	pthread_mutex_lock(&deferred_lock);
-	n = backlog.stalls;
+	n = *count;
 	pthread_mutex_unlock(&deferred_lock);
 	return n;
 }
 
-PERCPUREF_API unsigned int percpuref_test_deferred_waiters(void)
+PERCPUREF_API unsigned long percpuref_deferred_stalls(void)
 {
-	unsigned int n;
+	return read_counted(&backlog.stalls);
+}
 
-	pthread_mutex_lock(&deferred_lock);
-	n = barrier_waiters;
-	pthread_mutex_unlock(&deferred_lock);
-	return n;
+PERCPUREF_API unsigned long percpuref_test_deferred_waiters(void)
+{
+	return read_counted(&barrier_waiters);
 }
 
 PERCPUREF_API unsigned long percpuref_test_deferred_gave_way(void)
 {
-	unsigned long n;
-
-	pthread_mutex_lock(&deferred_lock);
-	n = gave_way;
-	pthread_mutex_unlock(&deferred_lock);
-	return n;
+	return read_counted(&gave_way);
 }
 
 unsigned long percpuref_deferred_fences(void)
 {
-	unsigned long n;
-
-	pthread_mutex_lock(&deferred_lock);
-	n = batch_fences;
-	pthread_mutex_unlock(&deferred_lock);
-	return n;
+	return read_counted(&batch_fences);
 }

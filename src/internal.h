@@ -384,7 +384,7 @@ unsigned long percpuref_deferred_fences(void);
 /* Batches before which the callback thread gave way, and the callers of
  * percpuref_wait_deferred() waiting now (tests). */
 PERCPUREF_API unsigned long percpuref_test_deferred_gave_way(void);
-PERCPUREF_API unsigned int percpuref_test_deferred_waiters(void);
+PERCPUREF_API unsigned long percpuref_test_deferred_waiters(void);
 /* Paced waits that found the callback thread stalled (tests). */
 PERCPUREF_API unsigned long percpuref_deferred_stalls(void);
 

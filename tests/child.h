@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -29,6 +30,17 @@
  * instruction is emulated, threads run one at a time, and the leak check
  * counts what a fork child never frees.  Tests take fewer rounds. */
 #define UNDER_VALGRIND (getenv("PERCPUREF_VALGRIND") != NULL)
+
+/* Under ASan, or valgrind: neither keeps the library's spare impls, whose
+ * reuse some tests check. */
+static inline bool under_memory_checker(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+	return true;
+#else
+	return UNDER_VALGRIND;
+#endif
+}
 
 /* Why a test whose fork children start threads is skipped here, or NULL:
  * ThreadSanitizer allows no threads in a fork child, and under valgrind

@@ -417,16 +417,6 @@ static void test_unmanaged_and_exit(void)
 		(void)sched_setaffinity(0, sizeof(allowed), &allowed);
 }
 
-/* Under ASan, or valgrind (the test command's runs say so). */
-static bool under_memory_checker(void)
-{
-#if defined(__SANITIZE_ADDRESS__)
-	return true;
-#else
-	return UNDER_VALGRIND;
-#endif
-}
-
 /* Thread of test_spares(): inits and exits one ref (its cache loads a
  * chain of spares, the exit keeps the impl in it), then exits, which
  * gives the chain back. */

@@ -45,16 +45,6 @@ static int releases_of(struct object *o)
 	return __atomic_load_n(&o->releases, __ATOMIC_ACQUIRE);
 }
 
-/* Under ASan, or valgrind (the test command's runs say so): no spares. */
-static bool under_memory_checker(void)
-{
-#if defined(__SANITIZE_ADDRESS__)
-	return true;
-#else
-	return UNDER_VALGRIND;
-#endif
-}
-
 static void read_config(void *out)
 {
 	percpu_ref_managed_get_config(out);
