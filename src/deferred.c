@@ -1045,7 +1045,7 @@ static unsigned long read_counted(const unsigned long *count)
 
 PERCPUREF_API unsigned long percpuref_deferred_stalls(void)
 {
-	return read_counted(&backlog.stalls);
+	return percpuref_backlog_stalls(&backlog);
 }
 
 PERCPUREF_API unsigned long percpuref_test_deferred_waiters(void)

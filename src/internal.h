@@ -699,6 +699,8 @@ bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued);
  * section, where the thread's work may wait for the caller.  No library
  * lock held. */
 void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued);
+/* @b's stalls so far, read under its lock (tests). */
+unsigned long percpuref_backlog_stalls(struct percpuref_backlog *b);
 /* Around every confirm and release the library runs (percpu_ref.c), for
  * percpuref_backlog_wait(). */
 void percpuref_callback_enter(void);

@@ -591,12 +591,7 @@ void percpuref_rcu_pace(void)
 
 PERCPUREF_API unsigned long percpuref_rcu_stalls(void)
 {
-	unsigned long n;
-
-	pthread_mutex_lock(&managed_lock);
-	n = rcu_backlog.stalls;
-	pthread_mutex_unlock(&managed_lock);
-	return n;
+	return percpuref_backlog_stalls(&rcu_backlog);
 }
 
 int percpuref_managed_may_wait(const char *fn)

@@ -480,6 +480,16 @@ bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued)
 	return (long)(queued - __atomic_load_n(b->done, __ATOMIC_RELAXED)) > (long)backlog_limit;
 }
 
+unsigned long percpuref_backlog_stalls(struct percpuref_backlog *b)
+{
+	unsigned long n;
+
+	pthread_mutex_lock(b->lock);
+	n = b->stalls;
+	pthread_mutex_unlock(b->lock);
+	return n;
+}
+
 void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 {
 	/* Run up to the caller's push but half the limit: what others queue

@@ -28,6 +28,7 @@
 #include "child.h"
 #include "internal.h"
 #include "percpuref/percpu_ref.h"
+#include "pin.h"
 #include "tap.h"
 
 #define KILLS 2000
@@ -93,22 +94,13 @@ static int kill_and_count(int n)
 	return wrong;
 }
 
-/* Before the library's first use: the callback thread takes this CPU. */
-static bool pin_here(void)
-{
-	cpu_set_t one;
-	int cpu = sched_getcpu();
-
-	CPU_ZERO(&one);
-	if (cpu >= 0)
-		CPU_SET(cpu, &one);
-	return cpu >= 0 && !sched_setaffinity(0, sizeof(one), &one);
-}
-
 /* PERCPUREF_CALLBACK_YIELD_US=0: a storm of kills, and no yield. */
 static int child_no_interval(void)
 {
-	pin_here();
+	cpu_set_t allowed;
+
+	/* Before the library's first use: the callback thread takes this CPU. */
+	(void)pin_here(&allowed);
 	if (kill_and_count(KILLS))
 		return CHILD_LOST_RELEASE;
 	return percpuref_test_deferred_gave_way() ? CHILD_GAVE_WAY : CHILD_OK;
@@ -240,6 +232,7 @@ static void test_fork_forgets_waiters(void)
 int main(int argc, char **argv)
 {
 	unsigned long gave, fences;
+	cpu_set_t allowed;
 	bool pinned;
 
 	if (argc > 1 && !strcmp(argv[1], "--no-interval"))
@@ -248,7 +241,7 @@ int main(int argc, char **argv)
 		return child_quiet();
 
 	setenv("PERCPUREF_CALLBACK_YIELD_US", "1000000", 1);
-	pinned = pin_here();
+	pinned = pin_here(&allowed);	/* as in child_no_interval() */
 	is(kill_and_count(KILLS), 0, "%d kills: each released once", KILLS);
 	gave = percpuref_test_deferred_gave_way();
 	fences = percpuref_deferred_fences();

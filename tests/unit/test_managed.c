@@ -31,6 +31,7 @@
 #include "internal.h"
 #include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
+#include "pin.h"
 #include "ref_mode.h"
 #include "tap.h"
 #include "thread_names.h"
@@ -357,23 +358,6 @@ static void test_transitions(void)
 	percpu_ref_exit(&o.ref);
 	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
 		   PERCPU_REF_SCAN_BATCHED);
-}
-
-/*
- * This thread pinned to the CPU it runs on, @saved its affinity before, so
- * that its pushes share a stage; false (nothing changed) where it cannot
- * be.
- */
-static bool pin_here(cpu_set_t *saved)
-{
-	cpu_set_t one;
-	int cpu = sched_getcpu();
-
-	if (cpu < 0 || sched_getaffinity(0, sizeof(*saved), saved))
-		return false;
-	CPU_ZERO(&one);
-	CPU_SET(cpu, &one);
-	return !sched_setaffinity(0, sizeof(one), &one);
 }
 
 /*
