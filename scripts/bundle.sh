@@ -146,10 +146,12 @@ done
 
 # args_for WORKLOAD: the arguments its run gets, in the array args.
 # managed-scan measures one scan at a time, and runs one thread whatever
-# --threads says.
+# --threads says.  managed-hot's figure is the hot ref's share of idle
+# throughput, each repetition's scan over the idle run beside it.
 args_for() {
 	args=(--repeat "$repeat" --duration "$duration")
 	[[ $1 == managed-scan ]] || args+=("${threads[@]}")
+	[[ $1 == managed-hot ]] && args+=(--versus idle)
 	if [[ $1 == switch-storm-in-flight ]]; then
 		args=(switch-storm --in-flight 16 "${args[@]}")
 	else

@@ -112,6 +112,16 @@ struct result {
 	double efficiency;
 	/* Each metric's mean over the samples where it is finite. */
 	struct bench_metrics metrics;
+	/*
+	 * --versus: this point's throughput over the reference variant's in
+	 * the same row, repetition by repetition (measured next to each
+	 * other); the median, lowest and highest of those ratios, over the
+	 * versus_rounds repetitions where both completed operations.  NAN
+	 * (and 0 rounds) for the reference itself, where no round counts,
+	 * and without --versus.
+	 */
+	double versus_median, versus_low, versus_high;
+	unsigned int versus_rounds;
 };
 
 struct report {
@@ -126,6 +136,9 @@ struct report {
 	const char *stat;	/* "median" or "best" */
 	unsigned int baseline;	/* efficiency's baseline row, in threads (default 1) */
 	unsigned int baseline_row;	/* its index in threads[] */
+	/* --versus: the reference variant, or NULL; its index in variants[] */
+	const struct bench_variant *versus;
+	unsigned int versus_column;
 	const char *fast_path;	/* percpuref_fast_path(): "rseq-glibc", "fallback" ... */
 	const char *library_cpus; /* the library's threads' CPUs chosen; NULL: inherited */
 	double duration;

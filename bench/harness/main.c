@@ -5,7 +5,7 @@
  *
  *   percpuref-bench <workload> [--threads LIST] [--variants LIST]
  *                   [--duration S] [--repeat N] [--stat median|best]
- *                   [--baseline N] [--oversubscribe] [--processes]
+ *                   [--baseline N] [--versus VARIANT] [--oversubscribe] [--processes]
  *                   [--hang-limit S]
  *                   [--json FILE|-] [--dry-run] [--list] [workload options]
  *   percpuref-bench --help | --list | --topology | --version
@@ -21,7 +21,10 @@
  * is the median (default) or the best of its repetitions' throughputs.
  * Scaling efficiency needs the baseline row's throughput of each variant
  * (one thread, or --baseline N: the reports' first full L3 domain), so
- * that row is added when --threads leaves it out.
+ * that row is added when --threads leaves it out.  --versus pairs each
+ * variant with a reference variant repetition by repetition: the two were
+ * measured next to each other, so their ratio keeps less of the machine's
+ * drift than the ratio of two medians does.
  *
  * Rows: --threads, else the workload's own default list (counted in its
  * groups, so signal1's "1,2,4" means 1, 2 and 4 containers whatever
@@ -112,6 +115,7 @@ enum {
 	OPT_PROCESSES,
 	OPT_HANG_LIMIT,
 	OPT_BASELINE,
+	OPT_VERSUS,
 	OPT_JSON,
 	OPT_LIBRARY_CPUS,
 	OPT_DRY_RUN,
@@ -130,6 +134,7 @@ static const struct option common_options[] = {
 	{ "processes", no_argument, NULL, OPT_PROCESSES },
 	{ "hang-limit", required_argument, NULL, OPT_HANG_LIMIT },
 	{ "baseline", required_argument, NULL, OPT_BASELINE },
+	{ "versus", required_argument, NULL, OPT_VERSUS },
 	{ "json", required_argument, NULL, OPT_JSON },
 	{ "library-cpus", required_argument, NULL, OPT_LIBRARY_CPUS },
 	{ "dry-run", no_argument, NULL, OPT_DRY_RUN },
@@ -236,6 +241,9 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"  --baseline N        efficiency relative to the N-thread row (1..65536), as the\n"
 		"                      reports' 8C16T = 100%%:\n"
 		"                      (throughput(T) / T) / (throughput(N) / N) (default 1)\n"
+		"  --versus VARIANT    also report each variant's throughput over VARIANT's in the\n"
+		"                      same row and repetition (measured next to each other):\n"
+		"                      the median, lowest and highest over the repetitions\n"
 		"  --json FILE         also write JSON Lines to FILE; \"-\": JSON on stdout, table on stderr\n"
 		"  --library-cpus LIST CPUs the library's threads (callback thread, reclaimer) run on\n"
 		"                      (\"0-3,8\"; default: $PERCPUREF_LIBRARY_CPUS, else where the\n"
@@ -469,6 +477,12 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* The median of @n sorted numbers. */
+static double median_of_sorted(const double *x, unsigned int n)
+{
+	return n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+}
+
 /* The reported throughput of @res over its @repeat samples. */
 static double aggregate(const struct result *res, unsigned int repeat, bool best)
 {
@@ -479,7 +493,30 @@ static double aggregate(const struct result *res, unsigned int repeat, bool best
 	qsort(rates, repeat, sizeof(*rates), cmp_double);
 	if (best)
 		return rates[repeat - 1];
-	return repeat % 2 ? rates[repeat / 2] : (rates[repeat / 2 - 1] + rates[repeat / 2]) / 2;
+	return median_of_sorted(rates, repeat);
+}
+
+/*
+ * --versus: @res's throughput over @ref's (the reference variant's point
+ * in the same row), repetition by repetition, where both completed
+ * operations; their median, lowest and highest.
+ */
+static void pair_with(struct result *res, const struct result *ref, unsigned int repeat)
+{
+	double ratios[repeat];
+	unsigned int n = 0;
+
+	for (unsigned int k = 0; k < repeat; k++)
+		if (rate(&res->samples[k]) > 0 && rate(&ref->samples[k]) > 0)
+			ratios[n++] = rate(&res->samples[k]) / rate(&ref->samples[k]);
+	res->versus_rounds = n;
+	res->versus_median = res->versus_low = res->versus_high = NAN;
+	if (!n)
+		return;
+	qsort(ratios, n, sizeof(*ratios), cmp_double);
+	res->versus_median = median_of_sorted(ratios, n);
+	res->versus_low = ratios[0];
+	res->versus_high = ratios[n - 1];
 }
 
 /* The value of option @name, seconds in [@min, @max]; else a usage error. */
@@ -499,6 +536,7 @@ struct cli {
 	const char *variants;
 	const char *json;
 	const char *library_cpus;
+	const char *versus;	/* --versus, or NULL */
 	unsigned int baseline;	/* 0: not given (one thread) */
 	bool oversubscribe;
 	bool dry_run;
@@ -611,6 +649,9 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 					    optarg);
 			if (w->no_efficiency)
 				usage_error(w, "--baseline: workload %s has no efficiency", w->name);
+			break;
+		case OPT_VERSUS:
+			cli->versus = optarg;
 			break;
 		case OPT_JSON:
 			if (!*optarg)
@@ -727,6 +768,20 @@ static void plan_report(struct report *r, const struct cli *cli)
 		for (unsigned int i = 0; i < r->nvariants; i++)
 			all[i] = &w->variants[i];
 		r->variants = all;
+	}
+	if (cli->versus) {
+		unsigned int v = 0;
+
+		while (v < r->nvariants && strcmp(r->variants[v]->name, cli->versus))
+			v++;
+		if (v == r->nvariants)
+			usage_error(w, "--versus %s: not one of the variants this run measures",
+				    cli->versus);
+		if (r->nvariants < 2)
+			usage_error(w, "--versus %s: no other variant to compare with it",
+				    cli->versus);
+		r->versus = r->variants[v];
+		r->versus_column = v;
 	}
 
 	r->results = calloc(r->nthreads * r->nvariants, sizeof(*r->results));
@@ -850,6 +905,11 @@ static void compute_results(struct report *r)
 					  (base->ops_per_sec / base->threads);
 		else
 			res->efficiency = NAN;	/* shown as "-" */
+		if (r->versus && i % r->nvariants != r->versus_column)
+			pair_with(res, &r->results[i - i % r->nvariants + r->versus_column],
+				  r->repeat);
+		else
+			res->versus_median = res->versus_low = res->versus_high = NAN;
 	}
 }
 

@@ -18,7 +18,9 @@
  * group's when a group has several threads.  The figures a workload
  * attaches to its measurements (bench_report_metric()) follow in a second
  * table, one row per thread count and variant, one column per metric in the
- * order the workload first reported them.  The JSON has one
+ * order the workload first reported them.  With --versus, a table between
+ * the two gives each other variant's throughput over the reference's in
+ * the same row, paired repetition by repetition (main.c).  The JSON has one
  * self-contained object per row and variant, machine included, so files from
  * different runs and machines can simply be concatenated.
  */
@@ -168,6 +170,67 @@ static void report_metrics(FILE *out, const struct report *r)
 	free(cols);
 }
 
+/* One --versus cell, a ratio: "0.993", and with several rounds
+ * "0.993 (0.65-1.67)". */
+static void format_versus(char *buf, size_t len, const struct result *res, unsigned int repeat)
+{
+	if (!res->versus_rounds)
+		snprintf(buf, len, "-");
+	else if (repeat == 1)
+		snprintf(buf, len, "%.3f", res->versus_median);
+	else
+		snprintf(buf, len, "%.3f (%.2f-%.2f)", res->versus_median, res->versus_low,
+			 res->versus_high);
+}
+
+/* --versus: one row per thread count, one column per other variant. */
+static void report_versus(FILE *out, const struct report *r)
+{
+	unsigned int short_rows = 0;
+	int width[r->nvariants];
+	char buf[64];
+
+	if (!r->versus)
+		return;
+	for (unsigned int v = 0; v < r->nvariants; v++)
+		width[v] = strlen(r->variants[v]->name);
+	for (unsigned int i = 0; i < r->nthreads * r->nvariants; i++) {
+		const struct result *res = &r->results[i];
+
+		format_versus(buf, sizeof(buf), res, r->repeat);
+		if ((int)strlen(buf) > width[i % r->nvariants])
+			width[i % r->nvariants] = strlen(buf);
+		short_rows += i % r->nvariants != r->versus_column && res->versus_rounds < r->repeat;
+	}
+	if (r->repeat == 1)
+		fprintf(out, "\nversus %s: each variant's throughput over %s's in the same row\n",
+			r->versus->name, r->versus->name);
+	else
+		fprintf(out, "\nversus %s: each variant's throughput over %s's in the same row and "
+			"repetition, median (lowest-highest) of the %u repetitions\n",
+			r->versus->name, r->versus->name, r->repeat);
+	fprintf(out, "%7s", "threads");
+	for (unsigned int v = 0; v < r->nvariants; v++)
+		if (v != r->versus_column)
+			fprintf(out, "  %*s", width[v], r->variants[v]->name);
+	fputc('\n', out);
+	for (unsigned int i = 0; i < r->nthreads; i++) {
+		fprintf(out, "%7u", r->threads[i]);
+		for (unsigned int v = 0; v < r->nvariants; v++) {
+			if (v == r->versus_column)
+				continue;
+			format_versus(buf, sizeof(buf), &r->results[i * r->nvariants + v],
+				      r->repeat);
+			fprintf(out, "  %*s", width[v], buf);
+		}
+		fputc('\n', out);
+	}
+	if (short_rows)
+		fprintf(out, "%u point%s had repetitions where it or %s completed no %s: "
+			"those are left out (-: none left; each point's count: --json)\n",
+			short_rows, short_rows == 1 ? "" : "s", r->versus->name, r->workload->op);
+}
+
 /*
  * The probe's range over the run's points (transfer.c): one line, and a
  * warning where the slowest read more than TRANSFER_SWING times the
@@ -315,6 +378,7 @@ void report_table(FILE *out, const struct report *r)
 		fprintf(out, "--processes: a row of T is T one-thread processes at once, "
 			"sharing nothing\n");
 	report_transfers(out, r);
+	report_versus(out, r);
 	report_metrics(out, r);
 	fflush(out);
 }
@@ -442,6 +506,20 @@ void report_json(FILE *out, const struct report *r)
 			} else {
 				json_number(out, res->efficiency);
 				fprintf(out, ",\"baseline_threads\":%u", r->baseline);
+			}
+			fprintf(out, ",\"versus\":");
+			if (r->versus && v != r->versus_column) {
+				fprintf(out, "{\"variant\":");
+				json_string(out, r->versus->name);
+				fprintf(out, ",\"median\":");
+				json_number(out, res->versus_median);
+				fprintf(out, ",\"low\":");
+				json_number(out, res->versus_low);
+				fprintf(out, ",\"high\":");
+				json_number(out, res->versus_high);
+				fprintf(out, ",\"rounds\":%u}", res->versus_rounds);
+			} else {
+				fprintf(out, "null");
 			}
 			fprintf(out, ",\"oversubscribed\":%s,\"processes\":%s,\"cpus\":[",
 				n > topo->ncpus ? "true" : "false", r->processes ? "true" : "false");

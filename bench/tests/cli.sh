@@ -103,6 +103,17 @@ grep -q 'unknown option -x$' "$tmp/err" ||
 expect 2 micro --baseline "$over"
 grep -q "^percpuref-bench: --baseline $over:" "$tmp/err" ||
 	{ echo "FAIL: --baseline $over: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+# --versus names a variant the run measures, beside at least one other.
+expect 2 micro --threads 1 --variants private,kref --versus
+expect 2 micro --threads 1 --variants private,kref --versus no-such-variant $short
+expect 2 micro --threads 1 --variants private,kref --versus rcuref $short
+grep -q '^percpuref-bench: --versus rcuref: not one of the variants' "$tmp/err" ||
+	{ echo "FAIL: --versus rcuref: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+expect 2 micro --threads 1 --variants private --versus private $short
+grep -q '^percpuref-bench: --versus private: no other variant' "$tmp/err" ||
+	{ echo "FAIL: --versus alone: $(head -1 "$tmp/err")"; fails=$((fails + 1)); }
+expect 2 micro --threads 1 --variants private,kref --versus kref --versus private $short
+expect 2 micro --threads 1 --variants private,kref --versus rcuref --dry-run
 # Where the library's threads run: a list that is not one, from the option
 # or the environment (which the library only warns about), fails the run
 # rather than measuring another placement; a good one is in the header.
@@ -1037,6 +1048,58 @@ for v in ("private", "kref"):
 		sed 's/^/  /' "$tmp/json" "$tmp/table" | head -20
 		fails=$((fails + 1))
 	fi
+fi
+
+# --versus private: each other point's ratio is recomputed here from the
+# samples, round by round (median, lowest, highest, rounds); the reference
+# has none, and the table prints the medians.
+if "$bench" micro --threads 1 --variants kref,private,percpu --versus private --repeat 4 \
+	$short --json - >"$tmp/json" 2>"$tmp/table"; then
+	if "$python" -c '
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {r["variant"]: r for r in rows}
+assert by["private"]["versus"] is None, by["private"]["versus"]
+table = open(sys.argv[2]).read()
+cells = table.split("versus private: ")[1].splitlines()
+assert cells[1].split() == ["threads", "kref", "percpu"], cells[1]
+for v in ("kref", "percpu"):
+    ratios = sorted(a["ops"] / a["seconds"] / (b["ops"] / b["seconds"])
+                    for a, b in zip(by[v]["samples"], by["private"]["samples"]))
+    got = by[v]["versus"]
+    assert got["variant"] == "private" and got["rounds"] == 4, got
+    for key, want in (("median", statistics.median(ratios)), ("low", ratios[0]),
+                      ("high", ratios[-1])):
+        assert abs(got[key] - want) <= 1e-5 * want, (v, key, got[key], want)
+    assert "%.3f" % got["median"] in cells[2], (v, cells[2])
+' "$tmp/json" "$tmp/table"; then
+		echo "ok: --versus private, 4 rounds"
+	else
+		echo "FAIL: --versus private: ratios or table"
+		sed 's/^/  /' "$tmp/table" | head -20
+		fails=$((fails + 1))
+	fi
+else
+	echo "FAIL: --versus private: exit status $?"
+	fails=$((fails + 1))
+fi
+# A round where a point completed nothing does not count: managed-latency
+# with a 60 s scan interval releases nothing in a 1 ms window.
+if "$bench" managed-latency --threads 1 --variants faithful,filtered --versus faithful \
+	--repeat 2 --duration 0.001 --interval-ms 60000 --json - >"$tmp/json" 2>"$tmp/table" &&
+   "$python" -c '
+import json, sys
+rows = {r["variant"]: r for r in map(json.loads, open(sys.argv[1]))}
+assert all(s["ops"] == 0 for r in rows.values() for s in r["samples"]), "a release happened"
+assert rows["filtered"]["versus"] == {"variant": "faithful", "median": None, "low": None,
+                                      "high": None, "rounds": 0}, rows["filtered"]["versus"]
+' "$tmp/json" && grep -q '^1 point had repetitions where it or faithful completed no release' \
+	"$tmp/table"; then
+	echo "ok: --versus leaves out empty rounds"
+else
+	echo "FAIL: --versus with empty rounds"
+	sed 's/^/  /' "$tmp/table" | head -20
+	fails=$((fails + 1))
 fi
 
 # managed-scan measures one scan at a time: at two threads the flushes
