@@ -91,7 +91,8 @@ cat >"$bundle/run.sh" <<'RUN'
 # managed-scan, switch-storm, switch-storm-in-flight, fence-cost, anatomy)
 # and the three seed cases (labels, creds, signal1).  Each point
 # is the median of 3 interleaved runs of 0.5 s (--quick: one run of 0.2 s,
-# and a short anatomy).  --threads is passed to every percpuref-bench workload
+# and a short anatomy); managed-hot also gets --versus idle.  --threads is
+# passed to every percpuref-bench workload
 # but managed-scan (default: each workload's, 1, 2, 4, ... all CPUs;
 # anatomy and managed-scan run one).
 # Tables go to standard output and DIR/WORKLOAD.txt, JSON Lines to
@@ -147,7 +148,8 @@ done
 # args_for WORKLOAD: the arguments its run gets, in the array args.
 # managed-scan measures one scan at a time, and runs one thread whatever
 # --threads says.  managed-hot's figure is the hot ref's share of idle
-# throughput, each repetition's scan over the idle run beside it.
+# throughput: --versus idle, each repetition's scan over idle's in the
+# same sweep of its row.
 args_for() {
 	args=(--repeat "$repeat" --duration "$duration")
 	[[ $1 == managed-scan ]] || args+=("${threads[@]}")

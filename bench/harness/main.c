@@ -23,8 +23,8 @@
  * (one thread, or --baseline N: the reports' first full L3 domain), so
  * that row is added when --threads leaves it out.  --versus pairs each
  * variant with a reference variant repetition by repetition: the two were
- * measured next to each other, so their ratio keeps less of the machine's
- * drift than the ratio of two medians does.
+ * measured in the same sweep of their row, seconds apart, so their ratio
+ * keeps less of the machine's drift than the ratio of two medians does.
  *
  * Rows: --threads, else the workload's own default list (counted in its
  * groups, so signal1's "1,2,4" means 1, 2 and 4 containers whatever
@@ -242,8 +242,8 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"                      reports' 8C16T = 100%%:\n"
 		"                      (throughput(T) / T) / (throughput(N) / N) (default 1)\n"
 		"  --versus VARIANT    also report each variant's throughput over VARIANT's in the\n"
-		"                      same row and repetition (measured next to each other):\n"
-		"                      the median, lowest and highest over the repetitions\n"
+		"                      same row and repetition (one sweep of the row): the\n"
+		"                      median, lowest and highest over the repetitions\n"
 		"  --json FILE         also write JSON Lines to FILE; \"-\": JSON on stdout, table on stderr\n"
 		"  --library-cpus LIST CPUs the library's threads (callback thread, reclaimer) run on\n"
 		"                      (\"0-3,8\"; default: $PERCPUREF_LIBRARY_CPUS, else where the\n"
@@ -1032,8 +1032,11 @@ static void print_plan(const struct report *r, const struct cli *cli)
 	for (unsigned int i = 0; i < r->nvariants; i++)
 		printf("%s%s", i ? "," : "", r->variants[i]->name);
 	printf(") x %u repetition%s: %u points, %.1f s of windows and warm-ups (set-ups not "
-	       "counted)\n", r->repeat, r->repeat == 1 ? "" : "s", points,
+	       "counted)", r->repeat, r->repeat == 1 ? "" : "s", points,
 	       windows_seconds(r, points));
+	if (r->versus)
+		printf("; versus %s", r->versus->name);
+	putchar('\n');
 }
 
 static void release_nothing(struct percpu_ref *ref)

@@ -171,7 +171,7 @@ static void report_metrics(FILE *out, const struct report *r)
 }
 
 /* One --versus cell, a ratio: "0.993", and with several rounds
- * "0.993 (0.65-1.67)". */
+ * "0.993 (0.650-1.670)". */
 static void format_versus(char *buf, size_t len, const struct result *res, unsigned int repeat)
 {
 	if (!res->versus_rounds)
@@ -179,14 +179,15 @@ static void format_versus(char *buf, size_t len, const struct result *res, unsig
 	else if (repeat == 1)
 		snprintf(buf, len, "%.3f", res->versus_median);
 	else
-		snprintf(buf, len, "%.3f (%.2f-%.2f)", res->versus_median, res->versus_low,
+		snprintf(buf, len, "%.3f (%.3f-%.3f)", res->versus_median, res->versus_low,
 			 res->versus_high);
 }
 
-/* --versus: one row per thread count, one column per other variant. */
+/* --versus: one row per thread count ('!': oversubscribed, as in the main
+ * table), one column per other variant. */
 static void report_versus(FILE *out, const struct report *r)
 {
-	unsigned int short_rows = 0;
+	unsigned int short_points = 0;
 	int width[r->nvariants];
 	char buf[64];
 
@@ -200,7 +201,8 @@ static void report_versus(FILE *out, const struct report *r)
 		format_versus(buf, sizeof(buf), res, r->repeat);
 		if ((int)strlen(buf) > width[i % r->nvariants])
 			width[i % r->nvariants] = strlen(buf);
-		short_rows += i % r->nvariants != r->versus_column && res->versus_rounds < r->repeat;
+		short_points += i % r->nvariants != r->versus_column &&
+				res->versus_rounds < r->repeat;
 	}
 	if (r->repeat == 1)
 		fprintf(out, "\nversus %s: each variant's throughput over %s's in the same row\n",
@@ -215,7 +217,7 @@ static void report_versus(FILE *out, const struct report *r)
 			fprintf(out, "  %*s", width[v], r->variants[v]->name);
 	fputc('\n', out);
 	for (unsigned int i = 0; i < r->nthreads; i++) {
-		fprintf(out, "%7u", r->threads[i]);
+		fprintf(out, "%6u%c", r->threads[i], r->threads[i] > r->topo->ncpus ? '!' : ' ');
 		for (unsigned int v = 0; v < r->nvariants; v++) {
 			if (v == r->versus_column)
 				continue;
@@ -225,10 +227,10 @@ static void report_versus(FILE *out, const struct report *r)
 		}
 		fputc('\n', out);
 	}
-	if (short_rows)
+	if (short_points)
 		fprintf(out, "%u point%s had repetitions where it or %s completed no %s: "
 			"those are left out (-: none left; each point's count: --json)\n",
-			short_rows, short_rows == 1 ? "" : "s", r->versus->name, r->workload->op);
+			short_points, short_points == 1 ? "" : "s", r->versus->name, r->workload->op);
 }
 
 /*

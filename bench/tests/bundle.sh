@@ -110,6 +110,12 @@ check "run.sh --quick --threads 1,2 managed-scan" \
 check "managed-scan.json has one-thread rows only" \
 	sh -c "grep -q '\"threads\":1,' '$tmp/res/managed-scan.json' &&
 	       ! grep -q '\"threads\":[02-9]' '$tmp/res/managed-scan.json'"
+# managed-hot: the scans' share of idle throughput, paired (--versus idle).
+check "run.sh --quick --threads 1 managed-hot" \
+	status_of 0 "$run" --quick --threads 1 --out "$tmp/res" managed-hot
+check "managed-hot.txt pairs the scans with idle" grep -q '^versus idle: ' "$tmp/res/managed-hot.txt"
+check "managed-hot.json names idle as the reference" \
+	grep -q '"versus":{"variant":"idle"' "$tmp/res/managed-hot.json"
 check "micro.json has a row per variant" \
 	sh -c "[ \$(grep -c '\"variant\"' '$tmp/res/micro.json') -ge 4 ]"
 check "machine.txt names the fast path" grep -q "fast path" "$tmp/res/machine.txt"
