@@ -52,8 +52,9 @@
  * reclaimer's load off that CPU, and `managed` got slower so).  So before
  * a batch, if a fence started within PERCPUREF_CALLBACK_YIELD_US (300 µs)
  * and nobody waits for the thread in percpuref_wait_deferred() (a barrier,
- * a shutdown, process exit) or in the backlog (a paced kill), it
- * yields once (give_way_after_a_fence()): the killers on its CPU run
+ * a shutdown, process exit), in the backlog (a paced kill) or for a switch
+ * to end (a sync switch, a reinit or an exit behind an asynchronous
+ * switch: percpuref_deferred_switch_wait_begin()), it yields once (give_way_after_a_fence()): the killers on its CPU run
  * first, and what they queue joins the batch.  Where nothing else is
  * runnable the yield returns at once; a fence after a quiet spell does not
  * yield at all.  The price is latency where the CPU is contended: the
@@ -184,6 +185,9 @@ static unsigned long batch_fences;
 static unsigned long gave_way;		/* give_way_after_a_fence()'s yields */
 /* Callers of percpuref_wait_deferred() waiting for the thread. */
 static unsigned long barrier_waiters;
+/* Threads waiting for a switch to end (atomic, relaxed: a hint; see
+ * percpuref_deferred_switch_wait_begin()). */
+static unsigned long switch_waiters;
 /* This thread pushed onto the stack of a thread that may sleep. */
 static __thread bool wake_owed;
 
@@ -354,6 +358,7 @@ static void run_batch(void)
 static void give_way_after_a_fence(void)
 {
 	if (barrier_waiters || backlog.waiting ||
+	    __atomic_load_n(&switch_waiters, __ATOMIC_RELAXED) ||
 	    !percpuref_fence_started_within(callback_yield_ns))
 		return;
 	pthread_mutex_unlock(&deferred_lock);
@@ -998,6 +1003,7 @@ static void queue_fork_child(void)
 	 * left as they were, the child's thread would never give way. */
 	barrier_waiters = 0;
 	backlog.waiting = 0;
+	__atomic_store_n(&switch_waiters, 0, __ATOMIC_RELAXED);
 	if (pending)
 		ensure_thread();
 	pthread_mutex_unlock(&deferred_lock);
@@ -1048,9 +1054,27 @@ PERCPUREF_API unsigned long percpuref_deferred_stalls(void)
 	return percpuref_backlog_stalls(&backlog);
 }
 
+/*
+ * Relaxed both: the count only tells the thread not to give way.  A waiter
+ * counted just after the thread looked costs that waiter one yield, as
+ * before there was a count; one that left just before keeps the thread
+ * from one yield.  Neither orders anything the wait itself depends on
+ * (the switch's end is told by its stripe's word and futex).
+ */
+void percpuref_deferred_switch_wait_begin(void)
+{
+	__atomic_fetch_add(&switch_waiters, 1, __ATOMIC_RELAXED);
+}
+
+void percpuref_deferred_switch_wait_end(void)
+{
+	__atomic_fetch_sub(&switch_waiters, 1, __ATOMIC_RELAXED);
+}
+
 PERCPUREF_API unsigned long percpuref_test_deferred_waiters(void)
 {
-	return read_counted(&barrier_waiters);
+	return read_counted(&barrier_waiters) +
+	       __atomic_load_n(&switch_waiters, __ATOMIC_RELAXED);
 }
 
 PERCPUREF_API unsigned long percpuref_test_deferred_gave_way(void)

@@ -269,7 +269,8 @@ static void unlock_switch(const struct percpu_ref *ref)
 
 /* Lock held.  Waits for a switch of a ref of this stripe to end, or until
  * @until (CLOCK_MONOTONIC, percpuref_deadline()) if not NULL, with the
- * lock dropped meanwhile. */
+ * lock dropped meanwhile, counted as a waiter that the callback thread,
+ * which may be the one to end it, does not give way to others before. */
 static void wait_switch_ended(const struct percpu_ref *ref, const struct timespec *until)
 {
 	struct percpuref_switch_stripe *stripe = stripe_of(ref);
@@ -280,7 +281,9 @@ static void wait_switch_ended(const struct percpu_ref *ref, const struct timespe
 	/* Relaxed: read under the lock by whoever ends a switch. */
 	__atomic_store_n(&stripe->ended, seen, __ATOMIC_RELAXED);
 	unlock_switch(ref);
+	percpuref_deferred_switch_wait_begin();
 	percpuref_futex_wait(&stripe->ended, seen, until);
+	percpuref_deferred_switch_wait_end();
 	lock_switch(ref);
 }
 

@@ -8,8 +8,9 @@
  * with the window at 1 s so that every batch after the first follows a
  * fence: the thread gives way, its sched_yield() calls show it (wrapped:
  * tests/CMakeLists.txt), and every ref is still released exactly once.
- * It does not while a barrier waits for it, and a fork child forgets a
- * barrier of the parent's that waited.  Child runs: with the window
+ * It does not while a barrier waits for it, nor while a sync switch waits
+ * for the switch it is to end, and a fork child forgets a barrier of the
+ * parent's that waited.  Child runs: with the window
  * at 0 it never gives way; at 2 ms, a kill after a quiet spell of 20 ms
  * does not either.  How much it gains is the benchmark's to say
  * (switch-storm's kill and managed variants).
@@ -29,6 +30,7 @@
 #include "internal.h"
 #include "percpuref/percpu_ref.h"
 #include "pin.h"
+#include "ref_mode.h"
 #include "tap.h"
 
 #define KILLS 2000
@@ -160,6 +162,39 @@ static void test_not_while_waited_for(void)
 	}
 }
 
+/*
+ * A sync switch waits for the asynchronous switch of its ref that the
+ * thread is to end: no yield on its path either.  The thread is in a
+ * confirm that returns once the switch waits (counted with the barriers'
+ * waiters), and then finds that switch queued, with a fence just before.
+ */
+static void test_not_while_switch_waits(void)
+{
+	unsigned long gave;
+
+	__atomic_store_n(&slow_confirm_started, 0, __ATOMIC_RELAXED);
+	if (percpu_ref_init(&objects[0].ref, count_release, 0) ||
+	    percpu_ref_init(&objects[1].ref, count_release, 0))
+		abort();
+	percpu_ref_kill_and_confirm(&objects[0].ref, confirm_when_waited_for);
+	while (!__atomic_load_n(&slow_confirm_started, __ATOMIC_RELAXED))
+		sched_yield();
+	gave = percpuref_test_deferred_gave_way();
+	percpu_ref_switch_to_atomic(&objects[1].ref, NULL);
+	percpu_ref_switch_to_atomic_sync(&objects[1].ref);
+	is(percpuref_test_deferred_gave_way(), gave, "no yield while a sync switch waits");
+	is(percpuref_test_deferred_waiters(), 0, "and none counted waiting after it");
+	ok(is_atomic(&objects[1].ref), "the ref is atomic");
+	percpu_ref_kill(&objects[1].ref);
+	percpu_ref_barrier();
+	ok(__atomic_load_n(&objects[0].releases, __ATOMIC_ACQUIRE) == 1 &&
+	   __atomic_load_n(&objects[1].releases, __ATOMIC_ACQUIRE) == 1, "both released once");
+	for (int i = 0; i < 2; i++) {
+		percpu_ref_exit(&objects[i].ref);
+		objects[i].releases = 0;
+	}
+}
+
 static int child_run(const char *what, const char *interval_us, const char *mode)
 {
 	int status;
@@ -249,6 +284,7 @@ int main(int argc, char **argv)
 	   fences, pinned ? " (sharing this CPU)" : "");
 	ok(yields_seen() >= gave, "it called sched_yield() for each (%lu)", yields_seen());
 	test_not_while_waited_for();
+	test_not_while_switch_waits();
 	test_fork_forgets_waiters();
 	is(child_run("window 0", "0", "--no-interval"), CHILD_OK,
 	   "PERCPUREF_CALLBACK_YIELD_US=0: never gave way, each released once");
