@@ -52,10 +52,11 @@
  * reclaimer's load off that CPU, and `managed` got slower so).  So before
  * a batch, if a fence started within PERCPUREF_CALLBACK_YIELD_US (300 µs)
  * and nobody waits for the thread in percpuref_wait_deferred() (a barrier,
- * a shutdown, process exit), in the backlog (a paced kill) or for a switch
- * to end (a sync switch, a reinit or an exit behind an asynchronous
- * switch: percpuref_deferred_switch_wait_begin()), it yields once (give_way_after_a_fence()): the killers on its CPU run
- * first, and what they queue joins the batch.  Where nothing else is
+ * a shutdown, process exit), in the backlog (a paced kill) or for an
+ * asynchronous switch it is to end (a sync switch, a reinit or an exit
+ * behind it: percpuref_deferred_switch_wait_begin()), it yields once
+ * (give_way_after_a_fence()): the killers on its CPU run first, and what
+ * they queue joins the batch.  Where nothing else is
  * runnable the yield returns at once; a fence after a quiet spell does not
  * yield at all.  The price is latency where the CPU is contended: the
  * batch waits until the threads ready there have had their turn (on Linux
@@ -185,9 +186,11 @@ static unsigned long batch_fences;
 static unsigned long gave_way;		/* give_way_after_a_fence()'s yields */
 /* Callers of percpuref_wait_deferred() waiting for the thread. */
 static unsigned long barrier_waiters;
-/* Threads waiting for a switch to end (atomic, relaxed: a hint; see
- * percpuref_deferred_switch_wait_begin()). */
+/* Threads waiting for an asynchronous switch to end (atomic, relaxed: a
+ * hint; see percpuref_deferred_switch_wait_begin()), and this thread's
+ * share of them (a fork child keeps it: a handler's fork). */
 static unsigned long switch_waiters;
+static __thread unsigned long switch_waits_here;
 /* This thread pushed onto the stack of a thread that may sleep. */
 static __thread bool wake_owed;
 
@@ -353,10 +356,11 @@ static void run_batch(void)
  * batch: sched_yield(), which returns at once where nothing else is
  * runnable.  Once a batch: the yield only orders us behind those ready now.
  * Not while a caller waits for the thread (a barrier, a shutdown, a paced
- * kill): the yield would lie on its path.
+ * kill, a switch it is to end): the yield would lie on its path.
  */
 static void give_way_after_a_fence(void)
 {
+	/* Relaxed: a hint (percpuref_deferred_switch_wait_begin()). */
 	if (barrier_waiters || backlog.waiting ||
 	    __atomic_load_n(&switch_waiters, __ATOMIC_RELAXED) ||
 	    !percpuref_fence_started_within(callback_yield_ns))
@@ -999,11 +1003,16 @@ static void queue_fork_child(void)
 	/* Paced callers compare queue positions with it (internal.h); the
 	 * items of a batch cut in half that ran are no longer counted. */
 	backlog.ran = nr_done;
-	/* Counted by threads the child lacks (this one waits in neither):
-	 * left as they were, the child's thread would never give way. */
+	/* Counted by threads the child lacks: left as they were, the
+	 * child's thread would never give way.  A fork from a signal
+	 * handler (outside the contract but for one that interrupted a get
+	 * or put: docs/percpu_ref.md, "fork()") may interrupt this thread's
+	 * own wait for a switch, which it leaves in the child after the
+	 * handler: its share stays, or the count would wrap.  Relaxed: only
+	 * this thread runs. */
 	barrier_waiters = 0;
 	backlog.waiting = 0;
-	__atomic_store_n(&switch_waiters, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&switch_waiters, switch_waits_here, __ATOMIC_RELAXED);
 	if (pending)
 		ensure_thread();
 	pthread_mutex_unlock(&deferred_lock);
@@ -1063,12 +1072,14 @@ PERCPUREF_API unsigned long percpuref_deferred_stalls(void)
  */
 void percpuref_deferred_switch_wait_begin(void)
 {
+	switch_waits_here++;
 	__atomic_fetch_add(&switch_waiters, 1, __ATOMIC_RELAXED);
 }
 
 void percpuref_deferred_switch_wait_end(void)
 {
 	__atomic_fetch_sub(&switch_waiters, 1, __ATOMIC_RELAXED);
+	switch_waits_here--;
 }
 
 PERCPUREF_API unsigned long percpuref_test_deferred_waiters(void)

@@ -269,9 +269,11 @@ static void unlock_switch(const struct percpu_ref *ref)
 
 /* Lock held.  Waits for a switch of a ref of this stripe to end, or until
  * @until (CLOCK_MONOTONIC, percpuref_deadline()) if not NULL, with the
- * lock dropped meanwhile, counted as a waiter that the callback thread,
- * which may be the one to end it, does not give way to others before. */
-static void wait_switch_ended(const struct percpu_ref *ref, const struct timespec *until)
+ * lock dropped meanwhile.  @callback_thread_ends_it: the switch waited
+ * for is asynchronous, so the wait counts as one that the callback thread
+ * does not give way to others before (deferred.c). */
+static void wait_switch_ended(const struct percpu_ref *ref, const struct timespec *until,
+			      bool callback_thread_ends_it)
 {
 	struct percpuref_switch_stripe *stripe = stripe_of(ref);
 	/* Under the lock: a switch that ends after the unlock changes the
@@ -281,9 +283,11 @@ static void wait_switch_ended(const struct percpu_ref *ref, const struct timespe
 	/* Relaxed: read under the lock by whoever ends a switch. */
 	__atomic_store_n(&stripe->ended, seen, __ATOMIC_RELAXED);
 	unlock_switch(ref);
-	percpuref_deferred_switch_wait_begin();
+	if (callback_thread_ends_it)
+		percpuref_deferred_switch_wait_begin();
 	percpuref_futex_wait(&stripe->ended, seen, until);
-	percpuref_deferred_switch_wait_end();
+	if (callback_thread_ends_it)
+		percpuref_deferred_switch_wait_end();
 	lock_switch(ref);
 }
 
@@ -793,11 +797,11 @@ static enum switch_wait wait_switch_done(struct percpu_ref *ref)
 			if (ran_queue)
 				continue;
 			percpuref_deadline(&until, 50);
-			wait_switch_ended(ref, &until);
+			wait_switch_ended(ref, &until, true);
 			continue;
 		}
 		percpuref_deferred_wake_owed();
-		wait_switch_ended(ref, NULL);
+		wait_switch_ended(ref, NULL, impl_of(ref->data)->async_switch);
 	}
 	percpuref_cancel_restore(cancel);
 	return found;

@@ -9,8 +9,9 @@
  * fence: the thread gives way, its sched_yield() calls show it (wrapped:
  * tests/CMakeLists.txt), and every ref is still released exactly once.
  * It does not while a barrier waits for it, nor while a sync switch waits
- * for the switch it is to end, and a fork child forgets a barrier of the
- * parent's that waited.  Child runs: with the window
+ * for the switch it is to end; a fork child forgets a barrier of the
+ * parent's that waited, and keeps its own thread's wait for a switch that
+ * a signal handler's fork interrupted.  Child runs: with the window
  * at 0 it never gives way; at 2 ms, a kill after a quiet spell of 20 ms
  * does not either.  How much it gains is the benchmark's to say
  * (switch-storm's kill and managed variants).
@@ -18,6 +19,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,16 +124,31 @@ static int child_quiet(void)
 }
 
 static int slow_confirm_started;	/* atomic */
+static int slow_confirm_saw_waiter;	/* atomic */
 
-/* Returns once the barrier waits for the thread (10 s at most). */
+/* Returns once a caller counts as waiting for the thread (10 s at most:
+ * then, with the fence 10 s old, nothing would yield; the tests check
+ * slow_confirm_saw_waiter). */
 static void confirm_when_waited_for(struct percpu_ref *ref)
 {
 	static const struct timespec nap = { 0, 1000000 };
 
 	(void)ref;
 	__atomic_store_n(&slow_confirm_started, 1, __ATOMIC_RELAXED);
-	for (int i = 0; i < 10000 && !percpuref_test_deferred_waiters(); i++)
+	for (int i = 0; i < 10000; i++) {
+		if (percpuref_test_deferred_waiters()) {
+			__atomic_store_n(&slow_confirm_saw_waiter, 1, __ATOMIC_RELAXED);
+			return;
+		}
 		nanosleep(&nap, NULL);
+	}
+}
+
+/* Arms confirm_when_waited_for() for one kill. */
+static void arm_slow_confirm(void)
+{
+	__atomic_store_n(&slow_confirm_started, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&slow_confirm_saw_waiter, 0, __ATOMIC_RELAXED);
 }
 
 /*
@@ -143,6 +160,7 @@ static void test_not_while_waited_for(void)
 {
 	unsigned long gave;
 
+	arm_slow_confirm();
 	if (percpu_ref_init(&objects[0].ref, count_release, 0) ||
 	    percpu_ref_init(&objects[1].ref, count_release, 0))
 		abort();
@@ -152,6 +170,8 @@ static void test_not_while_waited_for(void)
 	gave = percpuref_test_deferred_gave_way();
 	percpu_ref_kill(&objects[1].ref);
 	percpu_ref_barrier();
+	ok(__atomic_load_n(&slow_confirm_saw_waiter, __ATOMIC_RELAXED),
+	   "the barrier counted as waiting");
 	is(percpuref_test_deferred_gave_way(), gave, "no yield while a barrier waits");
 	is(percpuref_test_deferred_waiters(), 0, "and none counted waiting after it");
 	ok(__atomic_load_n(&objects[0].releases, __ATOMIC_ACQUIRE) == 1 &&
@@ -172,7 +192,7 @@ static void test_not_while_switch_waits(void)
 {
 	unsigned long gave;
 
-	__atomic_store_n(&slow_confirm_started, 0, __ATOMIC_RELAXED);
+	arm_slow_confirm();
 	if (percpu_ref_init(&objects[0].ref, count_release, 0) ||
 	    percpu_ref_init(&objects[1].ref, count_release, 0))
 		abort();
@@ -182,6 +202,8 @@ static void test_not_while_switch_waits(void)
 	gave = percpuref_test_deferred_gave_way();
 	percpu_ref_switch_to_atomic(&objects[1].ref, NULL);
 	percpu_ref_switch_to_atomic_sync(&objects[1].ref);
+	ok(__atomic_load_n(&slow_confirm_saw_waiter, __ATOMIC_RELAXED),
+	   "the sync switch counted as waiting");
 	is(percpuref_test_deferred_gave_way(), gave, "no yield while a sync switch waits");
 	is(percpuref_test_deferred_waiters(), 0, "and none counted waiting after it");
 	ok(is_atomic(&objects[1].ref), "the ref is atomic");
@@ -193,6 +215,59 @@ static void test_not_while_switch_waits(void)
 		percpu_ref_exit(&objects[i].ref);
 		objects[i].releases = 0;
 	}
+}
+
+static pthread_t main_thread;
+static pid_t handler_child = -1;
+
+static void fork_in_handler(int sig)
+{
+	(void)sig;
+	handler_child = fork();
+}
+
+/* Once the sync switch waits, interrupts it with a signal whose handler
+ * forks (the fork then waits for this batch to end). */
+static void confirm_then_signal(struct percpu_ref *ref)
+{
+	confirm_when_waited_for(ref);
+	pthread_kill(main_thread, SIGUSR1);
+}
+
+/*
+ * A fork from a signal handler that interrupted this thread's wait for a
+ * switch (outside the contract, which allows such a fork only in a get or
+ * put, but it neither hangs nor loses anything): the child keeps the
+ * thread's own count, which its return from the wait takes back; set to
+ * 0, it wrapped to ULONG_MAX there.
+ */
+static void test_handler_fork_in_switch_wait(void)
+{
+	struct sigaction fork_action = { .sa_handler = fork_in_handler }, old;
+	const char *why = fork_children_untestable();
+	int status = -1;
+
+	if (why) {
+		skip("fork from a handler in a switch's wait: %s", why);
+		return;
+	}
+	arm_slow_confirm();
+	main_thread = pthread_self();
+	if (sigaction(SIGUSR1, &fork_action, &old) ||
+	    percpu_ref_init(&objects[0].ref, count_release, 0))
+		abort();
+	percpu_ref_switch_to_atomic(&objects[0].ref, confirm_then_signal);
+	percpu_ref_switch_to_atomic_sync(&objects[0].ref);
+	if (handler_child == 0)
+		_exit(percpuref_test_deferred_waiters() == 0 ? 0 : 1);
+	sigaction(SIGUSR1, &old, NULL);
+	if (handler_child > 0)
+		waitpid(handler_child, &status, 0);
+	ok(__atomic_load_n(&slow_confirm_saw_waiter, __ATOMIC_RELAXED) && handler_child > 0 &&
+	   WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	   "a fork from a handler in a switch's wait: the child counts no waiter after it");
+	is(percpuref_test_deferred_waiters(), 0, "nor does the parent");
+	percpu_ref_exit(&objects[0].ref);
 }
 
 static int child_run(const char *what, const char *interval_us, const char *mode)
@@ -285,6 +360,7 @@ int main(int argc, char **argv)
 	ok(yields_seen() >= gave, "it called sched_yield() for each (%lu)", yields_seen());
 	test_not_while_waited_for();
 	test_not_while_switch_waits();
+	test_handler_fork_in_switch_wait();
 	test_fork_forgets_waiters();
 	is(child_run("window 0", "0", "--no-interval"), CHILD_OK,
 	   "PERCPUREF_CALLBACK_YIELD_US=0: never gave way, each released once");
