@@ -151,44 +151,29 @@ static void arm_slow_confirm(void)
 	__atomic_store_n(&slow_confirm_saw_waiter, 0, __ATOMIC_RELAXED);
 }
 
-/*
- * A barrier waits for the thread: no yield on its path.  The thread is
- * in a confirm that returns once the barrier waits, and then finds the
- * next kill queued, with a fence just before.
- */
-static void test_not_while_waited_for(void)
+/* The waits for the thread that test_no_yield_while() tries, on @ref: a
+ * barrier after its kill, and a sync switch behind its asynchronous one
+ * (which the thread is to end). */
+static void kill_then_barrier(struct percpu_ref *ref)
 {
-	unsigned long gave;
-
-	arm_slow_confirm();
-	if (percpu_ref_init(&objects[0].ref, count_release, 0) ||
-	    percpu_ref_init(&objects[1].ref, count_release, 0))
-		abort();
-	percpu_ref_kill_and_confirm(&objects[0].ref, confirm_when_waited_for);
-	while (!__atomic_load_n(&slow_confirm_started, __ATOMIC_RELAXED))
-		sched_yield();
-	gave = percpuref_test_deferred_gave_way();
-	percpu_ref_kill(&objects[1].ref);
+	percpu_ref_kill(ref);
 	percpu_ref_barrier();
-	ok(__atomic_load_n(&slow_confirm_saw_waiter, __ATOMIC_RELAXED),
-	   "the barrier counted as waiting");
-	is(percpuref_test_deferred_gave_way(), gave, "no yield while a barrier waits");
-	is(percpuref_test_deferred_waiters(), 0, "and none counted waiting after it");
-	ok(__atomic_load_n(&objects[0].releases, __ATOMIC_ACQUIRE) == 1 &&
-	   __atomic_load_n(&objects[1].releases, __ATOMIC_ACQUIRE) == 1, "both released once");
-	for (int i = 0; i < 2; i++) {
-		percpu_ref_exit(&objects[i].ref);
-		objects[i].releases = 0;
-	}
+}
+
+static void sync_switch_behind_async(struct percpu_ref *ref)
+{
+	percpu_ref_switch_to_atomic(ref, NULL);
+	percpu_ref_switch_to_atomic_sync(ref);
+	ok(is_atomic(ref), "the ref is atomic after the sync switch");
 }
 
 /*
- * A sync switch waits for the asynchronous switch of its ref that the
- * thread is to end: no yield on its path either.  The thread is in a
- * confirm that returns once the switch waits (counted with the barriers'
- * waiters), and then finds that switch queued, with a fence just before.
+ * A caller waits for the thread (@wait: the @waiter): no yield on its
+ * path.  The thread is in a confirm that returns once the caller counts
+ * as waiting, and then finds the caller's item queued, with a fence just
+ * before.
  */
-static void test_not_while_switch_waits(void)
+static void test_no_yield_while(const char *waiter, void (*wait)(struct percpu_ref *))
 {
 	unsigned long gave;
 
@@ -200,15 +185,13 @@ static void test_not_while_switch_waits(void)
 	while (!__atomic_load_n(&slow_confirm_started, __ATOMIC_RELAXED))
 		sched_yield();
 	gave = percpuref_test_deferred_gave_way();
-	percpu_ref_switch_to_atomic(&objects[1].ref, NULL);
-	percpu_ref_switch_to_atomic_sync(&objects[1].ref);
+	wait(&objects[1].ref);
 	ok(__atomic_load_n(&slow_confirm_saw_waiter, __ATOMIC_RELAXED),
-	   "the sync switch counted as waiting");
-	is(percpuref_test_deferred_gave_way(), gave, "no yield while a sync switch waits");
+	   "the %s counted as waiting", waiter);
+	is(percpuref_test_deferred_gave_way(), gave, "no yield while the %s waits", waiter);
 	is(percpuref_test_deferred_waiters(), 0, "and none counted waiting after it");
-	ok(is_atomic(&objects[1].ref), "the ref is atomic");
-	percpu_ref_kill(&objects[1].ref);
-	percpu_ref_barrier();
+	if (!percpu_ref_is_dying(&objects[1].ref))
+		kill_then_barrier(&objects[1].ref);
 	ok(__atomic_load_n(&objects[0].releases, __ATOMIC_ACQUIRE) == 1 &&
 	   __atomic_load_n(&objects[1].releases, __ATOMIC_ACQUIRE) == 1, "both released once");
 	for (int i = 0; i < 2; i++) {
@@ -358,8 +341,8 @@ int main(int argc, char **argv)
 	ok(gave > 0 && gave <= fences, "the thread gave way before %lu of its %lu batches%s", gave,
 	   fences, pinned ? " (sharing this CPU)" : "");
 	ok(yields_seen() >= gave, "it called sched_yield() for each (%lu)", yields_seen());
-	test_not_while_waited_for();
-	test_not_while_switch_waits();
+	test_no_yield_while("barrier", kill_then_barrier);
+	test_no_yield_while("sync switch", sync_switch_behind_async);
 	test_handler_fork_in_switch_wait();
 	test_fork_forgets_waiters();
 	is(child_run("window 0", "0", "--no-interval"), CHILD_OK,
