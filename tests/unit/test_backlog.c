@@ -19,8 +19,15 @@
  * build beside it: 708 and 1,278 kills then waited against a limit of 64).
  * A wait then counts a stall and the killer goes on unpaced until the
  * thread runs again, as designed, so a phase that checks pacing with no
- * stall learns nothing from such a run.  It runs again, up to ATTEMPTS
- * times (undisturbed()); a stall in every attempt fails it.
+ * stall, or with the one stall its slow callback makes, learns nothing
+ * from such a run.  It runs again, up to ATTEMPTS times (undisturbed());
+ * more stalls in every attempt fail it.  Fewer fail it at once: the miss
+ * the slow callback's phase was written to catch (src/runtime.c,
+ * percpuref_backlog_wait()) showed only in some runs, and a retry would
+ * hide it.  The killer can miss the stall on its own too, if it gets no
+ * CPU in the 50 ms between the stall's 100 ms and the callback's end
+ * (stopping the whole process for 130 ms at times showed it once in four
+ * runs here; never seen in CI).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -155,17 +162,20 @@ static unsigned long stalls_so_far(void)
 }
 
 /*
- * After attempt *@attempt of a phase that wants no stall: true when none
- * came since @stalls, or when it was the last attempt (the phase checks
- * and fails); otherwise says so, waits for what the attempt queued, and
- * asks for another.
+ * After attempt *@attempt of a phase that wants @want stalls: true when no
+ * more came since @stalls, or when it was the last attempt (the phase
+ * checks and fails); otherwise says so, waits for what the attempt
+ * queued, and asks for another.
  */
-static bool undisturbed(const char *what, unsigned long stalls, int *attempt)
+static bool undisturbed(const char *what, unsigned long stalls, unsigned long want,
+			int *attempt)
 {
-	if (stalls_so_far() == stalls || ++*attempt == ATTEMPTS)
+	unsigned long got = stalls_so_far() - stalls;
+
+	if (got <= want || ++*attempt == ATTEMPTS)
 		return true;
-	printf("# %s: a wait found a library thread stalled (machine load?): attempt %d of %d\n",
-	       what, *attempt + 1, ATTEMPTS);
+	printf("# %s: %lu stalls, want %lu: a library thread kept off its CPU (machine load?): "
+	       "attempt %d of %d\n", what, got, want, *attempt + 1, ATTEMPTS);
 	percpu_ref_barrier();
 	percpu_rcuref_barrier();
 	return false;
@@ -181,7 +191,7 @@ static void test_paced(const char *what)
 	do {
 		stalls = stalls_so_far();
 		most = kill_many(2000);
-	} while (!undisturbed(what, stalls, &attempt));
+	} while (!undisturbed(what, stalls, 0, &attempt));
 	ok(most <= LIMIT, "%s: 2000 kills, at most %lu waiting for their release (limit %d)", what,
 	   most, LIMIT);
 	is(stalls_so_far(), stalls, "%s: and no stall", what);
@@ -200,7 +210,7 @@ static void test_long_batches(void)
 	do {
 		stalls = stalls_so_far();
 		most = kill_many(300);
-	} while (!undisturbed("long batches", stalls, &attempt));
+	} while (!undisturbed("long batches", stalls, 0, &attempt));
 	__atomic_store_n(&confirm_us, 20, __ATOMIC_RELAXED);
 	ok(most <= LIMIT, "long batches: at most %lu waiting (limit %d)", most, LIMIT);
 	is(stalls_so_far(), stalls, "long batches: no stall");
@@ -257,25 +267,31 @@ static void test_stalled(void)
  */
 static void test_one_slow_callback(void)
 {
-	unsigned long stalls = percpuref_deferred_stalls(), waiting = 0, n;
-	double start;
+	unsigned long stalls, waiting, n;
+	int attempt = 0;
+	double start, took;
 
-	__atomic_store_n(&confirm_us, 5, __ATOMIC_RELAXED);
-	kill_many(200);
-	__atomic_store_n(&one_slow_confirm, true, __ATOMIC_RELAXED);
-	start = now();
-	for (n = 0; now() - start < 20; n++) {
-		kill_new_ref();
-		waiting = __atomic_load_n(&killed, __ATOMIC_RELAXED) -
-			  __atomic_load_n(&released, __ATOMIC_ACQUIRE);
-		/* Past the slow one, and paced again. */
-		if (now() - start > 0.3 && waiting <= LIMIT)
-			break;
-	}
-	__atomic_store_n(&confirm_us, 20, __ATOMIC_RELAXED);
+	do {
+		stalls = stalls_so_far();
+		waiting = 0;
+		__atomic_store_n(&confirm_us, 5, __ATOMIC_RELAXED);
+		kill_many(200);
+		__atomic_store_n(&one_slow_confirm, true, __ATOMIC_RELAXED);
+		start = now();
+		for (n = 0; now() - start < 20; n++) {
+			kill_new_ref();
+			waiting = __atomic_load_n(&killed, __ATOMIC_RELAXED) -
+				  __atomic_load_n(&released, __ATOMIC_ACQUIRE);
+			/* Past the slow one, and paced again. */
+			if (now() - start > 0.3 && waiting <= LIMIT)
+				break;
+		}
+		took = now() - start;
+		__atomic_store_n(&confirm_us, 20, __ATOMIC_RELAXED);
+	} while (!undisturbed("one slow callback", stalls, 1, &attempt));
 	ok(waiting <= LIMIT, "one slow callback: paced again after %lu kills, %.2f s (%lu waiting)",
-	   n, now() - start, waiting);
-	is(percpuref_deferred_stalls(), stalls + 1, "one slow callback: one stall");
+	   n, took, waiting);
+	is(stalls_so_far(), stalls + 1, "one slow callback: one stall");
 	all_released("one slow callback");
 }
 
@@ -440,7 +456,7 @@ static void test_rcu_paced(void)
 			if (waiting > most)
 				most = waiting;
 		}
-	} while (!undisturbed("percpu_rcuref kills", stalls, &attempt));
+	} while (!undisturbed("percpu_rcuref kills", stalls, 0, &attempt));
 	ok(most <= 2 * LIMIT, "2000 percpu_rcuref kills: at most %lu waiting (limit %d twice)",
 	   most, LIMIT);
 	is(stalls_so_far(), stalls, "percpu_rcuref kills: no stall");
