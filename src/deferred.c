@@ -54,9 +54,9 @@
  * and nobody waits for the thread in percpuref_wait_deferred() (a barrier,
  * a shutdown, process exit), in the backlog (a paced kill) or for an
  * asynchronous switch it is to end (a sync switch, a reinit or an exit
- * behind it: percpuref_deferred_switch_wait_begin()), it yields once
- * (give_way_after_a_fence()): the killers on its CPU run first, and what
- * they queue joins the batch.  Where nothing else is
+ * behind it; both counted by percpuref_deferred_waiter_begin()), it
+ * yields once (give_way_after_a_fence()): the killers on its CPU run
+ * first, and what they queue joins the batch.  Where nothing else is
  * runnable the yield returns at once; a fence after a quiet spell does not
  * yield at all.  The price is latency where the CPU is contended: the
  * batch waits until the threads ready there have had their turn (on Linux
@@ -184,13 +184,11 @@ static struct percpuref_thread thread;
 static bool thread_sleeping;
 static unsigned long batch_fences;
 static unsigned long gave_way;		/* give_way_after_a_fence()'s yields */
-/* Callers of percpuref_wait_deferred() waiting for the thread. */
-static unsigned long barrier_waiters;
-/* Threads waiting for an asynchronous switch to end (atomic, relaxed: a
- * hint; see percpuref_deferred_switch_wait_begin()), and this thread's
- * share of them (a fork child keeps it: a handler's fork). */
-static unsigned long switch_waiters;
-static __thread unsigned long switch_waits_here;
+/* Callers waiting for the thread, in percpuref_wait_deferred() or for an
+ * asynchronous switch to end (atomic; see percpuref_deferred_waiter_begin()),
+ * and this thread's share of them (a fork child keeps it: a handler's fork). */
+static unsigned long waiters;
+static __thread unsigned long waits_here;
 /* This thread pushed onto the stack of a thread that may sleep. */
 static __thread bool wake_owed;
 
@@ -360,9 +358,8 @@ static void run_batch(void)
  */
 static void give_way_after_a_fence(void)
 {
-	/* Relaxed: a hint (percpuref_deferred_switch_wait_begin()). */
-	if (barrier_waiters || backlog.waiting ||
-	    __atomic_load_n(&switch_waiters, __ATOMIC_RELAXED) ||
+	/* Relaxed: see percpuref_deferred_waiter_begin(). */
+	if (__atomic_load_n(&waiters, __ATOMIC_RELAXED) || backlog.waiting ||
 	    !percpuref_fence_started_within(callback_yield_ns))
 		return;
 	pthread_mutex_unlock(&deferred_lock);
@@ -822,9 +819,9 @@ int percpuref_wait_deferred(void)
 			run_batch();
 			continue;
 		}
-		barrier_waiters++;
+		percpuref_deferred_waiter_begin();
 		pthread_cond_wait(&work_done, &deferred_lock);
-		barrier_waiters--;
+		percpuref_deferred_waiter_end();
 	}
 	pthread_mutex_unlock(&deferred_lock);
 	wait_polled_batches();
@@ -1010,9 +1007,8 @@ static void queue_fork_child(void)
 	 * own wait for a switch, which it leaves in the child after the
 	 * handler: its share stays, or the count would wrap.  Relaxed: only
 	 * this thread runs. */
-	barrier_waiters = 0;
+	__atomic_store_n(&waiters, waits_here, __ATOMIC_RELAXED);
 	backlog.waiting = 0;
-	__atomic_store_n(&switch_waiters, switch_waits_here, __ATOMIC_RELAXED);
 	if (pending)
 		ensure_thread();
 	pthread_mutex_unlock(&deferred_lock);
@@ -1064,28 +1060,30 @@ PERCPUREF_API unsigned long percpuref_deferred_stalls(void)
 }
 
 /*
- * Relaxed both: the count only tells the thread not to give way.  A waiter
- * counted just after the thread looked costs that waiter one yield, as
- * before there was a count; one that left just before keeps the thread
- * from one yield.  Neither orders anything the wait itself depends on
- * (the switch's end is told by its stripe's word and futex).
+ * Relaxed both: the count only tells the thread not to give way.  A
+ * barrier counts itself under deferred_lock, under which the thread looks,
+ * so the thread sees it exactly.  A wait for a switch counts itself with
+ * no lock: counted just after the thread looked, it costs that waiter one
+ * yield, as before there was a count; gone just before, it keeps the
+ * thread from one yield.  Neither orders anything a wait depends on (a
+ * barrier's end is told under the lock, a switch's by its stripe's word
+ * and futex).
  */
-void percpuref_deferred_switch_wait_begin(void)
+void percpuref_deferred_waiter_begin(void)
 {
-	switch_waits_here++;
-	__atomic_fetch_add(&switch_waiters, 1, __ATOMIC_RELAXED);
+	waits_here++;
+	__atomic_fetch_add(&waiters, 1, __ATOMIC_RELAXED);
 }
 
-void percpuref_deferred_switch_wait_end(void)
+void percpuref_deferred_waiter_end(void)
 {
-	__atomic_fetch_sub(&switch_waiters, 1, __ATOMIC_RELAXED);
-	switch_waits_here--;
+	__atomic_fetch_sub(&waiters, 1, __ATOMIC_RELAXED);
+	waits_here--;
 }
 
 PERCPUREF_API unsigned long percpuref_test_deferred_waiters(void)
 {
-	return read_counted(&barrier_waiters) +
-	       __atomic_load_n(&switch_waiters, __ATOMIC_RELAXED);
+	return __atomic_load_n(&waiters, __ATOMIC_RELAXED);
 }
 
 PERCPUREF_API unsigned long percpuref_test_deferred_gave_way(void)

@@ -381,11 +381,11 @@ int percpuref_wait_deferred(void);
 bool percpuref_deferred_stop(void);
 /* Fences the callback thread waited for (one per batch). */
 unsigned long percpuref_deferred_fences(void);
-/* Around a wait for a ref's switch to end (percpu_ref.c), which the
- * callback thread may be the one to end: it does not give way meanwhile
- * (deferred.c, "Giving way").  Any lock or none. */
-void percpuref_deferred_switch_wait_begin(void);
-void percpuref_deferred_switch_wait_end(void);
+/* Around a wait for the callback thread (a barrier's, or one for an
+ * asynchronous switch to end: percpu_ref.c): it does not give way
+ * meanwhile (deferred.c, "Giving way").  Any lock or none. */
+void percpuref_deferred_waiter_begin(void);
+void percpuref_deferred_waiter_end(void);
 /* Batches before which the callback thread gave way, and the callers of
  * percpuref_wait_deferred() and of a switch's end waiting now (tests). */
 PERCPUREF_API unsigned long percpuref_test_deferred_gave_way(void);

@@ -284,10 +284,10 @@ static void wait_switch_ended(const struct percpu_ref *ref, const struct timespe
 	__atomic_store_n(&stripe->ended, seen, __ATOMIC_RELAXED);
 	unlock_switch(ref);
 	if (callback_thread_ends_it)
-		percpuref_deferred_switch_wait_begin();
+		percpuref_deferred_waiter_begin();
 	percpuref_futex_wait(&stripe->ended, seen, until);
 	if (callback_thread_ends_it)
-		percpuref_deferred_switch_wait_end();
+		percpuref_deferred_waiter_end();
 	lock_switch(ref);
 }
 

@@ -114,8 +114,8 @@ struct result {
 	struct bench_metrics metrics;
 	/*
 	 * --versus: this point's throughput over the reference variant's in
-	 * the same row, repetition by repetition (measured next to each
-	 * other); the median, lowest and highest of those ratios, over the
+	 * the same row, repetition by repetition (measured in the same sweep
+	 * of the row); the median, lowest and highest of those ratios, over the
 	 * versus_rounds repetitions where both completed operations.  NAN
 	 * (and 0 rounds) for the reference itself, where no round counts,
 	 * and without --versus.
