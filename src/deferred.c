@@ -185,10 +185,8 @@ static bool thread_sleeping;
 static unsigned long batch_fences;
 static unsigned long gave_way;		/* give_way_after_a_fence()'s yields */
 /* Callers waiting for the thread, in percpuref_wait_deferred() or for an
- * asynchronous switch to end (atomic; see percpuref_deferred_waiter_begin()),
- * and this thread's share of them (a fork child keeps it: a handler's fork). */
+ * asynchronous switch to end (atomic; see percpuref_deferred_waiter_begin()). */
 static unsigned long waiters;
-static __thread unsigned long waits_here;
 /* This thread pushed onto the stack of a thread that may sleep. */
 static __thread bool wake_owed;
 
@@ -1004,10 +1002,13 @@ static void queue_fork_child(void)
 	 * child's thread would never give way.  A fork from a signal
 	 * handler (outside the contract but for one that interrupted a get
 	 * or put: docs/percpu_ref.md, "fork()") may interrupt this thread's
-	 * own wait for a switch, which it leaves in the child after the
-	 * handler: its share stays, or the count would wrap.  Relaxed: only
-	 * this thread runs. */
-	__atomic_store_n(&waiters, waits_here, __ATOMIC_RELAXED);
+	 * own wait, counted or about to be, which goes on in the child after
+	 * the handler: its end finds 0 and leaves it (a count of the thread's
+	 * own, kept beside, left the child at +1 for good where the fork fell
+	 * between their updates), or takes one of a wait begun meanwhile,
+	 * which then counts no more: a hint, one yield at worst.  Relaxed:
+	 * only this thread runs. */
+	__atomic_store_n(&waiters, 0, __ATOMIC_RELAXED);
 	backlog.waiting = 0;
 	if (pending)
 		ensure_thread();
@@ -1071,19 +1072,33 @@ PERCPUREF_API unsigned long percpuref_deferred_stalls(void)
  */
 void percpuref_deferred_waiter_begin(void)
 {
-	waits_here++;
 	__atomic_fetch_add(&waiters, 1, __ATOMIC_RELAXED);
 }
 
 void percpuref_deferred_waiter_end(void)
 {
-	__atomic_fetch_sub(&waiters, 1, __ATOMIC_RELAXED);
-	waits_here--;
+	unsigned long n = __atomic_load_n(&waiters, __ATOMIC_RELAXED);
+
+	/* Not below 0: in a fork child a wait that the fork interrupted
+	 * ends on the 0 the child began with (queue_fork_child()). */
+	while (n && !__atomic_compare_exchange_n(&waiters, &n, n - 1, false, __ATOMIC_RELAXED,
+						 __ATOMIC_RELAXED))
+		;
 }
 
 PERCPUREF_API unsigned long percpuref_test_deferred_waiters(void)
 {
 	return __atomic_load_n(&waiters, __ATOMIC_RELAXED);
+}
+
+PERCPUREF_API unsigned int percpuref_test_deferred_paced(void)
+{
+	unsigned int n;
+
+	pthread_mutex_lock(&deferred_lock);
+	n = backlog.waiting;
+	pthread_mutex_unlock(&deferred_lock);
+	return n;
 }
 
 PERCPUREF_API unsigned long percpuref_test_deferred_gave_way(void)

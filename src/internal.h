@@ -390,6 +390,9 @@ void percpuref_deferred_waiter_end(void);
  * percpuref_wait_deferred() and of a switch's end waiting now (tests). */
 PERCPUREF_API unsigned long percpuref_test_deferred_gave_way(void);
 PERCPUREF_API unsigned long percpuref_test_deferred_waiters(void);
+/* Callers in a paced wait for the callback thread now (tests; takes its
+ * lock). */
+PERCPUREF_API unsigned int percpuref_test_deferred_paced(void);
 /* Paced waits that found the callback thread stalled (tests). */
 PERCPUREF_API unsigned long percpuref_deferred_stalls(void);
 
@@ -468,10 +471,11 @@ static inline unsigned long *percpuref_counter_on(uintptr_t cpu0, unsigned int c
  * bookkeeping (struct percpu_ref_impl) that the reclaimer or an exit let
  * go of, kept for the next init on an application thread instead of a
  * free().  A chain is up to PERCPUREF_SPARE_CHAIN objects linked through
- * their first word, NULL-terminated; give() keeps it (spliced onto the
- * depot's top chain where both fit), or frees it when the depot holds
- * PERCPUREF_SPARE_DEPOT_CHAINS chains and it does not fit on the top one;
- * take() returns one object, its contents undefined, or NULL (then malloc).
+ * their first word, NULL-terminated; give() keeps it (the depot's entries
+ * are full chains but the top one, which a short chain fills up first),
+ * and frees what a full depot (PERCPUREF_SPARE_DEPOT_CHAINS chains of
+ * PERCPUREF_SPARE_CHAIN) has no room for; take() returns one object, its
+ * contents undefined, or NULL (then malloc).
  */
 #define PERCPUREF_SPARE_CHAIN 32
 #define PERCPUREF_SPARE_DEPOT_CHAINS 128

@@ -133,6 +133,8 @@
  * thread holds none and takes none (its exits free).  A spare that a
  * thread without a cache frees goes back to the arena it first came
  * from: the cross-arena free, moved, not gone.
+ * Only the depot's top chain may be short (spare_put_locked()), so a full
+ * depot holds 4,096 whatever lengths the chains came in.
  * An init finds the depot empty without the lock (spare_depot_count, a
  * relaxed hint written under it: a chain given meanwhile waits for the
  * next init).
@@ -355,16 +357,19 @@ static void spares_free(struct percpuref_spares *chain)
 	chain->n = 0;
 }
 
-/* Lock held.  Moves @chain onto the depot, emptying it: onto the top
- * chain when both fit in one, else as a chain of its own unless the depot
- * is full: then it stays, for the caller to free.  Threads that exit give
- * back what is left of their chains, often a few objects (one, for a
- * thread that made a ref and exited it): each its own entry, 128 such
- * threads filled the depot with 128 objects, and every chain given after
- * them was freed.  Spliced, two adjacent entries hold more than a chain:
- * a full depot holds more than half of its 4,096.  The walk to the given
- * chain's tail (at most 31 links) is under the lock; only a partial
- * chain takes it, given at a thread's exit or a reclaimer pass's end. */
+/* Lock held.  Moves @chain onto the depot, emptying it, or what does not
+ * fit when the depot is full, for the caller to free.  Every entry but
+ * the top one is a full chain: a chain is spliced onto a short top where
+ * both fit, else fills it up and the rest becomes the new top (a full
+ * chain goes below a short top instead: no walk).  So a full depot holds
+ * 4,096 whatever came in what order.  Threads that exit give back what is
+ * left of their chains, often a few objects (one, for a thread that made
+ * a ref and exited it), and a reclaimer pass's last chain is short: as
+ * entries of their own (up to 0.4.19), 128 such threads filled the depot
+ * with 128 objects, and chains of 20 with 2,560.  The walk (at most 31 links: a short chain's
+ * tail, or the part that fills the top) is under the lock; only a short
+ * chain, or a full one when the depot is full, takes it.  Taking the top
+ * (percpuref_spare_take()) keeps the rule. */
 static void spare_put_locked(struct percpuref_spares *chain)
 {
 	struct percpuref_spares *top = spare_depot_count ? &spare_depot[spare_depot_count - 1]
@@ -372,16 +377,31 @@ static void spare_put_locked(struct percpuref_spares *chain)
 
 	if (!chain->n)
 		return;
-	if (top && top->n + chain->n <= PERCPUREF_SPARE_CHAIN) {
-		void *tail = chain->first;
+	if (top && top->n < PERCPUREF_SPARE_CHAIN) {
+		unsigned long room = PERCPUREF_SPARE_CHAIN - top->n, i;
+		void *last = chain->first, *rest;
 
-		while (spare_next(tail))
-			tail = spare_next(tail);
-		*(void **)tail = top->first;
+		if (chain->n == PERCPUREF_SPARE_CHAIN &&
+		    spare_depot_count < PERCPUREF_SPARE_DEPOT_CHAINS) {
+			spare_depot[spare_depot_count] = *top;
+			*top = *chain;
+			/* Relaxed: the hint percpuref_spare_take() reads
+			 * without the lock. */
+			__atomic_store_n(&spare_depot_count, spare_depot_count + 1,
+					 __ATOMIC_RELAXED);
+			*chain = (struct percpuref_spares){ NULL, 0 };
+			return;
+		}
+		/* The first min(room, n) objects of @chain go onto the top. */
+		for (i = 1; i < room && spare_next(last); i++)
+			last = spare_next(last);
+		rest = spare_next(last);
+		*(void **)last = top->first;
 		top->first = chain->first;
-		top->n += chain->n;
-		*chain = (struct percpuref_spares){ NULL, 0 };
-		return;
+		top->n += i;
+		*chain = (struct percpuref_spares){ rest, chain->n - i };
+		if (!chain->n)
+			return;
 	}
 	if (spare_depot_count == PERCPUREF_SPARE_DEPOT_CHAINS)
 		return;

@@ -561,7 +561,11 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 	} else {
 		__atomic_store_n(&b->rearm_items, 0, __ATOMIC_RELAXED);
 	}
-	b->waiting--;
+	/* Not below 0: a fork child begins at 0 (its hooks), and a fork from
+	 * a signal handler that interrupted this wait leaves it to end
+	 * there (outside the contract: docs/percpu_ref.md, "fork()"). */
+	if (b->waiting)
+		b->waiting--;
 	pthread_mutex_unlock(b->lock);
 	percpuref_cancel_restore(cancel);
 }

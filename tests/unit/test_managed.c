@@ -415,6 +415,22 @@ static void *spare_taker(void *arg)
 	return NULL;
 }
 
+/* Pins this thread to another CPU of @allowed than the one it runs on,
+ * if it has one. */
+static void hop_cpu(const cpu_set_t *allowed)
+{
+	int here = sched_getcpu(), cpu;
+	cpu_set_t one;
+
+	for (cpu = 0; cpu < CPU_SETSIZE; cpu++)
+		if (cpu != here && CPU_ISSET(cpu, allowed)) {
+			CPU_ZERO(&one);
+			CPU_SET(cpu, &one);
+			(void)sched_setaffinity(0, sizeof(one), &one);
+			return;
+		}
+}
+
 /* test_spares() where spares are kept: @spare is the one the pass left. */
 static void check_spares_kept(struct percpu_ref_data *spare)
 {
@@ -444,14 +460,18 @@ static void check_spares_kept(struct percpu_ref_data *spare)
 	percpu_ref_exit(&b.ref);
 
 	/* Two passes, chains of PERCPUREF_SPARE_CHAIN: the depot fills up
-	 * exactly, and the last chains are freed.  Pushed from one CPU, so
-	 * that the list holds the exited refs in one run: where they were
-	 * split by live ones on other CPUs' stages, a pass's chunks (of
-	 * PERCPU_REF_MANAGED_MAX_PER_SCAN live refs) cut them, each cut left
-	 * a short chain in a slot of its own, and the full depot held 4064
-	 * (ThreadSanitizer CI; reproduced by moving the thread twice). */
+	 * exactly, and the last chains are freed.  Pushed from one CPU, then
+	 * another, then another or the first again, where the thread may run
+	 * on two (runs of exited refs that are not whole chains): the list
+	 * then holds live refs between exited ones, a pass's chunks (of
+	 * PERCPU_REF_MANAGED_MAX_PER_SCAN live refs) cut the exited run, and
+	 * each cut gives a short chain.  Each went into a depot entry of its
+	 * own, and the full depot held 4,064 (ThreadSanitizer CI, where the
+	 * thread moved by itself); now the next chain fills it up. */
 	pinned = pin_here(&allowed);
 	for (i = 0; i < FIRST + MORE; i++) {
+		if (pinned && (i == 1500 || i == 2500))	/* runs of 1,500 and 548 */
+			hop_cpu(&allowed);
 		if (percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_ALLOW_REINIT))
 			break;
 		percpu_ref_switch_to_managed(&objs[i].ref);
@@ -529,50 +549,55 @@ static void test_spares(void)
 		   PERCPU_REF_SCAN_FILTERED);
 }
 
-/* spare_giver()'s threads: how many tried to make and exit their ref,
- * how many did, and whether the test gave up waiting for the rest (a
- * thread not created). */
+/* spare_giver()'s threads: how many of them, how many tried to make and
+ * exit their refs, how many made all, and whether the test gave up
+ * waiting for the rest (a thread not created). */
 static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t changed;
-	int arrived, made;
+	int nr, arrived, made;
 	bool abandoned;
-} givers = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, false };
+} givers = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, false };
 
-/* Thread of test_exit_keeps_spare(): makes a ref and exits it (its chain
- * keeps the impl), waits until @nr threads tried (no init then follows
- * a give; one whose init failed waits too, counted), and exits, giving
- * back its chain of one. */
+/* Thread of test_exit_keeps_spare(): makes @arg refs (at most a chain),
+ * then exits them (its chain keeps their impls: made first, so no init
+ * takes one of them back), waits until every giver tried (no init then
+ * follows a give; one whose init failed waits too, counted), and exits,
+ * giving back its chain of @arg. */
 static void *spare_giver(void *arg)
 {
-	struct object o = { 0 };
-	int nr = *(int *)arg;
-	bool made = percpu_ref_init(&o.ref, obj_release, 0) == 0;
+	struct object o[PERCPUREF_SPARE_CHAIN] = { 0 };
+	int i, each = (int)(intptr_t)arg, made = 0;
 
-	if (made)
-		percpu_ref_exit(&o.ref);
+	while (made < each && percpu_ref_init(&o[made].ref, obj_release, 0) == 0)
+		made++;
+	for (i = 0; i < made; i++)
+		percpu_ref_exit(&o[i].ref);
 	pthread_mutex_lock(&givers.lock);
 	givers.arrived++;
-	givers.made += made;
+	givers.made += made == each;
 	pthread_cond_broadcast(&givers.changed);
-	while (givers.arrived < nr && !givers.abandoned)
+	while (givers.arrived < givers.nr && !givers.abandoned)
 		pthread_cond_wait(&givers.changed, &givers.lock);
 	pthread_mutex_unlock(&givers.lock);
 	return NULL;
 }
 
-/* @nr threads each give back a chain of one spare at their exit. */
-static void give_chains_of_one(int nr)
+/* @nr threads give back a chain of spares each at their exit, all after
+ * every one made its refs: thread i a chain of @each[i % @kinds]. */
+static void give_chains(int nr, const int *each, int kinds)
 {
 	pthread_t *threads = calloc((size_t)nr, sizeof(*threads));
 	int i, created = 0;
 
 	pthread_mutex_lock(&givers.lock);
+	givers.nr = nr;
 	givers.arrived = givers.made = 0;
 	givers.abandoned = false;
 	pthread_mutex_unlock(&givers.lock);
 	for (i = 0; threads && i < nr; i++, created++)
-		if (pthread_create(&threads[i], NULL, spare_giver, &nr))
+		if (pthread_create(&threads[i], NULL, spare_giver,
+				   (void *)(intptr_t)each[i % kinds]))
 			break;
 	pthread_mutex_lock(&givers.lock);
 	givers.abandoned = created < nr;
@@ -580,8 +605,8 @@ static void give_chains_of_one(int nr)
 	pthread_mutex_unlock(&givers.lock);
 	for (i = 0; i < created; i++)
 		pthread_join(threads[i], NULL);
-	is(created, nr, "%d threads, each with a ref made and exited", nr);
-	is(givers.made, created, "every one made its ref");
+	is(created, nr, "%d threads, each with its refs made and exited", nr);
+	is(givers.made, created, "every one made its refs");
 	free(threads);
 }
 
@@ -591,13 +616,15 @@ static void give_chains_of_one(int nr)
  * "Spares"): a malloc() and a free() a ref were the largest symbol of a
  * kill cycle at sixteen threads on the lent machine.  Up to
  * PERCPUREF_SPARE_CHAIN wait in a thread; an exit past a full chain sends
- * that chain to the depot, and a thread's exit what is left of it, spliced
- * onto the depot's top chain where both fit.  Under ASan and valgrind none
- * is kept.
+ * that chain to the depot, and a thread's exit what is left of it, which
+ * fills up the depot's top chain first (only the top one is short): a
+ * full depot holds 4,096 whatever the chains' lengths.  Under ASan and
+ * valgrind none is kept.
  */
 static void test_exit_keeps_spare(void)
 {
-	enum { GIVERS = 200 };
+	enum { GIVERS = 200, SHORT_GIVERS = 220, MIXED_GIVERS = 260,
+	       CAP = PERCPUREF_SPARE_DEPOT_CHAINS * PERCPUREF_SPARE_CHAIN };
 	static struct object more[PERCPUREF_SPARE_CHAIN + 1];
 	struct object a = { 0 }, b = { 0 };
 	struct percpu_ref_data *impl;
@@ -643,9 +670,23 @@ static void test_exit_keeps_spare(void)
 
 	/* Chains of one, given at once: spliced, the depot keeps them all
 	 * (each its own entry, it kept 128 and freed the rest). */
-	give_chains_of_one(GIVERS);
+	give_chains(GIVERS, (const int[]){ 1 }, 1);
 	is(percpuref_test_spares_waiting(), GIVERS,
 	   "their %d chains of one are all kept in the depot, spliced", GIVERS);
+	percpuref_test_spares_drop();
+
+	/* Chains that do not fit two to an entry: the top one is filled from
+	 * the next and only the top is short, so the depot fills up whole
+	 * (each its own entry, it held 128 of 20: 2,560). */
+	give_chains(SHORT_GIVERS, (const int[]){ 20 }, 1);
+	is(percpuref_test_spares_waiting(), CAP, "%d chains of 20: the depot holds %d",
+	   SHORT_GIVERS, CAP);
+	percpuref_test_spares_drop();
+	/* Full and short chains given in any order (a full one onto a short
+	 * top goes below it), more than the depot holds: it holds all it can. */
+	give_chains(MIXED_GIVERS, (const int[]){ PERCPUREF_SPARE_CHAIN, 20, 7 }, 3);
+	is(percpuref_test_spares_waiting(), CAP,
+	   "%d chains of 32, 20 and 7 in turn (5,126): the depot holds %d", MIXED_GIVERS, CAP);
 	percpuref_test_spares_drop();
 }
 
