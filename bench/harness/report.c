@@ -183,13 +183,15 @@ static void format_versus(char *buf, size_t len, const struct result *res, unsig
 			 res->versus_high);
 }
 
-/* --versus: one row per thread count ('!': oversubscribed, as in the main
- * table), one column per other variant. */
+/* --versus: one row per thread count ('!': oversubscribed), led by its
+ * group count where the workload has groups, as in the main table; one
+ * column per other variant. */
 static void report_versus(FILE *out, const struct report *r)
 {
+	const char *group = r->workload->group;
 	unsigned int short_points = 0;
-	int width[r->nvariants];
-	char buf[64];
+	int width[r->nvariants], group_w = 0;
+	char buf[64], group_head[32];
 
 	if (!r->versus)
 		return;
@@ -211,13 +213,26 @@ static void report_versus(FILE *out, const struct report *r)
 		fprintf(out, "\nversus %s: each variant's throughput over %s's in the same row and "
 			"repetition, median (lowest-highest) of the %u repetitions\n",
 			r->versus->name, r->versus->name, r->repeat);
-	fprintf(out, "%7s", "threads");
+	if (group) {
+		snprintf(group_head, sizeof(group_head), "%ss", group);
+		group_w = strlen(group_head);
+		fprintf(out, "%*s  %7s", group_w, group_head, "threads");
+	} else {
+		fprintf(out, "%7s", "threads");
+	}
 	for (unsigned int v = 0; v < r->nvariants; v++)
 		if (v != r->versus_column)
 			fprintf(out, "  %*s", width[v], r->variants[v]->name);
 	fputc('\n', out);
 	for (unsigned int i = 0; i < r->nthreads; i++) {
-		fprintf(out, "%6u%c", r->threads[i], r->threads[i] > r->topo->ncpus ? '!' : ' ');
+		char over = r->threads[i] > r->topo->ncpus ? '!' : ' ';
+
+		/* The flag follows the row's first figure, as in the main table. */
+		if (group)
+			fprintf(out, "%*u%c %7u", group_w, r->results[i * r->nvariants].groups, over,
+				r->threads[i]);
+		else
+			fprintf(out, "%6u%c", r->threads[i], over);
 		for (unsigned int v = 0; v < r->nvariants; v++) {
 			if (v == r->versus_column)
 				continue;

@@ -1112,6 +1112,21 @@ else
 	fails=$((fails + 1))
 fi
 
+# A workload with groups (signal1's containers) leads the versus table's
+# rows with the group count, as its main table does (threads alone were
+# printed there): 1 and 4 threads of 2 workers are 1 and 2 containers.
+if "$bench" signal1 --threads 1,4 --workers 2 --variants global,cached --versus global \
+	--oversubscribe $short >"$tmp/table" 2>&1 &&
+   grep -A3 '^versus global:' "$tmp/table" | sed -n 2,4p >"$tmp/versus" &&
+   grep -Eq '^containers +threads +cached$' "$tmp/versus" &&
+   grep -Eq '^ +1 +1 +[0-9.]+$' "$tmp/versus" && grep -Eq '^ +2!? +4 +[0-9.]+$' "$tmp/versus"; then
+	echo "ok: signal1's versus rows lead with their containers"
+else
+	echo "FAIL: signal1 --versus table"
+	sed 's/^/  /' "$tmp/table" | tail -6
+	fails=$((fails + 1))
+fi
+
 # managed-scan measures one scan at a time: at two threads the flushes
 # shared scans and counted as scans that never ran.
 expect 2 managed-scan --threads 1,2 --oversubscribe --variants filtered-1k $short
