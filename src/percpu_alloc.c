@@ -366,46 +366,42 @@ static void spares_free(struct percpuref_spares *chain)
  * left of their chains, often a few objects (one, for a thread that made
  * a ref and exited it), and a reclaimer pass's last chain is short: as
  * entries of their own (up to 0.4.19), 128 such threads filled the depot
- * with 128 objects, and chains of 20 with 2,560.  The walk (at most 31 links: a short chain's
- * tail, or the part that fills the top) is under the lock; only a short
- * chain, or a full one when the depot is full, takes it.  Taking the top
- * (percpuref_spare_take()) keeps the rule. */
+ * with 128 objects, and chains of 20 with 2,560.  The walk (at most 31
+ * links: a short chain's tail, or the part that fills the top) is under
+ * the lock; only a short chain, or a full one when the depot is full,
+ * takes it.  Taking the top (percpuref_spare_take()) keeps the rule. */
 static void spare_put_locked(struct percpuref_spares *chain)
 {
 	struct percpuref_spares *top = spare_depot_count ? &spare_depot[spare_depot_count - 1]
 							 : NULL;
+	bool short_top = top && top->n < PERCPUREF_SPARE_CHAIN;
+	bool room = spare_depot_count < PERCPUREF_SPARE_DEPOT_CHAINS;
 
 	if (!chain->n)
 		return;
-	if (top && top->n < PERCPUREF_SPARE_CHAIN) {
-		unsigned long room = PERCPUREF_SPARE_CHAIN - top->n, i;
-		void *last = chain->first, *rest;
+	if (short_top && chain->n == PERCPUREF_SPARE_CHAIN && room) {
+		/* A full chain goes below the short top. */
+		spare_depot[spare_depot_count] = *top;
+		*top = *chain;
+	} else {
+		if (short_top) {
+			/* The first min(room on the top, n) objects of @chain
+			 * go onto the top. */
+			unsigned long fill = PERCPUREF_SPARE_CHAIN - top->n, i;
+			void *last = chain->first, *rest;
 
-		if (chain->n == PERCPUREF_SPARE_CHAIN &&
-		    spare_depot_count < PERCPUREF_SPARE_DEPOT_CHAINS) {
-			spare_depot[spare_depot_count] = *top;
-			*top = *chain;
-			/* Relaxed: the hint percpuref_spare_take() reads
-			 * without the lock. */
-			__atomic_store_n(&spare_depot_count, spare_depot_count + 1,
-					 __ATOMIC_RELAXED);
-			*chain = (struct percpuref_spares){ NULL, 0 };
-			return;
+			for (i = 1; i < fill && spare_next(last); i++)
+				last = spare_next(last);
+			rest = spare_next(last);
+			*(void **)last = top->first;
+			top->first = chain->first;
+			top->n += i;
+			*chain = (struct percpuref_spares){ rest, chain->n - i };
 		}
-		/* The first min(room, n) objects of @chain go onto the top. */
-		for (i = 1; i < room && spare_next(last); i++)
-			last = spare_next(last);
-		rest = spare_next(last);
-		*(void **)last = top->first;
-		top->first = chain->first;
-		top->n += i;
-		*chain = (struct percpuref_spares){ rest, chain->n - i };
-		if (!chain->n)
+		if (!chain->n || !room)
 			return;
+		spare_depot[spare_depot_count] = *chain;
 	}
-	if (spare_depot_count == PERCPUREF_SPARE_DEPOT_CHAINS)
-		return;
-	spare_depot[spare_depot_count] = *chain;
 	/* Relaxed: the hint percpuref_spare_take() reads without the lock. */
 	__atomic_store_n(&spare_depot_count, spare_depot_count + 1, __ATOMIC_RELAXED);
 	*chain = (struct percpuref_spares){ NULL, 0 };
