@@ -183,15 +183,42 @@ static void format_versus(char *buf, size_t len, const struct result *res, unsig
 			 res->versus_high);
 }
 
-/* --versus: one row per thread count ('!': oversubscribed), led by its
- * group count where the workload has groups, as in the main table; one
+/* The width of the group column ("containers"), 0 for a workload
+ * without groups. */
+static int group_width(const struct report *r)
+{
+	return r->workload->group ? (int)strlen(r->workload->group) + 1 : 0;
+}
+
+/* The heading of a table's first columns: groups where the workload has
+ * them, and threads. */
+static void print_lead_head(FILE *out, const struct report *r)
+{
+	if (r->workload->group)
+		fprintf(out, "%ss  ", r->workload->group);
+	fprintf(out, "%7s", "threads");
+}
+
+/* Row @i's first columns: its group count where the workload has groups,
+ * and its thread count; '!' follows the first where it is oversubscribed. */
+static void print_lead(FILE *out, const struct report *r, unsigned int i)
+{
+	char over = r->threads[i] > r->topo->ncpus ? '!' : ' ';
+
+	if (r->workload->group)
+		fprintf(out, "%*u%c %7u", group_width(r), r->results[i * r->nvariants].groups,
+			over, r->threads[i]);
+	else
+		fprintf(out, "%6u%c", r->threads[i], over);
+}
+
+/* --versus: one row per thread count, led as in the main table; one
  * column per other variant. */
 static void report_versus(FILE *out, const struct report *r)
 {
-	const char *group = r->workload->group;
 	unsigned int short_points = 0;
-	int width[r->nvariants], group_w = 0;
-	char buf[64], group_head[32];
+	int width[r->nvariants];
+	char buf[64];
 
 	if (!r->versus)
 		return;
@@ -213,26 +240,13 @@ static void report_versus(FILE *out, const struct report *r)
 		fprintf(out, "\nversus %s: each variant's throughput over %s's in the same row and "
 			"repetition, median (lowest-highest) of the %u repetitions\n",
 			r->versus->name, r->versus->name, r->repeat);
-	if (group) {
-		snprintf(group_head, sizeof(group_head), "%ss", group);
-		group_w = strlen(group_head);
-		fprintf(out, "%*s  %7s", group_w, group_head, "threads");
-	} else {
-		fprintf(out, "%7s", "threads");
-	}
+	print_lead_head(out, r);
 	for (unsigned int v = 0; v < r->nvariants; v++)
 		if (v != r->versus_column)
 			fprintf(out, "  %*s", width[v], r->variants[v]->name);
 	fputc('\n', out);
 	for (unsigned int i = 0; i < r->nthreads; i++) {
-		char over = r->threads[i] > r->topo->ncpus ? '!' : ' ';
-
-		/* The flag follows the row's first figure, as in the main table. */
-		if (group)
-			fprintf(out, "%*u%c %7u", group_w, r->results[i * r->nvariants].groups, over,
-				r->threads[i]);
-		else
-			fprintf(out, "%6u%c", r->threads[i], over);
+		print_lead(out, r, i);
 		for (unsigned int v = 0; v < r->nvariants; v++) {
 			if (v == r->versus_column)
 				continue;
@@ -291,8 +305,8 @@ void report_table(FILE *out, const struct report *r)
 	const struct topology *topo = r->topo;
 	const char *op = r->workload->op, *group = r->workload->group;
 	bool efficiency = !r->workload->no_efficiency, oversubscribed = false;
-	char first_head[32], fig_head[40], rate_head[32], cpus[4096], config[32];
-	int first_w = 0, fig_w, rate_w, cpus_w = 4, config_w = 6, block_w;
+	char fig_head[40], rate_head[32], cpus[4096], config[32];
+	int group_w = group_width(r), fig_w, rate_w, cpus_w = 4, config_w = 6, block_w;
 
 	/*
 	 * Per variant: ns/<op> and the total, or, for a workload with
@@ -300,9 +314,7 @@ void report_table(FILE *out, const struct report *r)
 	 * not a group's figure); then eff.
 	 */
 	if (group) {
-		snprintf(first_head, sizeof(first_head), "%ss", group);
 		snprintf(fig_head, sizeof(fig_head), "per %s", group);
-		first_w = strlen(first_head);
 	} else {
 		snprintf(fig_head, sizeof(fig_head), "ns/%s", op);
 	}
@@ -338,16 +350,15 @@ void report_table(FILE *out, const struct report *r)
 		fprintf(out, "\nper %s: %ss/s of one %s = total / %ss", group, op, group, group);
 	fprintf(out, "\n\n");
 
-	fprintf(out, "%*s |", (first_w ? first_w + 2 : 0) + 8 + config_w + 1 + cpus_w + 4, "");
+	fprintf(out, "%*s |", (group_w ? group_w + 2 : 0) + 8 + config_w + 1 + cpus_w + 4, "");
 	for (unsigned int v = 0; v < r->nvariants; v++) {
 		fputc(' ', out);
 		center(out, r->variants[v]->name, block_w);
 		fprintf(out, " |");
 	}
 	fputc('\n', out);
-	if (group)
-		fprintf(out, "%*s  ", first_w, first_head);
-	fprintf(out, "%7s %-*s %-*s %3s |", "threads", config_w, "config", cpus_w, "cpus", "L3");
+	print_lead_head(out, r);
+	fprintf(out, " %-*s %-*s %3s |", config_w, "config", cpus_w, "cpus", "L3");
 	for (unsigned int v = 0; v < r->nvariants; v++) {
 		fprintf(out, " %*s %*s", fig_w, fig_head, rate_w, rate_head);
 		if (efficiency)
@@ -363,12 +374,7 @@ void report_table(FILE *out, const struct report *r)
 		oversubscribed |= over;
 		topology_format_cpus(topo, over ? topo->ncpus : n, cpus, sizeof(cpus));
 		topology_format_config(topo, n, config, sizeof(config));
-		/* The flag follows the row's first figure. */
-		if (group)
-			fprintf(out, "%*u%c %7u", first_w, r->results[i * r->nvariants].groups,
-				over ? '!' : ' ', n);
-		else
-			fprintf(out, "%6u%c", n, over ? '!' : ' ');
+		print_lead(out, r, i);
 		fprintf(out, " %-*s %-*s %3u |", config_w, config, cpus_w, cpus,
 			topology_domains_used(topo, n));
 		for (unsigned int v = 0; v < r->nvariants; v++) {
