@@ -2,7 +2,8 @@
 /*
  * signaller.h - a thread that sends SIGUSR1 to the thread that started it,
  * every @pause_ns, until stopped: signal handlers that interrupt get and
- * put (test_fast_path.c, test_fallback_edges.c).
+ * put (test_fast_path.c, test_fallback_edges.c), or that fork amid a
+ * wait's counting (test_give_way.c).
  */
 #ifndef PERCPUREF_TESTS_SIGNALLER_H
 #define PERCPUREF_TESTS_SIGNALLER_H
