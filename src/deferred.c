@@ -1101,6 +1101,11 @@ PERCPUREF_API unsigned int percpuref_test_deferred_paced(void)
 	return n;
 }
 
+PERCPUREF_API unsigned long percpuref_test_deferred_rearm_left(void)
+{
+	return percpuref_backlog_rearm_left(&backlog);
+}
+
 PERCPUREF_API unsigned long percpuref_test_deferred_gave_way(void)
 {
 	return read_counted(&gave_way);

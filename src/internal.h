@@ -393,6 +393,9 @@ PERCPUREF_API unsigned long percpuref_test_deferred_waiters(void);
 /* Callers in a paced wait for the callback thread now (tests; takes its
  * lock). */
 PERCPUREF_API unsigned int percpuref_test_deferred_paced(void);
+/* Items the callback thread still runs before a kill over the backlog's
+ * limit waits again, after a stall (tests). */
+PERCPUREF_API unsigned long percpuref_test_deferred_rearm_left(void);
 /* Paced waits that found the callback thread stalled (tests). */
 PERCPUREF_API unsigned long percpuref_deferred_stalls(void);
 
@@ -708,6 +711,9 @@ bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued);
  * section, where the thread's work may wait for the caller.  No library
  * lock held. */
 void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued);
+/* Items still to run before a push over the limit waits again, after a
+ * stall (0 when armed).  Lock-free. */
+unsigned long percpuref_backlog_rearm_left(struct percpuref_backlog *b);
 /* @b's stalls so far, read under its lock (tests). */
 unsigned long percpuref_backlog_stalls(struct percpuref_backlog *b);
 /* Around every confirm and release the library runs (percpu_ref.c), for

@@ -455,6 +455,19 @@ void percpuref_callback_leave(void)
 	callbacks_running--;
 }
 
+unsigned long percpuref_backlog_rearm_left(struct percpuref_backlog *b)
+{
+	/* Relaxed, here and below: hints (internal.h).  rearm_items is 0
+	 * but after a stall, so a push reads ran only then. */
+	unsigned long rearm = __atomic_load_n(&b->rearm_items, __ATOMIC_RELAXED), since;
+
+	if (!rearm)
+		return 0;
+	since = __atomic_load_n(&b->ran, __ATOMIC_RELAXED) -
+		__atomic_load_n(&b->stalled_at, __ATOMIC_RELAXED);
+	return since < rearm ? rearm - since : 0;
+}
+
 bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued)
 {
 	pthread_once(&backlog_once, read_backlog_limit);
@@ -466,17 +479,11 @@ bool percpuref_backlog_over(struct percpuref_backlog *b, unsigned long queued)
 	 * lost 80% of its time; never re-armed before the backlog was down to
 	 * half, which a killer faster than the thread never lets it be, one
 	 * slow callback turned pacing off for good. */
-	/* Relaxed, here and below: hints (internal.h).  rearm_items is 0
-	 * but after a stall, so a push reads ran only then. */
-	unsigned long rearm = __atomic_load_n(&b->rearm_items, __ATOMIC_RELAXED);
-
-	if (rearm && __atomic_load_n(&b->ran, __ATOMIC_RELAXED) -
-			     __atomic_load_n(&b->stalled_at, __ATOMIC_RELAXED) <
-		     rearm)
+	if (percpuref_backlog_rearm_left(b))
 		return false;
 	/* The finished batches' count: up to a batch behind the items run,
 	 * which the wait then finds past its target at once.  Signed: done
-	 * may be newer than queued. */
+	 * may be newer than queued.  Relaxed: a hint (internal.h). */
 	return (long)(queued - __atomic_load_n(b->done, __ATOMIC_RELAXED)) > (long)backlog_limit;
 }
 
