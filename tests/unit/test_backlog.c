@@ -189,7 +189,8 @@ static void rearm_pacing(void)
  * After attempt *@attempt of a phase that wants @want stalls: true when no
  * more came since @stalls, or when it was the last attempt (the phase
  * checks and fails); otherwise says so, waits for what the attempt
- * queued, and asks for another.
+ * queued, runs what pacing is owed (rearm_pacing()), and asks for
+ * another.
  */
 static bool undisturbed(const char *what, unsigned long stalls, unsigned long want,
 			int *attempt)
