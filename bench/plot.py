@@ -61,11 +61,34 @@ def check_record(rec, where):
     eff = rec.get("efficiency")
     if eff is not None and (not isinstance(eff, (int, float)) or isinstance(eff, bool)):
         raise InputError(f"{where}: field \"efficiency\" must be a number or null: {eff!r}")
+    ns = rec.get("ns_per_op")
+    if ns is not None and (not isinstance(ns, (int, float)) or isinstance(ns, bool)):
+        raise InputError(f"{where}: field \"ns_per_op\" must be a number or null: {ns!r}")
     # Python's json takes NaN and Infinity, which percpuref-bench never
-    # writes (null instead); an axis cannot be scaled to them.
-    for key in ("ops_per_sec", "efficiency"):
-        if rec.get(key) is not None and not math.isfinite(rec[key]):
-            raise InputError(f"{where}: field \"{key}\" is not finite: {rec[key]!r}")
+    # writes (null instead), and integers no float holds; an axis cannot be
+    # scaled to them, nor to a figure that overflows once in percent.
+    for key, scale in (("threads", 1), ("ops_per_sec", 1), ("efficiency", 100),
+                       ("ns_per_op", 1)):
+        try:
+            finite = rec.get(key) is None or math.isfinite(float(rec[key]) * scale)
+        except OverflowError:
+            finite = False
+        if not finite:
+            raise InputError(f"{where}: field \"{key}\" is out of range: {str(rec[key])[:40]}")
+    # What the run's label and the tables read (a string "machine" was an
+    # AttributeError, a list "started" a TypeError).
+    machine = rec.get("machine")
+    if machine is not None and not isinstance(machine, dict):
+        raise InputError(f"{where}: field \"machine\" must be an object: {machine!r}")
+    for key, value in (("started", rec.get("started")),
+                       ("machine.hostname", (machine or {}).get("hostname"))):
+        if value is not None and not isinstance(value, str):
+            raise InputError(f"{where}: field \"{key}\" must be a string: {value!r}")
+    for key in ("cpus", "cpus_online", "l3_domains"):
+        value = (machine or {}).get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InputError(f"{where}: field \"machine.{key}\" must be a whole number: "
+                             f"{value!r}")
     return rec
 
 
@@ -372,6 +395,19 @@ def main(argv):
         if ref["workload"] not in {rec["workload"] for rec in records}:
             print(f"plot.py: --reference for {ref['workload']}, which no input measures",
                   file=sys.stderr)
+            return 2
+        # A report's per-group curve is drawn against groups, ours against
+        # threads: with several threads a group (signal1 --workers 2) the
+        # one-container point sat at 2 threads beside the report's at 1,
+        # each relative to another baseline.
+        grouped = [rec for rec in records if rec["workload"] == ref["workload"]
+                   and rec.get("groups") is not None and rec["groups"] != rec["threads"]]
+        if grouped and any(reference_x(row) is not None and row.get("threads") is None
+                           for row in ref["rows"]):
+            print(f"plot.py: --reference for {ref['workload']}: its curves are per "
+                  f"{ref.get('group', 'group')} against {ref.get('group', 'group')}s, and "
+                  f"this run has {grouped[0]['threads']} threads in {grouped[0]['groups']}; "
+                  f"overlay a run with one thread a group (--workers 1)", file=sys.stderr)
             return 2
 
     import matplotlib

@@ -147,7 +147,9 @@ def labels_section(recs, ref):
 def signal1_section(recs, ref):
     ours = by_variant_threads(recs)
     workers = (recs[0].get("params") or {}).get("workers", 1)
-    groups = {r["groups"]: r["threads"] for r in recs}
+    # Rows of whole containers, as the report's: the harness's one-thread
+    # baseline row is a container short of workers when workers > 1.
+    groups = {r["groups"]: r["threads"] for r in recs if r["threads"] == r["groups"] * workers}
     published = {row["groups"]: row for row in ref["rows"]}
     first_pub = ref["rows"][0]
     variants = []
@@ -163,11 +165,14 @@ def signal1_section(recs, ref):
         rec = ours.get((v, groups.get(g)))
         if not rec:
             return "-"
-        one = ours.get((v, groups.get(1, workers)))
+        one = ours.get((v, groups.get(1)))
         # Per CPU in use: oversubscribed containers share the CPUs, so
-        # compare what each CPU gets done with one container alone.
+        # compare what each CPU gets done with what it does for one
+        # container alone (whose workers may share them too).
         per_cpu = rec["ops_per_sec"] / min(g * workers, cpus or g * workers)
-        rel = per_cpu / one["ops_per_sec"] if one and one["ops_per_sec"] else None
+        one_per_cpu = (one["ops_per_sec"] / min(workers, cpus or workers)
+                       if one and one["ops_per_sec"] else None)
+        rel = per_cpu / one_per_cpu if one_per_cpu else None
         return (f"{rate(rec['ops_per_sec_per_group'])} ({pct(rel)})"
                 + ("!" if rec["oversubscribed"] else ""))
 
@@ -197,7 +202,10 @@ def signal1_section(recs, ref):
 def creds_section(recs, ref):
     ours = by_variant_threads(recs)
     threads = sorted({r["threads"] for r in recs})
-    top = threads[-1]
+    # The largest row within the CPUs, as labels_section's: an
+    # oversubscribed row's threads time-share, which the report's did not.
+    cpus = (recs[0].get("machine") or {}).get("cpus") or threads[-1]
+    top = max((t for t in threads if t <= cpus), default=threads[-1])
 
     def ratio(v, w, t):
         a, b = ours.get((v, t)), ours.get((w, t))
@@ -315,17 +323,24 @@ def main(argv):
         else:
             try:
                 body = sections[case](recs, ref)
+                every = all_variants(recs)
             except (KeyError, IndexError, TypeError, ValueError) as e:
-                # A field a section needs, missing or of the wrong kind in
+                # A field a table needs, missing or of the wrong kind in
                 # a file that passed the readers' common checks.
-                print(f"report.py: {case}: the results or the reference lack what this "
-                      f"table needs ({type(e).__name__}: {e})", file=sys.stderr)
+                print(f"report.py: {case}: the results or the reference lack what its "
+                      f"tables need ({type(e).__name__}: {e})", file=sys.stderr)
                 return 2
+            params = recs[0].get("params")
+            if isinstance(params, dict) and params:
+                # What the workload was run with, which the published
+                # figures may not match (labels --profile, --churn).
+                body += ("\n\nParameters of this run: "
+                         + ", ".join(f"{k}={v}" for k, v in params.items()) + ".")
         print(f"\n== seed vs measured: {titles[case]} ==\n{body}")
         md += [body, ""]
         if recs:
             md += ["Every variant measured here (ns per op per thread / efficiency):", "",
-                   all_variants(recs), ""]
+                   every, ""]
             if os.path.exists(os.path.join(args.results, f"{case}.png")):
                 md += [f"![{case}]({case}.png)", ""]
     try:

@@ -947,16 +947,20 @@ static void free_report(struct report *r)
 }
 
 /*
- * True if @path is the regular file standard output writes to ("--json
- * r.txt >r.txt", "--json /dev/stdout >r.txt"): opened again for the JSON,
- * it was truncated, and the table written there before was lost.
+ * True if @path is the file standard output writes to, a regular file
+ * ("--json r.txt >r.txt", "--json /dev/stdout >r.txt"), which opened again
+ * for the JSON was truncated, the table written there lost; or a pipe or a
+ * socket ("--json /dev/stdout | reader"), down which the table and the JSON
+ * went mixed.  A device both write to (a terminal, /dev/null) loses nothing.
  */
 static bool is_stdout_file(const char *path)
 {
 	struct stat file, out;
 
-	return !stat(path, &file) && S_ISREG(file.st_mode) && !fstat(STDOUT_FILENO, &out) &&
-	       file.st_dev == out.st_dev && file.st_ino == out.st_ino;
+	return !stat(path, &file) &&
+	       (S_ISREG(file.st_mode) || S_ISFIFO(file.st_mode) || S_ISSOCK(file.st_mode)) &&
+	       !fstat(STDOUT_FILENO, &out) && file.st_dev == out.st_dev &&
+	       file.st_ino == out.st_ino;
 }
 
 /*

@@ -276,6 +276,28 @@ expect 2 micro --threads 1 --variants private $short --json ""
 # the table written there lost, exit 0.  --json - is the way to both.
 expect 2 micro --threads 1 --variants private $short --json "$tmp/out"
 expect 2 micro --threads 1 --variants private $short --json /dev/stdout
+# ... and when standard output is a pipe: the table and the JSON went down
+# it mixed, exit 0, and the reader's JSON parser failed on the table.
+for json in /dev/stdout /proc/self/fd/1; do
+	{ "$bench" micro --threads 1 --variants private $short --json "$json" 2>"$tmp/err"
+	  echo $? >"$tmp/rc"; } | cat >"$tmp/out"
+	if [ "$(cat "$tmp/rc")" -eq 2 ] && grep -q 'the file standard output writes' "$tmp/err" &&
+	   [ ! -s "$tmp/out" ]; then
+		echo "ok: percpuref-bench micro --json $json | cat -> 2"
+	else
+		echo "FAIL: percpuref-bench micro --json $json | cat: exit $(cat "$tmp/rc")," \
+		     "$(wc -c <"$tmp/out") bytes on the pipe"
+		fails=$((fails + 1))
+	fi
+done
+# A device both write to (/dev/null here, a terminal) loses nothing: allowed.
+if "$bench" micro --threads 1 --variants private $short --json /dev/stdout >/dev/null \
+	2>"$tmp/err"; then
+	echo "ok: percpuref-bench micro --json /dev/stdout >/dev/null -> 0"
+else
+	echo "FAIL: percpuref-bench micro --json /dev/stdout >/dev/null: $(head -1 "$tmp/err")"
+	fails=$((fails + 1))
+fi
 # With --json -, the table goes to standard error; losing it is an error.
 if "$bench" micro --threads 1 --variants private $short --json - >/dev/null 2>/dev/full; then
 	echo "FAIL: percpuref-bench micro --json - 2>/dev/full: exit 0"

@@ -159,6 +159,57 @@ else
 	fails=$((fails + 1))
 fi
 
+# A field of the right name and the wrong kind or size, in a record that
+# parses: a traceback from either tool (an adversarial review).
+for change in 's/"machine":{[^}]*}/"machine":"x"/' 's/"started":"[^"]*"/"started":[1]/' \
+	's/"cpus":\([0-9]*\),"l3_domains"/"cpus":"\1","l3_domains"/' \
+	's/"threads":1,/"threads":1'"$(printf '%0400d' 0)"',/' \
+	's/"ops_per_sec":[^,]*/"ops_per_sec":1'"$(printf '%0400d' 0)"'/' \
+	's/"efficiency":[^,]*/"efficiency":1e308/' 's/"ns_per_op":\([^,]*\)/"ns_per_op":"\1"/'; do
+	sed "$change" "$tmp/labels.json" >"$tmp/r/labels.json"
+	if cmp -s "$tmp/labels.json" "$tmp/r/labels.json"; then
+		echo "FAIL: py_tools.sh: '$change' changed nothing"
+		fails=$((fails + 1))
+	fi
+	expect 2 "$plot" "$tmp/r/labels.json" -o "$tmp/x.png"
+	expect 2 "$report" --results "$tmp/r"
+done
+cp "$tmp/labels.json" "$tmp/r/labels.json"
+
+# signal1 with two workers a container: the one-container row reads 100%
+# (it read 50%, every row off by the workers), from the row of a whole
+# container (not the harness's one-thread baseline); plot.py refuses to
+# set the report's per-container curve beside per-thread points.
+"$bench" signal1 --workers 2 --threads 2,4 --duration 0.02 --variants global,cached \
+	--json "$tmp/r/signal1.json" >/dev/null || { echo "FAIL: percpuref-bench signal1"; exit 1; }
+expect 0 "$report" --results "$tmp/r"
+row=$(grep '^| 1 ' "$tmp/r/report.md" | head -1)
+here=$(echo "$row" | awk -F'|' '{ print $4 "|" $7 }')
+if [ "$(echo "$here" | grep -o '(100%)' | wc -l)" -eq 2 ]; then
+	echo "ok: report.py: signal1 --workers 2: one container reads 100%"
+else
+	echo "FAIL: report.py: signal1 --workers 2, one container: $row"
+	fails=$((fails + 1))
+fi
+grep -q '^Parameters of this run: workers=2' "$tmp/r/report.md" ||
+	{ echo "FAIL: report.py: no parameters line"; fails=$((fails + 1)); }
+expect 2 "$plot" "$tmp/r/signal1.json" -o "$tmp/x.png" \
+	--reference "$root/bench/reference/signal1.json"
+rm "$tmp/r/signal1.json"
+
+# creds: the report's "at NT" figures come from the largest row within the
+# CPUs, not from an oversubscribed one.
+"$bench" creds --threads "1,$over" --oversubscribe --duration 0.02 \
+	--json "$tmp/r/creds.json" >/dev/null || { echo "FAIL: percpuref-bench creds"; exit 1; }
+expect 0 "$report" --results "$tmp/r"
+if grep -q "at ${over}T" "$tmp/r/report.md"; then
+	echo "FAIL: report.py: creds figures at the oversubscribed ${over}T row"
+	fails=$((fails + 1))
+else
+	echo "ok: report.py: creds figures within the CPUs"
+fi
+rm "$tmp/r/creds.json"
+
 # fast_paths.py: a number that int() takes and a user would not mean.
 expect 2 "$root/scripts/fast_paths.py" "$bench" --repeat 1_0
 expect 2 "$root/scripts/fast_paths.py" "$bench" --repeat " 1"
