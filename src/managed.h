@@ -135,7 +135,13 @@ void percpuref_managed_release(struct percpuref_mnode *node);
 void percpuref_managed_release_done(struct percpuref_mnode *node);
 
 /* percpu_ref.c: percpu_ref_exit(); false when it refused the exit (warned:
- * the ref's own confirm, or its switch in flight), the ref left whole. */
-bool percpuref_ref_exit(struct percpu_ref *ref);
+ * the ref's own confirm, or its switch in flight), the ref left whole.
+ * With @readers_hold, for a ref that RCU readers may still tryget (an
+ * RCU-released ref exited between its zero and its @release): the ref's
+ * trygets fail quietly from now on, and its data is not freed but stored
+ * in *@readers_hold, held until percpuref_ref_exit_readers_gone() once
+ * those readers' sections have ended (which takes NULL: no hold). */
+bool percpuref_ref_exit(struct percpu_ref *ref, struct percpu_ref_data **readers_hold);
+void percpuref_ref_exit_readers_gone(struct percpu_ref_data *data);
 
 #endif

@@ -25,18 +25,28 @@
  * ref's place in the release pipeline, so an exit then only marks it.
  * @phase, changed with atomic RMWs after zero() set it, says where the ref
  * is: 0 (live, or in @release), ZEROING (zero() runs @unpublish), QUEUED
- * (waiting for its grace period), plus EXITED.  zero() moves ZEROING ->
- * QUEUED with a CAS that fails if an exit came, and then frees the state
- * instead of queueing it; after_grace_period() swaps in 0 and frees it
- * instead of calling @release if an exit came; percpu_rcuref_exit() frees
- * it only when its fetch_or saw neither ZEROING nor QUEUED.  Each exit
- * takes ref->state with an exchange, so of two exits only one gets it; of
- * an exit and the pipeline, one RMW on each side decides, so exactly one
- * frees the state.  What this cannot cover, and the header forbids: an exit
- * from another thread before zero() set ZEROING (the put reaching zero
- * there, or the reclaimer about to release a managed ref), or once
- * after_grace_period() swapped in 0 (@release may already run, and may
- * free the object).
+ * added once @unpublish returned (waiting for its grace period), plus
+ * EXITED.  zero() always queues; after_grace_period() swaps in 0 and, if
+ * an exit came, frees the state instead of calling @release;
+ * percpu_rcuref_exit() frees it only when its fetch_or saw neither ZEROING
+ * nor QUEUED.  Each exit takes ref->state with an exchange, so of two exits
+ * only one gets it; of an exit and the pipeline, one RMW on each side
+ * decides, so exactly one frees the state.  What this cannot cover, and
+ * the header forbids: an exit from another thread before zero() set
+ * ZEROING (the put reaching zero there, or the reclaimer about to release
+ * a managed ref), or once after_grace_period() swapped in 0 (@release may
+ * already run, and may free the object).
+ *
+ * Readers may still tryget a ref exited so: they found the object before
+ * @unpublish returned, and their sections may outlast the exit.  So such
+ * an exit keeps the ref's percpu_ref_data with a readers' hold
+ * (percpuref_ref_exit()), its trygets failing quietly meanwhile, and the
+ * pipeline lets go of it in after_grace_period(): the grace period began
+ * after @unpublish returned (zero() queues then) and ends after the
+ * exit's own section, if it had one, so every reader that could reach the
+ * data has left.  The exit freed it at once: a reader's tryget then wrote
+ * into freed memory, or into the next ref's count, "succeeding" after
+ * zero (tests/unit/test_percpu_rcuref.c, test_exit_under_readers()).
  *
  * The grace period runs on the reclaimer thread, not with liburcu's
  * call_rcu, so that the hand-off is a mutex ThreadSanitizer can see; the
@@ -53,7 +63,7 @@
 #include "percpuref/percpu_rcuref.h"
 
 enum {
-	RCUREF_ZEROING = 1,	/* zero() is running @unpublish */
+	RCUREF_ZEROING = 1,	/* zero() ran @unpublish, or runs it */
 	RCUREF_QUEUED = 2,	/* on the RCU queue, waiting for a grace period */
 	RCUREF_EXITED = 4,	/* exited meanwhile: the pipeline frees the state */
 };
@@ -64,6 +74,9 @@ struct percpu_rcuref_state {
 	struct percpu_rcuref *owner;
 	unsigned int phase;			/* RCUREF_*; atomic RMWs only */
 	struct percpuref_deferred rcu_work;	/* queued at zero */
+	/* An exit between zero and @release: the data its readers may
+	 * still read, let go after the grace period. */
+	struct percpu_ref_data *readers_hold;
 };
 
 static void after_grace_period(struct percpuref_deferred *work)
@@ -74,9 +87,11 @@ static void after_grace_period(struct percpuref_deferred *work)
 	struct percpu_rcuref *owner = st->owner;
 
 	/* Acq_rel, against percpu_rcuref_exit()'s fetch_or: whichever comes
-	 * second frees st, after the other's last use of it.  From here on an
-	 * exit frees st at once (from @release, or racing it). */
+	 * second frees st, after the other's last use of it (its write of
+	 * readers_hold included).  From here on an exit frees st at once
+	 * (from @release, or racing it). */
 	if (__atomic_exchange_n(&st->phase, 0, __ATOMIC_ACQ_REL) & RCUREF_EXITED) {
+		percpuref_ref_exit_readers_gone(st->readers_hold);
 		free(st);
 		return;
 	}
@@ -94,7 +109,6 @@ static void zero(struct percpu_ref *ref)
 	struct percpu_rcuref *r = caa_container_of(ref, struct percpu_rcuref, ref);
 	/* Relaxed: init and exit, its only writers, happen before zero. */
 	struct percpu_rcuref_state *st = __atomic_load_n(&r->state, __ATOMIC_RELAXED);
-	unsigned int zeroing = RCUREF_ZEROING;
 
 	/* Reinitialised before its @release ran (the header forbids it): the
 	 * work item is queued still, and queueing it again linked the RCU
@@ -116,15 +130,13 @@ static void zero(struct percpu_ref *ref)
 	__atomic_store_n(&st->phase, RCUREF_ZEROING, __ATOMIC_RELAXED);
 	if (st->unpublish)
 		st->unpublish(r);
-	/* Acq_rel, against percpu_rcuref_exit()'s fetch_or: an exit during
-	 * @unpublish (its own, or another thread's) makes the CAS fail, and
-	 * the state is ours to free; after it, exits leave it to the queue. */
-	if (!__atomic_compare_exchange_n(&st->phase, &zeroing, RCUREF_QUEUED, false,
-					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-		free(st);
-		return;
-	}
-	/* The queue's mutex orders @unpublish before the grace period. */
+	/* Queued even if an exit came during @unpublish (its own, or another
+	 * thread's): the readers' hold that exit took waits for the grace
+	 * period too (after_grace_period() frees st).  Relaxed: no exit's
+	 * fetch_or needs anything of ours (ZEROING or QUEUED, it leaves st to
+	 * the pipeline either way); the queue's mutex orders @unpublish
+	 * before the grace period. */
+	__atomic_fetch_or(&st->phase, RCUREF_QUEUED, __ATOMIC_RELAXED);
 	percpuref_call_after_rcu(&st->rcu_work, after_grace_period);
 }
 
@@ -164,17 +176,39 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
 PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref)
 {
 	struct percpu_rcuref_state *st;
+	bool under_readers;
 
-	if (!ref || !percpuref_ref_exit(&ref->ref))
-		return;	/* refused (warned): the ref keeps its state */
+	if (!ref)
+		return;
 	/* Acq_rel: of two exits (from @release and another thread) one
-	 * gets the state. */
+	 * gets the state, which the pipeline frees only after this exit's
+	 * mark below: ours to read until then. */
 	st = __atomic_exchange_n(&ref->state, NULL, __ATOMIC_ACQ_REL);
-	/* Acq_rel: pairs with zero()'s CAS and after_grace_period()'s
-	 * exchange; in ZEROING or QUEUED the one that sees EXITED frees st. */
+	/* Between zero and @release: readers may still tryget it.  Relaxed,
+	 * as zero()'s store of ZEROING: an exit allowed to find it runs after
+	 * it on zero()'s thread, or is ordered after @unpublish by whatever
+	 * told its caller so.  In those uses the phase stays ZEROING or
+	 * QUEUED until our mark below (an exit from @unpublish, a callback
+	 * of the reclaimer, which runs after_grace_period() itself, or a
+	 * read-side section that holds the grace period open). */
+	under_readers = st && (__atomic_load_n(&st->phase, __ATOMIC_RELAXED) &
+			       (RCUREF_ZEROING | RCUREF_QUEUED));
+	if (!percpuref_ref_exit(&ref->ref, under_readers ? &st->readers_hold : NULL)) {
+		/* Refused (warned: its own kill's confirm, which no zero
+		 * can race, holding the switch's reference): the ref keeps
+		 * its state.  Release: as init's. */
+		__atomic_store_n(&ref->state, st, __ATOMIC_RELEASE);
+		return;
+	}
+	/* Acq_rel: pairs with after_grace_period()'s exchange; in ZEROING or
+	 * QUEUED the one that sees EXITED frees st.  Outside them (the header
+	 * forbids an exit that finds them here and not above), the hold is
+	 * ours to let go. */
 	if (st && !(__atomic_fetch_or(&st->phase, RCUREF_EXITED, __ATOMIC_ACQ_REL) &
-		    (RCUREF_ZEROING | RCUREF_QUEUED)))
+		    (RCUREF_ZEROING | RCUREF_QUEUED))) {
+		percpuref_ref_exit_readers_gone(st->readers_hold);
 		free(st);
+	}
 }
 
 /* The kill paces itself on the callback thread's backlog; its release

@@ -128,6 +128,16 @@
  * impl is freed by whoever lets go of it last, the exit, that list or the
  * reclaimer (drop_exit_hold()).
  *
+ * Exits under RCU readers.  An RCU-released ref (percpu_rcuref.c) may be
+ * exited between its zero and its @release while readers that found it
+ * still call tryget, which reads the count through ref->data.  Such an
+ * exit (percpuref_ref_exit()'s @readers_hold) leaves the impl to its
+ * caller with one more hold, let go after the grace period, and a mode
+ * word that no other ref without data has (EXITED_UNDER_READERS); a
+ * tryget loads ref->data once, and one that finds none reads that word
+ * and fails quietly.  A tryget racing any other exit is misuse, as in the
+ * kernel: warned where it finds no data, undefined where it does.
+ *
  * Misuse never corrupts the count: a count pushed below zero or a get on a
  * released ref pins the count at PERCPU_REF_SATURATED (the object leaks,
  * release never runs twice); kill twice, resurrect of a live ref, reinit of a
@@ -600,11 +610,15 @@ struct percpu_ref_impl {
  * reclaimer holding the node (mstate not MNODE_OFF), which lets go when it
  * frees the node.  A ref switched to managed after a handler deferred its
  * release (reinit first), or unmanaged and then released in a handler
- * before the reclaimer unlinked it, has both.
+ * before the reclaimer unlinked it, has both.  IMPL_READERS_HOLD: the exit
+ * came while RCU readers may still tryget the ref (percpuref_ref_exit()'s
+ * @readers_hold), whose count they read until their sections end:
+ * percpuref_ref_exit_readers_gone() lets go after a grace period.
  */
 #define IMPL_EXITED		(1u << 31)
 #define IMPL_RECLAIMER_HOLDS	(1u << 30)
-#define IMPL_OWED_MASK		(IMPL_RECLAIMER_HOLDS - 1)
+#define IMPL_READERS_HOLD	(1u << 29)
+#define IMPL_OWED_MASK		(IMPL_READERS_HOLD - 1)
 
 /*
  * An exited impl the reclaimer let go of last waits as a spare for the
@@ -818,7 +832,22 @@ static void unstage_node(struct percpu_ref_impl *impl)
 		impl->mstate = MNODE_OFF;
 }
 
-bool percpuref_ref_exit(struct percpu_ref *ref)
+/*
+ * The mode word of a ref exited with a readers' hold (percpuref_ref_exit()):
+ * dead but not atomic, the final count above the flags as any exit's.  A
+ * ref with data may have a dead word without ATOMIC (a kill's, until its
+ * switch sets it), one without data never otherwise: an exit leaves
+ * ATOMIC_DEAD, a refused init ATOMIC_DEAD.  So a tryget that finds no data
+ * and this word fails quietly, as on any released ref, where misuse warns.
+ */
+#define EXITED_UNDER_READERS __PERCPU_REF_DEAD
+
+static bool exited_under_readers(struct percpu_ref *ref)
+{
+	return (mode_word(ref) & __PERCPU_REF_ATOMIC_DEAD) == EXITED_UNDER_READERS;
+}
+
+bool percpuref_ref_exit(struct percpu_ref *ref, struct percpu_ref_data **readers_hold)
 {
 	struct percpu_ref_data *data;
 	bool left_to_reclaimer, reclaimer_holds;
@@ -861,27 +890,35 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 	 * shift past the flag bits would cut (2^62 and above: a per-CPU ref's
 	 * biased count, a pinned one) is kept as the largest that fits: as
 	 * a multiple of 2^62 it read as zero.  Relaxed: no call may race an
-	 * exit. */
+	 * exit but a reader's tryget under a readers' hold, which changes no
+	 * count at zero. */
 	count = __atomic_load_n(&data->count, __ATOMIC_RELAXED);
 	if (count > ULONG_MAX >> __PERCPU_REF_FLAG_BITS)
 		count = ULONG_MAX >> __PERCPU_REF_FLAG_BITS;
-	set_mode_word(ref, __PERCPU_REF_ATOMIC_DEAD | (count << __PERCPU_REF_FLAG_BITS));
-	ref->data = NULL;
-	/* A node the reclaimer still reaches, or a release a thread's
-	 * handler list still owes, holds the impl: the last to let go frees
-	 * it.  Acquire-release against the owed count's changes: whichever
-	 * comes second sees the other's (run_one_handler_release()); release
-	 * also for the reclaimer, which frees a listed node it finds marked
-	 * without this lock (percpuref_managed_node_exited()).  So nothing
-	 * of the impl is read after the mark where the reclaimer holds it. */
+	set_mode_word(ref, (readers_hold ? EXITED_UNDER_READERS : __PERCPU_REF_ATOMIC_DEAD) |
+			   (count << __PERCPU_REF_FLAG_BITS));
+	/* Release, after the mode word: a tryget that reads no data with
+	 * acquire reads the word above (__percpu_ref_tryget_slow()). */
+	__atomic_store_n(&ref->data, NULL, __ATOMIC_RELEASE);
+	/* A node the reclaimer still reaches, a release a thread's handler
+	 * list still owes, or readers' trygets, hold the impl: the last to
+	 * let go frees it.  Acquire-release against the owed count's
+	 * changes: whichever comes second sees the other's
+	 * (run_one_handler_release()); release also for the reclaimer, which
+	 * frees a listed node it finds marked without this lock
+	 * (percpuref_managed_node_exited()).  So nothing of the impl is read
+	 * after the mark where the reclaimer holds it. */
 	unstage_node(impl_of(data));
 	impl_of(data)->exited = true;
 	left_to_reclaimer = impl_of(data)->mstate == MNODE_LISTED;
 	reclaimer_holds = impl_of(data)->mstate != MNODE_OFF;
+	if (readers_hold)
+		*readers_hold = data;
 	if (__atomic_fetch_or(&impl_of(data)->owed_and_holds,
-			      IMPL_EXITED | (reclaimer_holds ? IMPL_RECLAIMER_HOLDS : 0),
+			      IMPL_EXITED | (reclaimer_holds ? IMPL_RECLAIMER_HOLDS : 0) |
+				      (readers_hold ? IMPL_READERS_HOLD : 0),
 			      __ATOMIC_ACQ_REL) ||
-	    reclaimer_holds)
+	    reclaimer_holds || readers_hold)
 		data = NULL;
 	unlock_switch(ref);
 	if (data)
@@ -893,7 +930,13 @@ bool percpuref_ref_exit(struct percpu_ref *ref)
 
 PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 {
-	percpuref_ref_exit(ref);
+	percpuref_ref_exit(ref, NULL);
+}
+
+void percpuref_ref_exit_readers_gone(struct percpu_ref_data *data)
+{
+	if (data)
+		(void)drop_exit_hold(impl_of(data), IMPL_READERS_HOLD, NULL);
 }
 
 /* Misuse: pin @ref's count so that it is leaked, never released.  Relaxed:
@@ -1852,7 +1895,7 @@ fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
 }
 
 /* Whether an inline sequence may have run before the runtime's set-up,
- * writing through a params word of 0 (has_no_data()). */
+ * writing through a params word of 0 (warn_no_data()). */
 static bool sequence_ran_before_setup(void)
 {
 #if PERCPUREF_HAVE_RSEQ && defined(__x86_64__)
@@ -1865,9 +1908,10 @@ static bool sequence_ran_before_setup(void)
 }
 
 /*
- * A ref without data (exited, or its init failed) has an atomic, dead mode
- * word, so its gets and puts come here: warned and ignored, as every other
- * call on it, instead of a load through the null data pointer.  A ref never
+ * A ref without data (exited, or its init failed) has a dead mode word,
+ * atomic too but after an exit under readers (EXITED_UNDER_READERS), so
+ * its gets and puts come here: warned and ignored, as every other call on
+ * it, instead of a load through the null data pointer.  A ref never
  * passed to percpu_ref_init() is undefined, as in the kernel; zeroed
  * memory, the likely case, has mode word 0, which the sequence takes for
  * per-CPU mode and which faults once the runtime is set up.  On x86-64
@@ -1877,10 +1921,8 @@ static bool sequence_ran_before_setup(void)
  * library wrote (percpu_ref_init() sets the runtime up first): stop the
  * process with a message rather than go on with the thread's TLS damaged.
  */
-static bool has_no_data(struct percpu_ref *ref, const char *fn)
+static void warn_no_data(struct percpu_ref *ref, const char *fn)
 {
-	if (percpuref_likely(ref->data))
-		return false;
 	if (!mode_word(ref) || sequence_ran_before_setup()) {
 		percpuref_warn(fn, "ref %p was never initialised (zeroed memory, or an object "
 			       "percpu_ref_init() never saw?); aborting", (void *)ref);
@@ -1888,7 +1930,31 @@ static bool has_no_data(struct percpu_ref *ref, const char *fn)
 	}
 	percpuref_warn(fn, "ref %p exited, or its init failed, or was never initialised; ignored",
 		       (void *)ref);
+}
+
+static bool has_no_data(struct percpu_ref *ref, const char *fn)
+{
+	if (percpuref_likely(ref->data))
+		return false;
+	warn_no_data(ref, fn);
 	return true;
+}
+
+/*
+ * A tryget's data, loaded once: an exit under RCU readers clears the
+ * pointer while they may still read the count it pointed to, which stays
+ * valid until their sections end (percpuref_ref_exit()).  NULL without a
+ * word for such an exit, warned as by has_no_data() otherwise.  Acquire:
+ * pairs with the exit's release store, so that a tryget that reads no data
+ * reads the exit's mode word.
+ */
+static struct percpu_ref_data *tryget_data(struct percpu_ref *ref)
+{
+	struct percpu_ref_data *data = __atomic_load_n(&ref->data, __ATOMIC_ACQUIRE);
+
+	if (percpuref_unlikely(!data) && !exited_under_readers(ref))
+		warn_no_data(ref, "percpu_ref_tryget");
+	return data;
 }
 
 /*
@@ -1916,9 +1982,9 @@ static bool has_no_data(struct percpu_ref *ref, const char *fn)
  * acquire exchange (ThreadSanitizer sees that through the put's
  * annotation on &ref->data as well, so only review guards this order).
  */
-static bool unitless_add(struct percpu_ref *ref, unsigned long delta)
+static bool unitless_add(struct percpu_ref *ref, struct percpu_ref_data *data, unsigned long delta)
 {
-	unsigned long *word = &impl_of(ref->data)->unitless_word;
+	unsigned long *word = &impl_of(data)->unitless_word;
 	unsigned long old;
 
 	if (__atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_ACQUIRE) & PERCPUREF_MODE_FLAGS)
@@ -1941,7 +2007,7 @@ static bool slow_percpu_add(struct percpu_ref *ref, unsigned long delta, const c
 
 	if (r == PERCPUREF_THIS_CPU_DONE || has_no_data(ref, fn))
 		return true;
-	return r == PERCPUREF_THIS_CPU_NO_RSEQ && unitless_add(ref, delta);
+	return r == PERCPUREF_THIS_CPU_NO_RSEQ && unitless_add(ref, ref->data, delta);
 }
 
 PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long nr)
@@ -1953,17 +2019,19 @@ PERCPUREF_API void __percpu_ref_get_slow(struct percpu_ref *ref, unsigned long n
 PERCPUREF_API bool __percpu_ref_tryget_slow(struct percpu_ref *ref, unsigned long nr, bool live)
 {
 	enum percpuref_this_cpu_result r = fallback_percpu_add(ref, nr);
+	struct percpu_ref_data *data;
 
 	if (r == PERCPUREF_THIS_CPU_DONE)
 		return true;
 	if (live && (mode_word(ref) & __PERCPU_REF_DEAD))
 		return false;
-	if (has_no_data(ref, "percpu_ref_tryget"))
+	data = tryget_data(ref);
+	if (!data)
 		return false;
 	/* Per-CPU mode: succeeds, as on a unit. */
-	if (r == PERCPUREF_THIS_CPU_NO_RSEQ && unitless_add(ref, nr))
+	if (r == PERCPUREF_THIS_CPU_NO_RSEQ && unitless_add(ref, data, nr))
 		return true;
-	return __percpu_ref_atomic_add_not_zero(ref, nr);
+	return __percpu_ref_atomic_add_not_zero(data, nr);
 }
 
 PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long nr)
@@ -2006,9 +2074,11 @@ PERCPUREF_API void __percpu_ref_get_sliced(struct percpu_ref *ref, unsigned long
 
 PERCPUREF_API bool __percpu_ref_tryget_sliced(struct percpu_ref *ref, unsigned long nr)
 {
-	if (has_no_data(ref, "percpu_ref_tryget") || too_many(ref, nr, "percpu_ref_tryget", false))
+	struct percpu_ref_data *data = tryget_data(ref);
+
+	if (!data || too_many(ref, nr, "percpu_ref_tryget", false))
 		return false;
-	return __percpu_ref_atomic_add_not_zero(ref, nr);
+	return __percpu_ref_atomic_add_not_zero(data, nr);
 }
 
 PERCPUREF_API void __percpu_ref_put_sliced(struct percpu_ref *ref, unsigned long nr)

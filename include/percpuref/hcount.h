@@ -97,7 +97,8 @@ PERCPUREF_BEGIN_DECLS
 #define HCOUNT_BATCH_MAX (1U << 20)
 #define HCOUNT_TYPES_MAX 64U
 #define HCOUNT_DEPTH_MAX 1024U		/* root: depth 0 (the kernel nests 32) */
-#define HCOUNT_UNLIMITED LONG_MAX	/* a limit or max that never refuses */
+/* A limit or max that refuses nothing but a count past LONG_MAX. */
+#define HCOUNT_UNLIMITED LONG_MAX
 
 /*
  * One namespace's state for one type, alone on its cache line.  In cache
@@ -195,6 +196,8 @@ PERCPUREF_API int hcount_ns_create(struct hcount_ns **nsp, struct hcount_ns *par
  * hcount_ns_destroy - give the namespace's caches back to its parent and
  * free it.  -EBUSY (nothing changes) while it has children or own units;
  * -EINVAL for the root (use hcount_tree_destroy()).  Takes the tree's mutex.
+ * Once it returned 0, @ns is freed: passing it to any call, destroy
+ * included, is undefined (not detected).
  */
 PERCPUREF_API int hcount_ns_destroy(struct hcount_ns *ns);
 

@@ -61,8 +61,14 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
  * from any callback the reclaimer runs (every @release, a managed ref's
  * @unpublish: docs/managed.md), or inside a read-side section that began
  * before the ref's @unpublish returned (its grace period cannot end yet);
- * the exit then stops the release: @release never runs.  Elsewhere, call
- * percpu_rcuref_barrier() first.  A managed ref held only by the manager
+ * the exit then stops the release: @release never runs.  Readers that found
+ * the object before @unpublish returned may still call
+ * percpu_rcuref_tryget() on it, which fails without a warning: the library
+ * keeps the count they read until their sections have ended, and the
+ * object's own memory must outlive them too (free it after
+ * percpu_rcuref_barrier(), or from a later @release).  One exit of a ref in
+ * that window: a second one racing it cannot tell that readers may look.
+ * Elsewhere, call percpu_rcuref_barrier() first.  A managed ref held only by the manager
  * may be under release at any time: exit it from another thread only while
  * holding a reference.  An exit the library refuses (from the ref's own
  * kill confirm: warned) leaves the ref whole.  percpu_ref_reinit() of

@@ -454,10 +454,14 @@ static inline bool __percpu_ref_atomic_sub_and_test(struct percpu_ref *ref, unsi
 	return false;
 }
 
-/* Adds one reference unless the count is zero (the kernel's add_unless). */
-static inline bool __percpu_ref_atomic_add_not_zero(struct percpu_ref *ref, unsigned long nr)
+/* Adds one reference unless the count is zero (the kernel's add_unless),
+ * on the @data a tryget loaded once: an RCU-released ref may be exited
+ * under its readers (percpu_rcuref.h), whose data stays valid until their
+ * read-side sections end but whose pointer to it is cleared at once. */
+static inline bool __percpu_ref_atomic_add_not_zero(struct percpu_ref_data *data,
+						    unsigned long nr)
 {
-	unsigned long old = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
+	unsigned long old = __atomic_load_n(&data->count, __ATOMIC_RELAXED);
 
 	do {
 		if (old == 0)
@@ -465,7 +469,7 @@ static inline bool __percpu_ref_atomic_add_not_zero(struct percpu_ref *ref, unsi
 		/* A saturated count stays pinned: succeed, leak. */
 		if (percpuref_unlikely(old >= PERCPU_REF_UNDERFLOW_ZONE))
 			return true;
-	} while (!__atomic_compare_exchange_n(&ref->data->count, &old, old + nr, true,
+	} while (!__atomic_compare_exchange_n(&data->count, &old, old + nr, true,
 					      __ATOMIC_RELAXED, __ATOMIC_RELAXED));
 	return true;
 }
@@ -511,14 +515,19 @@ static inline void percpu_ref_get(struct percpu_ref *ref)
 static inline bool percpu_ref_tryget_many(struct percpu_ref *ref, unsigned long nr)
 {
 	enum percpuref_this_cpu_result r;
+	struct percpu_ref_data *data;
 
 	if (percpuref_unlikely(nr > PERCPU_REF_PERCPU_MAX_NR))
 		return __percpu_ref_tryget_sliced(ref, nr);
 	r = percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, nr);
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return true;
-	if (r == PERCPUREF_THIS_CPU_FLAGGED && percpuref_likely(ref->data))
-		return __percpu_ref_atomic_add_not_zero(ref, nr);
+	/* Loaded once, and atomically: an exit under RCU readers clears it
+	 * (__percpu_ref_atomic_add_not_zero()); none goes to the slow path,
+	 * which tells such an exit from misuse. */
+	data = __atomic_load_n(&ref->data, __ATOMIC_RELAXED);
+	if (r == PERCPUREF_THIS_CPU_FLAGGED && percpuref_likely(data))
+		return __percpu_ref_atomic_add_not_zero(data, nr);
 	return __percpu_ref_tryget_slow(ref, nr, false);
 }
 
@@ -536,6 +545,7 @@ static inline bool percpu_ref_tryget(struct percpu_ref *ref)
 static inline bool percpu_ref_tryget_live(struct percpu_ref *ref)
 {
 	enum percpuref_this_cpu_result r;
+	struct percpu_ref_data *data;
 
 	r = percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, 1);
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
@@ -543,7 +553,10 @@ static inline bool percpu_ref_tryget_live(struct percpu_ref *ref)
 	if (r == PERCPUREF_THIS_CPU_FLAGGED) {
 		if (__atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_RELAXED) & __PERCPU_REF_DEAD)
 			return false;
-		return __percpu_ref_atomic_add_not_zero(ref, 1);
+		/* As in percpu_ref_tryget_many(). */
+		data = __atomic_load_n(&ref->data, __ATOMIC_RELAXED);
+		if (percpuref_likely(data))
+			return __percpu_ref_atomic_add_not_zero(data, 1);
 	}
 	return __percpu_ref_tryget_slow(ref, 1, true);
 }

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -319,6 +320,130 @@ static void test_exit_between_zero_and_release(void)
 	free(p);
 }
 
+/*
+ * Readers that found an object under percpu_rcuref_read_lock() keep
+ * calling tryget while the object is exited between its zero and its
+ * @release, as percpu_rcuref.h allows both: from its own @unpublish
+ * (ZEROING), and by the killer inside a read-side section that began
+ * before the kill, once it reached zero (QUEUED, or ZEROING while a
+ * reader's last put runs @unpublish).  Each tryget fails, warns nothing and touches
+ * no freed memory.  The exit freed the ref's data at once (or kept it for
+ * the next init, here the unrelated ref's): a reader's tryget dereferenced
+ * a null pointer, wrote into freed memory (ASan), or raised another ref's
+ * count and "succeeded" on this one; and one that came after the exit
+ * warned "exited, or its init failed".  The objects themselves are freed
+ * after a barrier, once no reader can hold them.
+ */
+#define UNDER_READERS_ROUNDS 3000
+#define UNDER_READERS_THREADS 2
+
+struct under_readers {
+	struct percpu_rcuref ref;
+	int zero;		/* atomic: set by @unpublish */
+	bool exit_in_unpublish;
+};
+static struct under_readers *under_readers_current;	/* RCU-protected */
+static int under_readers_stop;
+static long under_readers_late;	/* trygets that succeeded after zero */
+
+static void under_readers_unpublish(struct percpu_rcuref *ref)
+{
+	struct under_readers *o = caa_container_of(ref, struct under_readers, ref);
+
+	__atomic_store_n(&under_readers_current, NULL, __ATOMIC_RELAXED);
+	__atomic_store_n(&o->zero, 1, __ATOMIC_SEQ_CST);
+	if (o->exit_in_unpublish)
+		percpu_rcuref_exit(ref);
+}
+
+static void under_readers_release(struct percpu_rcuref *ref)
+{
+	(void)ref;
+	abort();	/* exited before its grace period ended: never runs */
+}
+
+static void *under_readers_reader(void *arg)
+{
+	(void)arg;
+	while (!__atomic_load_n(&under_readers_stop, __ATOMIC_RELAXED)) {
+		struct under_readers *o;
+
+		percpu_rcuref_read_lock();
+		/* Acquire: pairs with the test thread's release store. */
+		o = __atomic_load_n(&under_readers_current, __ATOMIC_ACQUIRE);
+		for (int i = 0; o && i < 200; i++) {
+			/* Seq_cst, with @unpublish's store: a tryget that
+			 * follows a load of 1 follows the zero. */
+			int zero = __atomic_load_n(&o->zero, __ATOMIC_SEQ_CST);
+
+			if (!percpu_rcuref_tryget(&o->ref))
+				continue;
+			if (zero)
+				__atomic_fetch_add(&under_readers_late, 1, __ATOMIC_RELAXED);
+			percpu_rcuref_put(&o->ref);
+		}
+		percpu_rcuref_read_unlock();
+	}
+	return NULL;
+}
+
+static void test_exit_under_readers(void)
+{
+	struct under_readers *objects = calloc(UNDER_READERS_ROUNDS, sizeof(*objects));
+	unsigned long warned = percpuref_warning_count();
+	pthread_t readers[UNDER_READERS_THREADS];
+	struct percpu_ref unrelated;
+	long unrelated_wrong = 0, not_exited = 0;
+
+	for (int i = 0; i < UNDER_READERS_THREADS; i++)
+		pthread_create(&readers[i], NULL, under_readers_reader, NULL);
+	for (int n = 0; n < UNDER_READERS_ROUNDS; n++) {
+		struct under_readers *o = &objects[n];
+
+		o->exit_in_unpublish = n % 2;
+		if (percpu_rcuref_init(&o->ref, under_readers_unpublish, under_readers_release,
+				       PERCPU_REF_INIT_ATOMIC))
+			abort();
+		/* Release: readers see an initialised object. */
+		__atomic_store_n(&under_readers_current, o, __ATOMIC_RELEASE);
+		for (volatile int spin = 0; spin < 2000; spin++)
+			;
+		if (o->exit_in_unpublish) {
+			percpu_rcuref_kill(&o->ref);	/* zero: @unpublish exits it */
+		} else {
+			/* Its grace period cannot end before this section.
+			 * Exited once it reached zero, here or in a reader's
+			 * put (whose @unpublish may still run). */
+			percpu_rcuref_read_lock();
+			percpu_rcuref_kill(&o->ref);
+			while (!__atomic_load_n(&o->zero, __ATOMIC_SEQ_CST))
+				sched_yield();
+			percpu_rcuref_exit(&o->ref);
+			percpu_rcuref_read_unlock();
+		}
+		/* The next init takes a spare data block if the exit kept
+		 * one: the readers must not reach it through this ref. */
+		if (percpu_ref_init(&unrelated, plain_ref_release, PERCPU_REF_INIT_ATOMIC))
+			abort();
+		for (volatile int spin = 0; spin < 2000; spin++)
+			;
+		unrelated_wrong += __atomic_load_n(&unrelated.data->count, __ATOMIC_RELAXED) != 1;
+		percpu_ref_exit(&unrelated);
+	}
+	__atomic_store_n(&under_readers_stop, 1, __ATOMIC_RELAXED);
+	for (int i = 0; i < UNDER_READERS_THREADS; i++)
+		pthread_join(readers[i], NULL);
+	is(percpu_rcuref_barrier(), 0, "exits under readers: barrier: 0");
+	is(under_readers_late, 0, "exited between zero and @release under readers: "
+	   "no tryget succeeded after zero");
+	is(unrelated_wrong, 0, "and no reader reached the next ref's count");
+	is(percpuref_warning_count() - warned, 0, "and no tryget warned");
+	for (int n = 0; n < UNDER_READERS_ROUNDS; n++)
+		not_exited += objects[n].ref.ref.data || objects[n].ref.state;
+	is(not_exited, 0, "every object left exited (no data, no state)");
+	free(objects);
+}
+
 /* An exit the library ignores (the kill of that ref is still finishing)
  * leaves the ref whole: its @release still runs and a later exit frees it. */
 static void exit_from_confirm(struct percpu_ref *ref)
@@ -473,6 +598,7 @@ int main(int argc, char **argv)
 	test_kill_waits_for_readers();
 	test_managed();
 	test_exit_between_zero_and_release();
+	test_exit_under_readers();
 	test_ignored_exit();
 	test_reinit_from_release();
 	test_wait_inside_reader();
