@@ -142,6 +142,12 @@ void percpuref_managed_release_done(struct percpuref_mnode *node);
  * in *@readers_hold, held until percpuref_ref_exit_readers_gone() once
  * those readers' sections have ended (which takes NULL: no hold). */
 bool percpuref_ref_exit(struct percpu_ref *ref, struct percpu_ref_data **readers_hold);
+/* Waits, as percpuref_ref_exit() does, for a switch in flight on @ref (not
+ * where the exit would refuse); true while the release that a switch's
+ * put started (on the thread that finished it, which may be another) has
+ * not begun, as the release says with percpuref_ref_release_begins(). */
+bool percpuref_ref_wait_switch(struct percpu_ref *ref);
+void percpuref_ref_release_begins(struct percpu_ref *ref);
 void percpuref_ref_exit_readers_gone(struct percpu_ref_data *data);
 
 #endif

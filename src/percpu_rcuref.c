@@ -47,6 +47,10 @@
  * data has left.  The exit freed it at once: a reader's tryget then wrote
  * into freed memory, or into the next ref's count, "succeeding" after
  * zero (tests/unit/test_percpu_rcuref.c, test_exit_under_readers()).
+ * An exit right after a kill waits for the kill's switch, whose put may
+ * reach zero and call zero() on the thread that ended it: it waits for
+ * that zero() to set ZEROING too before it takes the state
+ * (kill_then_exit_wait()).
  *
  * The grace period runs on the reclaimer thread, not with liburcu's
  * call_rcu, so that the hand-off is a mutex ThreadSanitizer can see; the
@@ -56,7 +60,9 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "internal.h"
 #include "managed.h"
@@ -117,6 +123,8 @@ static void zero(struct percpu_ref *ref)
 	 * allows, the exchange that took the item off (after_grace_period())
 	 * happens before this zero, which then reads 0. */
 	if (__atomic_load_n(&st->phase, __ATOMIC_RELAXED) & RCUREF_QUEUED) {
+		/* As below (QUEUED stands for ZEROING). */
+		percpuref_ref_release_begins(ref);
 		if (st->unpublish)
 			st->unpublish(r);
 		percpuref_warn(__func__, "ref %p reached zero again before its @release ran "
@@ -125,9 +133,15 @@ static void zero(struct percpu_ref *ref)
 		return;
 	}
 	/* Relaxed: an exit allowed to meet ZEROING runs after this on this
-	 * thread (from @unpublish), or after @unpublish returned, ordered by
-	 * whatever told its caller so (the CAS below then sees EXITED). */
+	 * thread (from @unpublish), after the switch lock below (an exit
+	 * right after a kill), or after @unpublish returned, ordered by
+	 * whatever told its caller so. */
 	__atomic_store_n(&st->phase, RCUREF_ZEROING, __ATOMIC_RELAXED);
+	/* After the load of r->state and the store of ZEROING: an exit that
+	 * waits for this zero (kill_then_exit_wait()) takes the state once
+	 * this says so, and finds ZEROING.  Under the ref's switch lock,
+	 * which that exit's check takes too: it orders both. */
+	percpuref_ref_release_begins(ref);
 	if (st->unpublish)
 		st->unpublish(r);
 	/* Queued even if an exit came during @unpublish (its own, or another
@@ -173,6 +187,31 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
 	return err;
 }
 
+/*
+ * An exit right after a kill (or a switch to atomic) waits for that switch,
+ * and its put may take the count to zero and run zero() on the thread that
+ * finished it, which reads ref->state: let that zero() begin before the
+ * exit takes the state (0.4.21's first build took it during the wait, and
+ * zero() faulted), and the exit is then one between zero and @release.
+ * percpuref_ref_wait_switch() waits for the switch and says whether its
+ * release has yet to begin, under the ref's switch lock, which zero()'s
+ * percpuref_ref_release_begins() takes after its load of the state.
+ * Yields, then naps: the thread that ended the switch calls zero() next.
+ * (In a fork child that release runs in the parent only: not waited for.)
+ */
+static void kill_then_exit_wait(struct percpu_rcuref *ref)
+{
+	static const struct timespec nap = { 0, 50000 };
+	unsigned int spins = 0;
+
+	while (percpuref_ref_wait_switch(&ref->ref)) {
+		if (++spins <= 64)
+			sched_yield();
+		else
+			nanosleep(&nap, NULL);
+	}
+}
+
 PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref)
 {
 	struct percpu_rcuref_state *st;
@@ -180,6 +219,7 @@ PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref)
 
 	if (!ref)
 		return;
+	kill_then_exit_wait(ref);
 	/* Acq_rel: of two exits (from @release and another thread) one
 	 * gets the state, which the pipeline frees only after this exit's
 	 * mark below: ours to read until then. */

@@ -154,6 +154,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fallback.h"
 #include "internal.h"
@@ -585,6 +586,11 @@ struct percpu_ref_impl {
 	bool release_voided;		/* revived while its release was pending */
 	bool pinned;			/* manager's reference put by a user: leaked */
 	bool async_switch;		/* the switch in flight is the callback thread's */
+	/* The process where a switch's put took the count to zero and the
+	 * release it calls has not begun (percpuref_ref_release_begins());
+	 * 0 otherwise, or until the next such switch for a release that
+	 * does not say so (any but an RCU-released ref's). */
+	pid_t release_pending_in;
 	const char *switch_caller;	/* the call that started it, for warnings */
 	/* The handler releases owed (the low bits), and once exited who
 	 * still holds the impl (see IMPL_EXITED): the last to let go frees
@@ -933,6 +939,28 @@ PERCPUREF_API void percpu_ref_exit(struct percpu_ref *ref)
 	percpuref_ref_exit(ref, NULL);
 }
 
+bool percpuref_ref_wait_switch(struct percpu_ref *ref)
+{
+	bool pending = false;
+
+	lock_switch(ref);
+	if (ref->data && (finishing_switch_of == ref || confirming_kill_of(ref) ||
+			  wait_switch_done(ref) == SWITCH_NONE))
+		/* A fork child's copy: the release runs in the parent. */
+		pending = ref->data && impl_of(ref->data)->release_pending_in &&
+			  impl_of(ref->data)->release_pending_in == getpid();
+	unlock_switch(ref);
+	return pending;
+}
+
+void percpuref_ref_release_begins(struct percpu_ref *ref)
+{
+	lock_switch(ref);
+	if (ref->data)
+		impl_of(ref->data)->release_pending_in = 0;
+	unlock_switch(ref);
+}
+
 void percpuref_ref_exit_readers_gone(struct percpu_ref_data *data)
 {
 	if (data)
@@ -1005,6 +1033,8 @@ static percpu_ref_func_t *finish_atomic_switch(struct percpu_ref *ref)
 		set_mode_word(ref, __PERCPU_REF_ATOMIC_DEAD);
 	}
 	released = __percpu_ref_atomic_sub_and_test(ref, 1);
+	if (released)
+		impl_of(data)->release_pending_in = getpid();
 	data->confirm_switch = NULL;
 	switch_ended(ref);
 	unlock_switch(ref);

@@ -68,6 +68,12 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
  * object's own memory must outlive them too (free it after
  * percpu_rcuref_barrier(), or from a later @release).  One exit of a ref in
  * that window: a second one racing it cannot tell that readers may look.
+ * An exit right after percpu_rcuref_kill() of a per-CPU ref waits for the
+ * kill's switch and, where that took the count to zero, for @unpublish to
+ * begin (on the thread that ended the switch).  Inside a read-side section
+ * that began before the kill it is then such an exit; outside one,
+ * @release may run first, as for an exit from any other thread (call
+ * percpu_rcuref_barrier() first where @release frees the object).
  * Elsewhere, call percpu_rcuref_barrier() first.  A managed ref held only by the manager
  * may be under release at any time: exit it from another thread only while
  * holding a reference.  An exit the library refuses (from the ref's own

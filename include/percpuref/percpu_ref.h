@@ -574,9 +574,10 @@ static inline void percpu_ref_put_many(struct percpu_ref *ref, unsigned long nr)
 		__percpu_ref_put_sliced(ref, nr);
 		return;
 	}
-	/* Pairs with the fold's acquire.  On &ref->data, never accessed
-	 * atomically: a release store to the mode word would reset TSAN's
-	 * clock for that address. */
+	/* Pairs with the fold's acquire.  On &ref->data, not on the mode
+	 * word: a release store to the mode word would reset TSAN's clock
+	 * for that address.  (The only atomic stores to &ref->data, an
+	 * exit's, come after every fold of the ref.) */
 	percpuref_tsan_release(&ref->data);
 	r = percpuref_this_cpu_add_after_setup(&ref->percpu_count_ptr, nr * PERCPU_REF_PUT_DELTA);
 

@@ -25,12 +25,16 @@
  * section that began before @unpublish returned (it found the ref), which
  * trygets up to twice at any point, and one exit or none: from @unpublish
  * itself; from another thread inside a read-side section that began before
- * @unpublish returned, once it saw the zero (ZEROING or later); or from the
+ * @unpublish returned, once it saw the zero (ZEROING or later); from the
  * reclaimer after the grace period, before this ref's turn (another ref's
- * @release).  The grace period waits for both sections.
+ * @release); or right after the kill, inside a read-side section, by a
+ * thread that waits for the kill's switch to end and then, since its put
+ * reached zero, for zero() to say it began (kill_then_exit_wait(): under
+ * the switch lock, after zero()'s load of the state and store of ZEROING).
+ * The grace period waits for every section.
  * Checked: the data is never read after it is freed, and freed exactly
- * once; the state likewise; no tryget warns; @release runs exactly when no
- * exit came.
+ * once; the state likewise, and zero() never loads it taken; no tryget
+ * warns; @release runs exactly when no exit came.
  *
  * Mutants: -DMUTANT_EXIT_FREES_DATA: the exit frees the data at once, as
  * up to 0.4.20: the reader's tryget reads freed memory.
@@ -41,6 +45,11 @@
  * -DMUTANT_ZERO_LETS_GO: zero() lets go of an exit's hold and frees the
  * state when an exit came during @unpublish, where 0.4.20 freed the state
  * there instead of queueing it: the data is freed before the grace period.
+ * -DMUTANT_NO_RELEASE_WAIT: the exit after a kill waits for the switch
+ * only, as 0.4.21's first build did: it takes the state before zero()
+ * loads it.  -DMUTANT_BEGINS_FIRST: zero() says it began before it stores
+ * ZEROING (its second build): the exit finds the phase 0, frees the state
+ * as for a live ref, and zero() writes to it.
  */
 
 #define ZEROING	1
@@ -51,8 +60,12 @@
 #define IN_UNPUBLISH	1
 #define OTHER_THREAD	2
 #define RECLAIMER	3
+#define AFTER_KILL	4
 
 byte phase;
+bit state_ptr = 1;	/* ref->state points at the state */
+bit switch_ended;	/* the kill's switch ended, its put at zero */
+bit release_pending;	/* ... and zero() has not said it began */
 bit data_ptr = 1;	/* ref->data points at the data */
 bit readers_word;	/* the mode word is the readers' (else the kill's) */
 bit data_freed, st_freed;
@@ -75,10 +88,11 @@ inline free_st()
 	atomic { assert(!st_freed); st_freed = 1 }
 }
 
-/* percpu_rcuref_exit(): the state is the exit's (one exit).  Its caller
- * declares under and old. */
+/* percpu_rcuref_exit(), after kill_then_exit_wait(): the state taken
+ * (one exit).  Its caller declares under and old. */
 inline do_exit()
 {
+	state_ptr = 0;
 	assert(!st_freed);
 	under = (phase & (ZEROING | QUEUED)) != 0;
 	/* percpuref_ref_exit(), under the ref's switch lock. */
@@ -149,13 +163,35 @@ proctype other_exiter()
 	exiter_in_section = 0
 }
 
+/* Right after the kill, in a read-side section. */
+proctype kill_exiter()
+{
+	bit under;
+	byte old;
+
+	switch_ended;
+#ifndef MUTANT_NO_RELEASE_WAIT
+	!release_pending;
+#endif
+	do_exit();
+	exiter_in_section = 0
+}
+
 /* The kill's put reached zero: zero(), then the reclaimer. */
 proctype pipeline()
 {
 	bit under;
 	byte old;
 
-	phase = ZEROING;
+	atomic { switch_ended = 1; release_pending = 1 };
+	assert(state_ptr);	/* zero()'s load of the state */
+#ifdef MUTANT_BEGINS_FIRST
+	release_pending = 0;
+	atomic { assert(!st_freed); phase = ZEROING };
+#else
+	atomic { assert(!st_freed); phase = ZEROING };
+	release_pending = 0;
+#endif
 	/* @unpublish */
 	if
 	:: exit_from == IN_UNPUBLISH -> do_exit()
@@ -205,10 +241,12 @@ init {
 		:: exit_from = IN_UNPUBLISH
 		:: exit_from = OTHER_THREAD; exiter_in_section = 1
 		:: exit_from = RECLAIMER
+		:: exit_from = AFTER_KILL; exiter_in_section = 1
 		fi;
 		run reader();
 		if
 		:: exit_from == OTHER_THREAD -> run other_exiter()
+		:: exit_from == AFTER_KILL -> run kill_exiter()
 		:: else -> skip
 		fi;
 		run pipeline()

@@ -444,6 +444,81 @@ static void test_exit_under_readers(void)
 	free(objects);
 }
 
+/*
+ * An exit right after the kill of a per-CPU ref: the exit waits for the
+ * kill's switch, whose put takes the count to zero and runs @unpublish on
+ * the callback thread, which read the ref's state after the exit had taken
+ * it (SIGSEGV in every run of 0.4.21's first build, in some of 0.4.20's).
+ * The exit lets that zero begin first: unpublished once, no warning.
+ * Inside a read-side section that began before the kill, which keeps the
+ * grace period open, it then stops the release as any exit between zero
+ * and @release: never released.  Outside one, the grace period may end
+ * and @release run before the exit marks the ref: at most once.
+ */
+#define KILL_EXIT_ROUNDS 200
+
+static void test_kill_then_exit(void)
+{
+	struct object *objects = calloc(KILL_EXIT_ROUNDS, sizeof(*objects));
+	unsigned long warned = percpuref_warning_count();
+	int unpublished_once = 0, released_in_section = 0, released_twice = 0;
+	pthread_t t;
+
+	for (int n = 0; n < KILL_EXIT_ROUNDS; n++) {
+		struct object *o = &objects[n];
+
+		if (percpu_rcuref_init(&o->ref, obj_unpublish, obj_release, 0))
+			abort();
+		if (n % 2)
+			percpu_rcuref_read_lock();
+		percpu_rcuref_kill(&o->ref);
+		percpu_rcuref_exit(&o->ref);
+		if (n % 2)
+			percpu_rcuref_read_unlock();
+	}
+	t = start_reader();
+	stop_reader(t);
+	is(percpu_rcuref_barrier(), 0, "kill, then exit: barrier: 0");
+	for (int n = 0; n < KILL_EXIT_ROUNDS; n++) {
+		unpublished_once += unpublished(&objects[n]) == 1;
+		released_in_section += n % 2 && released(&objects[n]);
+		released_twice += released(&objects[n]) > 1;
+	}
+	is(unpublished_once, KILL_EXIT_ROUNDS, "kill, then exit: every ref unpublished");
+	is(released_in_section, 0, "none exited in a read-side section released");
+	is(released_twice, 0, "none released twice");
+	is(percpuref_warning_count() - warned, 0, "and nothing warned");
+	free(objects);
+}
+
+/* The same where no library thread can start: the exit's wait runs the
+ * kill's switch, and its zero, on the calling thread (0.4.20 got this
+ * right; 0.4.21's first build faulted every time). */
+static int mode_kill_exit_no_threads(void)
+{
+	static struct object objects[50];
+
+	for (int n = 0; n < 50; n++)
+		if (percpu_rcuref_init(&objects[n].ref, obj_unpublish, obj_release, 0))
+			return 2;
+	/* Every allocation refused from here on, a library thread's stack
+	 * among them. */
+	percpuref_fault_fail_nth_alloc(-1);
+	for (int n = 0; n < 50; n++) {
+		percpu_rcuref_kill(&objects[n].ref);
+		percpu_rcuref_exit(&objects[n].ref);
+	}
+	percpuref_fault_fail_nth_alloc(0);
+	if (percpu_rcuref_barrier())
+		return 3;
+	for (int n = 0; n < 50; n++)
+		if (unpublished(&objects[n]) != 1 || released(&objects[n]))
+			return 4;
+	/* Nothing allocated from the arming on, a library thread's stack
+	 * included (each refusal warned: not counted here). */
+	return percpuref_fault_refused_allocs() == 0 ? 5 : 0;
+}
+
 /* An exit the library ignores (the kill of that ref is still finishing)
  * leaves the ref whole: its @release still runs and a later exit frees it. */
 static void exit_from_confirm(struct percpu_ref *ref)
@@ -590,6 +665,8 @@ int main(int argc, char **argv)
 		child_deadline(10);
 		if (!strcmp(argv[1], "--fork-in-reader"))
 			return mode_fork_in_reader();
+		if (!strcmp(argv[1], "--kill-exit-no-threads"))
+			return mode_kill_exit_no_threads();
 		return 2;
 	}
 	/* First: no spare impl yet (percpu_alloc.c, "Spares"), so that the
@@ -599,6 +676,9 @@ int main(int argc, char **argv)
 	test_managed();
 	test_exit_between_zero_and_release();
 	test_exit_under_readers();
+	test_kill_then_exit();
+	is(run_mode("--kill-exit-no-threads"), 0, "kill, then exit, where no library thread "
+	   "can start: unpublished, not released");
 	test_ignored_exit();
 	test_reinit_from_release();
 	test_wait_inside_reader();
