@@ -154,7 +154,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "fallback.h"
 #include "internal.h"
@@ -369,9 +368,21 @@ static void switch_fork_unlock(void)
 	pthread_mutex_unlock(&fork_gate);
 }
 
+/*
+ * Which process this is, as release_pending_in marks say it: one more in
+ * each fork child (switch_fork_child()), where a release the parent's
+ * thread was about to begin never runs.  Not the pid, which a grandchild
+ * in a new pid namespace, or a later process, may share: an exit there
+ * waited for that release for ever (a review).  Written only in a child
+ * before it has other threads; read under a switch lock.
+ */
+static unsigned long process_generation = 1;
+
 static void switch_fork_child(void)
 {
 	unsigned int i;
+
+	process_generation++;
 
 	/* A word locked here is a parent's thread's that was stepping back
 	 * from the fork: it touched nothing.  Written only then, so that the
@@ -586,11 +597,12 @@ struct percpu_ref_impl {
 	bool release_voided;		/* revived while its release was pending */
 	bool pinned;			/* manager's reference put by a user: leaked */
 	bool async_switch;		/* the switch in flight is the callback thread's */
-	/* The process where a switch's put took the count to zero and the
-	 * release it calls has not begun (percpuref_ref_release_begins());
-	 * 0 otherwise, or until the next such switch for a release that
-	 * does not say so (any but an RCU-released ref's). */
-	pid_t release_pending_in;
+	/* The process (process_generation) where a switch's put took the
+	 * count to zero and the release it calls has not begun
+	 * (percpuref_ref_release_begins()); 0 otherwise, or until the next
+	 * such switch for a release that does not say so (any but an
+	 * RCU-released ref's). */
+	unsigned long release_pending_in;
 	const char *switch_caller;	/* the call that started it, for warnings */
 	/* The handler releases owed (the low bits), and once exited who
 	 * still holds the impl (see IMPL_EXITED): the last to let go frees
@@ -946,9 +958,9 @@ bool percpuref_ref_wait_switch(struct percpu_ref *ref)
 	lock_switch(ref);
 	if (ref->data && (finishing_switch_of == ref || confirming_kill_of(ref) ||
 			  wait_switch_done(ref) == SWITCH_NONE))
-		/* A fork child's copy: the release runs in the parent. */
-		pending = ref->data && impl_of(ref->data)->release_pending_in &&
-			  impl_of(ref->data)->release_pending_in == getpid();
+		/* Not a fork child's copy: the release runs in the parent. */
+		pending = ref->data &&
+			  impl_of(ref->data)->release_pending_in == process_generation;
 	unlock_switch(ref);
 	return pending;
 }
@@ -1034,7 +1046,7 @@ static percpu_ref_func_t *finish_atomic_switch(struct percpu_ref *ref)
 	}
 	released = __percpu_ref_atomic_sub_and_test(ref, 1);
 	if (released)
-		impl_of(data)->release_pending_in = getpid();
+		impl_of(data)->release_pending_in = process_generation;
 	data->confirm_switch = NULL;
 	switch_ended(ref);
 	unlock_switch(ref);

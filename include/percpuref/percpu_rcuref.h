@@ -72,8 +72,10 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
  * kill's switch and, where that took the count to zero, for @unpublish to
  * begin (on the thread that ended the switch).  Inside a read-side section
  * that began before the kill it is then such an exit; outside one,
- * @release may run first, as for an exit from any other thread (call
- * percpu_rcuref_barrier() first where @release frees the object).
+ * @release may run first, so there it is safe only where @release does
+ * not free the object (an exit racing @release's own is harmless).  Where
+ * others still hold references after the kill, the exit is one of a held
+ * ref: not allowed.
  * Elsewhere, call percpu_rcuref_barrier() first.  A managed ref held only by the manager
  * may be under release at any time: exit it from another thread only while
  * holding a reference.  An exit the library refuses (from the ref's own

@@ -453,9 +453,16 @@ static void test_exit_under_readers(void)
  * Inside a read-side section that began before the kill, which keeps the
  * grace period open, it then stops the release as any exit between zero
  * and @release: never released.  Outside one, the grace period may end
- * and @release run before the exit marks the ref: at most once.
+ * and @release run before the exit marks the ref: at most once, and a
+ * @release that exits the ref itself races the caller's exit harmlessly.
  */
 #define KILL_EXIT_ROUNDS 200
+
+static void exiting_release(struct percpu_rcuref *ref)
+{
+	obj_release(ref);
+	percpu_rcuref_exit(ref);
+}
 
 static void test_kill_then_exit(void)
 {
@@ -467,7 +474,8 @@ static void test_kill_then_exit(void)
 	for (int n = 0; n < KILL_EXIT_ROUNDS; n++) {
 		struct object *o = &objects[n];
 
-		if (percpu_rcuref_init(&o->ref, obj_unpublish, obj_release, 0))
+		if (percpu_rcuref_init(&o->ref, obj_unpublish,
+				       n % 4 == 2 ? exiting_release : obj_release, 0))
 			abort();
 		if (n % 2)
 			percpu_rcuref_read_lock();
