@@ -20,6 +20,7 @@ the table's notes state.  Exit status 2 on unreadable input.
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -335,7 +336,8 @@ def main(argv):
                 # What the workload was run with, which the published
                 # figures may not match (labels --profile, --churn).
                 body += ("\n\nParameters of this run: "
-                         + ", ".join(f"{k}={v}" for k, v in params.items()) + ".")
+                         + ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}"
+                                     for k, v in params.items()) + ".")
         print(f"\n== seed vs measured: {titles[case]} ==\n{body}")
         md += [body, ""]
         if recs:
