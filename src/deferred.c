@@ -163,7 +163,6 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
-#include <time.h>
 
 #include "internal.h"
 
@@ -584,21 +583,6 @@ static bool poller_take_covered(struct poller *p)
 	return p->head != NULL;
 }
 
-/*
- * Another thread's fence is running: a membarrier ends within
- * microseconds, so yield; the fallback fences may take milliseconds (a
- * migration fence, a refused one's 10 ms sleep), so after 64 yields
- * sleep 50 µs at a time rather than spin.
- */
-static void wait_for_fence(unsigned long spins)
-{
-	static const struct timespec nap = { 0, 50000 };
-
-	if (spins <= 64)
-		sched_yield();
-	else
-		nanosleep(&nap, NULL);
-}
 
 PERCPUREF_API int percpu_ref_poll(unsigned int flags)
 {
@@ -635,10 +619,13 @@ PERCPUREF_API int percpu_ref_poll(unsigned int flags)
 				continue;
 			}
 			/* Waiting, nothing finished: wait for a fence that
-			 * started after the oldest item; if none did, start one
-			 * (it covers every thread's older ones). */
+			 * started after the oldest item (another thread's: a
+			 * membarrier ends within microseconds, the fallback
+			 * fences may take milliseconds, a migration fence or
+			 * a refused one's 10 ms sleep); if none did, start
+			 * one (it covers every thread's older ones). */
 			if (percpuref_fence_started_after(oldest_stamp))
-				wait_for_fence(++spins);
+				percpuref_yield_or_nap(++spins);
 			else
 				percpuref_fence_readers();
 			continue;

@@ -783,6 +783,10 @@ PERCPUREF_API int percpuref_fence_by_migration(void);
 
 /* Sleeps @us microseconds (a pause while waiting for another thread). */
 void percpuref_sleep_us(unsigned long us);
+/* One step of a wait for another thread that is usually done within
+ * microseconds but may take milliseconds: the first 64 tries yield the
+ * CPU, later ones sleep 50 µs.  @tries counts from 1. */
+void percpuref_yield_or_nap(unsigned long tries);
 
 /* One-line diagnostic on stderr: "percpuref: <fn>: <message>". */
 void percpuref_warn(const char *fn, const char *fmt, ...)

@@ -60,9 +60,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <sched.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "internal.h"
 #include "managed.h"
@@ -85,6 +83,14 @@ struct percpu_rcuref_state {
 	struct percpu_ref_data *readers_hold;
 };
 
+/* The state of an exited ref, and the readers' hold its exit took, if
+ * any: let go by whichever of the exit and the pipeline comes second. */
+static void free_exited_state(struct percpu_rcuref_state *st)
+{
+	percpuref_ref_exit_readers_gone(st->readers_hold);
+	free(st);
+}
+
 static void after_grace_period(struct percpuref_deferred *work)
 {
 	struct percpu_rcuref_state *st =
@@ -97,8 +103,7 @@ static void after_grace_period(struct percpuref_deferred *work)
 	 * readers_hold included).  From here on an exit frees st at once
 	 * (from @release, or racing it). */
 	if (__atomic_exchange_n(&st->phase, 0, __ATOMIC_ACQ_REL) & RCUREF_EXITED) {
-		percpuref_ref_exit_readers_gone(st->readers_hold);
-		free(st);
+		free_exited_state(st);
 		return;
 	}
 	/* With the RCU batch's lock released, as every @release run by a
@@ -196,20 +201,16 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
  * percpuref_ref_wait_switch() waits for the switch and says whether its
  * release has yet to begin, under the ref's switch lock, which zero()'s
  * percpuref_ref_release_begins() takes after its load of the state.
- * Yields, then naps: the thread that ended the switch calls zero() next.
- * (In a fork child that release runs in the parent only: not waited for.)
+ * The thread that ended the switch calls zero() next, so this rarely
+ * waits long.  (In a fork child that release runs in the parent only: not
+ * waited for.)
  */
 static void kill_then_exit_wait(struct percpu_rcuref *ref)
 {
-	static const struct timespec nap = { 0, 50000 };
-	unsigned int spins = 0;
+	unsigned long tries = 0;
 
-	while (percpuref_ref_wait_switch(&ref->ref)) {
-		if (++spins <= 64)
-			sched_yield();
-		else
-			nanosleep(&nap, NULL);
-	}
+	while (percpuref_ref_wait_switch(&ref->ref))
+		percpuref_yield_or_nap(++tries);
 }
 
 PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref)
@@ -245,10 +246,8 @@ PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref)
 	 * forbids an exit that finds them here and not above), the hold is
 	 * ours to let go. */
 	if (st && !(__atomic_fetch_or(&st->phase, RCUREF_EXITED, __ATOMIC_ACQ_REL) &
-		    (RCUREF_ZEROING | RCUREF_QUEUED))) {
-		percpuref_ref_exit_readers_gone(st->readers_hold);
-		free(st);
-	}
+		    (RCUREF_ZEROING | RCUREF_QUEUED)))
+		free_exited_state(st);
 }
 
 /* The kill paces itself on the callback thread's backlog; its release

@@ -1559,6 +1559,14 @@ void percpuref_sleep_us(unsigned long us)
 	nanosleep(&pause, NULL);
 }
 
+void percpuref_yield_or_nap(unsigned long tries)
+{
+	if (tries <= 64)
+		sched_yield();
+	else
+		percpuref_sleep_us(50);
+}
+
 /*
  * malloc() then memset(), not calloc(): glibc's calloc() passes by the
  * thread's cache of free blocks (tcache) to the arena and its lock, and
