@@ -150,6 +150,7 @@ template <class T> constexpr void check_deletable() noexcept
 
 template <class T> class refcounted;
 template <class T> class rcu_refcounted;
+template <class T> class owner;
 
 namespace detail {
 /* Whether T names a member unpublish at all, whatever its access: in a
@@ -177,6 +178,10 @@ struct access {
 	{
 		return static_cast<base_t<T> *>(obj)->init(flags);
 	}
+	/* owner<T>'s private constructor, for make_owner: owner befriends
+	 * this, not make_owner, which is in the mode's namespace, so that
+	 * owner<T> names the same entities in both modes (one definition). */
+	template <class T> static owner<T> adopt_owner(T *obj) noexcept { return owner<T>(obj); }
 };
 } /* namespace detail */
 
@@ -409,11 +414,6 @@ private:
 	T *obj_ = nullptr;
 };
 
-template <class T> class owner;
-inline namespace PERCPUREF_HPP_MODE {
-template <class T, class... Args> owner<T> make_owner(Args &&...args);
-}
-
 /*
  * owner<T> - the initial reference of an owned object.  kill() drops it
  * (percpu_ref_kill / percpu_rcuref_kill): new try_acquire_live() calls
@@ -465,8 +465,7 @@ public:
 	explicit operator bool() const noexcept { return obj_ != nullptr; }
 
 private:
-	template <class U, class... Args>
-	friend owner<U> PERCPUREF_HPP_MODE::make_owner(Args &&...args);
+	friend struct detail::access;
 	explicit owner(T *obj) noexcept : obj_(obj) {}
 
 	T *obj_ = nullptr;
@@ -488,7 +487,7 @@ template <class T, class... Args> owner<T> make_owner(Args &&...args)
 		delete obj;
 		detail::throw_errno(err, "percpu_ref_init");
 	}
-	return owner<T>(obj);
+	return detail::access::adopt_owner(obj);
 }
 
 /*
