@@ -666,9 +666,12 @@ int hcount_tree_destroy(struct hcount_tree *tree)
 	root = tree->root;
 	pthread_mutex_lock(&tree->mutex);
 	if (root->nr_children) {
+		/* Read under the mutex: a create or destroy beside us writes it. */
+		unsigned int nr_children = root->nr_children;
+
 		pthread_mutex_unlock(&tree->mutex);
 		percpuref_warn("hcount_tree_destroy", "tree %p: root still has %u children",
-			       (void *)tree, root->nr_children);
+			       (void *)tree, nr_children);
 		return -EBUSY;
 	}
 	for (t = 0; t < tree->nr_types; t++) {
@@ -738,9 +741,12 @@ int hcount_ns_destroy(struct hcount_ns *ns)
 	p = ns->parent;
 	pthread_mutex_lock(&tree->mutex);
 	if (ns->nr_children) {
+		/* Read under the mutex: a create or destroy beside us writes it. */
+		unsigned int nr_children = ns->nr_children;
+
 		pthread_mutex_unlock(&tree->mutex);
 		percpuref_warn("hcount_ns_destroy", "namespace %p still has %u children",
-			       (void *)ns, ns->nr_children);
+			       (void *)ns, nr_children);
 		return -EBUSY;
 	}
 	for (t = 0; t < tree->nr_types; t++) {

@@ -49,7 +49,12 @@
  * plain fences instead (percpuref_synchronize_rcu()).  Threads on a CPU id
  * beyond the units allocated (an untrustworthy CPU count) never commit on
  * the rseq path: the sequence checks cpu_id against percpuref_nr_cpu_units
- * and sends them to the slow path, which uses the atomic count.
+ * and sends them to the slow path, which uses the atomic count.  Where moving between CPUs is
+ * refused too, nothing can abort a section any more: the fence switches the
+ * fast path off (new sections see no unit and take the slow path) and gives
+ * the sections in flight, a few instructions each, 10 ms to end; every fence
+ * that finds the fast path off before those 10 ms are up waits for them
+ * too (percpuref_fence_readers()), not only the one that switched it off.
  *
  * Work that must wait for a fence runs on the library's own callback thread
  * (deferred.c), or on a polling thread that queued it, which looks later
@@ -228,6 +233,13 @@ static pthread_once_t runtime_once = PTHREAD_ONCE_INIT;
 static bool membarrier_refused;
 /* Set once a fence left adds in flight (internal.h). */
 static bool unfenced_adds;
+/*
+ * When the sections in flight at the fast path's switch-off are taken to
+ * have ended (monotonic ns), 0 while it was never switched off; stored
+ * before the offset of 0 (see percpuref_fence_readers()).
+ */
+static uint64_t switch_off_wait_end_ns;
+#define SWITCH_OFF_WAIT_NS (10 * 1000 * 1000)
 static const struct percpuref_fork_hooks *fork_hooks[PERCPUREF_NR_RANKS];
 static void (*exit_hooks[PERCPUREF_NR_RANKS])(void);
 /* Batch locks (by rank bit) this thread holds; see percpuref_batch_lock(). */
@@ -1209,6 +1221,17 @@ int percpuref_fence_by_migration(void)
 	return ret;
 }
 
+/* Sleeps until the sections in flight at the switch-off have had their time. */
+static void wait_for_sections_at_switch_off(void)
+{
+	/* Relaxed: the caller's acquire load of the offset ordered it. */
+	uint64_t end = __atomic_load_n(&switch_off_wait_end_ns, __ATOMIC_RELAXED);
+	uint64_t now;
+
+	while (end && (int64_t)(end - (now = percpuref_monotonic_ns())) > 0)
+		percpuref_sleep_us((unsigned long)((end - now + 999) / 1000));
+}
+
 void percpuref_fence_without_membarrier(int err)
 {
 	/* Relaxed: a flag; fences read it to skip the doomed syscall. */
@@ -1222,8 +1245,11 @@ void percpuref_fence_without_membarrier(int err)
 		percpuref_warn("percpuref_fence_readers", "cannot run on every CPU either (%s); "
 			       "per-CPU fast path disabled", strerror(errno));
 		percpuref_note_unfenced_adds();
+		/* Relaxed: the seq_cst store of the offset below releases it. */
+		__atomic_store_n(&switch_off_wait_end_ns,
+				 percpuref_monotonic_ns() + SWITCH_OFF_WAIT_NS, __ATOMIC_RELAXED);
 		publish_fast_path(0, __ATOMIC_SEQ_CST);
-		usleep(10000);
+		wait_for_sections_at_switch_off();
 	}
 }
 
@@ -1389,11 +1415,17 @@ void percpuref_fence_readers(void)
 					    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
 
-	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED)) {
+	/* Acquire: pairs with the switch-off's seq_cst store of 0 (release),
+	 * so an offset of 0 comes with the end of the switch-off's wait. */
+	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_ACQUIRE)) {
 		if (__atomic_load_n(&membarrier_refused, __ATOMIC_RELAXED))
 			percpuref_fence_without_membarrier(EPERM);
 		else if (sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, 0) != 0)
 			percpuref_fence_without_membarrier(errno);
+	} else {
+		/* Off, or never on: a switch-off less than 10 ms ago left
+		 * sections in flight that no fence can abort. */
+		wait_for_sections_at_switch_off();
 	}
 	percpuref_readers_fence();
 	/* Release: the commits this fence made visible to us are visible to

@@ -147,8 +147,10 @@ enum percpuref_this_cpu_result {
 /*
  * Offset of every thread's rseq area from its thread pointer, or 0 when this
  * process does not use the rseq fast path.  Set by the library before the
- * first per-CPU counter exists (and cleared in a fork child that cannot use
- * it), so a thread that can reach a counter reads the final value; relaxed.
+ * first per-CPU counter exists, so a thread that can reach a counter reads
+ * the final value; relaxed.  Cleared in a fork child that cannot use it,
+ * and where a fence can neither call membarrier nor move between CPUs
+ * (runtime.c: the fast path is switched off).
  */
 extern PERCPUREF_API ptrdiff_t percpuref_rseq_offset;
 /*
@@ -302,19 +304,22 @@ static inline __attribute__((always_inline)) enum percpuref_this_cpu_result
 __percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta, bool after_setup)
 {
 #if PERCPUREF_HAVE_RSEQ
-#if !defined(__x86_64__)
-	struct percpuref_rseq_area *rs = percpuref_this_rseq_area();
-
-	(void)after_setup;	/* rs is tested either way */
-	if (percpuref_unlikely(!rs))
-		return PERCPUREF_THIS_CPU_NO_RSEQ;
-#endif
 	/*
 	 * A thread not (yet) registered reads cpu_id -1 (or -2), which the
 	 * unsigned bound check in the sequence sends to no_unit like any CPU
 	 * without a unit: the slow path may register it.  No separate test.
 	 */
 	for (;;) {
+#if !defined(__x86_64__)
+		/* Read again at each restart, as x86-64 reloads its params: a
+		 * section aborted around a switch-off of the fast path
+		 * (runtime.c) must not commit after it. */
+		struct percpuref_rseq_area *rs = percpuref_this_rseq_area();
+
+		(void)after_setup;	/* rs is tested either way */
+		if (percpuref_unlikely(!rs))
+			return PERCPUREF_THIS_CPU_NO_RSEQ;
+#endif
 		/*
 		 * Descriptor 3: {version, flags, start 1, length 2-1, abort 4}.
 		 * The abort handler is preceded by the registered signature and

@@ -33,6 +33,9 @@
  * charges and uncharges within its own cache at a sibling tenant; the
  * root's count must never move (drains mark only their own subtree).
  *
+ * Then a destroy of a namespace with children, again and again, while
+ * another thread creates and destroys children of it: each is refused.
+ *
  * After every run: hcount_tree_check() (the invariant), own units equal to
  * the units the threads hold, then everything uncharged and every namespace
  * destroyed, which must bring the root's count back to exactly zero.
@@ -52,6 +55,7 @@
 
 #include <percpuref/hcount.h>
 
+#include "capture.h"
 #include "tap.h"
 
 #define THREADS 6
@@ -625,6 +629,75 @@ static void refusals_stay_local(double secs)
 	   "isolation: everything given back");
 }
 
+struct busy {
+	struct hcount_ns *parent;	/* has a permanent child */
+	int stop;			/* atomic */
+	long made, errors;		/* the churning thread's; read after join */
+	long busy, destroys;		/* the destroying side's */
+	double secs;
+};
+
+static void *busy_children(void *arg)
+{
+	struct busy *b = arg;
+	struct hcount_ns *child;
+
+	while (!__atomic_load_n(&b->stop, __ATOMIC_RELAXED)) {
+		if (hcount_ns_create(&child, b->parent, NULL) || hcount_ns_destroy(child))
+			b->errors++;
+		b->made++;
+	}
+	return NULL;
+}
+
+/* Destroys of the parent, every one refused with a warning line each. */
+static void busy_destroys(void *arg)
+{
+	struct busy *b = arg;
+	double end = now_seconds() + b->secs;
+
+	while (b->destroys < 200 || (now_seconds() < end && b->destroys < 20000)) {
+		b->busy += hcount_ns_destroy(b->parent) == -EBUSY;
+		b->destroys++;
+	}
+}
+
+/*
+ * A destroy of a namespace that has children is refused (-EBUSY) and says
+ * how many it has, while another thread creates and destroys children of
+ * it: the count it prints must be read under the tree's mutex (TSan found
+ * it read after the unlock).
+ */
+static void destroy_while_children_churn(double secs)
+{
+	struct busy b = { .secs = secs };
+	struct hcount_ns *root, *keep;
+	struct hcount_tree *tree;
+	pthread_t churner;
+	char said[4096];
+
+	if (hcount_tree_create(&tree, 1, HCOUNT_BATCH_DEFAULT, NULL)) {
+		ok(0, "busy destroy: set-up");
+		return;
+	}
+	root = hcount_tree_root(tree);
+	if (hcount_ns_create(&b.parent, root, NULL) || hcount_ns_create(&keep, b.parent, NULL) ||
+	    pthread_create(&churner, NULL, busy_children, &b)) {
+		ok(0, "busy destroy: set-up");
+		return;
+	}
+	capture_stderr(busy_destroys, &b, said, sizeof(said));
+	__atomic_store_n(&b.stop, 1, __ATOMIC_RELAXED);
+	pthread_join(churner, NULL);
+	printf("# busy destroy: %ld destroys, %ld children made meanwhile\n", b.destroys, b.made);
+	is(b.busy, b.destroys, "busy destroy: every destroy of a parent with children refused");
+	ok(strstr(said, "still has 1 children") || strstr(said, "still has 2 children"),
+	   "busy destroy: the warning names the parent's 1 or 2 children");
+	is(b.errors, 0, "busy destroy: children created and destroyed beside it");
+	ok(!hcount_ns_destroy(keep) && !hcount_ns_destroy(b.parent) && !hcount_tree_destroy(tree),
+	   "busy destroy: everything destroyed");
+}
+
 int main(void)
 {
 	static const unsigned int batches[] = { HCOUNT_BATCH_DEFAULT, 1, HCOUNT_NO_CACHE };
@@ -641,5 +714,6 @@ int main(void)
 	}
 	race_lower_and_charge(share);
 	refusals_stay_local(share);
+	destroy_while_children_churn(share);
 	return done_testing();
 }

@@ -1005,6 +1005,55 @@ static int mode_no_fence(void)
 	return 0;
 }
 
+/*
+ * The fence that switches the fast path off waits 10 ms for the sections
+ * in flight; so must every fence that reads the fast path as off before
+ * those 10 ms are up: a switch whose fence returned at once folded the
+ * copies while such a section could still add to one (a review found the
+ * later fences waited for nothing).  Another thread fences as soon as it
+ * sees the offset go to 0; its fence must not end before the first
+ * fence's start plus 10 ms.
+ */
+static uint64_t overlap_ended_ns;
+
+static void *fence_once_switched_off(void *arg)
+{
+	(void)arg;
+	/* Relaxed: a spin until the switch-off; the fence orders the rest. */
+	while (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED))
+		;
+	percpuref_fence_readers();
+	overlap_ended_ns = percpuref_monotonic_ns();
+	return NULL;
+}
+
+static int mode_no_fence_overlap(void)
+{
+	uint64_t started;
+	pthread_t other;
+
+	/* Sets the library up (the offset is set at the first call). */
+	if (strncmp(percpuref_fast_path(), "rseq", 4))
+		return 77;	/* no rseq fast path to switch off */
+	if (percpuref_nr_units() < 2 || refuse_membarrier_and_migration())
+		return 77;
+	if (syscall(__NR_membarrier, 0, 0) != -1 || errno != EPERM)
+		return 77;	/* another architecture's calls pass the filter */
+	if (pthread_create(&other, NULL, fence_once_switched_off, NULL))
+		return 1;
+	started = percpuref_monotonic_ns();
+	percpuref_fence_readers();
+	pthread_join(other, NULL);
+	if (percpuref_rseq_offset)
+		return 2;
+	if (overlap_ended_ns < started + 10 * 1000 * 1000) {
+		fprintf(stderr, "the other fence ended %.3f ms after the switch-off began\n",
+			(double)(overlap_ended_ns - started) / 1e6);
+		return 3;
+	}
+	return 0;
+}
+
 /* ---- Finding 10: kill from the ref's own confirm callback. ---- */
 
 static struct object self_killed;
@@ -1106,6 +1155,8 @@ int main(int argc, char **argv)
 			return mode_seccomp();
 		if (!strcmp(argv[1], "--no-fence"))
 			return mode_no_fence();
+		if (!strcmp(argv[1], "--no-fence-overlap"))
+			return mode_no_fence_overlap();
 		if (!strcmp(argv[1], "--print-interval"))
 			return mode_print_interval();
 		return 2;
@@ -1136,6 +1187,10 @@ int main(int argc, char **argv)
 		      "finding 13: cannot refuse membarrier and migration here",
 		      "13: membarrier and migration refused: the fast path goes, "
 		      "releases stay exact, and a trace on a free slot is zeroed at allocation");
+	child_verdict(run_mode_without_membarrier("--no-fence-overlap"),
+		      "finding 13: cannot refuse membarrier and migration here",
+		      "13: a fence that finds the fast path just switched off waits for the "
+		      "sections in flight too");
 	test_kill_from_confirm();
 	test_dropped_manager_ref();
 	test_settings();
