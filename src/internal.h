@@ -522,6 +522,10 @@ static inline bool percpuref_spares_off(void)
  * (a test of a refused allocation). */
 PERCPUREF_API unsigned long percpuref_test_spares_waiting(void);
 PERCPUREF_API void percpuref_test_spares_drop(void);
+/* Test hook: a switch-off of the fast path (a fence that can neither call
+ * membarrier nor move between CPUs) sleeps @us between publishing the
+ * offset of 0 and stamping the end of its wait (runtime.c). */
+PERCPUREF_API void percpuref_test_switch_off_stamp_delay(unsigned long us);
 
 /* Sum of the per-CPU words of the counter at @cpu0.  Acquire loads: no
  * later read (the reclaimer filter's second collect) moves before them; the

@@ -52,9 +52,11 @@
  * and sends them to the slow path, which uses the atomic count.  Where moving between CPUs is
  * refused too, nothing can abort a section any more: the fence switches the
  * fast path off (new sections see no unit and take the slow path) and gives
- * the sections in flight, a few instructions each, 10 ms to end; every fence
- * that finds the fast path off before those 10 ms are up waits for them
- * too (percpuref_fence_readers()), not only the one that switched it off.
+ * the sections in flight, a few instructions each, 10 ms from its publish
+ * to end; every fence that finds the fast path off before those 10 ms are
+ * up waits for them too (percpuref_fence_readers()), not only the one that
+ * switched it off, and first for any switch-off between its publish and
+ * its stamp of the end (switch_fast_path_off()).
  *
  * Work that must wait for a fence runs on the library's own callback thread
  * (deferred.c), or on a polling thread that queued it, which looks later
@@ -235,11 +237,17 @@ static bool membarrier_refused;
 static bool unfenced_adds;
 /*
  * When the sections in flight at the fast path's switch-off are taken to
- * have ended (monotonic ns), 0 while it was never switched off; stored
- * before the offset of 0 (see percpuref_fence_readers()).
+ * have ended (monotonic ns, read after the offset of 0 was published;
+ * only raised), 0 while it was never switched off; and the switch-offs
+ * between their count's increment, before they publish the offset of 0,
+ * and their decrement, after they raised the end: a fence that read the
+ * offset as 0 waits for those first (wait_for_sections_at_switch_off()).
  */
 static uint64_t switch_off_wait_end_ns;
+static unsigned int switch_offs_stamping;
 #define SWITCH_OFF_WAIT_NS (10 * 1000 * 1000)
+/* Test hook: a switch-off sleeps this long between publish and stamp. */
+static unsigned long switch_off_stamp_delay_us;
 static const struct percpuref_fork_hooks *fork_hooks[PERCPUREF_NR_RANKS];
 static void (*exit_hooks[PERCPUREF_NR_RANKS])(void);
 /* Batch locks (by rank bit) this thread holds; see percpuref_batch_lock(). */
@@ -1221,15 +1229,52 @@ int percpuref_fence_by_migration(void)
 	return ret;
 }
 
-/* Sleeps until the sections in flight at the switch-off have had their time. */
+/*
+ * Sleeps until the sections in flight at the switch-off have had their
+ * time: once no switch-off is between its publish and its stamp, until
+ * the end, one sleep of at most SWITCH_OFF_WAIT_NS (a clock that went
+ * back, a fork child's new time namespace, cannot make it longer).
+ */
 static void wait_for_sections_at_switch_off(void)
 {
-	/* Relaxed: the caller's acquire load of the offset ordered it. */
-	uint64_t end = __atomic_load_n(&switch_off_wait_end_ns, __ATOMIC_RELAXED);
-	uint64_t now;
+	unsigned long tries = 0;
+	uint64_t end;
+	int64_t left;
 
-	while (end && (int64_t)(end - (now = percpuref_monotonic_ns())) > 0)
-		percpuref_sleep_us((unsigned long)((end - now + 999) / 1000));
+	/* Acquire: pairs with the decrement's release, after the stamp; the
+	 * caller's acquire load of the offset ordered the increment. */
+	while (__atomic_load_n(&switch_offs_stamping, __ATOMIC_ACQUIRE))
+		percpuref_yield_or_nap(++tries);
+	end = __atomic_load_n(&switch_off_wait_end_ns, __ATOMIC_RELAXED);
+	left = (int64_t)(end - percpuref_monotonic_ns());
+	if (end && left > 0)
+		percpuref_sleep_us((unsigned long)((left < SWITCH_OFF_WAIT_NS ? left
+									: SWITCH_OFF_WAIT_NS) + 999) / 1000);
+}
+
+/* Switches the fast path off, with the end of the wait for its sections. */
+static void switch_fast_path_off(void)
+{
+	uint64_t end, seen;
+
+	/* Seq_cst, then the offset's seq_cst store: a fence that reads the
+	 * offset as 0 (acquire) sees the switch-off stamping. */
+	__atomic_add_fetch(&switch_offs_stamping, 1, __ATOMIC_SEQ_CST);
+	publish_fast_path(0, __ATOMIC_SEQ_CST);
+	/* Relaxed: set by a test before the switch-off. */
+	if (__atomic_load_n(&switch_off_stamp_delay_us, __ATOMIC_RELAXED))
+		percpuref_sleep_us(switch_off_stamp_delay_us);
+	/* Read after the publish: the sections in flight then get all of it. */
+	end = percpuref_monotonic_ns() + SWITCH_OFF_WAIT_NS;
+	seen = __atomic_load_n(&switch_off_wait_end_ns, __ATOMIC_RELAXED);
+	/* Relaxed: the decrement below releases it.  Raised only: a
+	 * switch-off beside this one may have stamped a later end. */
+	while ((int64_t)(end - seen) > 0 &&
+	       !__atomic_compare_exchange_n(&switch_off_wait_end_ns, &seen, end, true,
+					    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+	/* Release: the end before the count that lets fences read it. */
+	__atomic_sub_fetch(&switch_offs_stamping, 1, __ATOMIC_RELEASE);
 }
 
 void percpuref_fence_without_membarrier(int err)
@@ -1245,12 +1290,14 @@ void percpuref_fence_without_membarrier(int err)
 		percpuref_warn("percpuref_fence_readers", "cannot run on every CPU either (%s); "
 			       "per-CPU fast path disabled", strerror(errno));
 		percpuref_note_unfenced_adds();
-		/* Relaxed: the seq_cst store of the offset below releases it. */
-		__atomic_store_n(&switch_off_wait_end_ns,
-				 percpuref_monotonic_ns() + SWITCH_OFF_WAIT_NS, __ATOMIC_RELAXED);
-		publish_fast_path(0, __ATOMIC_SEQ_CST);
+		switch_fast_path_off();
 		wait_for_sections_at_switch_off();
 	}
+}
+
+PERCPUREF_API void percpuref_test_switch_off_stamp_delay(unsigned long us)
+{
+	__atomic_store_n(&switch_off_stamp_delay_us, us, __ATOMIC_RELAXED);
 }
 
 void percpuref_note_unfenced_adds(void)
@@ -1290,7 +1337,9 @@ void percpuref_synchronize_rcu(void)
 
 uint64_t percpuref_monotonic_ns(void)
 {
-	struct timespec ts;
+	/* 0 where the clock is refused (a seccomp filter on the syscall
+	 * behind the vDSO), not whatever the stack held. */
+	struct timespec ts = { 0, 0 };
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
@@ -1416,7 +1465,7 @@ void percpuref_fence_readers(void)
 		;
 
 	/* Acquire: pairs with the switch-off's seq_cst store of 0 (release),
-	 * so an offset of 0 comes with the end of the switch-off's wait. */
+	 * so an offset of 0 comes with the switch-off's stamping count. */
 	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_ACQUIRE)) {
 		if (__atomic_load_n(&membarrier_refused, __ATOMIC_RELAXED))
 			percpuref_fence_without_membarrier(EPERM);

@@ -1012,7 +1012,11 @@ static int mode_no_fence(void)
  * copies while such a section could still add to one (a review found the
  * later fences waited for nothing).  Another thread fences as soon as it
  * sees the offset go to 0; its fence must not end before the first
- * fence's start plus 10 ms.
+ * fence's start plus 10 ms.  With --no-fence-late-stamp the switch-off
+ * is held for 20 ms between its publish of the offset and its stamp of
+ * the wait's end (a switching thread preempted there): the other fence
+ * must wait for the stamp, then 10 ms (a second review: the end was read
+ * from the clock before the publish, and could be lowered).
  */
 static uint64_t overlap_ended_ns;
 
@@ -1027,9 +1031,9 @@ static void *fence_once_switched_off(void *arg)
 	return NULL;
 }
 
-static int mode_no_fence_overlap(void)
+static int mode_no_fence_overlap(unsigned long stamp_delay_us)
 {
-	uint64_t started;
+	uint64_t started, least = (stamp_delay_us + 10000) * 1000;
 	pthread_t other;
 
 	/* Sets the library up (the offset is set at the first call). */
@@ -1039,6 +1043,7 @@ static int mode_no_fence_overlap(void)
 		return 77;
 	if (syscall(__NR_membarrier, 0, 0) != -1 || errno != EPERM)
 		return 77;	/* another architecture's calls pass the filter */
+	percpuref_test_switch_off_stamp_delay(stamp_delay_us);
 	if (pthread_create(&other, NULL, fence_once_switched_off, NULL))
 		return 1;
 	started = percpuref_monotonic_ns();
@@ -1046,7 +1051,7 @@ static int mode_no_fence_overlap(void)
 	pthread_join(other, NULL);
 	if (percpuref_rseq_offset)
 		return 2;
-	if (overlap_ended_ns < started + 10 * 1000 * 1000) {
+	if (overlap_ended_ns < started + least) {
 		fprintf(stderr, "the other fence ended %.3f ms after the switch-off began\n",
 			(double)(overlap_ended_ns - started) / 1e6);
 		return 3;
@@ -1156,7 +1161,9 @@ int main(int argc, char **argv)
 		if (!strcmp(argv[1], "--no-fence"))
 			return mode_no_fence();
 		if (!strcmp(argv[1], "--no-fence-overlap"))
-			return mode_no_fence_overlap();
+			return mode_no_fence_overlap(0);
+		if (!strcmp(argv[1], "--no-fence-late-stamp"))
+			return mode_no_fence_overlap(20000);
 		if (!strcmp(argv[1], "--print-interval"))
 			return mode_print_interval();
 		return 2;
@@ -1191,6 +1198,9 @@ int main(int argc, char **argv)
 		      "finding 13: cannot refuse membarrier and migration here",
 		      "13: a fence that finds the fast path just switched off waits for the "
 		      "sections in flight too");
+	child_verdict(run_mode_without_membarrier("--no-fence-late-stamp"),
+		      "finding 13: cannot refuse membarrier and migration here",
+		      "13: and for a switch-off held between its publish and its stamp");
 	test_kill_from_confirm();
 	test_dropped_manager_ref();
 	test_settings();
