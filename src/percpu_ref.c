@@ -886,7 +886,8 @@ bool percpuref_ref_exit(struct percpu_ref *ref, struct percpu_ref_data **readers
 		wait_switch_done(ref);
 	if (wait == SWITCH_MAY_NOT_WAIT) {
 		percpuref_warn("percpu_ref_exit", "ref %p exited from its confirm callback or while "
-			       "its switch is in flight; ignored", (void *)ref);
+			       "its switch is in flight; ignored: the switch still reads it, do "
+			       "not free it", (void *)ref);
 		unlock_switch(ref);
 		return false;
 	}
