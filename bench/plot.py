@@ -317,7 +317,8 @@ def plot_workload(plt, workload, series, path, throughput, refs=()):
             if any(rec.get("oversubscribed") for rec in records):
                 ax.axvspan(cpus, max(threads), color="grey", alpha=0.08)
                 ax.text(0.99, 0.9, "shaded: more threads than CPUs; they time-share,\n"
-                        "so per-thread (per-group) figures fall as CPUs / threads",
+                        "so per-thread (per-group) figures fall as CPUs / threads\n"
+                        "(report.py's tables give those rows per CPU in use instead)",
                         transform=ax.transAxes, ha="right", va="top", fontsize="x-small")
         if panel == "efficiency":
             ax.axhline(100, color="black", linewidth=0.8)
@@ -410,9 +411,14 @@ def main(argv):
                   f"overlay a run with one thread a group (--workers 1)", file=sys.stderr)
             return 2
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        print(f"plot.py: {e} (Debian: apt-get install python3-matplotlib; "
+              f"scripts/deps.sh installs it)", file=sys.stderr)
+        return 2
 
     workloads = group(records)
     for workload, series in workloads.items():

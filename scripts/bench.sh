@@ -31,16 +31,6 @@ cmake --build "$dir" -j "$(nproc)" --target percpuref-bench
 bench=$dir/bench/percpuref-bench
 mkdir -p results
 
-# The reports' 100% is their first full L3 domain (8C16T); with a single
-# domain no row crosses one, so one thread is the baseline then.
-placement=$("$bench" --topology | sed -n 's/^placement: //p')
-if [[ $placement == *"|"* ]]; then
-	first=${placement%%|*}
-	baseline=$(wc -w <<<"$first")
-else
-	baseline=1
-fi
-
 run() {
 	local workload=$1 duration=$2
 	shift 2
@@ -49,7 +39,9 @@ run() {
 		--json "results/$workload.json" "$@"
 	echo
 }
-run labels 0.5 --baseline "$baseline"
+# The reports' 100% is their first full L3 domain (8C16T); with a single
+# domain no row crosses one, so one thread (--baseline domain).
+run labels 0.5 --baseline domain
 run creds 0.3
 run signal1 0.25
 

@@ -154,6 +154,8 @@ args_for() {
 	args=(--repeat "$repeat" --duration "$duration")
 	[[ $1 == managed-scan ]] || args+=("${threads[@]}")
 	[[ $1 == managed-hot ]] && args+=(--versus idle)
+	# As scripts/bench.sh: the reports' 100% is their first L3 domain.
+	[[ $1 == labels ]] && args+=(--baseline domain)
 	if [[ $1 == switch-storm-in-flight ]]; then
 		args=(switch-storm --in-flight 16 "${args[@]}")
 	else

@@ -240,7 +240,9 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"                      (0.01..86400, default 60)\n"
 		"  --baseline N        efficiency relative to the N-thread row (1..65536), as the\n"
 		"                      reports' 8C16T = 100%%:\n"
-		"                      (throughput(T) / T) / (throughput(N) / N) (default 1)\n"
+		"                      (throughput(T) / T) / (throughput(N) / N) (default 1);\n"
+		"                      domain: N = the first L3 domain's CPUs where there are\n"
+		"                      several domains, else 1\n"
 		"  --versus VARIANT    also report each variant's throughput over VARIANT's in the\n"
 		"                      same row and repetition (one sweep of the row): the\n"
 		"                      median, lowest and highest over the repetitions\n"
@@ -538,6 +540,7 @@ struct cli {
 	const char *library_cpus;
 	const char *versus;	/* --versus, or NULL */
 	unsigned int baseline;	/* 0: not given (one thread) */
+	bool baseline_domain;	/* --baseline domain */
 	bool oversubscribe;
 	bool dry_run;
 	bool list;
@@ -644,9 +647,11 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			r->hang_limit = seconds_option(w, "--hang-limit", optarg, 0.01, 86400);
 			break;
 		case OPT_BASELINE:
-			if (!parse_uint(optarg, 1, BENCH_MAX_THREADS, &cli->baseline))
-				usage_error(w, "--baseline: want a thread count 1..65536, got \"%s\"",
-					    optarg);
+			cli->baseline_domain = !strcmp(optarg, "domain");
+			if (!cli->baseline_domain &&
+			    !parse_uint(optarg, 1, BENCH_MAX_THREADS, &cli->baseline))
+				usage_error(w, "--baseline: want a thread count 1..65536 or domain, "
+					    "got \"%s\"", optarg);
 			if (w->no_efficiency)
 				usage_error(w, "--baseline: workload %s has no efficiency", w->name);
 			break;
@@ -702,6 +707,21 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 			  w->name, w->group, *w->group_size);
 }
 
+/*
+ * --baseline domain: the reports' 100% is their first full L3 domain
+ * (8C16T); with a single domain no row crosses one, so one thread.
+ */
+static unsigned int first_domain_threads(const struct topology *topo)
+{
+	unsigned int n = 0;
+
+	if (topo->ndomains < 2)
+		return 1;
+	while (n < topo->ncpus && topo->domain[n] == topo->domain[0])
+		n++;
+	return n;
+}
+
 /* Rows and columns of @r from the command line. */
 static void plan_report(struct report *r, const struct cli *cli)
 {
@@ -728,7 +748,8 @@ static void plan_report(struct report *r, const struct cli *cli)
 	} else {
 		r->nthreads = default_threads(r->topo->ncpus, &threads);
 	}
-	r->baseline = cli->baseline ? cli->baseline : 1;
+	r->baseline = cli->baseline_domain ? first_domain_threads(r->topo)
+		      : cli->baseline ? cli->baseline : 1;
 	/* Efficiency divides by the baseline row: add it where it is missing. */
 	if (!w->no_efficiency) {
 		unsigned int at = 0;
@@ -947,20 +968,22 @@ static void free_report(struct report *r)
 }
 
 /*
- * True if @path is the file standard output writes to, a regular file
+ * True if @path is the file descriptor @fd writes to, a regular file
  * ("--json r.txt >r.txt", "--json /dev/stdout >r.txt"), which opened again
  * for the JSON was truncated, the table written there lost; or a pipe or a
  * socket ("--json /dev/stdout | reader"), down which the table and the JSON
- * went mixed.  A device both write to (a terminal, /dev/null) loses nothing.
+ * went mixed.  The same for standard error ("--json r.txt 2>r.txt"): a
+ * line written there after the JSON (a workload's summary at exit) wrote
+ * over its start.  A device both write to (a terminal, /dev/null) loses
+ * nothing.
  */
-static bool is_stdout_file(const char *path)
+static bool is_output_file(const char *path, int fd)
 {
 	struct stat file, out;
 
 	return !stat(path, &file) &&
 	       (S_ISREG(file.st_mode) || S_ISFIFO(file.st_mode) || S_ISSOCK(file.st_mode)) &&
-	       !fstat(STDOUT_FILENO, &out) && file.st_dev == out.st_dev &&
-	       file.st_ino == out.st_ino;
+	       !fstat(fd, &out) && file.st_dev == out.st_dev && file.st_ino == out.st_ino;
 }
 
 /*
@@ -1191,10 +1214,13 @@ int main(int argc, char **argv)
 		list_workload(stdout, r.workload);
 		return finish_stdout();
 	}
-	if (cli.json && strcmp(cli.json, "-") && is_stdout_file(cli.json))
+	if (cli.json && strcmp(cli.json, "-") && is_output_file(cli.json, STDOUT_FILENO))
 		usage_error(r.workload, "--json %s: the file standard output writes the table to; "
 			    "--json - writes the JSON there and the table to standard error",
 			    cli.json);
+	if (cli.json && strcmp(cli.json, "-") && is_output_file(cli.json, STDERR_FILENO))
+		usage_error(r.workload, "--json %s: the file standard error writes warnings to; "
+			    "send them elsewhere", cli.json);
 
 	place_library_threads(&r, &cli);
 	topology_read(&topo);

@@ -276,6 +276,10 @@ expect 2 micro --threads 1 --variants private $short --json ""
 # the table written there lost, exit 0.  --json - is the way to both.
 expect 2 micro --threads 1 --variants private $short --json "$tmp/out"
 expect 2 micro --threads 1 --variants private $short --json /dev/stdout
+# So is standard error's (expect sends it to $tmp/err): a line written
+# there after the JSON (labels' summary at exit) wrote over its start.
+expect 2 micro --threads 1 --variants private $short --json "$tmp/err"
+expect 2 micro --threads 1 --variants private $short --json /dev/stderr
 # ... and when standard output is a pipe: the table and the JSON went down
 # it mixed, exit 0, and the reader's JSON parser failed on the table.
 for json in /dev/stdout /proc/self/fd/1; do

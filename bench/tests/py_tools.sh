@@ -40,6 +40,14 @@ expect 2 "$plot" "$tmp/empty.json" -o "$tmp/x.png"		# wrote nothing, exit 0
 sed 's/"ops_per_sec":[^,]*/"ops_per_sec":NaN/' "$tmp/micro.json" >"$tmp/nan.json"
 expect 2 "$plot" "$tmp/nan.json" -o "$tmp/x.png"
 expect 2 "$plot" "$tmp/micro.json" -o "$tmp/x.txt"		# after drawing
+# A python3 without matplotlib (one earlier on PATH than Debian's) said so
+# in a traceback; a module of that name that fails to import stands in.
+mkdir "$tmp/no-matplotlib"
+echo 'raise ImportError("No module named matplotlib")' >"$tmp/no-matplotlib/matplotlib.py"
+PYTHONPATH=$tmp/no-matplotlib
+export PYTHONPATH
+expect 2 "$plot" "$tmp/micro.json" -o "$tmp/x.png"
+unset PYTHONPATH
 # -o is the name written: "" wrote ".png" in the current folder, and a name
 # without an extension got ".png" from matplotlib, both said "wrote" the
 # name given, exit 0.

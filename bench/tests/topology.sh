@@ -74,6 +74,20 @@ done
 echo 0-1 >"$flat/online"
 check "$flat" "2 of 2 online CPUs usable, 1 domain (no L3 or package data)" "0 1"
 
+# --baseline domain: the first domain's CPUs (4 on the two-L3 machine), the
+# reports' 8C16T = 100%; one thread where there is a single domain.
+for case in "$l3 1,4" "$flat 1"; do
+	dir=${case% *} want=${case#* }
+	rows=$(PERCPUREF_BENCH_SYSFS=$dir "$bench" labels --baseline domain --threads 1 \
+		--dry-run | sed -n 's/.*rows\{0,1\} (\([0-9,]*\)).*/\1/p')
+	if [ "$rows" = "$want" ]; then
+		echo "ok: $dir: --baseline domain rows $rows"
+	else
+		echo "FAIL: $dir: --baseline domain rows \"$rows\", want $want"
+		fails=$((fails + 1))
+	fi
+done
+
 # A fake tree whose online list is missing, malformed or empty is refused:
 # it fell back to the real machine's CPUs without a word ("0-" was CPU 0,
 # "1-0" and an empty line "no usable CPU").
