@@ -61,7 +61,12 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
  * from any callback the reclaimer runs (every @release, a managed ref's
  * @unpublish: docs/managed.md), or inside a read-side section that began
  * before the ref's @unpublish returned (its grace period cannot end yet);
- * the exit then stops the release: @release never runs.  Readers that found
+ * the exit then stops the release: @release never runs.  "Zero" there is
+ * @unpublish begun, as @unpublish tells the exiting thread (a flag it
+ * sets): percpu_ref_is_zero() reads true a moment before the thread whose
+ * put took the count to zero calls it, and another thread's exit in that
+ * moment frees what that thread is about to read (a review's faulted).
+ * Readers that found
  * the object before @unpublish returned may still call
  * percpu_rcuref_tryget() on it, which fails without a warning: the library
  * keeps the count they read until their sections have ended, and the

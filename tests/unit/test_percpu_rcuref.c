@@ -267,6 +267,7 @@ static void a_release(struct percpu_rcuref *ref)
 static void test_exit_between_zero_and_release(void)
 {
 	struct pair *p = calloc(1, sizeof(*p));
+	struct percpu_ref_managed_config saved, longest;
 	pthread_t t;
 
 	/* B queued behind A for the same grace period; A's @release exits B. */
@@ -304,14 +305,24 @@ static void test_exit_between_zero_and_release(void)
 	   "@unpublish exited its own ref: @release never ran");
 
 	/* Two managed refs released in one scan: the second @unpublish
-	 * exits the first, already queued for its grace period. */
+	 * exits the first, already queued for its grace period.  No
+	 * periodic scan between the two puts (a preempted caller on a
+	 * loaded machine let one release A alone, and A's @release ran
+	 * before B's @unpublish could exit it): the interval set to its
+	 * longest, and a flush so that the reclaimer sleeps on it. */
 	memset(p, 0, sizeof(*p));
 	scan_pair = p;
+	percpu_ref_managed_get_config(&saved);
+	longest = saved;
+	longest.interval_ms = PERCPU_REF_MANAGED_INTERVAL_MAX_MS;
+	is(percpu_ref_managed_set_config(&longest), 0, "no periodic scan meanwhile");
 	percpu_rcuref_init(&p->a.ref, sibling_unpublish, obj_release, PERCPU_REF_REL_MANAGED);
 	percpu_rcuref_init(&p->b.ref, sibling_unpublish, obj_release, PERCPU_REF_REL_MANAGED);
+	percpu_ref_managed_flush();
 	percpu_rcuref_put(&p->a.ref);
 	percpu_rcuref_put(&p->b.ref);
 	is(percpu_ref_managed_flush(), 0, "flush: 0");
+	percpu_ref_managed_set_config(&saved);
 	ok(p->first_unpublished && p->second_unpublished, "both unpublished in one scan");
 	is(released(p->first_unpublished), 0,
 	   "managed, exited from the next @unpublish of its scan: @release never ran");
