@@ -49,14 +49,17 @@
  * plain fences instead (percpuref_synchronize_rcu()).  Threads on a CPU id
  * beyond the units allocated (an untrustworthy CPU count) never commit on
  * the rseq path: the sequence checks cpu_id against percpuref_nr_cpu_units
- * and sends them to the slow path, which uses the atomic count.  Where moving between CPUs is
- * refused too, nothing can abort a section any more: the fence switches the
- * fast path off (new sections see no unit and take the slow path) and gives
- * the sections in flight, a few instructions each, 10 ms from its publish
- * to end; every fence that finds the fast path off before those 10 ms are
- * up waits for them too (percpuref_fence_readers()), not only the one that
- * switched it off, and first for any switch-off between its publish and
- * its stamp of the end (switch_fast_path_off()).
+ * and sends them to the slow path, which uses the atomic count.
+ *
+ * Where moving between CPUs is refused too, nothing can abort a section any
+ * more: the fence switches the fast path off (new sections see no unit and
+ * take the slow path) and gives the sections in flight, a few instructions
+ * each, 10 ms from its publish to end; every fence that finds the fast path
+ * off before those 10 ms are up waits for them too
+ * (percpuref_fence_readers()), not only the one that switched it off, and
+ * first for any switch-off between its publish and its stamp of the end
+ * (switch_fast_path_off(); a fork child, which has no such thread, resets
+ * their count).
  *
  * Work that must wait for a fence runs on the library's own callback thread
  * (deferred.c), or on a polling thread that queued it, which looks later
@@ -793,6 +796,10 @@ static void fork_child(void)
 	if (percpuref_rseq_offset && !membarrier_refused && !membarrier_rseq_register())
 		publish_fast_path(0, __ATOMIC_RELAXED);
 	percpuref_rseq_after_fork_child();
+	/* A switch-off another thread was stamping stamps nothing here, and
+	 * this thread, the only one, has no section in flight: fences need
+	 * not wait for it (they waited for ever). */
+	switch_offs_stamping = 0;
 	/* Of the parent's shutdowns, only this thread's (a callback of its
 	 * that forked) goes on here. */
 	shutdowns_running = in_shutdown;

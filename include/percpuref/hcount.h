@@ -67,10 +67,10 @@
  * namespace must not be destroyed while another call may still use it (the
  * caller's reference counting covers that, as for the kernel's ucounts);
  * hcount_ns_own() reading 0 does not say so (a no-cache uncharge zeroes
- * own, then walks the ancestors).  hcount orders no memory for the caller: a successful charge is not an
- * acquire, an uncharge not a release.  Nothing is async-signal-safe: a
- * handler that charges or uncharges while its thread holds a slot lock (in
- * any call here) spins for ever.
+ * own, then walks the ancestors).  hcount orders no memory for the caller:
+ * a successful charge is not an acquire, an uncharge not a release.
+ * Nothing is async-signal-safe: a handler that charges or uncharges while
+ * its thread holds a slot lock (in any call here) spins for ever.
  *
  * Errors are negative errno values: -EINVAL for a bad argument (and a
  * one-line warning on stderr naming the call), -EDQUOT for a refused charge,

@@ -66,8 +66,7 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
  * sets): percpu_ref_is_zero() reads true a moment before the thread whose
  * put took the count to zero calls it, and another thread's exit in that
  * moment frees what that thread is about to read (a review's faulted).
- * Readers that found
- * the object before @unpublish returned may still call
+ * Readers that found the object before @unpublish returned may still call
  * percpu_rcuref_tryget() on it, which fails without a warning: the library
  * keeps the count they read until their sections have ended, and the
  * object's own memory must outlive them too (free it after

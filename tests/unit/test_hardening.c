@@ -1059,6 +1059,51 @@ static int mode_no_fence_overlap(unsigned long stamp_delay_us)
 	return 0;
 }
 
+/*
+ * A fork while another thread is between its switch-off's publish and its
+ * stamp: the child has no such thread, and its fences must not wait for
+ * that stamp (they did, for ever, before the child's count was reset).
+ */
+static void *switch_off_slowly(void *arg)
+{
+	(void)arg;
+	percpuref_fence_readers();
+	return NULL;
+}
+
+static int mode_no_fence_fork(void)
+{
+	pthread_t other;
+	pid_t pid;
+	int status;
+
+	if (strncmp(percpuref_fast_path(), "rseq", 4))
+		return 77;
+	if (percpuref_nr_units() < 2 || refuse_membarrier_and_migration())
+		return 77;
+	if (syscall(__NR_membarrier, 0, 0) != -1 || errno != EPERM)
+		return 77;
+	percpuref_test_switch_off_stamp_delay(300000);
+	if (pthread_create(&other, NULL, switch_off_slowly, NULL))
+		return 1;
+	/* Relaxed: a spin until the other thread's publish. */
+	while (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED))
+		;
+	pid = fork();
+	if (pid == 0) {
+		alarm(5);	/* the hang this catches: SIGALRM, 128 + 14 */
+		percpuref_fence_readers();
+		_exit(0);
+	}
+	status = wait_child(pid);
+	pthread_join(other, NULL);
+	if (status) {
+		fprintf(stderr, "the child's fence: status %d\n", status);
+		return 2;
+	}
+	return 0;
+}
+
 /* ---- Finding 10: kill from the ref's own confirm callback. ---- */
 
 static struct object self_killed;
@@ -1164,6 +1209,8 @@ int main(int argc, char **argv)
 			return mode_no_fence_overlap(0);
 		if (!strcmp(argv[1], "--no-fence-late-stamp"))
 			return mode_no_fence_overlap(20000);
+		if (!strcmp(argv[1], "--no-fence-fork"))
+			return mode_no_fence_fork();
 		if (!strcmp(argv[1], "--print-interval"))
 			return mode_print_interval();
 		return 2;
@@ -1201,6 +1248,9 @@ int main(int argc, char **argv)
 	child_verdict(run_mode_without_membarrier("--no-fence-late-stamp"),
 		      "finding 13: cannot refuse membarrier and migration here",
 		      "13: and for a switch-off held between its publish and its stamp");
+	child_verdict(run_mode_without_membarrier("--no-fence-fork"),
+		      "finding 13: cannot refuse membarrier and migration here",
+		      "13: a fork child of a process mid-switch-off does not wait for its stamp");
 	test_kill_from_confirm();
 	test_dropped_manager_ref();
 	test_settings();
