@@ -15,7 +15,9 @@
  *   request:  if (percpu_ref_tryget_live(&c->ref)) { serve; percpu_ref_put(&c->ref); }
  *   close:    percpu_ref_kill_and_confirm(&c->ref, conn_confirm_kill)
  *             (or percpu_ref_kill(): the same without a callback)
- *   release:  on the thread of the last put; percpu_ref_exit() and free.
+ *   release:  on the thread of the last put (the callback thread when the
+ *             kill's switch held the last reference); percpu_ref_exit()
+ *             and free.
  * The object must stay reachable for as long as handlers may tryget it:
  * here the server keeps a second reference until its handlers are gone,
  * and tryget_live, not the memory, is what tells them it closed.  When a lookup

@@ -108,8 +108,10 @@ PERCPUREF_API void percpu_rcuref_read_unlock(void);
  * fallback path, before that get or put returns): a put still
  * running on another thread is not waited for, even once its @unpublish
  * returned.
- * 0, or -EDEADLK (warned) from a callback or inside a read-side section (it
- * would wait for itself).  While the library's threads cannot start, it
+ * 0, or -EDEADLK (warned) on one of the library's threads (its callbacks),
+ * from shutdown, from a callback that a poll or a wait running the queue
+ * itself runs, or inside a read-side section (it would wait for itself); a
+ * callback run by a put on the putter's own thread may call it.  While the library's threads cannot start, it
  * runs their queues, grace period and callbacks, on the calling thread.
  */
 PERCPUREF_API int percpu_rcuref_barrier(void);
