@@ -27,6 +27,14 @@
  * until every thread that registered here has run its hooks.  A fork
  * child's thread keeps its hooks with the rest of its TLS.
  *
+ * The key does not outlive the library: it is deleted when the library is
+ * unloaded (or the process exits), and glibc then calls no destructor of
+ * it.  glibc calls key destructors after the TLS destructors, when nothing
+ * holds the library mapped any more: one of the application's, on a lower
+ * key, that unloaded a plugin carrying its own copy of the library let
+ * this key's run in unmapped memory; and each load of such a plugin took
+ * a key for good (1024 in all).  tests/unit/test_unload.c, own-copy.
+ *
  * A key set from a key destructor in glibc's last round (the
  * PTHREAD_DESTRUCTOR_ITERATIONS-th) has no next round: such a thread's
  * hooks never run, and nothing can tell it that it registered too late.
@@ -78,7 +86,7 @@ static __thread unsigned int nr_hooks;
 static __thread bool cxa_registered;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t key;
-static bool key_ok;
+static bool key_ok;	/* atomic: cleared at unload, before the delete */
 
 static void run_hooks(void *unused)
 {
@@ -91,7 +99,19 @@ static void run_hooks(void *unused)
 
 static void make_key(void)
 {
-	key_ok = pthread_key_create(&key, run_hooks) == 0;
+	__atomic_store_n(&key_ok, pthread_key_create(&key, run_hooks) == 0, __ATOMIC_RELAXED);
+}
+
+/*
+ * At unload or exit, after the library's other destructors (a lower
+ * priority runs later; runtime.c's stops the library's threads, whose
+ * hooks run by their TLS destructors).  Relaxed: a thread still calling
+ * in while the library is unloaded is the caller's error anyway.
+ */
+static __attribute__((destructor(101))) void delete_key(void)
+{
+	if (__atomic_exchange_n(&key_ok, false, __ATOMIC_RELAXED))
+		pthread_key_delete(key);
 }
 
 bool percpuref_at_thread_exit(void (*fn)(void *), void *arg)
@@ -101,8 +121,9 @@ bool percpuref_at_thread_exit(void (*fn)(void *), void *arg)
 	pthread_once(&key_once, make_key);
 	if (nr_hooks == MAX_HOOKS)
 		return false;
-	/* Any non-NULL value arms the destructor. */
-	armed = key_ok && pthread_setspecific(key, hooks) == 0;
+	/* Any non-NULL value arms the destructor.  Relaxed: see delete_key(). */
+	armed = __atomic_load_n(&key_ok, __ATOMIC_RELAXED) &&
+		pthread_setspecific(key, hooks) == 0;
 	if (__cxa_thread_atexit_impl && !cxa_registered)
 		cxa_registered = __cxa_thread_atexit_impl(run_hooks, NULL, &__dso_handle) == 0;
 	if (!armed && !cxa_registered)
