@@ -1253,8 +1253,12 @@ static void wait_for_sections_at_switch_off(void)
 	while (__atomic_load_n(&switch_offs_stamping, __ATOMIC_ACQUIRE))
 		percpuref_yield_or_nap(++tries);
 	end = __atomic_load_n(&switch_off_wait_end_ns, __ATOMIC_RELAXED);
+	/* Never switched off (every fence of a process on the fallback
+	 * path comes here): no clock read. */
+	if (!end)
+		return;
 	left = (int64_t)(end - percpuref_monotonic_ns());
-	if (end && left > 0)
+	if (left > 0)
 		percpuref_sleep_us((unsigned long)((left < SWITCH_OFF_WAIT_NS ? left
 									: SWITCH_OFF_WAIT_NS) + 999) / 1000);
 }

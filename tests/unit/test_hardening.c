@@ -1020,6 +1020,19 @@ static int mode_no_fence(void)
  */
 static uint64_t overlap_ended_ns;
 
+/*
+ * The rseq fast path in use, then membarrier and migration refused: false
+ * where that cannot be had here (no rseq fast path to switch off, one CPU,
+ * no filter, or another architecture's calls, which pass the filter).
+ */
+static bool rseq_then_no_fence(void)
+{
+	/* Sets the library up (the offset is set at the first call). */
+	return !strncmp(percpuref_fast_path(), "rseq", 4) && percpuref_nr_units() >= 2 &&
+	       !refuse_membarrier_and_migration() && syscall(__NR_membarrier, 0, 0) == -1 &&
+	       errno == EPERM;
+}
+
 static void *fence_once_switched_off(void *arg)
 {
 	(void)arg;
@@ -1036,13 +1049,8 @@ static int mode_no_fence_overlap(unsigned long stamp_delay_us)
 	uint64_t started, least = (stamp_delay_us + 10000) * 1000;
 	pthread_t other;
 
-	/* Sets the library up (the offset is set at the first call). */
-	if (strncmp(percpuref_fast_path(), "rseq", 4))
-		return 77;	/* no rseq fast path to switch off */
-	if (percpuref_nr_units() < 2 || refuse_membarrier_and_migration())
+	if (!rseq_then_no_fence())
 		return 77;
-	if (syscall(__NR_membarrier, 0, 0) != -1 || errno != EPERM)
-		return 77;	/* another architecture's calls pass the filter */
 	percpuref_test_switch_off_stamp_delay(stamp_delay_us);
 	if (pthread_create(&other, NULL, fence_once_switched_off, NULL))
 		return 1;
@@ -1077,11 +1085,7 @@ static int mode_no_fence_fork(void)
 	pid_t pid;
 	int status;
 
-	if (strncmp(percpuref_fast_path(), "rseq", 4))
-		return 77;
-	if (percpuref_nr_units() < 2 || refuse_membarrier_and_migration())
-		return 77;
-	if (syscall(__NR_membarrier, 0, 0) != -1 || errno != EPERM)
+	if (!rseq_then_no_fence())
 		return 77;
 	percpuref_test_switch_off_stamp_delay(300000);
 	if (pthread_create(&other, NULL, switch_off_slowly, NULL))
