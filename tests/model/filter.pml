@@ -14,12 +14,24 @@
  * the first collect and the start of the second).  The model keeps a get
  * total and a put total per CPU, which is what the word encodes.
  *
+ * A thread the allocator could give no unit (percpu_ref.c, the unit-less
+ * word) adds to one more word of the same encoding, which the filter reads
+ * before the first collect and after the second (snapshot_held()), and
+ * adds to the per-CPU sum: a reference can be taken on a CPU's word and
+ * dropped on the unit-less one, or the other way round, so only the sum of
+ * all words says how many are held.  The atomic count holds the manager's
+ * reference and nothing else while the ref is per-CPU (users add to the
+ * words), so the model keeps it as the constant 1 that snapshot_held()
+ * adds.
+ *
  * Modelled: two CPUs; user U takes a reference before the check starts and
  * holds it until the check is done; user V does PAIRS get/put pairs, each
  * get and each put on any CPU (V migrates between them); the reclaimer runs
  * one filter while U holds, then, once both users are done, one more on
- * the now idle ref.  Each read of a CPU's word is one step, each user add
- * one step (an rseq commit); memory is sequentially consistent.
+ * the now idle ref.  Each user add goes to either CPU's word or to the
+ * unit-less word.  Each read of a word is one step, each user add one step
+ * (an rseq commit, or the unit-less word's CAS); memory is sequentially
+ * consistent.
  *
  * Asserted:
  *  - no atomic window for a ref in use: while U holds its reference, the
@@ -35,13 +47,21 @@
  *  -DMUTANT_NET_COUNTERS: two collects over plain net counters (a put
  *   subtracts): V's pairs can restore every counter between the reads
  *   (ABA), so two equal collects can both be inconsistent.
+ *  -DMUTANT_NO_UNITLESS: the references held summed from the CPUs' words
+ *   only: a reference taken on a CPU's word and dropped on the unit-less
+ *   one reads as still held, and the idle ref is kept out for ever (the
+ *   first violation pan finds); U's reference held on the unit-less word
+ *   is not seen, and the ref in use goes on to the switch.
  */
 
 #define NCPU	2
 #define PAIRS	3
+#define UNITLESS	NCPU	/* the unit-less word's index */
 
-byte gets[NCPU];		/* per-CPU get totals (the word's low bits) */
-byte puts[NCPU];		/* per-CPU put totals (its high bits) */
+/* Get and put totals (a word's low bits and its high bits) of each CPU's
+ * word, then of the unit-less word. */
+byte gets[NCPU + 1];
+byte puts[NCPU + 1];
 bit u_holding;
 bit check_done;
 byte users_done;
@@ -68,54 +88,60 @@ inline collect(sg, sp)
 }
 
 /* The filter: true (passed) when the ref looks held by the manager only,
- * consistently; the manager's reference is in the atomic count, so "only
- * the manager" is a per-CPU net of zero. */
+ * consistently: the unit-less word read around two collects, all equal,
+ * and the references held (the atomic count's 1, the manager's, plus the
+ * net of every word) at most 1. */
 inline filter(passed)
 {
+	ug1 = gets[UNITLESS]; up1 = puts[UNITLESS];
 	collect(g1, p1);
 #ifdef MUTANT_SINGLE_COLLECT
 	g2 = g1; p2 = p1;
 #else
 	collect(g2, p2);
 #endif
-	passed = (g1 == g2 && p1 == p2 && g2 - p2 == 0)
+	ug2 = gets[UNITLESS]; up2 = puts[UNITLESS];
+#ifdef MUTANT_NO_UNITLESS
+	held = 1 + g2 - p2;
+#else
+	held = 1 + g2 - p2 + ug2 - up2;
+#endif
+	passed = (g1 == g2 && p1 == p2 && ug1 == ug2 && up1 == up2 && held <= 1)
+}
+
+/* The word a user adds to: a CPU's, or the unit-less one. */
+inline pick_word(w)
+{
+	if
+	:: w = 0
+	:: w = 1
+	:: w = UNITLESS
+	fi
 }
 
 active proctype user_u()
 {
-	byte cpu;
+	byte w;
 
-	if
-	:: cpu = 0
-	:: cpu = 1
-	fi;
-	gets[cpu]++;
+	pick_word(w);
+	gets[w]++;
 	u_holding = 1;
 	check_done;		/* hold across the whole filter */
-	if
-	:: cpu = 0
-	:: cpu = 1
-	fi;
-	puts[cpu]++;
+	pick_word(w);
+	puts[w]++;
 	users_done++
 }
 
 active proctype user_v()
 {
-	byte cpu, n = 0;
+	byte w, n = 0;
 
 	do
 	:: n < PAIRS ->
-		if
-		:: cpu = 0
-		:: cpu = 1
-		fi;
-		gets[cpu]++;
-		if
-		:: cpu = 0
-		:: cpu = 1
-		fi;
-		puts[cpu]++;
+		pick_word(w);
+		gets[w]++;
+		pick_word(w);
+		puts[w]++;
 		n++
 	:: else -> break
 	od;
@@ -124,7 +150,7 @@ active proctype user_v()
 
 active proctype reclaimer()
 {
-	short g1, p1, g2, p2;
+	short g1, p1, g2, p2, ug1, up1, ug2, up2, held;
 	byte i;
 	bit passed;
 

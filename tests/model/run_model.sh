@@ -4,9 +4,14 @@
 # (spin -a), compiles it for safety properties (-DSAFETY: assertions and
 # invalid end states), runs it and compares the outcome with the expected one.
 #
-# usage: run_model.sh MODEL.pml pass|fail [-DMACRO ...]
+# usage: run_model.sh MODEL.pml pass|fail[=VIOLATION] [-DMACRO ...]
 #   pass: the search must complete with "errors: 0"
 #   fail: SPIN must find a violation (a mutant: proof that the model can fail)
+#   fail=VIOLATION: and one of the violations pan reports must contain the
+#     text VIOLATION (e.g. "assertion violated (total==0)", "invalid end
+#     state"), so that a mutant fails for the reason it claims, not for any
+#     (a typo that deadlocks the model fails too); pan's first violation is
+#     tried, then, if it is another, every violation (pan -c0 -e)
 # Prints one line: "model NAME [MACROS]: OK|FAILED (errors N, S states, T s)".
 # Environment: SPIN (default spin), CC (default cc), PAN_MEMLIM (pan's
 # memory limit in MB, default 2048), PAN_OPT (one compiler flag, the
@@ -18,6 +23,12 @@ set -euo pipefail
 model=$(realpath "$1")
 expect=$2
 shift 2
+violation=
+case $expect in
+fail=*) violation=${expect#fail=}; expect=fail ;;
+pass|fail) ;;
+*) echo "usage: run_model.sh MODEL.pml pass|fail[=VIOLATION] [-DMACRO ...]" >&2; exit 2 ;;
+esac
 name=$(basename "$model" .pml)
 label="model $name${*:+ $*}"
 spin=${SPIN:-spin}
@@ -61,7 +72,16 @@ if [ "$expect" = pass ] && [ "$errors" = 0 ]; then
 elif [ "$expect" = fail ] && [ "$errors" != 0 ]; then
   # Show the counterexample: what the mutant breaks.
   "$spin" "$@" -t "$name.pml" 2>&1 | grep -E "assertion|violated" | head -n3 || true
-  echo "$label: OK (violation found as expected, $summary)"
+  if [ -n "$violation" ] && ! grep -E '^pan:[0-9]+: ' pan.log | grep -qF -- "$violation"; then
+    ./pan -m200000 -c0 -e >pan-all.log 2>&1 || true
+    if ! grep -E '^pan:[0-9]+: ' pan-all.log | grep -qF -- "$violation"; then
+      grep -E '^pan:[0-9]+: ' pan-all.log | sed 's/^pan:[0-9]*: //; s/ (at depth [0-9]*)//' |
+        sort | uniq -c | head -n 10
+      echo "$label: FAILED (no violation \"$violation\", $summary)"
+      exit 1
+    fi
+  fi
+  echo "$label: OK (violation found as expected${violation:+: $violation}, $summary)"
 else
   cat pan.log
   [ "$errors" != 0 ] && "$spin" "$@" -t -p "$name.pml" 2>&1 | tail -n 40
