@@ -775,7 +775,7 @@ for n, line in enumerate(lines, 1):
 # micro: rows 1 (added for efficiency) and 2, two variants.
 json micro 4 no --threads 2 --oversubscribe --variants private,kref
 # signal1: 3 threads of 2 workers make 2 containers, the last one short.
-json signal1 8 yes --threads 1,3 --workers 2
+json signal1 10 yes --threads 1,3 --workers 2
 json signal1 2 yes --threads "$over" --variants global
 # --processes runs threads in fork children, which a ThreadSanitizer
 # build refuses (usage error, said so): its tests are skipped there.

@@ -4,9 +4,10 @@
  * signal charges RLIMIT_SIGPENDING up the user-namespace chain to the root
  * (the ucounts rlimit case, docs/design.md).
  *
- * The model.  One hcount tree stands for the ucounts hierarchy: its root is
- * init_ucounts, under it one parent namespace (the container runtime's),
- * and under that one child namespace per container.  Each container runs
+ * The model.  One tree stands for the ucounts hierarchy: its root is
+ * init_ucounts and under it one child namespace per container (hcount's
+ * variants put one parent namespace, the container runtime's, between the
+ * root and the containers: a level more to charge).  Each container runs
  * --workers threads (default 1): thread i belongs to container i / workers,
  * so a measurement at N threads has K = ceil(N / workers) containers (the
  * last one short of workers when N is not a multiple, as in the harness's
@@ -24,13 +25,20 @@
  *
  * The queue work is private to the worker, so the only cache lines that
  * workers of different containers can share are those the charge and the
- * uncharge write.  Variants (the first two through the hcount API, the
- * other two through signal1_model.h):
+ * uncharge write.  Variants (no-cache and cached through the hcount API,
+ * the others through signal1_model.h):
  *
- *   global    a no-cache tree (HCOUNT_NO_CACHE): every charge and uncharge
- *             walks container -> parent -> root with an atomic on each
- *             level, so all containers write the parent's and the root's
- *             lines: the kernel's inc_rlimit_ucounts(), the "before" row.
+ *   global    the kernel's code, the report's "before" row: Linux 6.12's
+ *             inc_rlimit_get_ucounts() and dec_rlimit_put_ucounts(), an
+ *             atomic add on every level from the container to the root,
+ *             checked after the add and unwound when over, and a get or a
+ *             put of a level's ucounts reference when its count goes from
+ *             0 to 1 or back; every container writes the root's line.
+ *   no-cache  hcount without caches (HCOUNT_NO_CACHE): every charge and
+ *             uncharge walks container -> parent -> root, a compare-and-
+ *             swap per level that never passes a max (exact, where the
+ *             kernel's add may pass it for a moment) and an add to the
+ *             container's own count; no reference to take.
  *   cached    a tree with batched caches (--batch units per refill, default
  *             HCOUNT_BATCH_DEFAULT): a charge takes a unit from the
  *             container's own cache and an uncharge puts it back, one lock
@@ -91,9 +99,11 @@ static long opt_batch = HCOUNT_BATCH_DEFAULT;
 static long opt_limit;
 static bool opt_override_rlimit;
 
+/* The hcount variants first; SIGNAL1_KERNEL and after use signal1_model.h. */
 enum signal1_kind {
-	SIGNAL1_GLOBAL,
+	SIGNAL1_NO_CACHE,
 	SIGNAL1_CACHED,
+	SIGNAL1_KERNEL,
 	SIGNAL1_REPORT,
 	SIGNAL1_PCPU_COUNTER,
 };
@@ -104,7 +114,7 @@ struct signal1_state {
 	struct hcount_ns **containers;	/* one child namespace per container */
 	unsigned int nr_containers;
 	long rlimit;			/* RLIMIT_SIGPENDING, the charge's max */
-	struct sig1_tree *model;	/* cached-report, percpu-counter */
+	struct sig1_tree *model;	/* global, cached-report, percpu-counter */
 	uint64_t refusals;		/* cached-report's retried; atomic */
 };
 
@@ -127,7 +137,7 @@ struct sigqueue {
 /* One worker: a thread of a container; everything here is private to it. */
 struct worker {
 	struct hcount_ns *ns;		/* its container's namespace */
-	struct sig1_tree *model;	/* cached-report, percpu-counter ... */
+	struct sig1_tree *model;	/* global, cached-report, percpu-counter ... */
 	struct sig1_level *level;	/* ... and its container's level there */
 	int cpu;			/* percpu-counter: whose delta */
 	long rlimit;
@@ -169,7 +179,7 @@ static void signal1_setup(struct bench_run *run)
 	/* signal1_validate_rows() checked it against every row. */
 	s->rlimit = sigpending_limit();
 	s->nr_containers = (run->nthreads + opt_workers - 1) / opt_workers;
-	if (run->variant->arg >= SIGNAL1_REPORT) {
+	if (run->variant->arg >= SIGNAL1_KERNEL) {
 		long ncpus = sysconf(_SC_NPROCESSORS_CONF);
 
 		/* The report's tree: containers directly under the root. */
@@ -218,9 +228,11 @@ static inline __attribute__((always_inline)) bool
 signal_charge(struct worker *w, enum signal1_kind kind)
 {
 	switch (kind) {
-	case SIGNAL1_GLOBAL:
+	case SIGNAL1_NO_CACHE:
 	case SIGNAL1_CACHED:
 		return !hcount_charge_max(w->ns, SIGPENDING, 1, w->rlimit);
+	case SIGNAL1_KERNEL:
+		return sig1_kernel_charge(w->model, w->level, w->rlimit);
 	case SIGNAL1_REPORT:
 		/*
 		 * The patch as posted may refuse with room left, while
@@ -246,9 +258,11 @@ static inline __attribute__((always_inline)) bool
 signal_uncharge(struct worker *w, const struct sigqueue *q, enum signal1_kind kind)
 {
 	switch (kind) {
-	case SIGNAL1_GLOBAL:
+	case SIGNAL1_NO_CACHE:
 	case SIGNAL1_CACHED:
 		return !hcount_uncharge(q->ucounts, SIGPENDING, 1);
+	case SIGNAL1_KERNEL:
+		return sig1_kernel_uncharge(q->level, NULL);
 	case SIGNAL1_REPORT:
 		sig1_report_uncharge(q->level);
 		return true;
@@ -322,6 +336,11 @@ static void signal1_hcount_loop(struct bench_thread *t)
 	signal1_loop(t, SIGNAL1_CACHED);
 }
 
+static void signal1_kernel_loop(struct bench_thread *t)
+{
+	signal1_loop(t, SIGNAL1_KERNEL);
+}
+
 static void signal1_report_loop(struct bench_thread *t)
 {
 	signal1_loop(t, SIGNAL1_REPORT);
@@ -377,7 +396,8 @@ static void signal1_teardown(struct bench_run *run)
 					    NULL);
 		}
 		if (!sig1_tree_destroy(s->model))
-			signal1_die(run, "units left in the tree after the caches were drained");
+			signal1_die(run, "units or ucounts references left in the tree after the "
+				    "caches were drained");
 		free(s);
 		return;
 	}
@@ -440,13 +460,15 @@ static const struct bench_option signal1_options[] = {
 	{ "limit", BENCH_OPT_LONG, &opt_limit,
 	  "every namespace's max and the task's rlimit (0: RLIMIT_SIGPENDING)" },
 	{ "override-rlimit", BENCH_OPT_BOOL, &opt_override_rlimit,
-	  "cached-report, percpu-counter: skip the parents' max (override_rlimit)" },
+	  "global, cached-report, percpu-counter: override_rlimit (parents' max unchecked)" },
 	{ 0 },
 };
 
 static const struct bench_variant signal1_variants[] = {
-	{ "global", "no cache: every charge walks to the root with atomics (before)",
-	  signal1_hcount_loop, SIGNAL1_GLOBAL },
+	{ "global", "the kernel's: an atomic add per level up to the root (before)",
+	  signal1_kernel_loop, SIGNAL1_KERNEL },
+	{ "no-cache", "hcount without caches: a compare-and-swap per level, exact",
+	  signal1_hcount_loop, SIGNAL1_NO_CACHE },
 	{ "cached", "hcount's batched cache of charged units (today's policy)",
 	  signal1_hcount_loop, SIGNAL1_CACHED },
 	{ "cached-report", "the report's cache: batch 16, containers under the root (after)",

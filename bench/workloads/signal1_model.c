@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * signal1_model.c - slow paths of signal1's report and percpu-counter
- * models (signal1_model.h has the model and its ordering argument):
+ * signal1_model.c - slow paths of signal1's kernel, report and
+ * percpu-counter models (signal1_model.h has the model and its ordering argument):
  * creating and checking the tree, the report's refill and drain, and the
  * exact sum of a percpu counter.
  */
@@ -17,6 +17,7 @@ static struct sig1_level *sig1_level_create(struct sig1_level *parent, long max,
 
 	l->max = max;
 	l->parent = parent;
+	l->refs = 1;	/* the namespace's own */
 	l->deltas = bench_zalloc(ncpus * SIG1_DELTA_STRIDE * sizeof(long));
 	return l;
 }
@@ -84,11 +85,11 @@ bool sig1_tree_destroy(struct sig1_tree *t)
 
 	sig1_report_drain(t);
 	for (unsigned int i = 0; i < t->ncontainers; i++) {
-		clean &= sig1_pcpu_sum(t, t->containers[i]) == 0;
+		clean &= sig1_pcpu_sum(t, t->containers[i]) == 0 && t->containers[i]->refs == 1;
 		free(t->containers[i]->deltas);
 		free(t->containers[i]);
 	}
-	clean &= sig1_pcpu_sum(t, t->root) == 0;
+	clean &= sig1_pcpu_sum(t, t->root) == 0 && t->root->refs == 1;
 	free(t->root->deltas);
 	free(t->root);
 	free(t->containers);

@@ -1,14 +1,32 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * signal1_model.h - two models of the ucounts RLIMIT_SIGPENDING charge
+ * signal1_model.h - three models of the ucounts RLIMIT_SIGPENDING charge
  * that are not hcount, for the signal1 workload (signal1.c).  Not library
- * API: the benchmark's own, after the patches they stand for.
+ * API: the benchmark's own, after the kernel code and the patches they
+ * stand for.
  *
  * The tree is the report's: init_ucounts at the root and every container's
  * user namespace directly under it.  Each level has its count and its max;
  * the task charges at its container's level against its own rlimit
  * (tlimit), and the levels above against their max unless override_rlimit
- * (the signal is one the kernel queues past the rlimit).
+ * (the signal is one the kernel queues past the rlimit).  --limit gives
+ * every level the same max, so which level's max checks which count (the
+ * kernel checks a parent's count against the max its child namespace
+ * recorded) makes no difference here.
+ *
+ * kernel (sig1_kernel_charge/_uncharge): Linux 6.12's
+ * inc_rlimit_get_ucounts() and dec_rlimit_put_ucounts(), the report's
+ * "before".  A charge adds one at every level up to the root with an
+ * atomic add, checks the new count after the add (the task's own level
+ * against nothing, each level above against the max of the one below, none
+ * with override_rlimit) and unwinds the levels it added to when one is
+ * over; the caller then checks the task's own level against its rlimit.  A
+ * level whose count goes from 0 to 1 takes a reference on its ucounts
+ * (get_ucounts(): an atomic add), and one whose count goes back to 0 puts
+ * it (put_ucounts(): atomic_dec_and_lock()'s compare-and-swap, which never
+ * takes the count to zero while the namespace holds its own reference, as
+ * here).  The reference count is on another line of struct ucounts than
+ * the rlimit counts (offset 28 against 144 on x86-64), and so it is here.
  *
  * report (sig1_report_charge/_uncharge): the ucounts report's cache, as
  * its patch does it.  Each container keeps an atomic cache of units already
@@ -34,13 +52,21 @@
  * delta at every level; a delta whose magnitude reaches the batch is folded
  * into the level's shared count.  The limit check reads the shared count
  * (approximate: off by at most batch x CPUs) and only when that is within
- * the slack of the max sums every CPU's delta (exact).  Threads that share
- * a CPU (the oversubscribed rows) share its delta, so the add is an atomic
- * read-modify-write on a line no other CPU writes: the kernel's this_cpu
- * add with preemption off, in userspace.
+ * the slack of the max sums every CPU's delta (the kernel's
+ * percpu_counter_sum(): exact when no add runs beside it).  Threads that
+ * share a CPU (the oversubscribed rows) share its delta, so the add is an
+ * atomic read-modify-write on a line no other CPU writes: the kernel's
+ * this_cpu add with preemption off, in userspace.  Unlike the kernel, a
+ * thread can be preempted between its add and its fold, so a CPU's delta
+ * can pass the batch by one for each thread of that CPU preempted there:
+ * the bound above holds only while none is.  signal1 never comes near a
+ * limit with those rows (each worker holds at most one unit and the limit
+ * leaves room for all), so it does not matter there.
  *
  * Ordering: counts only.  Every access is a relaxed atomic; a charge orders
- * nothing for the caller, as hcount's does not.  Exactness of the limits
+ * nothing for the caller, as hcount's does not (the kernel's value-returning
+ * atomics are fully ordered, but on x86 a relaxed read-modify-write is the
+ * same locked instruction, so the kernel model costs what the kernel does).  Exactness of the limits
  * in "report" needs no ordering either: a drain and a refill both move
  * units with atomic read-modify-writes, so no unit is counted twice.
  */
@@ -64,6 +90,12 @@ struct sig1_level {
 	struct sig1_level *parent;	/* NULL at the root */
 	/* percpu-counter: this level's per-CPU deltas, 128 bytes apart. */
 	long *deltas;
+	/*
+	 * kernel: the ucounts' reference count, atomic; 1, the namespace's
+	 * own reference, while nothing is charged here.  128 bytes from the
+	 * count, as in struct ucounts.
+	 */
+	long refs __attribute__((aligned(128)));
 } __attribute__((aligned(128)));
 
 struct sig1_tree {
@@ -80,11 +112,17 @@ struct sig1_tree {
 #define SIG1_DELTA_STRIDE 16
 
 struct sig1_tree *sig1_tree_create(unsigned int ncontainers, long max, unsigned int ncpus);
-/* Checks that no unit is left anywhere, then frees; false if some are. */
+/*
+ * Checks that no unit is left anywhere and that each level holds only its
+ * own reference, then frees; false if not.
+ */
 bool sig1_tree_destroy(struct sig1_tree *t);
 /* report: empty every container's cache back up the chain. */
 void sig1_report_drain(struct sig1_tree *t);
-/* percpu-counter: the exact value of @l's count (shared count + deltas). */
+/*
+ * percpu-counter: @l's count, shared count + deltas (exact when no add runs
+ * beside it, a sum of relaxed loads otherwise).
+ */
 long sig1_pcpu_sum(const struct sig1_tree *t, const struct sig1_level *l);
 
 /* Adds @n at every level from @l up, each checked unless @nocheck; unwinds. */
@@ -98,6 +136,75 @@ static inline bool sig1_chain_add(struct sig1_level *l, long n, bool nocheck)
 				__atomic_sub_fetch(&u->count, n, __ATOMIC_RELAXED);
 			return false;
 		}
+	}
+	return true;
+}
+
+/* get_ucounts(): one more reference on @l's ucounts. */
+static inline void sig1_ucounts_get(struct sig1_level *l)
+{
+	/* Relaxed: a count only; on x86 the same locked add as the kernel's. */
+	__atomic_add_fetch(&l->refs, 1, __ATOMIC_RELAXED);
+}
+
+/* put_ucounts(): one reference less; false if it was the last (a bug here). */
+static inline bool sig1_ucounts_put(struct sig1_level *l)
+{
+	long v = __atomic_load_n(&l->refs, __ATOMIC_RELAXED);
+
+	/* atomic_add_unless(-1, 1): relaxed, a count only, as the get. */
+	while (v > 1)
+		if (__atomic_compare_exchange_n(&l->refs, &v, v - 1, false, __ATOMIC_RELAXED,
+						__ATOMIC_RELAXED))
+			return true;
+	return false;
+}
+
+/*
+ * kernel: takes one unit off every level from @c up to @last (excluded),
+ * putting the reference of each that goes back to 0; false if a count went
+ * below zero or a put found only the namespace's own reference (both bugs).
+ */
+static inline bool sig1_kernel_uncharge(struct sig1_level *c, const struct sig1_level *last)
+{
+	bool ok = true;
+
+	for (struct sig1_level *i = c; i != last; i = i->parent) {
+		long v = __atomic_sub_fetch(&i->count, 1, __ATOMIC_RELAXED);
+
+		if (v < 0)
+			ok = false;
+		else if (v == 0)
+			ok &= sig1_ucounts_put(i);
+	}
+	return ok;
+}
+
+/* kernel: one unit at container @c against @tlimit; false: refused. */
+static inline bool sig1_kernel_charge(struct sig1_tree *t, struct sig1_level *c, long tlimit)
+{
+	long max = __LONG_MAX__;
+	long own = 0;
+
+	for (struct sig1_level *i = c; i; i = i->parent) {
+		long v = __atomic_add_fetch(&i->count, 1, __ATOMIC_RELAXED);
+
+		/* Before the check, as 6.12 does: the unwind puts it. */
+		if (v == 1)
+			sig1_ucounts_get(i);
+		if (percpuref_unlikely(v > max)) {
+			sig1_kernel_uncharge(c, i->parent);
+			return false;
+		}
+		if (i == c)
+			own = v;
+		if (!t->override_rlimit)
+			max = i->max;
+	}
+	/* __sigqueue_alloc(): the task's own count against its rlimit. */
+	if (percpuref_unlikely(!t->override_rlimit && own > tlimit)) {
+		sig1_kernel_uncharge(c, NULL);
+		return false;
 	}
 	return true;
 }
