@@ -43,8 +43,10 @@
 struct config {
 	struct percpu_rcuref ref;
 	long version;
-	long settings[SETTINGS];	/* each equal to version: a torn or
-					 * freed snapshot would show */
+	/* Each equal to version; the release sets version to -1 first, so a
+	 * reader of a torn snapshot, or of a freed one whose block malloc has
+	 * not reused yet, sees them differ (a reused block: ASan sees it). */
+	long settings[SETTINGS];
 };
 
 static struct config *current;		/* the published snapshot */
@@ -58,6 +60,7 @@ static void config_release(struct percpu_rcuref *ref)
 
 	for (int i = 0; i < SETTINGS; i++)
 		CHECK(c->settings[i] == c->version);
+	c->version = -1;
 	percpu_rcuref_exit(&c->ref);
 	free(c);
 	__atomic_fetch_add(&released, 1, __ATOMIC_RELAXED);

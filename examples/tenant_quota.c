@@ -14,13 +14,15 @@
  * The steps:
  *   setup:   hcount_tree_create(&tree, 1, HCOUNT_BATCH_DEFAULT, (long[]){100})
  *            hcount_ns_create(&tenant, hcount_tree_root(tree), (long[]){40})
- *   open:    if (hcount_charge(tenant, SESSIONS, 1) == -EDQUOT) refuse;
+ *   open:    err = hcount_charge(tenant, SESSIONS, 1): 0 admitted, -EDQUOT
+ *            refused (a limit is reached), anything else a bug (-EINVAL)
  *   close:   hcount_uncharge(tenant, SESSIONS, 1)
  *   limits:  hcount_ns_set_limit(tenant, SESSIONS, 50) at any time
  *   end:     hcount_ns_destroy(tenant) (no units left), hcount_tree_destroy(tree)
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 #include <percpuref/hcount.h>
@@ -35,34 +37,79 @@ enum { SESSIONS, NR_TYPES };	/* resource types of the tree */
 #define ROUNDS 20000
 
 static struct hcount_ns *tenants[TENANTS];
+/* Sessions open in all tenants: atomic, raised after a charge is granted
+ * and lowered before its uncharge, so never above what hcount counts. */
+static long sessions_open;
+static long refused_by_global;	/* refusals below the tenant's limit */
+static pthread_barrier_t servers_met;
 
-/* Opens up to TENANT_LIMIT sessions of one tenant, returns how many. */
+/* Opens sessions of one tenant until a limit refuses; returns how many. */
 static long open_all(struct hcount_ns *tenant)
 {
 	long n = 0;
+	int err;
 
-	while (hcount_charge(tenant, SESSIONS, 1) == 0)
+	while ((err = hcount_charge(tenant, SESSIONS, 1)) == 0)
 		n++;
+	CHECK(err == -EDQUOT);
 	return n;
 }
 
-/* Sessions opening and closing on one tenant, as a server thread would. */
+/* Closes every session of one tenant (an uncharge of 0 is -EINVAL). */
+static void close_all(struct hcount_ns *tenant)
+{
+	long own = hcount_ns_own(tenant, SESSIONS);
+
+	CHECK(own >= 0);
+	if (own > 0)
+		CHECK(hcount_uncharge(tenant, SESSIONS, own) == 0);
+}
+
+/* One session more for a server; false when a limit refused it. */
+static bool server_open(struct hcount_ns *tenant, long *open)
+{
+	int err = hcount_charge(tenant, SESSIONS, 1);
+
+	CHECK(err == 0 || err == -EDQUOT);
+	if (err) {
+		if (*open < TENANT_LIMIT)
+			__atomic_fetch_add(&refused_by_global, 1, __ATOMIC_RELAXED);
+		return false;
+	}
+	/* Both limits hold under concurrency too: this thread is its
+	 * tenant's only one, and every thread counts its sessions in
+	 * sessions_open. */
+	CHECK(++*open <= TENANT_LIMIT);
+	CHECK(__atomic_add_fetch(&sessions_open, 1, __ATOMIC_RELAXED) <= GLOBAL_LIMIT);
+	return true;
+}
+
+/*
+ * Sessions opening and closing on one tenant, as a server thread would:
+ * first as many as the limits let it open, all servers together (3 x 40
+ * do not fit in 100: the global limit refuses some), then open and close.
+ */
 static void *server(void *arg)
 {
 	struct hcount_ns *tenant = arg;
 	long open = 0;
 
+	while (server_open(tenant, &open))
+		;
+	pthread_barrier_wait(&servers_met);
+	/* Every server stopped at a refusal, and none closed: all 100 open. */
+	CHECK(__atomic_load_n(&sessions_open, __ATOMIC_RELAXED) == GLOBAL_LIMIT);
+	pthread_barrier_wait(&servers_met);
 	for (int i = 0; i < ROUNDS; i++) {
-		int err = hcount_charge(tenant, SESSIONS, 1);
+		bool opened = server_open(tenant, &open);
 
-		CHECK(err == 0 || err == -EDQUOT);
-		if (err == 0)
-			open++;
-		if (open > 0 && (i % 3 == 0 || err)) {
+		if (open > 0 && (i % 3 == 0 || !opened)) {
+			__atomic_fetch_sub(&sessions_open, 1, __ATOMIC_RELAXED);
 			CHECK(hcount_uncharge(tenant, SESSIONS, 1) == 0);
 			open--;
 		}
 	}
+	__atomic_fetch_sub(&sessions_open, open, __ATOMIC_RELAXED);
 	while (open-- > 0)
 		CHECK(hcount_uncharge(tenant, SESSIONS, 1) == 0);
 	return NULL;
@@ -91,19 +138,24 @@ int main(void)
 	CHECK(hcount_uncharge(tenants[0], SESSIONS, 10) == 0);
 	CHECK(open_all(tenants[2]) == 10);
 	for (int t = 0; t < TENANTS; t++)
-		CHECK(hcount_uncharge(tenants[t], SESSIONS, hcount_ns_own(tenants[t], SESSIONS)) == 0);
+		close_all(tenants[t]);
 
 	/* Limits change at any time: tenant 0 may now hold 50. */
 	CHECK(hcount_ns_set_limit(tenants[0], SESSIONS, 50) == 0);
 	CHECK(open_all(tenants[0]) == 50);
 	CHECK(hcount_uncharge(tenants[0], SESSIONS, 50) == 0);
+	CHECK(hcount_ns_set_limit(tenants[0], SESSIONS, TENANT_LIMIT) == 0);
 
-	/* Concurrent servers: every charge is granted or refused, and nothing
-	 * is lost (the tree checks out, every count is back to 0). */
+	/* Concurrent servers, 3 x 40 sessions wanted under 100: every charge
+	 * is granted within both limits or refused, and nothing is lost (the
+	 * tree checks out, every count is back to 0). */
+	CHECK(pthread_barrier_init(&servers_met, NULL, TENANTS) == 0);
 	for (int t = 0; t < TENANTS; t++)
 		CHECK(pthread_create(&threads[t], NULL, server, tenants[t]) == 0);
 	for (int t = 0; t < TENANTS; t++)
 		CHECK(pthread_join(threads[t], NULL) == 0);
+	CHECK(pthread_barrier_destroy(&servers_met) == 0);
+	CHECK(refused_by_global > 0);
 	CHECK(hcount_tree_check(tree) == 0);
 	for (int t = 0; t < TENANTS; t++) {
 		CHECK(hcount_ns_own(tenants[t], SESSIONS) == 0);
@@ -111,6 +163,7 @@ int main(void)
 	}
 	CHECK(hcount_ns_count(hcount_tree_root(tree), SESSIONS) == 0);
 	CHECK(hcount_tree_destroy(tree) == 0);
-	printf("tenant_quota: per-tenant and global limits held\n");
+	printf("tenant_quota: per-tenant and global limits held (%ld concurrent charges "
+	       "refused by the global limit)\n", refused_by_global);
 	return 0;
 }
