@@ -147,17 +147,26 @@ static inline void sig1_ucounts_get(struct sig1_level *l)
 	__atomic_add_fetch(&l->refs, 1, __ATOMIC_RELAXED);
 }
 
-/* put_ucounts(): one reference less; false if it was the last (a bug here). */
-static inline bool sig1_ucounts_put(struct sig1_level *l)
+/* Takes one from *@word if it is above @floor; false if it was not. */
+static inline bool sig1_dec_above(long *word, long floor)
 {
-	long v = __atomic_load_n(&l->refs, __ATOMIC_RELAXED);
+	long v = __atomic_load_n(word, __ATOMIC_RELAXED);
 
-	/* atomic_add_unless(-1, 1): relaxed, a count only, as the get. */
-	while (v > 1)
-		if (__atomic_compare_exchange_n(&l->refs, &v, v - 1, false, __ATOMIC_RELAXED,
+	/* Relaxed: counts only (a compare-and-swap loop, as the kernel's). */
+	while (v > floor)
+		if (__atomic_compare_exchange_n(word, &v, v - 1, false, __ATOMIC_RELAXED,
 						__ATOMIC_RELAXED))
 			return true;
 	return false;
+}
+
+/*
+ * put_ucounts(): one reference less, atomic_dec_and_lock()'s
+ * atomic_add_unless(-1, 1); false if it was the last (a bug here).
+ */
+static inline bool sig1_ucounts_put(struct sig1_level *l)
+{
+	return sig1_dec_above(&l->refs, 1);
 }
 
 /*
@@ -212,13 +221,7 @@ static inline bool sig1_kernel_charge(struct sig1_tree *t, struct sig1_level *c,
 /* A unit from @c's cache, if it holds one. */
 static inline bool sig1_cache_take(struct sig1_level *c)
 {
-	long v = __atomic_load_n(&c->cache, __ATOMIC_RELAXED);
-
-	while (v > 0)
-		if (__atomic_compare_exchange_n(&c->cache, &v, v - 1, false, __ATOMIC_RELAXED,
-						__ATOMIC_RELAXED))
-			return true;
-	return false;
+	return sig1_dec_above(&c->cache, 0);
 }
 
 bool sig1_report_refill_slow(struct sig1_tree *t, struct sig1_level *c);
