@@ -43,7 +43,13 @@
 //! (or drops the [`Owner`]) when no `PcArc` is left, on one of the
 //! library's threads (the callback thread finishing a kill, the reclaimer
 //! for managed values), or in the polls of the thread that killed the
-//! owner while holding a [`PollRegistration`].  Hence
+//! owner while holding a [`PollRegistration`], or on a thread that waits
+//! in [`wait_for_releases`] or [`flush_managed`] when the library's
+//! threads cannot start.  Never in a fork child for a value made before
+//! the fork: the C library finishes the parent's queued kills there, and
+//! a child of `std::process::Command` would run the parent's `Drop`s on
+//! its copies between its fork and its exec; the child leaks them (the
+//! parent drops the originals).  Hence
 //! `T: Send + Sync + 'static` everywhere, and a `Drop` must not take a lock
 //! that the thread dropping the owner or a `PcArc` may hold.
 //!
@@ -68,9 +74,13 @@
 //! thread: it is leaked too (up to 0.3.1 the process aborted there).
 //! Call [`wait_for_releases`] and [`flush_managed`] before the exit to
 //! have those values dropped on a thread whose thread-locals are alive.
-//! So, as with `Arc`, a
-//! `Drop` must not need a lock that the thread calling `exit` holds: the
-//! exit waits for it.
+//! So a `Drop` must not need a lock that the thread calling `exit`
+//! holds: the exit waits for it (`Arc` drops nothing at exit; here
+//! `let _g = M.lock(); std::process::exit(1)` hangs if a released value's
+//! `Drop` takes `M`).  The exit also drops the whole backlog of managed
+//! values whose `PcArc`s are gone: a program that makes them faster than
+//! the reclaimer releases them (at most `max_per_scan` every `interval_ms`)
+//! has a backlog that grows without bound, and an exit that takes as long.
 //!
 //! Like `Arc`, which aborts when its count would pass `isize::MAX`, the
 //! process aborts before 2^29 `PcArc`s are alive at once (all values
@@ -306,6 +316,7 @@ mod exiting {
                 super::sys::percpuref_fast_path();
                 atexit(drop_released_then_mark)
             };
+            super::forked::register();
         });
     }
 
@@ -331,7 +342,49 @@ mod exiting {
 #[repr(C)]
 struct Inner<T> {
     counter: sys::percpu_ref,
+    /// The process that made it (`forked::pid()`): a fork child's copy is
+    /// never dropped (see release()).
+    pid: u32,
     value: T,
+}
+
+/// The process a value was made in.  The C library finishes, in a fork
+/// child, the kills still queued at the fork and checks the managed refs
+/// the child inherited: a child made by `std::process::Command`, between
+/// its fork and its exec, would run the `Drop` of the parent's values on
+/// its copies (a flush, a file removed, a message sent twice).  Values
+/// made before the fork are the parent's: the child leaks its copies.
+mod forked {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// This process's ID, set at registration and in every fork child
+    /// before `fork()` returns there.  Relaxed: read by this process's
+    /// threads, which the fork child handler runs before (in the child)
+    /// or after (the parent's value, unchanged).
+    static PID: AtomicU32 = AtomicU32::new(0);
+
+    type Handler = Option<extern "C" fn()>;
+    extern "C" {
+        fn pthread_atfork(prepare: Handler, parent: Handler, child: Handler) -> i32;
+    }
+
+    extern "C" fn in_child() {
+        PID.store(std::process::id(), Ordering::Relaxed);
+    }
+
+    /// Once per process, from exiting::register().  Should the handler's
+    /// registration fail (no memory), a child's values carry the parent's
+    /// ID and are leaked in the child too: nothing is dropped twice.
+    pub(crate) fn register() {
+        PID.store(std::process::id(), Ordering::Relaxed);
+        // SAFETY: the handler only stores an integer (getpid() is
+        // async-signal-safe).
+        unsafe { pthread_atfork(None, None, Some(in_child)) };
+    }
+
+    pub(crate) fn pid() -> u32 {
+        PID.load(Ordering::Relaxed)
+    }
 }
 
 /// Called by the C library exactly once, when the count reaches zero: on
@@ -339,12 +392,19 @@ struct Inner<T> {
 unsafe extern "C" fn release<T>(counter: *mut sys::percpu_ref) {
     let inner = counter as *mut Inner<T>;
 
+    // SAFETY: the count reached zero: nothing uses the counter again.
     sys::percpu_ref_exit(counter);
     if exiting::now() || exiting::on_exiting_thread() {
         return; // leaked: the process is exiting (see the crate's docs)
     }
+    // getpid() itself, not forked::pid(): in a fork child the C library's
+    // fork handler, which may start this release, can run before ours.
+    if (*inner).pid != std::process::id() {
+        return; // leaked: the parent's value, in a fork child
+    }
     // A panic must not unwind into C, nor may dropping its payload (which
     // can panic again): the payload is leaked, the process aborted.
+    // SAFETY: the box allocate() made, released once (the C contract).
     if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(inner)))) {
         std::mem::forget(payload);
         std::process::abort();
@@ -356,6 +416,7 @@ fn allocate<T>(value: T, flags: u32) -> Result<NonNull<Inner<T>>, Error> {
     exiting::register();
     let inner = Box::into_raw(Box::new(Inner {
         counter: sys::percpu_ref { percpu_count_ptr: 0, data: ptr::null_mut() },
+        pid: forked::pid(),
         value,
     }));
     // SAFETY: inner is a fresh, unique allocation that never moves again.
