@@ -7,16 +7,22 @@
  * fills each model to the limit from one container, one thread, and checks
  * that the next charge is refused at the container and at the root, that
  * a refusal changes no count, that one unit given back makes room again,
- * that override_rlimit skips the parents' max, and that the tree comes
- * back clean (the kernel model's ucounts references included).
+ * that override_rlimit skips the parents' max (and, in the kernel model,
+ * the task's rlimit too), and that the tree comes back clean (the kernel
+ * model's ucounts references included).  The root's max is where each
+ * model keeps it: the kernel checks a level against the max its child
+ * namespace recorded, the report's and the percpu counter's models against
+ * the level's own, so the test gives the other max room to spare, and a
+ * model that read the wrong one would let the root pass its max.
  */
 #include <stdbool.h>
 
 #include "../../tests/tap.h"
 #include "signal1_model.h"
 
-/* The task's rlimit; phase two gives every level a max of LIMIT + 2. */
+/* The task's rlimit; phase two gives the root a max of LIMIT + 2. */
 #define LIMIT 5L
+#define ROOM 100L	/* a max far away */
 #define NCPUS 2U
 
 enum model { KERNEL, REPORT, PCPU };
@@ -65,7 +71,7 @@ static void boundary(enum model m)
 {
 	const char *name = model_name[m];
 	/* Phase one: the levels' max far away, the task's rlimit the bound. */
-	struct sig1_tree *t = sig1_tree_create(2, 100, NCPUS);
+	struct sig1_tree *t = sig1_tree_create(2, ROOM, NCPUS);
 	struct sig1_level *c0 = t->containers[0], *c1 = t->containers[1];
 	int taken = 0;
 
@@ -80,8 +86,12 @@ static void boundary(enum model m)
 	is(used(m, t, c0), LIMIT, "%s: the refusal left the container's count", name);
 	is(used(m, t, t->root), LIMIT, "%s: and the root's", name);
 
-	/* Phase two: room for two more at the root, from the other container. */
-	t->root->max = c0->max = c1->max = LIMIT + 2;
+	/* Phase two: room for two more at the root, from the other container;
+	 * in the kernel the containers' namespaces hold the root's max. */
+	if (m == KERNEL)
+		c0->max = c1->max = LIMIT + 2;
+	else
+		t->root->max = LIMIT + 2;
 	ok(charge(m, t, c1) && charge(m, t, c1), "%s: two charges up to the root's max taken",
 	   name);
 	ok(!charge(m, t, c1), "%s: a charge past the root's max refused", name);
@@ -93,12 +103,18 @@ static void boundary(enum model m)
 	t->override_rlimit = true;
 	ok(charge(m, t, c1), "%s: override_rlimit: the root's max not checked", name);
 	is(used(m, t, t->root), LIMIT + 3, "%s: the root one past its max", name);
+	/* The first container holds LIMIT - 1: one more is at its rlimit. */
+	ok(charge(m, t, c0), "%s: override_rlimit: a charge up to the task's rlimit", name);
+	if (m == KERNEL)
+		ok(charge(m, t, c0), "%s: override_rlimit: the task's rlimit not checked", name);
+	else
+		ok(!charge(m, t, c0), "%s: override_rlimit: the task's rlimit still checked", name);
 	t->override_rlimit = false;
 
 	for (int i = 0; i < 4; i++)
 		ok(uncharge(m, t, c1), "%s: the second container's unit %d back", name, i + 1);
-	for (long i = 1; i < LIMIT; i++)
-		uncharge(m, t, c0);
+	for (long i = 1; i < LIMIT + (m == KERNEL ? 2 : 1); i++)
+		ok(uncharge(m, t, c0), "%s: a first container's unit back", name);
 	is(used(m, t, t->root), 0, "%s: nothing charged at the root", name);
 	if (m == KERNEL) {
 		is(c0->refs, 1, "%s: the container's reference put", name);
