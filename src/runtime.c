@@ -82,7 +82,10 @@
  * threads start under their module's lock, and the module's prepare hook,
  * having taken it, waits until a thread it started runs our code: no fork
  * lands in a thread's start-up, where a sanitizer runtime holds locks of
- * its own that no hook takes (percpuref_wait_thread_started()).
+ * its own that no hook takes (percpuref_wait_thread_started()).  The
+ * child counts one more fork generation before any hook runs, so a
+ * release that the child's threads run for the parent's queued work can
+ * tell the parent's objects by it (percpuref_fork_generation()).
  *
  * Signal masks.  The library's threads (the callback thread, the
  * reclaimer) block every signal for their whole life, as liburcu's
@@ -788,9 +791,25 @@ static void fork_parent(void)
 			fork_hooks[rank]->parent();
 }
 
+/*
+ * Forks this process descends from since the library was loaded in an
+ * ancestor (percpuref_fork_generation()).  Written only by fork_child(),
+ * while the child has one thread; relaxed: a number, inherited whole.
+ */
+static unsigned long fork_generation;
+
+PERCPUREF_API unsigned long percpuref_fork_generation(void)
+{
+	return __atomic_load_n(&fork_generation, __ATOMIC_RELAXED);
+}
+
 static void fork_child(void)
 {
 	unsigned int rank;
+
+	/* First: the hooks below may start threads that run the parent's
+	 * queued work, and callers tell the parent's objects by it. */
+	__atomic_store_n(&fork_generation, fork_generation + 1, __ATOMIC_RELAXED);
 
 	/* Re-register for the child's mm; harmless if it was inherited. */
 	if (percpuref_rseq_offset && !membarrier_refused && !membarrier_rseq_register())

@@ -380,6 +380,18 @@ PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *s
 PERCPUREF_API const char *percpuref_fast_path(void);
 
 /*
+ * percpuref_fork_generation - how many fork()s separate this process from
+ * the one where the library was loaded: 0 there, one more in each fork
+ * child, counted before the child's library threads start (they finish,
+ * in the child, the kills its parent had queued).  A release that finds
+ * it changed since the object was made runs on the child's copy of a
+ * parent's object (the bindings leak such copies rather than run their
+ * destructors twice).  Unlike getpid(), it tells a child from its parent
+ * across PID namespaces.  Any thread, async-signal-safe.
+ */
+PERCPUREF_API unsigned long percpuref_fork_generation(void);
+
+/*
  * percpuref_prepare_unload - forget the calling thread's last rseq
  * sequence, so that the code it ran in can be unmapped.  Each get and put
  * on the rseq fast path is inlined into the caller's object (a plugin, a

@@ -488,6 +488,32 @@ static int run_case(int (*fn)(void))
 	return wait_child(pid);
 }
 
+/*
+ * percpuref_fork_generation(): one more in a child, two more in its
+ * child, unchanged in the parent.  Exit status 6: a wrong count.
+ */
+static int case_fork_generation(void)
+{
+	unsigned long parent = percpuref_fork_generation();
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		pid_t grandchild;
+
+		if (percpuref_fork_generation() != parent + 1)
+			_exit(6);
+		grandchild = fork();
+		if (grandchild == 0)
+			_exit(percpuref_fork_generation() == parent + 2 ? 0 : 6);
+		_exit(wait_child(grandchild));
+	}
+	if (pid < 0)
+		return 3;
+	if (wait_child(pid) != 0 || percpuref_fork_generation() != parent)
+		return 6;
+	return 0;
+}
+
 int main(void)
 {
 	const char *untestable = fork_children_untestable();
@@ -497,7 +523,10 @@ int main(void)
 		return done_testing();
 	}
 	/* Exit status 2: set-up failed; 3: a fork failed; 4: a barrier or flush
-	 * failed; 5: a kill not released; 128 + n: signal n (14: hang). */
+	 * failed; 5: a kill not released; 6: a wrong fork generation; 128 + n:
+	 * signal n (14: hang). */
+	is(run_case(case_fork_generation), 0,
+	   "percpuref_fork_generation() counts forks in the children, not in the parent");
 	is(run_case(case_release_forks), 0, "a managed release forks");
 	is(run_case(case_two_callbacks_fork), 0,
 	   "a confirm callback and a managed release fork at once");

@@ -27,6 +27,7 @@ fn c_type(rust: &str) -> &'static str {
         "Option<percpu_ref_func_t>" | "percpu_ref_func_t" => "percpu_ref_func_t *",
         "c_int" => "int",
         "c_uint" => "unsigned int",
+        "c_ulong" => "unsigned long",
         "bool" => "bool",
         "usize" => "size_t",
         "*mut usize" => "size_t *",

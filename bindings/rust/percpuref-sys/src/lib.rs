@@ -9,7 +9,7 @@
 //! wrappers compiled from `src/shim.c`.
 #![allow(non_camel_case_types)]
 
-use std::os::raw::{c_char, c_int, c_uint, c_void};
+use std::os::raw::{c_char, c_int, c_uint, c_ulong, c_void};
 
 /// `struct percpu_ref`: the per-CPU counter pointer (with the mode flags in
 /// its low bits) and the shared data.  Must not move once initialised.
@@ -60,6 +60,9 @@ extern "C" {
     pub fn percpuref_prepare_unload();
     /// Also sets the library up (and so registers its exit handler).
     pub fn percpuref_fast_path() -> *const c_char;
+    /// Forks since the library was loaded, counted in each child before
+    /// its library threads start.
+    pub fn percpuref_fork_generation() -> c_ulong;
 
     pub fn percpuref_sys_get(r: *mut percpu_ref);
     pub fn percpuref_sys_tryget(r: *mut percpu_ref) -> bool;

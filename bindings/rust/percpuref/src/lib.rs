@@ -49,7 +49,10 @@
 //! the fork: the C library finishes the parent's queued kills there, and
 //! a child of `std::process::Command` would run the parent's `Drop`s on
 //! its copies between its fork and its exec; the child leaks them (the
-//! parent drops the originals).  Hence
+//! parent drops the originals if it lives to: a process that forks and
+//! exits, as a daemon's double fork or pre-forked workers do, leaves its
+//! values to children that never drop them, file descriptors they own
+//! included, where an `Arc`'s would be dropped there).  Hence
 //! `T: Send + Sync + 'static` everywhere, and a `Drop` must not take a lock
 //! that the thread dropping the owner or a `PcArc` may hold.
 //!
@@ -316,7 +319,6 @@ mod exiting {
                 super::sys::percpuref_fast_path();
                 atexit(drop_released_then_mark)
             };
-            super::forked::register();
         });
     }
 
@@ -342,49 +344,24 @@ mod exiting {
 #[repr(C)]
 struct Inner<T> {
     counter: sys::percpu_ref,
-    /// The process that made it (`forked::pid()`): a fork child's copy is
-    /// never dropped (see release()).
-    pid: u32,
+    /// The fork generation that made it (`fork_generation()`): a fork
+    /// child's copy is never dropped (see release()).
+    generation: u64,
     value: T,
 }
 
-/// The process a value was made in.  The C library finishes, in a fork
-/// child, the kills still queued at the fork and checks the managed refs
-/// the child inherited: a child made by `std::process::Command`, between
-/// its fork and its exec, would run the `Drop` of the parent's values on
-/// its copies (a flush, a file removed, a message sent twice).  Values
-/// made before the fork are the parent's: the child leaks its copies.
-mod forked {
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    /// This process's ID, set at registration and in every fork child
-    /// before `fork()` returns there.  Relaxed: read by this process's
-    /// threads, which the fork child handler runs before (in the child)
-    /// or after (the parent's value, unchanged).
-    static PID: AtomicU32 = AtomicU32::new(0);
-
-    type Handler = Option<extern "C" fn()>;
-    extern "C" {
-        fn pthread_atfork(prepare: Handler, parent: Handler, child: Handler) -> i32;
-    }
-
-    extern "C" fn in_child() {
-        PID.store(std::process::id(), Ordering::Relaxed);
-    }
-
-    /// Once per process, from exiting::register().  Should the handler's
-    /// registration fail (no memory), a child's values carry the parent's
-    /// ID and are leaked in the child too: nothing is dropped twice.
-    pub(crate) fn register() {
-        PID.store(std::process::id(), Ordering::Relaxed);
-        // SAFETY: the handler only stores an integer (getpid() is
-        // async-signal-safe).
-        unsafe { pthread_atfork(None, None, Some(in_child)) };
-    }
-
-    pub(crate) fn pid() -> u32 {
-        PID.load(Ordering::Relaxed)
-    }
+/// The fork generation a value was made in (`percpuref_fork_generation()`,
+/// counted by the C library in each fork child before its threads start).
+/// The C library finishes, in a fork child, the kills still queued at the
+/// fork and checks the managed refs the child inherited: a child made by
+/// `std::process::Command`, between its fork and its exec, would run the
+/// `Drop` of the parent's values on its copies (a flush, a file removed, a
+/// message sent twice).  Values made before the fork are the parent's: the
+/// child leaks its copies.  Not the process ID: a child in a new PID
+/// namespace can have its parent's (both 1).
+fn fork_generation() -> u64 {
+    // SAFETY: no precondition.
+    u64::from(unsafe { sys::percpuref_fork_generation() })
 }
 
 /// Called by the C library exactly once, when the count reaches zero: on
@@ -397,9 +374,7 @@ unsafe extern "C" fn release<T>(counter: *mut sys::percpu_ref) {
     if exiting::now() || exiting::on_exiting_thread() {
         return; // leaked: the process is exiting (see the crate's docs)
     }
-    // getpid() itself, not forked::pid(): in a fork child the C library's
-    // fork handler, which may start this release, can run before ours.
-    if (*inner).pid != std::process::id() {
+    if (*inner).generation != fork_generation() {
         return; // leaked: the parent's value, in a fork child
     }
     // A panic must not unwind into C, nor may dropping its payload (which
@@ -416,7 +391,7 @@ fn allocate<T>(value: T, flags: u32) -> Result<NonNull<Inner<T>>, Error> {
     exiting::register();
     let inner = Box::into_raw(Box::new(Inner {
         counter: sys::percpu_ref { percpu_count_ptr: 0, data: ptr::null_mut() },
-        pid: forked::pid(),
+        generation: fork_generation(),
         value,
     }));
     // SAFETY: inner is a fresh, unique allocation that never moves again.

@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: MIT
+//! A fork child in a PID namespace of its own does not drop its parent's
+//! values either, even where both see the same process ID: a process that
+//! is PID 1 of its namespace (as in a container) forks a child into a new
+//! namespace, where it is PID 1 too.  The bindings tell the child by the C
+//! library's fork generation, not by getpid(), which a review found equal
+//! there (and equal again after PID reuse).
+//!
+//! Needs unshare(CLONE_NEWPID), that is root or CAP_SYS_ADMIN: without it
+//! the test says so and passes.  A binary of its own, one test.
+use std::os::raw::c_int;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use percpuref::{wait_for_releases, Owner};
+
+static DROPS: AtomicU32 = AtomicU32::new(0);
+
+struct Counted;
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        DROPS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+const CLONE_NEWPID: c_int = 0x2000_0000;
+
+extern "C" {
+    fn fork() -> c_int;
+    fn getpid() -> c_int;
+    fn unshare(flags: c_int) -> c_int;
+    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
+    fn _exit(status: c_int) -> !;
+}
+
+/// Forks a child into a new PID namespace; -1 if that is refused.
+fn fork_into_new_pid_namespace() -> c_int {
+    // SAFETY: no memory is involved; the child runs only this thread.
+    unsafe {
+        if unshare(CLONE_NEWPID) != 0 {
+            return -1;
+        }
+        fork()
+    }
+}
+
+fn wait(pid: c_int) -> c_int {
+    let mut status: c_int = 0;
+    // SAFETY: pid is our child; status is a valid out-pointer.
+    if unsafe { waitpid(pid, &mut status, 0) } != pid {
+        return -1;
+    }
+    status
+}
+
+/// PID 1 of a namespace: makes a value, forks a child that is PID 1 of
+/// the next namespace and drops the last reference there, then drops its
+/// own.  Exit status 0 when only its own drop ran.
+fn first_namespace() -> c_int {
+    let owner = Owner::new(Counted).unwrap();
+    let handle = owner.share();
+    owner.kill();
+    if wait_for_releases().is_err() {
+        return 2;
+    }
+    // SAFETY: no precondition.
+    let me = unsafe { getpid() };
+    let child = fork_into_new_pid_namespace();
+    if child == 0 {
+        // SAFETY: no precondition.
+        let same_pid = unsafe { getpid() } == me;
+        drop(handle); // the parent's value: leaked here
+        let ok = same_pid && DROPS.load(Ordering::Relaxed) == 0;
+        // SAFETY: ends the child without running the parent's handlers.
+        unsafe { _exit(if ok { 0 } else { 3 }) };
+    }
+    if child < 0 || wait(child) != 0 {
+        return 4;
+    }
+    drop(handle);
+    if DROPS.load(Ordering::Relaxed) == 1 {
+        0
+    } else {
+        5
+    }
+}
+
+#[test]
+fn pid_namespace_child_leaks_the_parents_values() {
+    let first = fork_into_new_pid_namespace();
+    if first < 0 {
+        eprintln!("skipped: unshare(CLONE_NEWPID) refused (not root)");
+        return;
+    }
+    if first == 0 {
+        let status = first_namespace();
+        // SAFETY: ends the child without running the parent's handlers.
+        unsafe { _exit(status) };
+    }
+    let status = wait(first);
+    assert_eq!(status, 0, "raw wait status {status:#x}: 0x300 the grandchild dropped the value");
+}
