@@ -381,13 +381,16 @@ PERCPUREF_API const char *percpuref_fast_path(void);
 
 /*
  * percpuref_fork_generation - how many fork()s separate this process from
- * the one where the library was loaded: 0 there, one more in each fork
- * child, counted before the child's library threads start (they finish,
- * in the child, the kills its parent had queued).  A release that finds
- * it changed since the object was made runs on the child's copy of a
- * parent's object (the bindings leak such copies rather than run their
- * destructors twice).  Unlike getpid(), it tells a child from its parent
- * across PID namespaces.  Any thread, async-signal-safe.
+ * the one where the library was loaded: 0 there, one more in each child
+ * of a fork() that runs the atfork handlers, counted before the child's
+ * library threads start (they finish, in the child, the kills its parent
+ * had queued).  A release that finds it changed since the object was made
+ * runs on the child's copy of a parent's object (the bindings leak such
+ * copies rather than run their destructors twice).  It tells a child whose
+ * process ID equals its parent's (both PID 1 of their PID namespaces); a
+ * child made without the handlers (_Fork(), clone(), a fork before the
+ * library's constructor ran) is not counted, so compare the process ID
+ * too.  Any thread, async-signal-safe.
  */
 PERCPUREF_API unsigned long percpuref_fork_generation(void);
 

@@ -344,24 +344,33 @@ mod exiting {
 #[repr(C)]
 struct Inner<T> {
     counter: sys::percpu_ref,
-    /// The fork generation that made it (`fork_generation()`): a fork
-    /// child's copy is never dropped (see release()).
+    /// The process that made it: its fork generation and its ID (see
+    /// `made_here()`): a child's copy is never dropped (see release()).
     generation: u64,
+    pid: u32,
     value: T,
 }
 
-/// The fork generation a value was made in (`percpuref_fork_generation()`,
-/// counted by the C library in each fork child before its threads start).
-/// The C library finishes, in a fork child, the kills still queued at the
-/// fork and checks the managed refs the child inherited: a child made by
-/// `std::process::Command`, between its fork and its exec, would run the
-/// `Drop` of the parent's values on its copies (a flush, a file removed, a
-/// message sent twice).  Values made before the fork are the parent's: the
-/// child leaks its copies.  Not the process ID: a child in a new PID
-/// namespace can have its parent's (both 1).
+/// This process's fork generation (`percpuref_fork_generation()`,
+/// counted by the C library in each child of a `fork()` that runs the
+/// atfork handlers, before the child's library threads start).
 fn fork_generation() -> u64 {
     // SAFETY: no precondition.
     u64::from(unsafe { sys::percpuref_fork_generation() })
+}
+
+/// Whether a value made with @generation and @pid was made in this
+/// process.  The C library finishes, in a fork child, the kills still
+/// queued at the fork and checks the managed refs the child inherited: a
+/// child of `std::process::Command`, between its fork and its exec, would
+/// run the `Drop` of the parent's values on its copies (a flush, a file
+/// removed, a message sent twice).  Values made elsewhere are the
+/// parent's: the child leaks its copies.  Both tests: the generation
+/// tells a child whose ID equals its parent's (both PID 1 of their PID
+/// namespaces; an ID reused), the ID one made without the atfork handlers
+/// (`_Fork()`, `clone()`, a fork before the library's constructor).
+fn made_here(generation: u64, pid: u32) -> bool {
+    generation == fork_generation() && pid == std::process::id()
 }
 
 /// Called by the C library exactly once, when the count reaches zero: on
@@ -374,7 +383,7 @@ unsafe extern "C" fn release<T>(counter: *mut sys::percpu_ref) {
     if exiting::now() || exiting::on_exiting_thread() {
         return; // leaked: the process is exiting (see the crate's docs)
     }
-    if (*inner).generation != fork_generation() {
+    if !made_here((*inner).generation, (*inner).pid) {
         return; // leaked: the parent's value, in a fork child
     }
     // A panic must not unwind into C, nor may dropping its payload (which
@@ -392,6 +401,7 @@ fn allocate<T>(value: T, flags: u32) -> Result<NonNull<Inner<T>>, Error> {
     let inner = Box::into_raw(Box::new(Inner {
         counter: sys::percpu_ref { percpu_count_ptr: 0, data: ptr::null_mut() },
         generation: fork_generation(),
+        pid: std::process::id(),
         value,
     }));
     // SAFETY: inner is a fresh, unique allocation that never moves again.
