@@ -174,6 +174,23 @@ static int case_user_fork_meets_callback_fork(void)
 static pthread_mutex_t user_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct percpu_rcuref rcu_waits, rcu_counts;
 static int releases;	/* atomic: release_counts() */
+/* The forking process and its fork generation, set before the fork; a
+ * counting release that runs in its child but finds the generation not
+ * one more sets wrong_generation (the child's threads ran the parent's
+ * work before the child counted its generation). */
+static pid_t forker_pid;
+static unsigned long forker_generation;
+static int wrong_generation;
+
+static void check_generation(void)
+{
+	/* Atomic: a release in the parent may run while they are set. */
+	pid_t forker = __atomic_load_n(&forker_pid, __ATOMIC_SEQ_CST);
+
+	if (forker && getpid() != forker &&
+	    percpuref_fork_generation() != __atomic_load_n(&forker_generation, __ATOMIC_SEQ_CST) + 1)
+		__atomic_store_n(&wrong_generation, 1, __ATOMIC_SEQ_CST);
+}
 
 static void take_user_lock(void)
 {
@@ -192,6 +209,7 @@ static void release_waits(struct percpu_ref *ref)
 static void release_counts(struct percpu_ref *ref)
 {
 	(void)ref;
+	check_generation();
 	__atomic_fetch_add(&releases, 1, __ATOMIC_SEQ_CST);
 }
 
@@ -204,6 +222,7 @@ static void rcu_release_waits(struct percpu_rcuref *ref)
 static void rcu_release_counts(struct percpu_rcuref *ref)
 {
 	(void)ref;
+	check_generation();
 	__atomic_fetch_add(&releases, 1, __ATOMIC_SEQ_CST);
 }
 
@@ -211,8 +230,9 @@ static void rcu_release_counts(struct percpu_rcuref *ref)
  * With user_lock held: waits until a library thread is inside a @release
  * that waits for it, forks, and in the child waits (@wait) for the rest of
  * the work: exactly one release must have run there (the other ref's,
- * before the fork or in the child), none of the waiting one.  Then lets
- * the parent's @release go on, waits again, and wants @total releases.
+ * before the fork or in the child, where it must see the child's fork
+ * generation: exit status 7), none of the waiting one.  Then lets the
+ * parent's @release go on, waits again, and wants @total releases.
  */
 static int fork_under_user_lock(int (*wait)(void), int total)
 {
@@ -221,11 +241,15 @@ static int fork_under_user_lock(int (*wait)(void), int total)
 
 	wait_for(&in_release, 1);
 	usleep(20000);		/* the @release now waits for user_lock */
+	__atomic_store_n(&forker_generation, percpuref_fork_generation(), __ATOMIC_SEQ_CST);
+	__atomic_store_n(&forker_pid, getpid(), __ATOMIC_SEQ_CST);
 	pid = fork();		/* waited for the @release's batch: a hang */
 	if (pid == 0) {
 		child_deadline(CASE_DEADLINE_S / 2);	/* a hang here fails the case */
 		if (wait())
 			_exit(4);
+		if (__atomic_load_n(&wrong_generation, __ATOMIC_SEQ_CST))
+			_exit(7);
 		_exit(__atomic_load_n(&releases, __ATOMIC_SEQ_CST) == 1 ? 0 : 5);
 	}
 	pthread_mutex_unlock(&user_lock);
@@ -523,8 +547,9 @@ int main(void)
 		return done_testing();
 	}
 	/* Exit status 2: set-up failed; 3: a fork failed; 4: a barrier or flush
-	 * failed; 5: a kill not released; 6: a wrong fork generation; 128 + n:
-	 * signal n (14: hang). */
+	 * failed; 5: a kill not released; 6: a wrong fork generation; 7: a
+	 * release the child ran for its parent saw the parent's generation;
+	 * 128 + n: signal n (14: hang). */
 	is(run_case(case_fork_generation), 0,
 	   "percpuref_fork_generation() counts forks in the children, not in the parent");
 	is(run_case(case_release_forks), 0, "a managed release forks");
