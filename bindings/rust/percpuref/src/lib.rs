@@ -694,7 +694,11 @@ pub fn prepare_unload() {
 /// `mem::forget`), or dropped inside a `Drop` that the library runs (it
 /// warns: `EDEADLK`), leaves the thread registered with nothing to poll:
 /// its later kills wait for its exit or the next [`wait_for_releases`],
-/// and `PollRegistration::new()` fails with `EALREADY` on it.
+/// and `PollRegistration::new()` fails with `EALREADY` on it.  The token
+/// stands for the thread's registration in the C library, whichever made
+/// it: dropping it unregisters the thread even from a registration made
+/// after this one through the C API or the C++ header, whose polls then
+/// fail with `EPERM`.  Register a thread through one of them only.
 ///
 /// ```
 /// use percpuref::{Owner, PollRegistration};
