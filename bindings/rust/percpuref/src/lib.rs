@@ -696,9 +696,10 @@ pub fn prepare_unload() {
 /// its later kills wait for its exit or the next [`wait_for_releases`],
 /// and `PollRegistration::new()` fails with `EALREADY` on it.  The token
 /// stands for the thread's registration in the C library, whichever made
-/// it: dropping it unregisters the thread even from a registration made
-/// after this one through the C API or the C++ header, whose polls then
-/// fail with `EPERM`.  Register a thread through one of them only.
+/// it: if this one was ended there (a C `percpu_ref_poll_unregister()`,
+/// the thread's exit hook) and the thread registered again through the C
+/// API or the C++ header, dropping the token ends that registration, whose
+/// polls then fail with `EPERM`.  Register a thread through one API only.
 ///
 /// ```
 /// use percpuref::{Owner, PollRegistration};
