@@ -7,6 +7,12 @@ set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)
 set(CMAKE_CXX_COMPILER aarch64-linux-gnu-g++)
+# The tests load the multiarch libc6:arm64, whose ld.so and libc.so.6 match:
+# run them with no QEMU_LD_PREFIX.  A prefix of /usr/aarch64-linux-gnu makes
+# qemu take the cross package's ld.so with the multiarch libc (the prefix
+# has no ld.so.cache), a mismatched pair whose first pthread_create spins
+# for ever, with or without this library.  One program, not a list: the
+# tests spawn it themselves (PERCPUREF_TEST_EMULATOR, tests/CMakeLists.txt).
 set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64-static)
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 # The arm64 .pc files only; never the build machine's.
