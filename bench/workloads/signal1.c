@@ -17,7 +17,8 @@
  *
  *   send      __sigqueue_alloc(): charge 1 unit of SIGPENDING at the
  *             container's namespace against this process's RLIMIT_SIGPENDING
- *             (hcount_charge_max), take a sigqueue entry from the worker's
+ *             (the variant's charge: hcount_charge_max for hcount's), take
+ *             a sigqueue entry from the worker's
  *             free list, fill its siginfo and append it to the pending list;
  *   deliver   dequeue the entry, copy its siginfo out to the handler (which
  *             folds si_value into a sum), uncharge the unit at the namespace
@@ -75,7 +76,9 @@
  *     (the sum of 0 .. n-1), and the queue is empty after the loop;
  *   - conservation: after the run every container's own units are zero,
  *     hcount_tree_check() holds, and once the containers and the parent are
- *     destroyed (returning their caches) the root's count is zero.
+ *     destroyed (returning their caches) the root's count is zero; in
+ *     signal1_model.h's tree, every level's count is zero once the caches
+ *     are drained, and every level holds only its namespace's reference.
  */
 #include <math.h>
 #include <signal.h>

@@ -92,8 +92,9 @@ struct sig1_level {
 	long *deltas;
 	/*
 	 * kernel: the ucounts' reference count, atomic; 1, the namespace's
-	 * own reference, while nothing is charged here.  128 bytes from the
-	 * count, as in struct ucounts.
+	 * own reference, while nothing is charged here.  On another line than
+	 * the count, as in struct ucounts (offsets 28 and 144 there; 128
+	 * bytes apart here).
 	 */
 	long refs __attribute__((aligned(128)));
 } __attribute__((aligned(128)));

@@ -56,8 +56,9 @@
  *
  * No-cache mode (batch == HCOUNT_NO_CACHE): every charge walks to the root
  * adding n to each level's count with a compare-and-swap that checks the
- * limit, and undoes the levels below if one refuses (exactly what the kernel
- * does today; the baseline for benchmarks).  A charge is refused only where
+ * limit, and undoes the levels below if one refuses (the kernel adds and
+ * checks after the add; this never passes a limit, even for a moment).  A
+ * charge is refused only where
  * its units would pass a limit, but, as in the kernel, that may be because
  * of the units of a concurrent charge that is itself about to fail and undo
  * them; and a count may pass a limit that is being lowered for as long as

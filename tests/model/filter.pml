@@ -19,10 +19,11 @@
  * before the first collect and after the second (snapshot_held()), and
  * adds to the per-CPU sum: a reference can be taken on a CPU's word and
  * dropped on the unit-less one, or the other way round, so only the sum of
- * all words says how many are held.  The atomic count holds the manager's
- * reference and nothing else while the ref is per-CPU (users add to the
- * words), so the model keeps it as the constant 1 that snapshot_held()
- * adds.
+ * all words says how many are held.  The atomic count does not change
+ * while the ref is per-CPU (users add to the words), so the model keeps it
+ * as a constant: 1, the manager's reference, with every holder on the
+ * words (a count holding more, left by the last switch to per-CPU, only
+ * shifts the sum the words' net is added to).
  *
  * Modelled: two CPUs; user U takes a reference before the check starts and
  * holds it until the check is done; user V does PAIRS get/put pairs, each

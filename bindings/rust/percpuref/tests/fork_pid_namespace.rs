@@ -3,9 +3,9 @@
 //! values either, even where both see the same process ID: a process that
 //! is PID 1 of its namespace (as in a container) forks a child into a new
 //! namespace, where it is PID 1 too.  The bindings tell the child by the C
-//! library's fork generation, not by getpid(), which a review found equal
-//! there (and equal again after PID reuse); the ID still tells the
-//! children of forks that run no atfork handler.
+//! library's fork generation, where getpid() is equal (and equal again
+//! after PID reuse); they compare the ID too, which tells the children of
+//! forks that run no atfork handler.
 //!
 //! Needs unshare(CLONE_NEWPID), that is root or CAP_SYS_ADMIN: without it
 //! the test says so and passes.  A binary of its own, one test.
