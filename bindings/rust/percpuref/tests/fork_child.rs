@@ -10,27 +10,12 @@
 //! A test binary of its own, one test: the child runs Rust code after the
 //! fork, which is sound only where the forking thread is the only one that
 //! matters (libtest's main thread only waits).
+mod common;
+
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicU32, Ordering};
 
+use common::{_exit, drops, fork, wait, Counted};
 use percpuref::{wait_for_releases, Owner};
-
-/// Drops counted in this process.
-static DROPS: AtomicU32 = AtomicU32::new(0);
-
-struct Counted;
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        DROPS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-extern "C" {
-    fn fork() -> c_int;
-    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
-    fn _exit(status: c_int) -> !;
-}
 
 #[test]
 fn fork_child_leaks_the_parents_values() {
@@ -38,7 +23,7 @@ fn fork_child_leaks_the_parents_values() {
     let handle = owner.share();
     owner.kill();
     wait_for_releases().unwrap(); // switched: the last put releases it
-    assert_eq!(DROPS.load(Ordering::Relaxed), 0);
+    assert_eq!(drops(), 0);
 
     // SAFETY: the child runs only this thread's code and exits with
     // _exit(); nothing it calls needs another thread of the parent.
@@ -46,19 +31,16 @@ fn fork_child_leaks_the_parents_values() {
     assert!(pid >= 0, "fork failed");
     if pid == 0 {
         drop(handle); // the last reference, in the child: leaked
-        let inherited = DROPS.load(Ordering::Relaxed);
+        let inherited = drops();
         let own = Owner::new(Counted).unwrap();
         own.kill(); // no PcArc: released, here or on the callback thread
         let waited = wait_for_releases().is_ok();
-        let after = DROPS.load(Ordering::Relaxed);
+        let after = drops();
         let ok = waited && inherited == 0 && after == 1;
         // SAFETY: ends the child without running the parent's handlers.
         unsafe { _exit(if ok { 0 } else { 1 + inherited as c_int }) };
     }
-    let mut status: c_int = 0;
-    // SAFETY: pid is our child; status is a valid out-pointer.
-    assert_eq!(unsafe { waitpid(pid, &mut status, 0) }, pid);
-    assert_eq!(status, 0, "the child dropped the parent's value, or not its own");
+    assert_eq!(wait(pid), 0, "the child dropped the parent's value, or not its own");
     drop(handle); // the parent's: dropped
-    assert_eq!(DROPS.load(Ordering::Relaxed), 1);
+    assert_eq!(drops(), 1);
 }

@@ -9,29 +9,18 @@
 //!
 //! Needs unshare(CLONE_NEWPID), that is root or CAP_SYS_ADMIN: without it
 //! the test says so and passes.  A binary of its own, one test.
+mod common;
+
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicU32, Ordering};
 
+use common::{_exit, drops, fork, wait, Counted};
 use percpuref::{wait_for_releases, Owner};
-
-static DROPS: AtomicU32 = AtomicU32::new(0);
-
-struct Counted;
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        DROPS.fetch_add(1, Ordering::Relaxed);
-    }
-}
 
 const CLONE_NEWPID: c_int = 0x2000_0000;
 
 extern "C" {
-    fn fork() -> c_int;
     fn getpid() -> c_int;
     fn unshare(flags: c_int) -> c_int;
-    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
-    fn _exit(status: c_int) -> !;
 }
 
 /// Forks a child into a new PID namespace; None if the namespace is
@@ -46,15 +35,6 @@ fn fork_into_new_pid_namespace() -> Option<c_int> {
         assert!(pid >= 0, "fork failed");
         Some(pid)
     }
-}
-
-fn wait(pid: c_int) -> c_int {
-    let mut status: c_int = 0;
-    // SAFETY: pid is our child; status is a valid out-pointer.
-    if unsafe { waitpid(pid, &mut status, 0) } != pid {
-        return -1;
-    }
-    status
 }
 
 /// PID 1 of a namespace: makes a value, forks a child that is PID 1 of
@@ -78,7 +58,7 @@ fn first_namespace() -> c_int {
         // SAFETY: no precondition.
         let same_pid = unsafe { getpid() } == me;
         drop(handle); // the parent's value: leaked here
-        let ok = same_pid && DROPS.load(Ordering::Relaxed) == 0;
+        let ok = same_pid && drops() == 0;
         // SAFETY: ends the child without running the parent's handlers.
         unsafe { _exit(if ok { 0 } else { 3 }) };
     }
@@ -86,7 +66,7 @@ fn first_namespace() -> c_int {
         return 4;
     }
     drop(handle);
-    if DROPS.load(Ordering::Relaxed) == 1 {
+    if drops() == 1 {
         0
     } else {
         5
