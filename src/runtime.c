@@ -1285,15 +1285,16 @@ static void wait_for_sections_at_switch_off(void)
 /* Switches the fast path off, with the end of the wait for its sections. */
 static void switch_fast_path_off(void)
 {
+	/* Relaxed: set by a test before the switch-off. */
+	unsigned long delay_us = __atomic_load_n(&switch_off_stamp_delay_us, __ATOMIC_RELAXED);
 	uint64_t end, seen;
 
 	/* Seq_cst, then the offset's seq_cst store: a fence that reads the
 	 * offset as 0 (acquire) sees the switch-off stamping. */
 	__atomic_add_fetch(&switch_offs_stamping, 1, __ATOMIC_SEQ_CST);
 	publish_fast_path(0, __ATOMIC_SEQ_CST);
-	/* Relaxed: set by a test before the switch-off. */
-	if (__atomic_load_n(&switch_off_stamp_delay_us, __ATOMIC_RELAXED))
-		percpuref_sleep_us(switch_off_stamp_delay_us);
+	if (delay_us)
+		percpuref_sleep_us(delay_us);
 	/* Read after the publish: the sections in flight then get all of it. */
 	end = percpuref_monotonic_ns() + SWITCH_OFF_WAIT_NS;
 	seen = __atomic_load_n(&switch_off_wait_end_ns, __ATOMIC_RELAXED);

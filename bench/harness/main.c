@@ -1214,13 +1214,15 @@ int main(int argc, char **argv)
 		list_workload(stdout, r.workload);
 		return finish_stdout();
 	}
-	if (cli.json && strcmp(cli.json, "-") && is_output_file(cli.json, STDOUT_FILENO))
-		usage_error(r.workload, "--json %s: the file standard output writes the table to; "
-			    "--json - writes the JSON there and the table to standard error",
-			    cli.json);
-	if (cli.json && strcmp(cli.json, "-") && is_output_file(cli.json, STDERR_FILENO))
-		usage_error(r.workload, "--json %s: the file standard error writes warnings to; "
-			    "send them elsewhere", cli.json);
+	if (cli.json && strcmp(cli.json, "-")) {
+		if (is_output_file(cli.json, STDOUT_FILENO))
+			usage_error(r.workload, "--json %s: the file standard output writes the "
+				    "table to; --json - writes the JSON there and the table to "
+				    "standard error", cli.json);
+		if (is_output_file(cli.json, STDERR_FILENO))
+			usage_error(r.workload, "--json %s: the file standard error writes "
+				    "warnings to; send them elsewhere", cli.json);
+	}
 
 	place_library_threads(&r, &cli);
 	topology_read(&topo);
