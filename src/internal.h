@@ -526,6 +526,9 @@ PERCPUREF_API void percpuref_test_spares_drop(void);
  * membarrier nor move between CPUs) sleeps @us between publishing the
  * offset of 0 and stamping the end of its wait (runtime.c). */
 PERCPUREF_API void percpuref_test_switch_off_stamp_delay(unsigned long us);
+/* Test hook: the reclaimer's filter reads every ref in use (its collects
+ * differ), as it does one got and put on another CPU throughout them. */
+PERCPUREF_API void percpuref_test_filter_sees_use(bool on);
 
 /* Sum of the per-CPU words of the counter at @cpu0.  Acquire loads: no
  * later read (the reclaimer filter's second collect) moves before them; the
@@ -670,6 +673,16 @@ unsigned long percpuref_shutdown_begin(void);
 bool percpuref_outside_work_since(unsigned long mark);
 void percpuref_shutdown_end(void);
 void percpuref_note_work(void);
+/*
+ * A ref comes back to life (reinit or resurrect), during a shutdown
+ * perhaps: one that does so twice within the same shutdown is a cycle (a
+ * @release that revives its ref and drops it again, each time), which
+ * callbacks alone would keep going for ever, exit() with it.  The second
+ * revival counts as outside work, so the shutdown ends with that round and
+ * leaves the ref to the threads.  @revived_in: the ref's own word (0 at
+ * init), under its switch lock.
+ */
+void percpuref_note_revival(unsigned long *revived_in);
 
 /*
  * A queue that one of the library's threads works off, paced (deferred.c,

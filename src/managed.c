@@ -679,6 +679,12 @@ void percpuref_wait_rcu(void)
 	percpuref_cancel_restore(cancel);
 }
 
+/* The held warning below is due for @node; the ref's switch lock held. */
+static bool held_warning_due(const struct percpuref_mnode *node, uint64_t now)
+{
+	return held_warn_ns && !node->held_warned && now - node->listed_ns > held_warn_ns;
+}
+
 /*
  * PERCPUREF_MANAGED_WARN_S: a managed ref still held long after it went
  * under management is most often one whose creator never dropped its own
@@ -689,8 +695,7 @@ void percpuref_wait_rcu(void)
  */
 static void warn_held(struct percpuref_mnode *node, unsigned long others, uint64_t now)
 {
-	if (!held_warn_ns || node->held_warned || others >= PERCPU_REF_UNDERFLOW_ZONE ||
-	    now - node->listed_ns <= held_warn_ns)
+	if (!held_warning_due(node, now) || others >= PERCPU_REF_UNDERFLOW_ZONE)
 		return;
 	node->held_warned = true;
 	percpuref_warn("percpuref_reclaimer", "ref %p managed for %lu s, still held by %lu "
@@ -734,7 +739,12 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 		 * the look is found under the stripe (MANAGED_FREE too). */
 		exited = percpuref_managed_node_exited(node);
 		stripe = exited ? NULL : percpuref_managed_lock_node(node);
-		switch (exited ? MANAGED_FREE : percpuref_managed_begin(node, filter, &others)) {
+		/* A ref whose warning is due gets the exact check, which
+		 * counts its holders: one the filter finds in use at every
+		 * scan was never warned about. */
+		switch (exited ? MANAGED_FREE
+			       : percpuref_managed_begin(node, filter && !held_warning_due(node, now),
+							 &others)) {
 		case MANAGED_CHECK:
 			node->checking = true;
 			++*switched;

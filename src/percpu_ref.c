@@ -603,6 +603,8 @@ struct percpu_ref_impl {
 	 * such switch for a release that does not say so (any but an
 	 * RCU-released ref's). */
 	unsigned long release_pending_in;
+	/* The shutdown it was last revived in (percpuref_note_revival()). */
+	unsigned long revived_in_shutdown;
 	const char *switch_caller;	/* the call that started it, for warnings */
 	/* The handler releases owed (the low bits), and once exited who
 	 * still holds the impl (see IMPL_EXITED): the last to let go frees
@@ -1388,6 +1390,7 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_DEAD);
+	percpuref_note_revival(&impl_of(ref->data)->revived_in_shutdown);
 	/* Released by a scan whose @release has yet to run: it never will,
 	 * whatever becomes of the ref meanwhile (percpuref_managed_release()). */
 	if (impl_of(ref->data)->mstate == MNODE_RELEASING)
@@ -1546,12 +1549,23 @@ static struct percpu_ref_impl *impl_of_node(struct percpuref_mnode *node)
  * per-CPU.  A wrong "manager only" costs a check (the exact one follows); a
  * truly idle ref reads equal twice, so it is never kept out.
  */
+static bool filter_sees_use;	/* test hook */
+
+PERCPUREF_API void percpuref_test_filter_sees_use(bool on)
+{
+	__atomic_store_n(&filter_sees_use, on, __ATOMIC_RELAXED);
+}
+
 static bool snapshot_held(struct percpu_ref *ref, unsigned long *held)
 {
 	uintptr_t cpu0 = counter_of(ref);
 	unsigned int nr_units = percpuref_nr_units();
 	unsigned long *unitless = &impl_of(ref->data)->unitless_word;
 	unsigned long count1, count2, sum1, sum2, unitless1, unitless2;
+
+	/* Relaxed: a test's setting, read by the scanner alone. */
+	if (__atomic_load_n(&filter_sees_use, __ATOMIC_RELAXED))
+		return false;
 
 	/* Acquire loads throughout: the second collect is read after the
 	 * first (the double-collect argument).  The unit-less word is one

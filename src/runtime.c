@@ -284,6 +284,9 @@ __thread bool percpuref_library_thread __attribute__((tls_model("initial-exec"))
  */
 static unsigned int shutdowns_running;
 static unsigned long outside_work;
+/* Counts the shutdowns begun, so that a ref revived twice within one is
+ * told from one revived once in each (percpuref_note_revival()). */
+static unsigned long shutdown_epoch;
 static __thread bool in_shutdown;
 static unsigned long warnings;
 static long fault_countdown;
@@ -1620,6 +1623,9 @@ unsigned long percpuref_shutdown_begin(void)
 	 * read in percpuref_note_work() sees it soon; one counted late only
 	 * costs the shutdown another round. */
 	__atomic_fetch_add(&shutdowns_running, 1, __ATOMIC_SEQ_CST);
+	/* Relaxed: compared under each ref's switch lock, a hint like the
+	 * count below. */
+	__atomic_fetch_add(&shutdown_epoch, 1, __ATOMIC_RELAXED);
 	return __atomic_load_n(&outside_work, __ATOMIC_SEQ_CST);
 }
 
@@ -1641,6 +1647,20 @@ void percpuref_note_work(void)
 	if (__atomic_load_n(&shutdowns_running, __ATOMIC_RELAXED) && !percpuref_library_thread &&
 	    !in_shutdown)
 		__atomic_fetch_add(&outside_work, 1, __ATOMIC_RELAXED);
+}
+
+void percpuref_note_revival(unsigned long *revived_in)
+{
+	unsigned long epoch;
+
+	/* Relaxed: hints, as in percpuref_note_work(); a revival counted a
+	 * round late costs the shutdown that round. */
+	if (!__atomic_load_n(&shutdowns_running, __ATOMIC_RELAXED))
+		return;
+	epoch = __atomic_load_n(&shutdown_epoch, __ATOMIC_RELAXED);
+	if (*revived_in == epoch)
+		__atomic_fetch_add(&outside_work, 1, __ATOMIC_RELAXED);
+	*revived_in = epoch;
 }
 
 void percpuref_stop_thread(struct percpuref_thread *t, pthread_mutex_t *lock,

@@ -309,8 +309,16 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
  * release that kills or drops other refs), until nothing is left; but if
  * another thread queued work meanwhile, it returns after the round in
  * which it saw that (such a thread may never stop), leaving what is still
- * queued to the threads, which start again for it.  Managed refs still
- * referenced stay managed; the threads start again on demand.  Also runs
+ * queued to the threads, which start again for it.  So too when a ref
+ * comes back to life twice within one shutdown (a @release that reinits
+ * its ref and drops it again, each time: callbacks alone would keep the
+ * shutdown, and exit(), going for ever).  Managed refs still referenced
+ * stay managed but are not checked again until the reclaimer starts
+ * again: at the next managed ref (switch_to_managed, REL_MANAGED init, or
+ * the reinit of a managed ref), percpu_ref_managed_flush(), percpu_rcuref
+ * release, or at exit; one whose last user lets go after the shutdown
+ * waits for that (call percpu_ref_managed_flush() to have it checked).
+ * Also runs
  * at process exit: before the destructors of the static objects built
  * before the library's first use (an atexit() handler registered then),
  * and once more after all of them.  Not from a callback on one of the

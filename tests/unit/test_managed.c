@@ -1641,11 +1641,13 @@ static int print_config(void)
 /*
  * Child of test_env(), with PERCPUREF_MANAGED_WARN_S=1: a program written
  * for the old contract (the creator never puts its initial reference) gets
- * one warning, once the ref has been managed for over a second.
+ * one warning, once the ref has been managed for over a second.  Then the
+ * same for a ref in use at every scan, which the default strategy's filter
+ * skips without counting its holders (it was never warned about: 1 << 4).
  */
 static int held_warning(void)
 {
-	struct object o = { 0 };
+	struct object o = { 0 }, busy = { 0 };
 	unsigned long before;
 	int code = 0;
 
@@ -1663,6 +1665,22 @@ static int held_warning(void)
 	percpu_ref_managed_flush();
 	code |= (releases_of(&o) != 1) << 3;
 	percpu_ref_exit(&o.ref);
+
+	/* The filter reads it in use, as it does a ref got and put on
+	 * another CPU throughout its collects. */
+	percpuref_test_filter_sees_use(true);
+	percpu_ref_init(&busy.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&busy.ref);
+	before = percpuref_warning_count();
+	usleep(1100 * 1000);
+	percpu_ref_managed_flush();
+	percpu_ref_managed_flush();
+	code |= (percpuref_warning_count() != before + 1) << 4;	/* once */
+	percpuref_test_filter_sees_use(false);
+	percpu_ref_put(&busy.ref);
+	percpu_ref_managed_flush();
+	code |= (releases_of(&busy) != 1) << 5;
+	percpu_ref_exit(&busy.ref);
 	return code;
 }
 
@@ -1846,7 +1864,8 @@ static void test_env(void)
 	char *held_envp[] = { warn_env, NULL };
 
 	is(spawn_self("--held-warning", held_envp), 0,
-	   "PERCPUREF_MANAGED_WARN_S: a ref its creator never put is reported, once");
+	   "PERCPUREF_MANAGED_WARN_S: a ref its creator never put is reported, once, idle or "
+	   "in use at every scan");
 
 	is(run_env_child("7", "9", "faithful"), 0, "environment sets interval, max, strategy");
 	is(run_env_child("x", "-1", "fastest"), 7 | 3 << 3,

@@ -15,9 +15,19 @@
  * thread that makes and drops such refs in a loop, drops one more itself,
  * calls percpuref_shutdown(), checks that this one was released, and calls
  * exit(); a child that has not exited by its deadline fails.
+ *
+ * Then a ref whose @release revives it (reinit) and drops it again, so
+ * that it is released again and again: managed (a put), killed, and a
+ * killed percpu_rcuref.  Each round of a shutdown released it once more,
+ * and since the release ran on a library thread or on the shutdown's own,
+ * the shutdown took it for its own cascade and went on for ever: exit()
+ * never returned (2 of 2 runs, managed; likewise killed).  A child per
+ * kind lets it cycle, calls percpuref_shutdown(), which must have released
+ * it at least once and return, then exit(), which must return too.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -218,11 +228,64 @@ static int busy_child(const char *kind)
 	exit(0);
 }
 
+static const char *const revive_kinds[] = { "managed", "kill", "rcuref" };
+static const char *revive_kind;
+static unsigned long revivals;	/* atomic */
+static struct percpu_ref reviving;
+static struct percpu_rcuref reviving_rcu;
+
+/* Comes back to life each time, with no holder but its owner or manager. */
+static void revive(struct percpu_ref *ref)
+{
+	__atomic_fetch_add(&revivals, 1, __ATOMIC_SEQ_CST);
+	percpu_ref_reinit(ref);
+	if (!strcmp(revive_kind, "managed"))
+		percpu_ref_put(ref);	/* the caller's new reference */
+	else
+		percpu_ref_kill(ref);
+}
+
+static void revive_rcuref(struct percpu_rcuref *ref)
+{
+	__atomic_fetch_add(&revivals, 1, __ATOMIC_SEQ_CST);
+	percpu_ref_reinit(&ref->ref);
+	percpu_rcuref_kill(ref);
+}
+
+static int revive_child(const char *kind)
+{
+	unsigned long before;
+
+	child_deadline(CHILD_DEADLINE_S);
+	revive_kind = kind;
+	if (!strcmp(kind, "rcuref")) {
+		if (percpu_rcuref_init(&reviving_rcu, NULL, revive_rcuref, PERCPU_REF_ALLOW_REINIT))
+			return 1;
+		percpu_rcuref_kill(&reviving_rcu);
+	} else if (!strcmp(kind, "managed")) {
+		if (percpu_ref_init(&reviving, revive, PERCPU_REF_REL_MANAGED))
+			return 1;
+		percpu_ref_put(&reviving);
+	} else {
+		if (percpu_ref_init(&reviving, revive, PERCPU_REF_ALLOW_REINIT))
+			return 1;
+		percpu_ref_kill(&reviving);
+	}
+	usleep(20000);
+	before = __atomic_load_n(&revivals, __ATOMIC_SEQ_CST);
+	percpuref_shutdown();
+	if (__atomic_load_n(&revivals, __ATOMIC_SEQ_CST) == before)
+		return CHILD_NOT_RELEASED;
+	exit(0);
+}
+
 int main(int argc, char **argv)
 {
 	pthread_t a, b;
 	size_t i;
 
+	if (argc > 1 && !strncmp(argv[1], "revive-", 7))
+		return revive_child(argv[1] + 7);
 	if (argc > 1)
 		return busy_child(argv[1]);
 	child_deadline(DEADLINE_S);
@@ -241,5 +304,13 @@ int main(int argc, char **argv)
 	for (i = 0; i < sizeof(busy_kinds) / sizeof(busy_kinds[0]); i++)
 		is(run_mode(busy_kinds[i]), 0, "shutdown and exit return while another thread "
 		   "keeps dropping %s refs", busy_kinds[i]);
+	for (i = 0; i < sizeof(revive_kinds) / sizeof(revive_kinds[0]); i++) {
+		char mode[32];
+
+		snprintf(mode, sizeof(mode), "revive-%s", revive_kinds[i]);
+		is(run_mode(mode), 0, "shutdown releases, and it and exit return, while a %s "
+		   "ref's release revives it each time", revive_kinds[i][0] == 'm' ? "managed" :
+		   revive_kinds[i][0] == 'k' ? "killed" : "killed percpu_rcuref");
+	}
 	return done_testing();
 }
