@@ -192,7 +192,7 @@ static void init_unit_records(void)
 
 void percpuref_readers_setup(unsigned int nr_units)
 {
-	const char *refuse = getenv("PERCPUREF_NO_MEMBARRIER");
+	const char *refuse = percpuref_getenv("PERCPUREF_NO_MEMBARRIER");
 	int cmds = sys_membarrier(MEMBARRIER_CMD_QUERY);
 	/* PERCPUREF_NO_MEMBARRIER=1: act as if refused (tests). */
 	bool ok = !(refuse && *refuse && strcmp(refuse, "0")) && cmds >= 0 &&

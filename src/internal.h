@@ -738,6 +738,11 @@ unsigned long percpuref_backlog_stalls(struct percpuref_backlog *b);
 void percpuref_callback_enter(void);
 void percpuref_callback_leave(void);
 
+/* The library's settings from the environment (PERCPUREF_*): none in a
+ * process whose privileges another user gave it (setuid, setgid, file
+ * capabilities: the kernel's AT_SECURE), where whoever starts it chooses
+ * the environment; glibc ignores its own tunables there too. */
+const char *percpuref_getenv(const char *name);
 /* A setting from the environment: @name's value if it is a number (decimal
  * digits only: strtoul() alone takes blanks and a sign, and " -1" for
  * ULONG_MAX) no larger than @max; otherwise warned (as @who) and false. */

@@ -427,10 +427,15 @@ PERCPUREF_API unsigned int percpuref_cpu_count_from_file(FILE *f)
 	return count;
 }
 
+const char *percpuref_getenv(const char *name)
+{
+	return secure_getenv(name);
+}
+
 bool percpuref_env_ulong(const char *who, const char *name, unsigned long max,
 			 unsigned long *value)
 {
-	const char *env = getenv(name);
+	const char *env = percpuref_getenv(name);
 	unsigned long v;
 	char *end;
 
@@ -978,7 +983,7 @@ PERCPUREF_API unsigned int percpuref_test_library_threads_listed(void)
 /* PERCPUREF_LIBRARY_CPUS, at set-up: before any library thread exists. */
 static void library_cpus_from_env(void)
 {
-	const char *env = getenv("PERCPUREF_LIBRARY_CPUS");
+	const char *env = percpuref_getenv("PERCPUREF_LIBRARY_CPUS");
 	struct percpuref_cpu_mask chosen;
 
 	if (!env || !*env)
@@ -1108,7 +1113,7 @@ bool percpuref_under_valgrind(void)
 
 static void runtime_init_once(void)
 {
-	const char *no_rseq = getenv("PERCPUREF_NO_RSEQ");
+	const char *no_rseq = percpuref_getenv("PERCPUREF_NO_RSEQ");
 	ptrdiff_t offset = 0;
 	/* Reading sysfs (stdio) is a cancellation point. */
 	int cancel = percpuref_cancel_disable();
