@@ -162,6 +162,14 @@ for colour in 0 64; do
                            -- percpuref percpuref_static test_fast_path stress_percpu_ref; then
     failed+=("aarch64 rseq build$suffix")
   fi
+  # pkg-config's consumers get the choice the targets pass on: without it
+  # they call the library for every get and put (it was missing).
+  cflags=$(sed -n 's/^Cflags: //p' "$dir/percpuref.pc")
+  if [[ " $cflags " != *" -DPERCPUREF_ARM64_RSEQ=1 "* ]] ||
+     { ((colour)) && [[ " $cflags " != *" -DPERCPUREF_UNIT_COLOUR=$colour "* ]]; }; then
+    echo "percpuref.pc's Cflags lack the build's defines: $cflags" >&2
+    failed+=("aarch64 rseq percpuref.pc$suffix")
+  fi
 done
 stage "measurement build options set otherwise: the layout's and the allocator's tests"
 # The build options that change a layout, in one tree: the per-CPU units

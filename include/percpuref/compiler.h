@@ -8,6 +8,9 @@
 #ifndef PERCPUREF_COMPILER_H
 #define PERCPUREF_COMPILER_H
 
+/* Every public header includes this one: the version macros come with any. */
+#include <percpuref/version.h>
+
 /*
  * 64-bit only.  Counts, biases and saturation zones are unsigned long
  * arithmetic around 2^63 (PERCPU_COUNT_BIAS = 2^63 - 2^32), and the fast

@@ -4,12 +4,13 @@
 # consumer.c against it as users would: with pkg-config (shared and static)
 # and with CMake's find_package (percpuref::percpuref and
 # percpuref::percpuref_static), from a copy of the installed tree in another
-# place, which proves both relocatable.  Runs every consumer, and renders
+# place, which proves both relocatable; and with the source built inside
+# the user's project (add_subdirectory), by the same target names.  Runs every consumer, and renders
 # every installed man page with man -l, and checks that every exported
 # function has one.
 # Usage: check_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
-build=$1 src=$2
+build=$1 src=$(cd "$2" && pwd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 DESTDIR="$stage" cmake --install "$build" --prefix /opt/percpuref >/dev/null
@@ -40,6 +41,28 @@ if [ "$soname" != "$want_soname" ] || ! grep -q "$want_soname" <<<"$loaded"; the
   exit 1
 fi
 echo "ok - soname $soname"
+# Every symbol the library defines carries a version of its own, and a
+# program records the one it needs: the loader refuses a library older
+# than the calls it makes at start-up, not at the first such call.
+unversioned=$(objdump -T "$libdir/libpercpuref.so" | awk '$0 ~ /^[0-9a-f]+ / && !/\*UND\*/ &&
+              $(NF-1) !~ /^PERCPUREF_0\.[0-9]+(\.[0-9]+)?$/ { print $NF }')
+if [ -n "$unversioned" ]; then
+  echo "not ok - symbols without a PERCPUREF_ version: $unversioned" >&2
+  exit 1
+fi
+if ! grep -q "PERCPUREF_${version%.*}\b" <<<"$(objdump -p "$stage/consumer")"; then
+  echo "not ok - the consumer records no PERCPUREF_${version%.*} version need" >&2
+  exit 1
+fi
+echo "ok - symbol versions: every symbol PERCPUREF_${version%.*}, needed by the consumer"
+# The headers' version is the build's.
+header_version=$(printf '#include <percpuref/percpu_ref.h>\nPERCPUREF_VERSION_MAJOR.PERCPUREF_VERSION_MINOR.PERCPUREF_VERSION_PATCH\n' |
+                 cc -E -P $(pkg-config --cflags percpuref) - | tail -n 1 | tr -d ' ')
+if [ "$header_version" != "$version" ]; then
+  echo "not ok - percpuref/version.h says $header_version, pkg-config $version" >&2
+  exit 1
+fi
+echo "ok - version.h: $header_version"
 
 cmake -S "$src/tests/install/cmake_consumer" -B "$stage/cmake-build" -G Ninja \
       -DCMAKE_PREFIX_PATH="$root" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -53,6 +76,28 @@ if grep -q libpercpuref <<<"$(ldd "$stage/cmake-build/consumer_static")"; then
   exit 1
 fi
 echo "ok - find_package: percpuref::percpuref and percpuref::percpuref_static"
+
+# Built in a user's tree: the same targets by the same names, and nothing
+# of percpuref's own but the libraries (no scdoc needed, no tests built).
+cmake -S "$src/tests/install/subdir_consumer" -B "$stage/subdir-build" -G Ninja \
+      -DPERCPUREF_SOURCE_DIR="$src" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+targets=$(cmake --build "$stage/subdir-build" --target help)
+for extra in percpuref-bench test_percpu_ref example_; do
+  if grep -q -- "$extra" <<<"$targets"; then
+    echo "not ok - add_subdirectory builds percpuref's $extra too" >&2
+    exit 1
+  fi
+done
+cmake --build "$stage/subdir-build" >/dev/null
+"$stage/subdir-build/consumer_shared"
+"$stage/subdir-build/consumer_static"
+echo "ok - add_subdirectory: percpuref::percpuref and percpuref::percpuref_static, the library alone"
+
+# The .pc file's paths: no doubled slash (the prefix ended in one).
+if grep -q '//' <(grep -v '^#' "$pcdir/percpuref.pc"); then
+  echo "not ok - percpuref.pc: $(grep -v '^#' "$pcdir/percpuref.pc" | grep '//')" >&2
+  exit 1
+fi
 
 mandir="$root/share/man/man3"
 pages=0

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
 //! Builds the C library from the repository's sources (src/*.c, the public
 //! headers in include/) plus shim.c, which gives the header-only fast paths
-//! (static inline in C) a symbol Rust can call, and links liburcu-bp and
-//! liburcu-cds, which the library uses for its grace periods and lists,
-//! as pkg-config finds them (checked by linking a test program first).
+//! (static inline in C) a symbol Rust can call, and links liburcu-bp,
+//! which the library uses for its grace periods, as pkg-config finds it
+//! (checked by linking a test program first).
 //! The C sources sit two levels up: the crate is built from the repository
 //! (PERCPUREF_SOURCE_DIR overrides where they are).
 //!
@@ -249,11 +249,11 @@ fn target_pkg_config() -> Option<String> {
     None
 }
 
-/// liburcu-bp and liburcu-cds, which the library uses: their flags from
+/// liburcu-bp, which the library uses: its flags from
 /// pkg-config (search paths included), then a test program compiled and
 /// linked with them, so that a missing header or library fails here with
 /// what to install, not at some later link.  A cross build with no
-/// pkg-config for its target gets the plain library names, unprobed.  Adds
+/// pkg-config for its target gets the plain library name, unprobed.  Adds
 /// the include directories to @build; returns the directives for cargo, to
 /// print after the library's own (a static library's dependencies follow
 /// it on the link line).
@@ -263,19 +263,16 @@ fn probe_urcu(build: &mut cc::Build, out_dir: &Path) -> Vec<String> {
     let pkg_config = match target_pkg_config() {
         Some(pkg_config) => pkg_config,
         None => {
-            return vec![
-                "cargo:rustc-link-lib=urcu-bp".to_string(),
-                "cargo:rustc-link-lib=urcu-cds".to_string(),
-            ]
+            return vec!["cargo:rustc-link-lib=urcu-bp".to_string()]
         }
     };
     let output = Command::new(&pkg_config)
-        .args(["--cflags", "--libs", "liburcu-bp", "liburcu-cds"])
+        .args(["--cflags", "--libs", "liburcu-bp"])
         .output()
         .unwrap_or_else(|e| panic!("percpuref-sys: cannot run {}: {}; {}", pkg_config, e, HINT));
     if !output.status.success() {
         panic!(
-            "percpuref-sys: {} knows no liburcu-bp and liburcu-cds ({}); {}",
+            "percpuref-sys: {} knows no liburcu-bp ({}); {}",
             pkg_config,
             String::from_utf8_lossy(&output.stderr).trim(),
             HINT

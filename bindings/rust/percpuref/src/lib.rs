@@ -923,14 +923,18 @@ mod tests {
 
         // drain() loops: a Drop that a poll runs kills another owner.
         static CHAIN_DROPS: AtomicUsize = AtomicUsize::new(0);
-        struct Link(Option<Owner<Link>>);
+        // Held only to be dropped with the link (newer rustc warned that
+        // a tuple field was never read).
+        struct Link {
+            _next: Option<Owner<Link>>,
+        }
         impl Drop for Link {
             fn drop(&mut self) {
                 CHAIN_DROPS.fetch_add(1, Ordering::SeqCst);
             }
         }
-        let tail = Owner::new(Link(None)).unwrap();
-        Owner::new(Link(Some(tail))).unwrap().kill();
+        let tail = Owner::new(Link { _next: None }).unwrap();
+        Owner::new(Link { _next: Some(tail) }).unwrap().kill();
         REGISTRATION.with(|r| r.borrow().as_ref().unwrap().drain()).unwrap();
         assert_eq!(CHAIN_DROPS.load(Ordering::SeqCst), 2, "drain finishes the kills Drops make");
 
