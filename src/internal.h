@@ -675,14 +675,22 @@ void percpuref_shutdown_end(void);
 void percpuref_note_work(void);
 /*
  * A ref comes back to life (reinit or resurrect), during a shutdown
- * perhaps: one that does so twice within the same shutdown is a cycle (a
- * @release that revives its ref and drops it again, each time), which
- * callbacks alone would keep going for ever, exit() with it.  The second
- * revival counts as outside work, so the shutdown ends with that round and
- * leaves the ref to the threads.  @revived_in: the ref's own word (0 at
+ * perhaps.  Callbacks that revive one ref again and again (a @release
+ * that reinits its ref and drops it again, each time) would keep a
+ * shutdown going for ever, exit() with it: the revivals callbacks make
+ * (on the library's threads or a shutdown's own) are counted per ref and
+ * shutdown period, and the PERCPUREF_SHUTDOWN_REVIVALS_MAXth counts as
+ * outside work, so the shutdown ends with that round and leaves what is
+ * still queued to the threads.  Fewer, a ref reused a few times as its
+ * release cascades, end nothing early.  @revivals: the ref's own (zero at
  * init), under its switch lock.
  */
-void percpuref_note_revival(unsigned long *revived_in);
+#define PERCPUREF_SHUTDOWN_REVIVALS_MAX 64
+struct percpuref_revivals {
+	unsigned long epoch;	/* the shutdown period counted in */
+	unsigned int count;
+};
+void percpuref_note_revival(struct percpuref_revivals *revivals);
 
 /*
  * A queue that one of the library's threads works off, paced (deferred.c,

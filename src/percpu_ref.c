@@ -603,8 +603,8 @@ struct percpu_ref_impl {
 	 * such switch for a release that does not say so (any but an
 	 * RCU-released ref's). */
 	unsigned long release_pending_in;
-	/* The shutdown it was last revived in (percpuref_note_revival()). */
-	unsigned long revived_in_shutdown;
+	/* Its revivals in the last shutdown (percpuref_note_revival()). */
+	struct percpuref_revivals revivals;
 	const char *switch_caller;	/* the call that started it, for warnings */
 	/* The handler releases owed (the low bits), and once exited who
 	 * still holds the impl (see IMPL_EXITED): the last to let go frees
@@ -1390,7 +1390,7 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_DEAD);
-	percpuref_note_revival(&impl_of(ref->data)->revived_in_shutdown);
+	percpuref_note_revival(&impl_of(ref->data)->revivals);
 	/* Released by a scan whose @release has yet to run: it never will,
 	 * whatever becomes of the ref meanwhile (percpuref_managed_release()). */
 	if (impl_of(ref->data)->mstate == MNODE_RELEASING)

@@ -284,8 +284,11 @@ __thread bool percpuref_library_thread __attribute__((tls_model("initial-exec"))
  */
 static unsigned int shutdowns_running;
 static unsigned long outside_work;
-/* Counts the shutdowns begun, so that a ref revived twice within one is
- * told from one revived once in each (percpuref_note_revival()). */
+/* Counts the periods in which some shutdown runs (from none running to
+ * one), so that revivals within one are told from revivals in several
+ * (percpuref_note_revival()): overlapping shutdowns share a period, so
+ * that one thread's shutdowns called back to back do not keep resetting
+ * what another's counts. */
 static unsigned long shutdown_epoch;
 static __thread bool in_shutdown;
 static unsigned long warnings;
@@ -1627,10 +1630,11 @@ unsigned long percpuref_shutdown_begin(void)
 	/* Seq_cst: work queued after this is counted, as far as the relaxed
 	 * read in percpuref_note_work() sees it soon; one counted late only
 	 * costs the shutdown another round. */
-	__atomic_fetch_add(&shutdowns_running, 1, __ATOMIC_SEQ_CST);
-	/* Relaxed: compared under each ref's switch lock, a hint like the
-	 * count below. */
-	__atomic_fetch_add(&shutdown_epoch, 1, __ATOMIC_RELAXED);
+	if (__atomic_fetch_add(&shutdowns_running, 1, __ATOMIC_SEQ_CST) == 0)
+		/* Seq_cst as the count above: a hint compared under each
+		 * ref's switch lock; a revival in between counts against
+		 * the last period, which at worst ends this shutdown early. */
+		__atomic_fetch_add(&shutdown_epoch, 1, __ATOMIC_SEQ_CST);
 	return __atomic_load_n(&outside_work, __ATOMIC_SEQ_CST);
 }
 
@@ -1654,18 +1658,24 @@ void percpuref_note_work(void)
 		__atomic_fetch_add(&outside_work, 1, __ATOMIC_RELAXED);
 }
 
-void percpuref_note_revival(unsigned long *revived_in)
+void percpuref_note_revival(struct percpuref_revivals *revivals)
 {
 	unsigned long epoch;
 
 	/* Relaxed: hints, as in percpuref_note_work(); a revival counted a
-	 * round late costs the shutdown that round. */
-	if (!__atomic_load_n(&shutdowns_running, __ATOMIC_RELAXED))
+	 * round late costs the shutdown that round.  Only the callbacks'
+	 * (one of our threads, or a shutdown's own): another thread's is its
+	 * own work, counted where it queues any. */
+	if (!__atomic_load_n(&shutdowns_running, __ATOMIC_RELAXED) ||
+	    (!percpuref_library_thread && !in_shutdown))
 		return;
 	epoch = __atomic_load_n(&shutdown_epoch, __ATOMIC_RELAXED);
-	if (*revived_in == epoch)
+	if (revivals->epoch != epoch) {
+		revivals->epoch = epoch;
+		revivals->count = 0;
+	}
+	if (++revivals->count == PERCPUREF_SHUTDOWN_REVIVALS_MAX)
 		__atomic_fetch_add(&outside_work, 1, __ATOMIC_RELAXED);
-	*revived_in = epoch;
 }
 
 void percpuref_stop_thread(struct percpuref_thread *t, pthread_mutex_t *lock,

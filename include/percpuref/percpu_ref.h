@@ -309,10 +309,12 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
  * release that kills or drops other refs), until nothing is left; but if
  * another thread queued work meanwhile, it returns after the round in
  * which it saw that (such a thread may never stop), leaving what is still
- * queued to the threads, which start again for it.  So too when a ref
- * comes back to life twice within one shutdown (a @release that reinits
- * its ref and drops it again, each time: callbacks alone would keep the
- * shutdown, and exit(), going for ever).  Managed refs still referenced
+ * queued to the threads, which start again for it.  So too when
+ * callbacks bring one ref back to life (reinit, resurrect) 64 times
+ * within one shutdown (a @release that reinits its ref and drops it
+ * again, each time, would keep the shutdown, and exit(), going for ever);
+ * a callback that makes and drops a new ref each time it runs still does,
+ * as an atexit() handler that loops would.  Managed refs still referenced
  * stay managed but are not checked again until the reclaimer starts
  * again: at the next managed ref (switch_to_managed, REL_MANAGED init, or
  * the reinit of a managed ref), percpu_ref_managed_flush(), percpu_rcuref

@@ -192,8 +192,8 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-/* A fork child: its barrier finishes what the parent's threads queued;
- * nothing is released twice.  False if no fork was made (ASan: a worker
+/* A fork child: its barrier finishes what the parent's threads queued,
+ * every kill made before the fork; nothing is released twice.  False if no fork was made (ASan: a worker
  * not ready yet). */
 static bool fork_once(void)
 {
@@ -203,11 +203,21 @@ static bool fork_once(void)
 		return false;
 	pid = fork();
 	if (pid == 0) {
+		/* Counted by the parent before the fork (acquire: its kills'
+		 * counts, read in this copy of its memory). */
+		unsigned long killed = __atomic_load_n(&kills, __ATOMIC_ACQUIRE);
 		unsigned int w, i;
 
 		child_deadline(10);
 		if (percpu_ref_barrier())
 			_exit(4);
+		/* Every kill the parent made before the fork is released here
+		 * (the polling workers' queues too: dropped, they passed 3 of
+		 * 3 runs that checked only for double releases), but for a
+		 * @release running at the fork on a worker or the callback
+		 * thread, which is that thread's, not the child's. */
+		if (__atomic_load_n(&releases, __ATOMIC_ACQUIRE) + WORKERS + 1 < killed)
+			_exit(6);
 		for (w = 0; w < WORKERS; w++)
 			for (i = 0; i < RING; i++)
 				if (__atomic_load_n(&slots[w][i].released, __ATOMIC_ACQUIRE) > 1)

@@ -24,6 +24,14 @@
  * never returned (2 of 2 runs, managed; likewise killed).  A child per
  * kind lets it cycle, calls percpuref_shutdown(), which must have released
  * it at least once and return, then exit(), which must return too.
+ *
+ * But a shutdown must still follow what is finite: a managed ref whose
+ * release revives it seven times, all eight releases by one shutdown
+ * (the first rule, a second revival ends the shutdown, ran 4 of 8, 5 of 5
+ * runs); and a chain of 24 managed refs, each release dropping the next,
+ * while another thread kills and resurrects a ref of its own in a loop
+ * (its own work, not the callbacks': counted as theirs, it ended the
+ * shutdown after 5 of 24, 5 of 5 runs).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -279,6 +287,81 @@ static int revive_child(const char *kind)
 	exit(0);
 }
 
+#define FINITE_RELEASES 8
+#define CHAIN 24
+static unsigned long finite_releases;	/* atomic */
+static struct percpu_ref revived, chain[CHAIN], toggled;
+static bool toggling_stops;	/* atomic */
+
+/* Revived FINITE_RELEASES - 1 times, then left released. */
+static void revive_a_few_times(struct percpu_ref *ref)
+{
+	if (__atomic_add_fetch(&finite_releases, 1, __ATOMIC_SEQ_CST) < FINITE_RELEASES) {
+		percpu_ref_reinit(ref);
+		percpu_ref_put(ref);
+	}
+}
+
+/* Each link's release drops the next link's creator reference. */
+static void drop_next_link(struct percpu_ref *ref)
+{
+	size_t i = (size_t)(ref - chain);
+
+	__atomic_fetch_add(&finite_releases, 1, __ATOMIC_SEQ_CST);
+	if (i + 1 < CHAIN)
+		percpu_ref_put(&chain[i + 1]);
+}
+
+static void *kill_and_resurrect(void *arg)
+{
+	(void)arg;
+	while (!__atomic_load_n(&toggling_stops, __ATOMIC_SEQ_CST)) {
+		percpu_ref_kill(&toggled);
+		percpu_ref_resurrect(&toggled);
+	}
+	return NULL;
+}
+
+/* Exit status: 0, 1 set-up, CHILD_NOT_RELEASED some release not run. */
+static int finite_child(const char *kind)
+{
+	unsigned long want;
+	pthread_t toggler;
+	size_t i;
+
+	child_deadline(CHILD_DEADLINE_S);
+	if (!strcmp(kind, "revivals")) {
+		want = FINITE_RELEASES;
+		if (percpu_ref_init(&revived, revive_a_few_times, PERCPU_REF_REL_MANAGED))
+			return 1;
+		percpu_ref_put(&revived);
+		percpuref_shutdown();
+	} else {
+		want = CHAIN;
+		/* Held (its count stays 1 or more), atomic: a kill queues
+		 * nothing, a resurrect revives it. */
+		if (percpu_ref_init(&toggled, NULL, PERCPU_REF_INIT_ATOMIC | PERCPU_REF_ALLOW_REINIT))
+			return 1;
+		percpu_ref_get(&toggled);
+		for (i = 0; i < CHAIN; i++)
+			if (percpu_ref_init(&chain[i], drop_next_link, PERCPU_REF_REL_MANAGED))
+				return 1;
+		if (pthread_create(&toggler, NULL, kill_and_resurrect, NULL))
+			return 1;
+		usleep(10000);
+		percpu_ref_put(&chain[0]);
+		percpuref_shutdown();
+		__atomic_store_n(&toggling_stops, true, __ATOMIC_SEQ_CST);
+		pthread_join(toggler, NULL);
+	}
+	if (__atomic_load_n(&finite_releases, __ATOMIC_SEQ_CST) != want) {
+		printf("# %s: %lu of %lu releases\n", kind,
+		       __atomic_load_n(&finite_releases, __ATOMIC_SEQ_CST), want);
+		return CHILD_NOT_RELEASED;
+	}
+	exit(0);
+}
+
 int main(int argc, char **argv)
 {
 	pthread_t a, b;
@@ -286,6 +369,8 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && !strncmp(argv[1], "revive-", 7))
 		return revive_child(argv[1] + 7);
+	if (argc > 1 && !strncmp(argv[1], "finite-", 7))
+		return finite_child(argv[1] + 7);
 	if (argc > 1)
 		return busy_child(argv[1]);
 	child_deadline(DEADLINE_S);
@@ -312,5 +397,9 @@ int main(int argc, char **argv)
 		   "ref's release revives it each time", revive_kinds[i][0] == 'm' ? "managed" :
 		   revive_kinds[i][0] == 'k' ? "killed" : "killed percpu_rcuref");
 	}
+	is(run_mode("finite-revivals"), 0, "one shutdown runs all %d releases of a managed ref "
+	   "its release revives %d times", FINITE_RELEASES, FINITE_RELEASES - 1);
+	is(run_mode("finite-chain"), 0, "one shutdown releases a chain of %d managed refs while "
+	   "another thread kills and resurrects its own ref", CHAIN);
 	return done_testing();
 }
