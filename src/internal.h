@@ -529,6 +529,13 @@ PERCPUREF_API void percpuref_test_switch_off_stamp_delay(unsigned long us);
 /* Test hook: the reclaimer's filter reads every ref in use (its collects
  * differ), as it does one got and put on another CPU throughout them. */
 PERCPUREF_API void percpuref_test_filter_sees_use(bool on);
+/* Test hook: every @every-th add to a ref's unit-less word (0: none)
+ * yields its CPU between its read of the mode word and its
+ * compare-and-swap, the window in which a switch may fold the word
+ * (percpu_ref.c, unitless_add()): a preemption there, a whole fence
+ * long, is what the word's FOLDED bit is for, and no stress run reached
+ * one by chance. */
+PERCPUREF_API void percpuref_test_unitless_yield(unsigned int every);
 
 /* Sum of the per-CPU words of the counter at @cpu0.  Acquire loads: no
  * later read (the reclaimer filter's second collect) moves before them; the

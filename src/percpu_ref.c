@@ -2039,13 +2039,25 @@ static struct percpu_ref_data *tryget_data(struct percpu_ref *ref)
  * acquire exchange (ThreadSanitizer sees that through the put's
  * annotation on &ref->data as well, so only review guards this order).
  */
+static unsigned int unitless_yield_every, unitless_adds;	/* test hook */
+
+PERCPUREF_API void percpuref_test_unitless_yield(unsigned int every)
+{
+	__atomic_store_n(&unitless_yield_every, every, __ATOMIC_RELAXED);
+}
+
 static bool unitless_add(struct percpu_ref *ref, struct percpu_ref_data *data, unsigned long delta)
 {
 	unsigned long *word = &impl_of(data)->unitless_word;
 	unsigned long old;
+	/* Relaxed: a test's setting and a count of its own. */
+	unsigned int every = __atomic_load_n(&unitless_yield_every, __ATOMIC_RELAXED);
 
 	if (__atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_ACQUIRE) & PERCPUREF_MODE_FLAGS)
 		return false;
+	if (percpuref_unlikely(every) &&
+	    __atomic_add_fetch(&unitless_adds, 1, __ATOMIC_RELAXED) % every == 0)
+		sched_yield();
 	old = __atomic_load_n(word, __ATOMIC_RELAXED);
 	do {
 		if (old & UNITLESS_FOLDED)
