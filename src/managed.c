@@ -280,7 +280,8 @@ static unsigned int this_cpu_index(unsigned int nr)
 
 static void config_init_once(void)
 {
-	const char *strategy = percpuref_getenv("PERCPUREF_SCAN_STRATEGY"), *who = "percpuref_managed";
+	const char *strategy = percpuref_getenv("PERCPUREF_SCAN_STRATEGY");
+	const char *who = "percpuref_managed";
 	unsigned long held_warn_s = 0;
 
 	managed_cpus_alloc();

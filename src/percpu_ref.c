@@ -1539,6 +1539,13 @@ static struct percpu_ref_impl *impl_of_node(struct percpuref_mnode *node)
 	return caa_container_of(node, struct percpu_ref_impl, mnode);
 }
 
+static bool filter_sees_use;	/* test hook */
+
+PERCPUREF_API void percpuref_test_filter_sees_use(bool on)
+{
+	__atomic_store_n(&filter_sees_use, on, __ATOMIC_RELAXED);
+}
+
 /*
  * The filter: the references held on @ref, into *@held, from two collects
  * of its per-CPU words (monotonic, percpu_ref.h) and of the atomic count;
@@ -1549,13 +1556,6 @@ static struct percpu_ref_impl *impl_of_node(struct percpuref_mnode *node)
  * per-CPU.  A wrong "manager only" costs a check (the exact one follows); a
  * truly idle ref reads equal twice, so it is never kept out.
  */
-static bool filter_sees_use;	/* test hook */
-
-PERCPUREF_API void percpuref_test_filter_sees_use(bool on)
-{
-	__atomic_store_n(&filter_sees_use, on, __ATOMIC_RELAXED);
-}
-
 static bool snapshot_held(struct percpu_ref *ref, unsigned long *held)
 {
 	uintptr_t cpu0 = counter_of(ref);
@@ -2014,6 +2014,13 @@ static struct percpu_ref_data *tryget_data(struct percpu_ref *ref)
 	return data;
 }
 
+static unsigned int unitless_yield_every, unitless_adds;	/* test hook */
+
+PERCPUREF_API void percpuref_test_unitless_yield(unsigned int every)
+{
+	__atomic_store_n(&unitless_yield_every, every, __ATOMIC_RELAXED);
+}
+
 /*
  * A caller without a unit (more threads than fallback units, a CPU past
  * the units counted, a call after its thread's exit hook): adds @delta to
@@ -2039,13 +2046,6 @@ static struct percpu_ref_data *tryget_data(struct percpu_ref *ref)
  * acquire exchange (ThreadSanitizer sees that through the put's
  * annotation on &ref->data as well, so only review guards this order).
  */
-static unsigned int unitless_yield_every, unitless_adds;	/* test hook */
-
-PERCPUREF_API void percpuref_test_unitless_yield(unsigned int every)
-{
-	__atomic_store_n(&unitless_yield_every, every, __ATOMIC_RELAXED);
-}
-
 static bool unitless_add(struct percpu_ref *ref, struct percpu_ref_data *data, unsigned long delta)
 {
 	unsigned long *word = &impl_of(data)->unitless_word;

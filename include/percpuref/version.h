@@ -8,8 +8,8 @@
  *
  * The build reads its version from here (CMakeLists.txt), so the two
  * cannot differ.  At run time the soname (libpercpuref.so.MAJOR.MINOR)
- * and the symbol versions (src/percpuref.map) keep a program from
- * loading a library older than the calls it makes.
+ * and the symbol versions (src/percpuref.map, from 0.4.24 on) keep a
+ * program from loading a library older than the calls it makes.
  */
 #ifndef PERCPUREF_VERSION_H
 #define PERCPUREF_VERSION_H
