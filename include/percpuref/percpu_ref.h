@@ -322,7 +322,8 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
  * waits for that (call percpu_ref_managed_flush() to have it checked).
  * Also runs at process exit: before the destructors of the static
  * objects built before the library's first use (an atexit() handler
- * registered then), and once more after all of them.  Not from a callback on one of the
+ * registered then), and once more after all of them: exit() called
+ * holding a lock that a pending @release takes waits for ever.  Not from a callback on one of the
  * library's threads, nor from shutdown, nor from a callback that a poll or
  * a wait running the queued work itself runs, nor inside an RCU read-side
  * section, where it would wait for itself (warned, does nothing).
