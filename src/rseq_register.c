@@ -18,10 +18,14 @@
  * its own area: own_area, an initial-exec TLS variable, so its offset from
  * the thread pointer is the same in every thread, as glibc's is.  The
  * initialising thread registers at once, which is the probe: ENOSYS (no
- * rseq, valgrind, qemu-user), EPERM (seccomp) or EBUSY (someone else
- * registered this thread: another library, or libc after all) means no
- * rseq fast path for the process.  The kernel never lets a thread have two
- * areas, so a wrong guess here fails the probe; it cannot double-register.
+ * rseq, valgrind, qemu-user), EPERM (seccomp) or EINVAL (another area is
+ * registered for this thread: librseq, tcmalloc, LTTng, or libc after
+ * all; warned, since the program then loses the fast path without
+ * otherwise knowing why) means no rseq fast path for the process.  The
+ * kernel never lets a thread have two areas, so a wrong guess here fails
+ * the probe; it cannot double-register.  The other way round, once a
+ * thread's area is ours, a later registration of another on that thread
+ * fails with EINVAL (docs/percpu_ref.md, "rseq-own").
  *
  * Own areas, per thread.  own_area.cpu_id starts at -1 (the TLS image), so
  * a thread's first fast-path call fails the inline check and comes to
@@ -96,8 +100,9 @@ static void own_unregister(void *unused)
  * system calls, once per thread: the state is read again once they are
  * blocked, a handler having perhaps registered the thread just before (the
  * second registration then failed, EBUSY, and retired the thread's area).
+ * On a failure, the errno value is in *@err.
  */
-static bool own_register(void)
+static bool own_register_err(int *err)
 {
 	sigset_t async, old;
 	bool registered = false;
@@ -110,6 +115,7 @@ static bool own_register(void)
 	}
 	own_state = OWN_REGISTERING;
 	if (sys_rseq(&own_area, 0) != 0) {
+		*err = errno;
 		own_state = OWN_RETIRED;
 	} else {
 		__atomic_fetch_add(&own_threads, 1, __ATOMIC_RELAXED);
@@ -121,6 +127,13 @@ static bool own_register(void)
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return registered;
+}
+
+static bool own_register(void)
+{
+	int err;
+
+	return own_register_err(&err);
 }
 
 /* glibc >= 2.35 (<sys/rseq.h>, declared here for older headers). */
@@ -144,6 +157,7 @@ ptrdiff_t percpuref_rseq_choose(void)
 {
 	const ptrdiff_t *glibc_offset = glibc_rseq_offset();
 	struct percpuref_rseq_area *rs;
+	int err = 0;
 
 	if (glibc_offset) {
 		rs = (struct percpuref_rseq_area *)((char *)percpuref_thread_pointer() +
@@ -153,8 +167,12 @@ ptrdiff_t percpuref_rseq_choose(void)
 			return 0;
 		return *glibc_offset;
 	}
-	if (!own_register())
+	if (!own_register_err(&err)) {
+		if (err == EINVAL)
+			percpuref_warn("percpuref", "this thread has an rseq area of another's "
+				       "(librseq, tcmalloc?); per-CPU fast path: the fallback");
 		return 0;
+	}
 	own_in_use = true;
 	return percpuref_rseq_own_area_offset();
 }

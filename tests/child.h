@@ -80,8 +80,9 @@ static inline int wait_child(pid_t pid)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* Re-executes this test in @mode; its exit status (see wait_child()). */
-static inline int run_mode(const char *mode)
+/* Re-executes this test in @mode with the environment @envp; its exit
+ * status (see wait_child()). */
+static inline int run_mode_env(const char *mode, char **envp)
 {
 	/* A cross build's tests run under an emulator (qemu-user), which
 	 * cannot exec a foreign binary by itself: it runs the child too. */
@@ -90,9 +91,15 @@ static inline int run_mode(const char *mode)
 	char **args = emulator && *emulator ? argv : argv + 1;
 	pid_t pid;
 
-	if (posix_spawnp(&pid, args[0], NULL, NULL, args, environ))
+	if (posix_spawnp(&pid, args[0], NULL, NULL, args, envp))
 		return -1;
 	return wait_child(pid);
+}
+
+/* The same with this process's environment. */
+static inline int run_mode(const char *mode)
+{
+	return run_mode_env(mode, environ);
 }
 
 /*

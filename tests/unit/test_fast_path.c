@@ -6,13 +6,18 @@
  * a thread's first call and given back when it exits by return,
  * pthread_exit or cancellation, a fork child that keeps its thread's
  * registration, and counts that stay exact while a signal handler takes and
- * drops references in the middle of the thread's own calls.
+ * drops references in the middle of the thread's own calls.  And a program
+ * that registered an rseq area of its own (librseq, tcmalloc) before the
+ * library's first use, where glibc registered none: the library's probe
+ * fails (EINVAL), it takes the fallback, exact, and says so once (it
+ * said nothing: the program lost the fast path without knowing why).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -308,8 +313,64 @@ static void test_signal_nesting(void)
 	signal(SIGUSR1, SIG_IGN);	/* none is pending: the sender has stopped */
 }
 
-int main(void)
+#if PERCPUREF_HAVE_RSEQ
+/* An area of the program's own, as librseq registers. */
+static struct percpuref_rseq_area foreign_area;
+
+/*
+ * Child, started with glibc's registration off: registers foreign_area,
+ * then uses the library.  Exit status: 0; 77 this kernel or glibc left no
+ * room for the area (skip); 2 not the fallback; 3 not one warning; 4 the
+ * count or release wrong.
+ */
+static int foreign_area_child(void)
 {
+	unsigned long warned = percpuref_warning_count();
+
+	if (syscall(__NR_rseq, &foreign_area, (unsigned int)sizeof(foreign_area), 0,
+		    PERCPUREF_RSEQ_SIG) != 0)
+		return 77;
+	releases = 0;
+	percpu_ref_init(&ref, count_release, 0);
+	if (strcmp(percpuref_fast_path(), "fallback"))
+		return 2;
+	if (percpuref_warning_count() - warned != 1)
+		return 3;
+	pairs();
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	if (releases != 1)
+		return 4;
+	percpu_ref_exit(&ref);
+	return 0;
+}
+
+static void test_foreign_area(void)
+{
+	char tunable[] = "GLIBC_TUNABLES=glibc.pthread.rseq=0";
+	char *envp[] = { tunable, NULL };
+	int status;
+
+	if (getenv("PERCPUREF_TEST_EMULATOR")) {
+		skip("qemu-user has no rseq");
+		return;
+	}
+	status = run_mode_env("--foreign-area", envp);
+	if (status == 77)
+		skip("no rseq area could be registered in the child");
+	else
+		is(status, 0, "an rseq area of the program's own: the fallback, exact, warned once");
+}
+#endif
+
+int main(int argc, char **argv)
+{
+#if PERCPUREF_HAVE_RSEQ
+	if (argc > 1 && !strcmp(argv[1], "--foreign-area"))
+		return foreign_area_child();
+#endif
+	(void)argc;
+	(void)argv;
 	test_which_path();
 	test_this_rseq_area();
 	test_thread_exit(BY_RETURN, "return");
@@ -320,5 +381,8 @@ int main(void)
 	test_fork();
 #endif
 	test_signal_nesting();
+#if PERCPUREF_HAVE_RSEQ
+	test_foreign_area();
+#endif
 	return done_testing();
 }

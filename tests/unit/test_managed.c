@@ -1596,27 +1596,6 @@ static void test_fork(void)
 }
 #endif
 
-/* Re-executes this test with @arg and environment @envp; see main().  The
- * exit status, or -1.  posix_spawn, not fork: no atfork handlers, no
- * reclaimer started in a child that is about to exec (ThreadSanitizer
- * forbids it); our own path as we were started (under valgrind,
- * /proc/self/exe is valgrind). */
-static int spawn_self(const char *arg, char **envp)
-{
-	/* A cross build's tests run under an emulator (qemu-user), which
-	 * cannot exec a foreign binary by itself: it runs the child too. */
-	char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
-	char *argv[] = { emulator, program_invocation_name, (char *)arg, NULL };
-	char **args = emulator && *emulator ? argv : argv + 1;
-	int status;
-	pid_t pid;
-
-	if (posix_spawnp(&pid, args[0], NULL, NULL, args, envp) ||
-	    waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
-		return -1;
-	return WEXITSTATUS(status);
-}
-
 static int run_env_child(const char *interval, const char *max, const char *strategy)
 {
 	char e1[64], e2[64], e3[64];
@@ -1625,7 +1604,7 @@ static int run_env_child(const char *interval, const char *max, const char *stra
 	snprintf(e1, sizeof(e1), "PERCPUREF_SCAN_INTERVAL_MS=%s", interval);
 	snprintf(e2, sizeof(e2), "PERCPUREF_SCAN_MAX=%s", max);
 	snprintf(e3, sizeof(e3), "PERCPUREF_SCAN_STRATEGY=%s", strategy);
-	return spawn_self("--print-config", envp);
+	return run_mode_env("--print-config", envp);
 }
 
 static int print_config(void)
@@ -1716,9 +1695,9 @@ static int run_nice_child(const char *value)
 	char *envp[] = { env, NULL };
 
 	if (!value)
-		return spawn_self("--reclaimer-nice", envp + 1);
+		return run_mode_env("--reclaimer-nice", envp + 1);
 	snprintf(env, sizeof(env), "PERCPUREF_RECLAIMER_NICE=%s", value);
-	return spawn_self("--reclaimer-nice", envp);
+	return run_mode_env("--reclaimer-nice", envp);
 }
 
 /*
@@ -1848,7 +1827,7 @@ static int gives_way(void)
 static void test_gives_way(void)
 {
 	char *no_env[] = { NULL };
-	int result = spawn_self("--gives-way", no_env);
+	int result = run_mode_env("--gives-way", no_env);
 
 	if (result == 2)
 		printf("# skipped: cannot pin a process to one CPU, read a thread's CPU clock, "
@@ -1863,7 +1842,7 @@ static void test_env(void)
 	char warn_env[] = "PERCPUREF_MANAGED_WARN_S=1";
 	char *held_envp[] = { warn_env, NULL };
 
-	is(spawn_self("--held-warning", held_envp), 0,
+	is(run_mode_env("--held-warning", held_envp), 0,
 	   "PERCPUREF_MANAGED_WARN_S: a ref its creator never put is reported, once, idle or "
 	   "in use at every scan");
 
