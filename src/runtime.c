@@ -1240,12 +1240,20 @@ static int fence_by_migration_locked(void)
 		}
 		memset(&one, 0, sizeof(one));
 		CPU_SET_S(cpu, CPU_MASK_BYTES, (cpu_set_t *)one.bits);
-		if (cpu_mask_set(0, &one) == 0)
-			visited++;
+		if (cpu_mask_set(0, &one) == 0) {
+			/* The kernel moves the caller before the call returns;
+			 * a sandbox may answer 0 and move nothing, which fences
+			 * nothing: a move not made is a move refused (a CPU
+			 * that went offline in between too, conservatively). */
+			if (sched_getcpu() != (int)cpu)
+				err = EPERM;
+			else
+				visited++;
 		/* EINVAL: the CPU went offline, or left this thread's cpuset
 		 * meanwhile; only one no thread may use can be skipped. */
-		else if (errno != EINVAL || cpu_mask_isset(cpu, &used))
+		} else if (errno != EINVAL || cpu_mask_isset(cpu, &used)) {
 			err = errno;
+		}
 	}
 	if (!memcmp(&saved, &reach, sizeof(saved)) || cpu_mask_set(0, &saved))
 		cpu_mask_set(0, &every);

@@ -937,23 +937,30 @@ static int mode_seccomp(void)
  * percpuref_note_unfenced_adds()): a trace left on a free slot, as such
  * an add would leave it, is gone when the slot is handed out.
  */
-static int refuse_membarrier_and_migration(void)
+/* membarrier(2) fails with EPERM; sched_setaffinity(2) gets
+ * @migration_action (EPERM too, or SECCOMP_RET_ERRNO | 0: "done", and
+ * nothing moved, as some sandboxes answer). */
+static int refuse_membarrier_and_migration(unsigned int migration_action)
 {
 	struct sock_filter filter[] = {
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
 		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 2, 0),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 3, 0),
 		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_sched_setaffinity, 1, 0),
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_RET | BPF_K, migration_action),
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
 	};
 
 	return install_filter(filter, sizeof(filter) / sizeof(filter[0]), SECCOMP_FILTER_FLAG_TSYNC);
 }
 
-static int mode_no_fence(void)
+/* @fake_moves: sched_setaffinity() answers 0 and moves nothing; a fence
+ * that took that for a move fenced nothing (a review's reading), and the
+ * fast path stayed on. */
+static int mode_no_fence(bool fake_moves)
 {
 	/* Static: a failure returns with a kill in flight, which the exit
 	 * handler then finishes. */
@@ -967,11 +974,12 @@ static int mode_no_fence(void)
 	percpu_ref_switch_to_percpu(&b.ref);
 	if (percpuref_unfenced_adds_possible())
 		return 10;	/* before any refusal */
-	if (percpuref_nr_units() < 2 || refuse_membarrier_and_migration())
+	if (percpuref_nr_units() < 2 ||
+	    refuse_membarrier_and_migration(fake_moves ? SECCOMP_RET_ERRNO : SECCOMP_RET_ERRNO | EPERM))
 		return 77;
 	sched_getaffinity(0, sizeof(cpus), &cpus);
 	if (syscall(__NR_membarrier, 0, 0) != -1 || errno != EPERM ||
-	    sched_setaffinity(0, sizeof(cpus), &cpus) != -1 || errno != EPERM)
+	    (sched_setaffinity(0, sizeof(cpus), &cpus) != -1 || errno != EPERM) != fake_moves)
 		return 77;	/* another architecture's calls pass the filter */
 	if (!pairs_then_kill(&a))
 		return 1;
@@ -1029,8 +1037,8 @@ static bool rseq_then_no_fence(void)
 {
 	/* Sets the library up (the offset is set at the first call). */
 	return !strncmp(percpuref_fast_path(), "rseq", 4) && percpuref_nr_units() >= 2 &&
-	       !refuse_membarrier_and_migration() && syscall(__NR_membarrier, 0, 0) == -1 &&
-	       errno == EPERM;
+	       !refuse_membarrier_and_migration(SECCOMP_RET_ERRNO | EPERM) &&
+	       syscall(__NR_membarrier, 0, 0) == -1 && errno == EPERM;
 }
 
 static void *fence_once_switched_off(void *arg)
@@ -1208,7 +1216,9 @@ int main(int argc, char **argv)
 		if (!strcmp(argv[1], "--seccomp"))
 			return mode_seccomp();
 		if (!strcmp(argv[1], "--no-fence"))
-			return mode_no_fence();
+			return mode_no_fence(false);
+		if (!strcmp(argv[1], "--no-fence-fake-moves"))
+			return mode_no_fence(true);
 		if (!strcmp(argv[1], "--no-fence-overlap"))
 			return mode_no_fence_overlap(0);
 		if (!strcmp(argv[1], "--no-fence-late-stamp"))
@@ -1245,6 +1255,10 @@ int main(int argc, char **argv)
 		      "finding 13: cannot refuse membarrier and migration here",
 		      "13: membarrier and migration refused: the fast path goes, "
 		      "releases stay exact, and a trace on a free slot is zeroed at allocation");
+	child_verdict(run_mode_without_membarrier("--no-fence-fake-moves"),
+		      "finding 13: cannot refuse membarrier and migration here",
+		      "13: membarrier refused, moves between CPUs answered and not made: the "
+		      "fast path goes too");
 	child_verdict(run_mode_without_membarrier("--no-fence-overlap"),
 		      "finding 13: cannot refuse membarrier and migration here",
 		      "13: a fence that finds the fast path just switched off waits for the "
