@@ -100,9 +100,10 @@ static void own_unregister(void *unused)
  * system calls, once per thread: the state is read again once they are
  * blocked, a handler having perhaps registered the thread just before (the
  * second registration then failed, EBUSY, and retired the thread's area).
- * On a failure, the errno value is in *@err.
+ * On a failure of the system call, its errno value is in *@err unless
+ * @err is NULL.
  */
-static bool own_register_err(int *err)
+static bool own_register(int *err)
 {
 	sigset_t async, old;
 	bool registered = false;
@@ -115,7 +116,8 @@ static bool own_register_err(int *err)
 	}
 	own_state = OWN_REGISTERING;
 	if (sys_rseq(&own_area, 0) != 0) {
-		*err = errno;
+		if (err)
+			*err = errno;
 		own_state = OWN_RETIRED;
 	} else {
 		__atomic_fetch_add(&own_threads, 1, __ATOMIC_RELAXED);
@@ -127,13 +129,6 @@ static bool own_register_err(int *err)
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return registered;
-}
-
-static bool own_register(void)
-{
-	int err;
-
-	return own_register_err(&err);
 }
 
 /* glibc >= 2.35 (<sys/rseq.h>, declared here for older headers). */
@@ -167,7 +162,7 @@ ptrdiff_t percpuref_rseq_choose(void)
 			return 0;
 		return *glibc_offset;
 	}
-	if (!own_register_err(&err)) {
+	if (!own_register(&err)) {
 		if (err == EINVAL)
 			percpuref_warn("percpuref", "this thread has an rseq area of another's "
 				       "(librseq, tcmalloc?); per-CPU fast path: the fallback");
@@ -190,7 +185,7 @@ bool percpuref_rseq_register_self(void)
 {
 	if (!own_in_use || own_state != OWN_UNREGISTERED)
 		return false;
-	return own_register();
+	return own_register(NULL);
 }
 
 bool percpuref_rseq_own(void)

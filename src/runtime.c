@@ -1658,11 +1658,18 @@ void percpuref_shutdown_end(void)
 	in_shutdown = false;
 }
 
+/* The calling thread is one whose work a shutdown follows as its own
+ * cascade (one of our threads, or a thread in a shutdown): not outside
+ * work. */
+static bool shutdown_cascade_thread(void)
+{
+	return percpuref_library_thread || in_shutdown;
+}
+
 void percpuref_note_work(void)
 {
 	/* Relaxed: a hint read on every queueing, written twice per shutdown. */
-	if (__atomic_load_n(&shutdowns_running, __ATOMIC_RELAXED) && !percpuref_library_thread &&
-	    !in_shutdown)
+	if (__atomic_load_n(&shutdowns_running, __ATOMIC_RELAXED) && !shutdown_cascade_thread())
 		__atomic_fetch_add(&outside_work, 1, __ATOMIC_RELAXED);
 }
 
@@ -1671,11 +1678,9 @@ void percpuref_note_revival(struct percpuref_revivals *revivals)
 	unsigned long epoch;
 
 	/* Relaxed: hints, as in percpuref_note_work(); a revival counted a
-	 * round late costs the shutdown that round.  Only the callbacks'
-	 * (one of our threads, or a shutdown's own): another thread's is its
-	 * own work, counted where it queues any. */
-	if (!__atomic_load_n(&shutdowns_running, __ATOMIC_RELAXED) ||
-	    (!percpuref_library_thread && !in_shutdown))
+	 * round late costs the shutdown that round.  Only the callbacks':
+	 * another thread's is its own work, counted where it queues any. */
+	if (!__atomic_load_n(&shutdowns_running, __ATOMIC_RELAXED) || !shutdown_cascade_thread())
 		return;
 	epoch = __atomic_load_n(&shutdown_epoch, __ATOMIC_RELAXED);
 	if (revivals->epoch != epoch) {
