@@ -2092,8 +2092,13 @@ PERCPUREF_API bool __percpu_ref_tryget_slow(struct percpu_ref *ref, unsigned lon
 
 	if (r == PERCPUREF_THIS_CPU_DONE)
 		return true;
-	if (live && (mode_word(ref) & __PERCPU_REF_DEAD))
+	if (live && (mode_word(ref) & __PERCPU_REF_DEAD)) {
+		/* Refused, but not before set-up: a ref the library never
+		 * wrote, and rseq_cs written at %fs:8 (warn_no_data()). */
+		if (sequence_ran_before_setup())
+			warn_no_data(ref, "percpu_ref_tryget_live");
 		return false;
+	}
 	data = tryget_data(ref);
 	if (!data)
 		return false;

@@ -107,6 +107,22 @@ static void unwritten_dead_ref_get(void)
 	percpu_ref_get(&ref);
 }
 
+/*
+ * The same with tryget_live, the one call a refused ref allows, and what
+ * ref_ptr<T>::try_acquire_live() makes of a T not made by make_owner /
+ * make_managed: its slow path returned false on the DEAD word before it
+ * looked at the set-up, and the program went on with the DTV pointer
+ * overwritten, to die at exit in realloc() ("invalid pointer").  Returns
+ * only if it did not stop.
+ */
+static void unwritten_dead_ref_tryget_live(void)
+{
+	struct percpu_ref ref = { __PERCPU_REF_ATOMIC_DEAD, NULL };
+
+	if (percpu_ref_tryget_live(&ref))
+		_exit(2);
+}
+
 /* The child's stderr contains @needle, and it died of @sig. */
 static bool child_stopped_saying(void (*fn)(void), int sig, const char *needle)
 {
@@ -162,9 +178,12 @@ int main(void)
 	ok(child_stopped_saying(unwritten_dead_ref_get, SIGABRT, "was never initialised"),
 	   "a child whose first call is a get on a dead ref the library never wrote stops "
 	   "with a message");
+	ok(child_stopped_saying(unwritten_dead_ref_tryget_live, SIGABRT, "was never initialised"),
+	   "a child whose first call is a tryget_live on a dead ref the library never wrote "
+	   "stops with a message");
 #else
 	/* No sequence wrote anything: an exited ref's warning, no stop. */
-	printf("# the dead-ref child is x86-64's (its rseq sequence runs before set-up)\n");
+	printf("# the dead-ref children are x86-64's (its rseq sequence runs before set-up)\n");
 #endif
 
 	/* The thread's TCB head, where glibc keeps tcb, dtv, self. */
