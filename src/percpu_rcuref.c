@@ -26,7 +26,8 @@
  * @phase, changed with atomic RMWs after zero() set it, says where the ref
  * is: 0 (live, or in @release), ZEROING (zero() runs @unpublish), QUEUED
  * added once @unpublish returned (waiting for its grace period), plus
- * EXITED.  zero() always queues; after_grace_period() swaps in 0 and, if
+ * EXITED.  zero() always queues (but a zero that finds ZEROING or QUEUED,
+ * a reinit's misuse: warned); after_grace_period() swaps in 0 and, if
  * an exit came, frees the state instead of calling @release;
  * percpu_rcuref_exit() frees it only when its fetch_or saw neither ZEROING
  * nor QUEUED.  Each exit takes ref->state with an exchange, so of two exits
@@ -122,13 +123,16 @@ static void zero(struct percpu_ref *ref)
 	struct percpu_rcuref_state *st = __atomic_load_n(&r->state, __ATOMIC_RELAXED);
 
 	/* Reinitialised before its @release ran (the header forbids it): the
-	 * work item is queued still, and queueing it again linked the RCU
-	 * queue to itself.  Unpublished all the same, as the kernel's is:
-	 * the pending @release may free it.  Relaxed: in any use the header
-	 * allows, the exchange that took the item off (after_grace_period())
-	 * happens before this zero, which then reads 0. */
-	if (__atomic_load_n(&st->phase, __ATOMIC_RELAXED) & RCUREF_QUEUED) {
-		/* As below (QUEUED stands for ZEROING). */
+	 * work item is queued still (QUEUED), or about to be by the zero()
+	 * whose @unpublish reinitialised it and took it to zero again, nested
+	 * (ZEROING: it queued the item, then its caller queued it again), and
+	 * queueing it again linked the RCU queue to itself.  Unpublished all
+	 * the same, as the kernel's is: the pending @release may free it.
+	 * Relaxed: in any use the header allows, the exchange that took the
+	 * item off (after_grace_period()) happens before this zero, which
+	 * then reads 0. */
+	if (__atomic_load_n(&st->phase, __ATOMIC_RELAXED) & (RCUREF_ZEROING | RCUREF_QUEUED)) {
+		/* As below (the phase stands for ZEROING). */
 		percpuref_ref_release_begins(ref);
 		if (st->unpublish)
 			st->unpublish(r);

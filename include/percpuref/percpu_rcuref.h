@@ -86,9 +86,9 @@ PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_fu
  * kill confirm: warned) leaves the ref whole.  percpu_ref_reinit() of
  * &ref->ref: only from @release or after it, never between zero and
  * @release.  One that does, and reaches zero again before that @release
- * ran, is unpublished and warned, and not queued a second time (which
- * corrupted the RCU queue); the pending @release still runs, and may free
- * the object.
+ * ran (from the ref's own @unpublish too), is unpublished and warned, and
+ * not queued a second time (which corrupted the RCU queue); the pending
+ * @release still runs, and may free the object.
  */
 PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref);
 /* Drop the initial reference (unmanaged refs); see percpu_ref_kill(). */

@@ -630,6 +630,50 @@ static void test_zero_again_before_release(void)
 	alarm(0);
 }
 
+/*
+ * The same misuse one step earlier: reinitialised from its own @unpublish
+ * (zero() still running, the phase ZEROING, not QUEUED yet) and at zero
+ * again there.  The nested zero queued the work item, then the outer one
+ * queued it again: the RCU queue linked it to itself and @release ran for
+ * ever (millions of times before the deadline; the barrier never
+ * returned).  Must be warned and queued once, as above.  In a child: a
+ * hang is a status, not the whole test's death.
+ */
+static int reinit_in_unpublish_times;
+
+static void reinit_unpublish(struct percpu_rcuref *ref)
+{
+	struct object *o = caa_container_of(ref, struct object, ref);
+
+	__atomic_fetch_add(&o->unpublished, 1, __ATOMIC_RELEASE);
+	if (reinit_in_unpublish_times && reinit_in_unpublish_times--) {
+		percpu_ref_reinit(&ref->ref);
+		percpu_rcuref_put(ref);		/* zero again, nested */
+	}
+}
+
+static int mode_zero_again_in_unpublish(void)
+{
+	static struct object o;
+	char out[512];
+
+	reinit_in_unpublish_times = 1;
+	percpu_rcuref_init(&o.ref, reinit_unpublish, plain_release,
+			   PERCPU_REF_INIT_ATOMIC | PERCPU_REF_ALLOW_REINIT);
+	capture_stderr(kill_again, &o.ref, out, sizeof(out));
+	if (!strstr(out, "reached zero again before its @release ran"))
+		return 3;
+	if (unpublished(&o) != 2)
+		return 4;
+	if (percpu_rcuref_barrier())
+		return 5;
+	usleep(100000);		/* a looping queue would run it again */
+	if (released(&o) != 1)
+		return 6;
+	percpu_rcuref_exit(&o.ref);
+	return 0;
+}
+
 /* A barrier or flush inside a read-side section would wait for a grace
  * period that waits for the caller: refused, not a hang. */
 static void test_wait_inside_reader(void)
@@ -686,6 +730,8 @@ int main(int argc, char **argv)
 			return mode_fork_in_reader();
 		if (!strcmp(argv[1], "--kill-exit-no-threads"))
 			return mode_kill_exit_no_threads();
+		if (!strcmp(argv[1], "--zero-again-in-unpublish"))
+			return mode_zero_again_in_unpublish();
 		return 2;
 	}
 	/* First: no spare impl yet (percpu_alloc.c, "Spares"), so that the
@@ -702,6 +748,8 @@ int main(int argc, char **argv)
 	test_reinit_from_release();
 	test_wait_inside_reader();
 	test_zero_again_before_release();
+	is(run_mode("--zero-again-in-unpublish"), 0, "reinit and zero again inside @unpublish: "
+	   "warned, unpublished twice, released once");
 	if (UNDER_TSAN)
 		printf("# skipped fork inside a read-side section under ThreadSanitizer\n");
 	else
