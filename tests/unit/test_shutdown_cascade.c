@@ -16,7 +16,8 @@
  *    the callback thread runs: a stopped callback thread leaves what was
  *    queued after the stop to a new one, which cannot start; the shutdown
  *    must run the rest itself, and the refusal is warned once, not at
- *    every try.
+ *    every try.  (pthread_join wrapped too: the chain waits for the
+ *    shutdown's stop of the thread, see chain_confirm().)
  *  - A switch whose thread could not start, and a mode call on the ref
  *    once threads can start: the call must start the thread it waits for.
  *  - While no thread can start at all (a sandbox that refuses clone, an
@@ -55,6 +56,20 @@ int __wrap_pthread_create(pthread_t *thread, const pthread_attr_t *attr,
 	if (__atomic_load_n(&refuse_threads, __ATOMIC_SEQ_CST))
 		return EAGAIN;
 	return __real_pthread_create(thread, attr, fn, arg);
+}
+
+/* The thread the chain's confirms run on, and whether a join of it (the
+ * shutdown's stop) has begun (atomic both). */
+static pthread_t chain_thread;
+static bool chain_thread_joined;
+
+int __real_pthread_join(pthread_t thread, void **ret);
+int __wrap_pthread_join(pthread_t thread, void **ret)
+{
+	if (__atomic_load_n(&chain_thread_joined, __ATOMIC_SEQ_CST) == false &&
+	    pthread_equal(thread, __atomic_load_n(&chain_thread, __ATOMIC_SEQ_CST)))
+		__atomic_store_n(&chain_thread_joined, true, __ATOMIC_SEQ_CST);
+	return __real_pthread_join(thread, ret);
 }
 
 static struct percpu_ref managed, killer;
@@ -102,11 +117,28 @@ static void chain_release(struct percpu_ref *ref)
 	__atomic_fetch_add(&chain_released, 1, __ATOMIC_SEQ_CST);
 }
 
+/* Polls @cond every 100 us until it holds, 10 s at most. */
+#define POLL_UNTIL(cond)                                                  \
+	do {                                                              \
+		for (int polls_ = 0; !(cond) && polls_ < 100000; polls_++) \
+			usleep(100);                                      \
+	} while (0)
+
 /*
  * The next kill from the confirmation, which always runs where the batch
  * runs (a release may run on the killer's thread, in its put).  The chain
- * starts with the shutdown and is slow enough to outlast the first batch,
- * all that the shutdown waits for before it stops the thread.
+ * starts with the shutdown and outlasts the first batch, all that the
+ * shutdown waits for before it stops the thread: the first link goes on
+ * once the shutdown waits for it (its wait's target is taken: the next
+ * link is not part of it), and a later link that the callback thread
+ * runs goes on once the shutdown joins that thread, so that the thread
+ * stops with a link still queued, which a new thread must take.  By
+ * sleeps alone (2 ms a link) the chain raced the shutdown: this thread
+ * kept off its CPU for 40 ms between chain_go and the shutdown's wait (a
+ * 100 ms sleep put there: 1 of 1) let the callback thread run the whole
+ * chain, no start was refused, and no warning came ("warned once": got
+ * 0).  Each wait is bounded (10 s): a shutdown that never waits or never
+ * stops the thread fails the checks, not the deadline.
  */
 static void chain_confirm(struct percpu_ref *ref)
 {
@@ -114,6 +146,12 @@ static void chain_confirm(struct percpu_ref *ref)
 
 	while (!__atomic_load_n(&chain_go, __ATOMIC_SEQ_CST))
 		usleep(100);
+	if (i == 0) {
+		__atomic_store_n(&chain_thread, pthread_self(), __ATOMIC_SEQ_CST);
+		POLL_UNTIL(percpuref_test_deferred_waiters());
+	} else if (percpuref_on_library_thread()) {
+		POLL_UNTIL(__atomic_load_n(&chain_thread_joined, __ATOMIC_SEQ_CST));
+	}
 	usleep(2000);
 	if (i + 1 < CHAIN)
 		percpu_ref_kill_and_confirm(&chain[i + 1], chain_confirm);
