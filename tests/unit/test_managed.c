@@ -1452,6 +1452,12 @@ static void test_flush_no_memory(void)
 	is(percpu_ref_managed_flush(), -ENOMEM, "a flush whose pass gets no memory: -ENOMEM");
 	percpuref_fault_fail_nth_alloc(0);
 	is(releases_of(&o), 0, "nothing released");
+	/* The reclaimer warns after it has woken the flush: a reclaimer kept
+	 * off its CPU for the 50 ms that were all this waited had not warned
+	 * yet (a 100 ms sleep put before its warning: got 0).  So until the
+	 * warning comes (10 s at most), then 50 ms more for a second one. */
+	for (int polls = 0; percpuref_warning_count() == warned && polls < 10000; polls++)
+		usleep(1000);
 	usleep(50000);
 	is(percpuref_warning_count() - warned, 1, "one warning: the reclaimer did not retry");
 	is(percpu_ref_managed_flush(), 0, "the next flush succeeds");
