@@ -582,7 +582,8 @@ int hcount_ns_set_limit(struct hcount_ns *ns, unsigned int type, long limit)
 	return ok ? 0 : -EBUSY;
 }
 
-/* @what names the object in the warning: the new tree, or the parent. */
+/* @what and @obj name the object in the warning: the root limits array,
+ * or the parent of the new namespace. */
 static bool limits_valid(const char *fn, const char *what, const void *obj,
 			 unsigned int nr_types, const long *limits)
 {
