@@ -94,6 +94,25 @@ static void set_interval(unsigned long interval_ms)
 	percpu_ref_managed_set_config(&c);
 }
 
+/*
+ * No periodic scan until the config saved in @saved is set again: the
+ * interval at its longest (the next scan is due a day after the last one
+ * started), then a flush, so that what was pending is done.  For a case
+ * whose puts must meet the reclaimer in one flush: with the interval of
+ * 5 s, a scan could fall between two puts of a caller kept off its CPU
+ * there, as on a loaded machine.
+ */
+static void hold_periodic_scans(struct percpu_ref_managed_config *saved)
+{
+	struct percpu_ref_managed_config longest;
+
+	percpu_ref_managed_get_config(saved);
+	longest = *saved;
+	longest.interval_ms = PERCPU_REF_MANAGED_INTERVAL_MAX_MS;
+	percpu_ref_managed_set_config(&longest);
+	percpu_ref_managed_flush();
+}
+
 /* ---- Finding 1: the fast path never writes past the per-CPU units. ---- */
 
 static int mode_one_unit(void)
@@ -836,15 +855,25 @@ static void exit_other_release(struct percpu_ref *ref)
 	}
 }
 
+/*
+ * Both puts before one flush, with no periodic scan between them: a scan
+ * there (the test thread kept off its CPU between the puts, on a loaded
+ * machine) released the first ref alone, whose release exited the second
+ * and overwrote it, and the second put then ran on that garbage: SIGSEGV
+ * (a 5.5 s sleep between the puts, against the interval of 5 s).
+ */
 static void test_release_exits_other(void)
 {
+	struct percpu_ref_managed_config saved;
 	int i;
 
+	hold_periodic_scans(&saved);
 	for (i = 0; i < 2; i++)
 		make_managed(&pair[i].ref, exit_other_release);
 	for (i = 0; i < 2; i++)
 		percpu_ref_put(&pair[i].ref);
 	percpu_ref_managed_flush();
+	percpu_ref_managed_set_config(&saved);
 	is(releases_of(&pair[0]) + releases_of(&pair[1]), 1,
 	   "6: a ref exited by a release callback of its batch is not released");
 	for (i = 0; i < 2; i++)
@@ -1148,13 +1177,19 @@ static void test_kill_from_confirm(void)
 
 /* ---- Finding 11: a put dropped the manager's reference. ---- */
 
+/* No periodic scan between the two puts: one there (the test thread kept
+ * off its CPU between them) found the manager's reference the last one and
+ * released the ref before the misuse (a 5.5 s sleep there: released, and
+ * the second put warned as a put below zero instead). */
 static void test_dropped_manager_ref(void)
 {
 	struct percpu_ref_managed_stats before, after;
+	struct percpu_ref_managed_config saved;
 	struct object o = { 0 };
 	unsigned long warned;
 	int i;
 
+	hold_periodic_scans(&saved);
 	make_managed(&o.ref, obj_release);
 	percpu_ref_put(&o.ref);
 	warned = percpuref_warning_count();
@@ -1164,6 +1199,7 @@ static void test_dropped_manager_ref(void)
 	for (i = 0; i < 3; i++)
 		percpu_ref_managed_flush();
 	percpu_ref_managed_get_stats(&after);
+	percpu_ref_managed_set_config(&saved);
 	is(percpuref_warning_count() - warned, 1, "11: warned once");
 	is(after.refs_scanned - before.refs_scanned, 0, "11: the pinned ref is no longer scanned");
 	is(releases_of(&o), 0, "11: and never released");
