@@ -618,10 +618,15 @@ else
 	fi
 fi
 # The whole run stopped and continued in its window: measured (exit 0),
-# and the warning says the point counts the pause.
+# and the warning says the point counts the pause.  The stop comes in the
+# middle of the window, 1 s from either end: a window opens 0.4 s after
+# the worker starts only if the bench's main thread gets the CPU at once
+# (its start barrier, its warm-up), and a stop at 0.6 s, 0.2 s from the
+# window's start, fell in the warm-up when that thread was kept off its
+# CPU 300 ms there (a loaded machine): no warning, and the test failed.
 start_bench micro --threads 1 --variants private --duration 2
-pinned_threads "$run" 1	# its worker started: the window opens 0.4 s on
-sleep 0.6
+pinned_threads "$run" 1	# its worker started: the window is 0.4 to 2.4 s on
+sleep 1.4
 kill -STOP -"$parent"
 sleep 1
 kill -CONT -"$parent"
@@ -632,17 +637,22 @@ want="$want during this point's window; its time per operation counts the pause"
 ended_saying "a run stopped and continued" "$status" 0 "$want"
 # The whole run given no CPU across its window's end (frozen, which sends
 # no SIGCONT): measured, and the warning says how long the window lasted.
+# As above, frozen in the middle of a 2 s window (a window of 1 s, frozen
+# 0.3 s after it opened, was frozen in the warm-up when the bench's main
+# thread was kept off its CPU 450 ms: a window of 1 s, no warning), for
+# 3 s: wherever in the window the freeze begins, the window ends past
+# 2.5 s, the most a window of 2 s may last unwarned.
 what="a run given no CPU"
-start_bench micro --threads 1 --variants private --duration 1 --hang-limit 0.5
-pinned_threads "$run" 1	# its worker started: the window opens 0.2 s on
-sleep 0.5
+start_bench micro --threads 1 --variants private --duration 2 --hang-limit 0.5
+pinned_threads "$run" 1	# its worker started: the window is 0.4 to 2.4 s on
+sleep 1.4
 if frozen $(tasks_of "$run"); then
-	sleep 2
+	sleep 3
 	thaw
 	wait "$parent"
 	status=$?
 	want='percpuref-bench: warning: micro private, 1 thread: the window lasted [0-9.]* s'
-	want="$want instead of 1 s (the run got no CPU); its time per operation counts that"
+	want="$want instead of 2 s (the run got no CPU); its time per operation counts that"
 	ended_saying "$what" "$status" 0 "$want"
 else
 	not_frozen
