@@ -24,7 +24,9 @@ expect() {
 	fi
 }
 
-short="--duration 0.02 --threads 1"
+# Runs of 0.1 s: in one of 0.02 s on a loaded machine the private variant
+# completed no pair (a flake hunt), and the tables below need figures.
+short="--duration 0.1 --threads 1"
 "$bench" micro $short --variants private,kref --json "$tmp/micro.json" >/dev/null ||
 	{ echo "FAIL: percpuref-bench micro"; exit 1; }
 "$bench" labels $short --variants off,kref --json "$tmp/labels.json" >/dev/null ||
@@ -105,7 +107,7 @@ fi
 # A reference whose figures are read relative to a first one of 0, or
 # whose rows' thread counts are not counts: a ZeroDivisionError, a
 # TypeError.
-"$bench" signal1 --threads 1 --duration 0.02 --variants global --json "$tmp/signal1.json" \
+"$bench" signal1 --threads 1 --duration 0.1 --variants global --json "$tmp/signal1.json" \
 	>/dev/null || { echo "FAIL: percpuref-bench signal1"; exit 1; }
 sed '0,/"before": *[0-9.]*/s//"before": 0/' "$root/bench/reference/signal1.json" \
 	>"$tmp/refs/signal1.json"
@@ -136,7 +138,7 @@ done
 cpus=$("$bench" --topology | sed -n 's/^machine: .*; \([0-9]*\) of .*/\1/p')
 over=$((cpus + 1))
 "$bench" labels --threads "$over" --baseline "$over" --oversubscribe --variants off,kref \
-	--duration 0.02 --json "$tmp/r/labels.json" >/dev/null
+	--duration 0.1 --json "$tmp/r/labels.json" >/dev/null
 expect 0 "$report" --results "$tmp/r"
 # A --results folder that is not there (a typo): its three cases were
 # reported as not run, exit 0 with -o elsewhere, else exit 1 naming
@@ -188,7 +190,7 @@ cp "$tmp/labels.json" "$tmp/r/labels.json"
 # (it read 50%, every row off by the workers), from the row of a whole
 # container (not the harness's one-thread baseline); plot.py refuses to
 # set the report's per-container curve beside per-thread points.
-"$bench" signal1 --workers 2 --threads 2,4 --duration 0.02 --variants global,cached \
+"$bench" signal1 --workers 2 --threads 2,4 --duration 0.1 --variants global,cached \
 	--json "$tmp/r/signal1.json" >/dev/null || { echo "FAIL: percpuref-bench signal1"; exit 1; }
 expect 0 "$report" --results "$tmp/r"
 row=$(grep '^| 1 ' "$tmp/r/report.md" | head -1)
@@ -207,7 +209,7 @@ rm "$tmp/r/signal1.json"
 
 # creds: the report's "at NT" figures come from the largest row within the
 # CPUs, not from an oversubscribed one.
-"$bench" creds --threads "1,$over" --oversubscribe --duration 0.02 \
+"$bench" creds --threads "1,$over" --oversubscribe --duration 0.1 \
 	--json "$tmp/r/creds.json" >/dev/null || { echo "FAIL: percpuref-bench creds"; exit 1; }
 expect 0 "$report" --results "$tmp/r"
 if grep -q "at ${over}T" "$tmp/r/report.md"; then
