@@ -27,7 +27,8 @@
  * hide it.  The killer can miss the stall on its own too, if it gets no
  * CPU in the 50 ms between the stall's 100 ms and the callback's end
  * (stopping the whole process for 130 ms at times showed it once in four
- * runs here; never seen in CI).  A phase that stalls again and again
+ * runs here; never seen in CI), which under valgrind only is retried as
+ * well (missed_stall_retried()).  A phase that stalls again and again
  * leaves the next kills unpaced for twice as many items at each stall,
  * which rearm_pacing() runs before the next phase that checks pacing.
  */
@@ -39,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "child.h"
 #include "internal.h"
 #include "managed.h"
 #include "percpuref/percpu_rcuref.h"
@@ -207,6 +209,26 @@ static bool undisturbed(const char *what, unsigned long stalls, unsigned long wa
 	return false;
 }
 
+/*
+ * Under valgrind, which runs one thread at a time, a killer that missed the
+ * slow callback's stall (above) is one more disturbed run, retried as
+ * undisturbed() retries one with more stalls: there the killer waits for
+ * valgrind's lock as well as for the CPU, and beside a loaded ctest it
+ * missed the 50 ms window once (0 stalls).  Natively a miss still fails at
+ * once.
+ */
+static bool missed_stall_retried(const char *what, unsigned long stalls, int *attempt)
+{
+	if (!UNDER_VALGRIND || stalls_so_far() != stalls || ++*attempt == ATTEMPTS)
+		return false;
+	printf("# %s: no stall under valgrind (the killer kept waiting for its lock?): "
+	       "attempt %d of %d\n", what, *attempt + 1, ATTEMPTS);
+	percpu_ref_barrier();
+	percpu_rcuref_barrier();
+	rearm_pacing();
+	return true;
+}
+
 /* The killer waits: never more than LIMIT killed and not released, and
  * no wait found the thread stalled. */
 static void test_paced(const char *what)
@@ -314,7 +336,8 @@ static void test_one_slow_callback(void)
 		}
 		took = now() - start;
 		__atomic_store_n(&confirm_us, 20, __ATOMIC_RELAXED);
-	} while (!undisturbed("one slow callback", stalls, 1, &attempt));
+	} while (!undisturbed("one slow callback", stalls, 1, &attempt) ||
+		 missed_stall_retried("one slow callback", stalls, &attempt));
 	ok(waiting <= LIMIT, "one slow callback: paced again after %lu kills, %.2f s (%lu waiting)",
 	   n, took, waiting);
 	is(stalls_so_far(), stalls + 1, "one slow callback: one stall");
