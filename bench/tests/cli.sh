@@ -1103,6 +1103,7 @@ threads = sorted({r["threads"] for r in rows})
 assert len(threads) == len(sys.argv[3].split(",")), threads
 table = open(sys.argv[2]).read().split("versus private: ")[1].splitlines()
 assert table[1].split() == ["threads", "kref", "percpu"], table[1]
+counted = 0
 for n, line in zip(threads, table[2:]):
     assert by[("private", n)]["versus"] is None, by[("private", n)]["versus"]
     lead, rest = line.split(None, 1)
@@ -1119,6 +1120,7 @@ for n, line in zip(threads, table[2:]):
         ratios = sorted(a["ops"] / a["seconds"] / (b["ops"] / b["seconds"]) for a, b in pairs)
         got = by[(v, n)]["versus"]
         assert got["variant"] == "private" and got["rounds"] == len(ratios), got
+        counted += len(ratios)
         if not ratios:
             assert cell == "-", (v, n, line)
             continue
@@ -1127,6 +1129,7 @@ for n, line in zip(threads, table[2:]):
             assert abs(got[key] - want) <= 1e-5 * want, (v, n, key, got[key], want)
         # Printed to 3 decimals from the full figure; the JSON has 6 digits.
         assert abs(float(cell) - got["median"]) <= 0.0005 + 1e-5 * got["median"], (v, n, cell)
+assert counted, "no round counted in the whole table"
 ' "$tmp/json" "$tmp/table" "$rows"; then
 		echo "ok: --versus private, rows $rows, 4 rounds"
 	else
