@@ -162,8 +162,10 @@ static unsigned long continues_so_far(void)
  * blocked on the main thread, and so on every thread it creates (the
  * workers, the library's threads), but around the warm-up and window
  * sleeps, whose end reads the count (paused); and unblocked on the
- * watchdog, which reads the count after each wait.  A blocked SIGCONT
- * still continues a stopped process: only its handler waits.
+ * watchdog while it watches a phase, as it reads the count after each
+ * wait (never in the warm-up and window, which are unwatched: unwatch()
+ * waits until the watchdog blocked it).  A blocked SIGCONT still
+ * continues a stopped process: only its handler waits.
  */
 static void continues_to(bool unblocked)
 {
@@ -256,6 +258,10 @@ struct watchdog {
 	unsigned long phase;		/* bumped by each watch(), unwatch() */
 	bool watching;
 	bool quit;
+	/* SIGCONT unblocked on the watchdog: only while it watches, so that
+	 * in the warm-up and the window (unwatched) the main thread alone
+	 * runs the handler, before it reads the count. */
+	bool counts_continues;
 	double limit;			/* seconds awake */
 	char what[320];			/* the message, if the phase hangs */
 	/* --processes: the children (reaped[] written under the lock), named
@@ -343,7 +349,6 @@ static void *watchdog_main(void *arg)
 
 	/* Named, so that tests can tell it from the workers. */
 	pthread_setname_np(pthread_self(), "bench-watchdog");
-	continues_to(true);
 	pthread_mutex_lock(&wd->lock);
 	while (!wd->quit) {
 		unsigned long phase = wd->phase, since = continues_so_far();
@@ -351,8 +356,17 @@ static void *watchdog_main(void *arg)
 		double awake = 0, last;
 
 		if (!wd->watching) {
+			if (wd->counts_continues) {
+				continues_to(false);
+				wd->counts_continues = false;
+				pthread_cond_broadcast(&wd->wake);	/* unwatch() */
+			}
 			pthread_cond_wait(&wd->wake, &wd->lock);
 			continue;
+		}
+		if (!wd->counts_continues) {
+			continues_to(true);
+			wd->counts_continues = true;
 		}
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		last = timespec_seconds(&now);
@@ -433,11 +447,19 @@ watch(struct watchdog *wd, bool new_phase, double limit, const char *fmt, ...)
 	pthread_mutex_unlock(&wd->lock);
 }
 
+/* Returns once the watchdog no longer counts continues: a SIGCONT in the
+ * warm-up or the window that the watchdog took ran its handler whenever
+ * the watchdog got the CPU, and under load after the window's end had
+ * read the count, so a stopped run was reported as one that got no CPU
+ * (a --processes child, in CI). */
 static void unwatch(struct watchdog *wd)
 {
 	pthread_mutex_lock(&wd->lock);
 	wd->watching = false;
 	wd->phase++;
+	pthread_cond_broadcast(&wd->wake);
+	while (wd->counts_continues)
+		pthread_cond_wait(&wd->wake, &wd->lock);
 	pthread_mutex_unlock(&wd->lock);
 }
 
