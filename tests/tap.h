@@ -12,10 +12,12 @@
 #define PERCPUREF_TESTS_TAP_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 static int tap_run, tap_failed;
 
@@ -74,14 +76,33 @@ static inline double stress_seconds(double dflt)
 	return v > 0 ? v : dflt;
 }
 
-/* The monotonic clock, for deadlines and rates. */
-static inline uint64_t now_ns(void)
+/* @clock's time in ns; 0 when the clock cannot be read. */
+static inline uint64_t clock_ns(clockid_t clock)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	if (clock_gettime(clock, &ts))
+		return 0;
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
+
+/* The monotonic clock, for deadlines and rates. */
+static inline uint64_t now_ns(void)
+{
+	return clock_ns(CLOCK_MONOTONIC);
+}
+
+/* Polls @cond every millisecond until it holds, 10 s at most; its last
+ * value. */
+#define POLL_UNTIL(cond)                                                   \
+	({                                                                 \
+		bool held_ = (cond);                                       \
+		for (int polls_ = 0; !held_ && polls_ < 10000; polls_++) { \
+			usleep(1000);                                      \
+			held_ = (cond);                                    \
+		}                                                          \
+		held_;                                                     \
+	})
 
 static inline double now_seconds(void)
 {

@@ -30,7 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "percpuref/percpu_ref.h"
@@ -48,15 +47,6 @@ static unsigned long rounds;	/* atomic */
 static void no_release(struct percpu_ref *ref)
 {
 	(void)ref;
-}
-
-static uint64_t thread_cpu_ns(void)
-{
-	struct timespec ts;
-
-	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
-		return 0;
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static void *switcher(void *arg)
@@ -122,11 +112,11 @@ int main(void)
 		 * then when the fork preempts it. */
 		usleep(2000 + (unsigned int)(i % 7) * 150);
 		start = now_ns();
-		cpu_start = thread_cpu_ns();
+		cpu_start = clock_ns(CLOCK_THREAD_CPUTIME_ID);
 		pid = fork();
 		if (pid == 0)
 			_exit(0);
-		cpu = thread_cpu_ns() - cpu_start;
+		cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu_start;
 		took = now_ns() - start;
 		if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
 		    WEXITSTATUS(status) != 0)

@@ -45,18 +45,6 @@
 #define CHILD_COUNT_WRONG 3
 #define CHILD_NOT_PACED 4
 
-/* Polls @cond every millisecond until it holds, 10 s at most; its last
- * value. */
-#define POLL_UNTIL(cond)                                             \
-	({                                                           \
-		bool held_ = (cond);                                 \
-		for (int polls_ = 0; !held_ && polls_ < 10000; polls_++) { \
-			usleep(1000);                                \
-			held_ = (cond);                              \
-		}                                                    \
-		held_;                                               \
-	})
-
 struct object {
 	struct percpu_ref ref;
 	int releases;		/* atomic: counted on the callback thread */

@@ -1746,15 +1746,6 @@ static void test_reclaimer_nice(void)
 	is(run_nice_child("20"), base + 20, "PERCPUREF_RECLAIMER_NICE=20: warned, default kept");
 }
 
-static uint64_t clock_ns(clockid_t clock)
-{
-	struct timespec ts;
-
-	if (clock_gettime(clock, &ts))
-		return 0;
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /*
  * Child of test_gives_way(): this process on one CPU, the reclaimer
  * scanning back to back over held refs (the filter skips them all), and

@@ -117,13 +117,6 @@ static void chain_release(struct percpu_ref *ref)
 	__atomic_fetch_add(&chain_released, 1, __ATOMIC_SEQ_CST);
 }
 
-/* Polls @cond every 100 us until it holds, 10 s at most. */
-#define POLL_UNTIL(cond)                                                  \
-	do {                                                              \
-		for (int polls_ = 0; !(cond) && polls_ < 100000; polls_++) \
-			usleep(100);                                      \
-	} while (0)
-
 /*
  * The next kill from the confirmation, which always runs where the batch
  * runs (a release may run on the killer's thread, in its put).  The chain
@@ -148,9 +141,9 @@ static void chain_confirm(struct percpu_ref *ref)
 		usleep(100);
 	if (i == 0) {
 		__atomic_store_n(&chain_thread, pthread_self(), __ATOMIC_SEQ_CST);
-		POLL_UNTIL(percpuref_test_deferred_waiters());
+		(void)POLL_UNTIL(percpuref_test_deferred_waiters());
 	} else if (percpuref_on_library_thread()) {
-		POLL_UNTIL(__atomic_load_n(&chain_thread_joined, __ATOMIC_SEQ_CST));
+		(void)POLL_UNTIL(__atomic_load_n(&chain_thread_joined, __ATOMIC_SEQ_CST));
 	}
 	usleep(2000);
 	if (i + 1 < CHAIN)
