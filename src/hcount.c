@@ -64,8 +64,13 @@
  * to the root with a compare-and-swap that checks the limit, and subtracts
  * it again from the levels below one that refuses; own(ns) changes after the
  * walk (charge) or before it (uncharge, a compare-and-swap that refuses to
- * go below zero).  The counts are pure counters: relaxed atomics suffice
- * for them, except against hcount_ns_set_limit() (see there).
+ * go below zero).  So that no count ever dips below the units it holds (a
+ * dip would let another charge pass a limit), the charge adds to own(ns)
+ * with release and the uncharge takes from it with acquire: an uncharge
+ * that takes a charge's units happens after that charge's additions, and
+ * its subtractions follow them in each count's modification order.  Beyond
+ * that the counts are pure counters: relaxed atomics suffice for them,
+ * except against hcount_ns_set_limit() (see there).
  *
  * The tree mutex protects the registry of children (create, destroy, and
  * the drain's traversal) and serialises drains; no fast path takes it.
@@ -429,8 +434,12 @@ static int nocache_charge(struct hcount_ns *ns, unsigned int type, long n, long 
 			goto refuse;
 		}
 	}
-	/* Relaxed: counter; the walk above already holds the units. */
-	__atomic_fetch_add(&slot(ns, type)->own, n, __ATOMIC_RELAXED);
+	/*
+	 * Release: pairs with nocache_uncharge()'s acquire CAS of own, so an
+	 * uncharge of these units takes them off each count after this walk
+	 * added them there, never before.
+	 */
+	__atomic_fetch_add(&slot(ns, type)->own, n, __ATOMIC_RELEASE);
 	return 0;
 refuse:
 	for (z = ns; z != y; z = z->parent)
@@ -442,14 +451,19 @@ refuse:
 static int nocache_uncharge(struct hcount_ns *ns, unsigned int type, long n)
 {
 	struct hcount_slot *s = slot(ns, type);
-	/* Relaxed: a counter; the CAS only keeps it from going below zero. */
+	/* Relaxed: the CAS below decides. */
 	long own = __atomic_load_n(&s->own, __ATOMIC_RELAXED);
 	struct hcount_ns *y;
 
 	do {
 		if (n > own)
 			return -ERANGE;
-	} while (!__atomic_compare_exchange_n(&s->own, &own, own - n, false, __ATOMIC_RELAXED,
+		/*
+		 * Acquire on success: pairs with nocache_charge()'s release
+		 * add of own, so the subtractions below come after the
+		 * additions of the charges whose units this takes.
+		 */
+	} while (!__atomic_compare_exchange_n(&s->own, &own, own - n, false, __ATOMIC_ACQUIRE,
 					      __ATOMIC_RELAXED));
 	for (y = ns; y; y = y->parent)
 		/* Relaxed: pure counter. */
@@ -799,12 +813,22 @@ static int check_ns(struct hcount_ns *ns)
 	for (t = 0; t < ns->nr_types; t++) {
 		long count = hcount_ns_count(ns, t), own = hcount_ns_own(ns, t);
 		long cached = hcount_ns_cached(ns, t), limit = hcount_ns_limit(ns, t);
-		long below = 0;
+		long below = 0, sum;
+		/* A corrupt tree's sums may overflow: that is a finding too. */
+		bool overflow = false;
 
 		for (c = ns->first_child; c; c = c->next_sibling)
-			below += hcount_ns_count(c, t) + hcount_ns_cached(c, t);
+			overflow |= __builtin_add_overflow(below, hcount_ns_count(c, t), &below) ||
+				    __builtin_add_overflow(below, hcount_ns_cached(c, t), &below);
+		overflow |= __builtin_add_overflow(own, below, &sum);
+		if (overflow) {
+			percpuref_warn("hcount_tree_check",
+				       "namespace %p type %u: own and children's counts add up "
+				       "beyond a long's range", (void *)ns, t);
+			return -EUCLEAN;
+		}
 		if (own < 0 || cached < 0 || (cached && (!ns->parent || !ns->batch)) ||
-		    count > limit || count != own + below) {
+		    count > limit || count != sum) {
 			percpuref_warn("hcount_tree_check",
 				       "namespace %p type %u: count %ld, own %ld, children %ld, "
 				       "cached %ld, limit %ld",

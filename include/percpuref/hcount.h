@@ -281,7 +281,11 @@ static inline int hcount_charge_max(struct hcount_ns *ns, unsigned int type, lon
 	return __hcount_charge_slow(ns, type, n, max);
 }
 
-/* hcount_charge - hcount_charge_max() without a caller limit. */
+/*
+ * hcount_charge - hcount_charge_max() without a caller limit.  Its warnings
+ * name hcount_charge, and so do hcount_charge_max()'s with @max
+ * HCOUNT_UNLIMITED: that is the same call.
+ */
 static inline int hcount_charge(struct hcount_ns *ns, unsigned int type, long n)
 {
 	return hcount_charge_max(ns, type, n, HCOUNT_UNLIMITED);

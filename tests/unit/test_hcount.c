@@ -666,6 +666,7 @@ static void test_check(void)
 {
 	struct hcount_tree *tree;
 	struct hcount_ns *root, *leaf;
+	long saved;
 
 	hcount_tree_create(&tree, 1, HCOUNT_BATCH_DEFAULT, NULL);
 	root = hcount_tree_root(tree);
@@ -704,6 +705,17 @@ static void test_check(void)
 	leaf->slots[0].draining = 1;
 	is(hcount_tree_check(tree), -EUCLEAN, "check: a drain's mark left behind is caught");
 	leaf->slots[0].draining = 0;
+	/* Sums that would pass LONG_MAX are a broken tree, not an overflow
+	 * (UBSan stops the sanitizer build on one). */
+	saved = leaf->slots[0].count;
+	leaf->slots[0].count = LONG_MAX;
+	is(hcount_tree_check(tree), -EUCLEAN, "check: children's sum past LONG_MAX is caught");
+	leaf->slots[0].count = saved;
+	saved = root->slots[0].own;
+	root->slots[0].own = LONG_MAX;
+	is(hcount_tree_check(tree), -EUCLEAN, "check: own + children past LONG_MAX is caught");
+	root->slots[0].own = saved;
+	is(hcount_tree_check(tree), 0, "check: consistent again");
 	hcount_uncharge(leaf, 0, 3);
 	hcount_ns_destroy(leaf);
 	hcount_tree_destroy(tree);
