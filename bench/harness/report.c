@@ -183,6 +183,13 @@ static void format_versus(char *buf, size_t len, const struct result *res, unsig
 			 res->versus_high);
 }
 
+/* A point's throughput per group; NAN (the table's "-", the JSON's null)
+ * for a point that completed nothing, as its time per operation. */
+static double per_group_rate(const struct result *res)
+{
+	return res->ops_per_sec > 0 ? res->ops_per_sec / res->groups : NAN;
+}
+
 /* The width of the group column ("containers"), 0 for a workload
  * without groups. */
 static int group_width(const struct report *r)
@@ -381,8 +388,7 @@ void report_table(FILE *out, const struct report *r)
 			const struct result *res = &r->results[i * r->nvariants + v];
 
 			if (group)
-				print_figure(out, fig_w, 0, res->ops_per_sec > 0 ?
-						 res->ops_per_sec / res->groups : NAN);
+				print_figure(out, fig_w, 0, per_group_rate(res));
 			else
 				print_figure(out, fig_w, 2, res->ns_per_op);
 			fprintf(out, " %*.1f", rate_w, res->ops_per_sec / 1e6);
@@ -521,7 +527,7 @@ void report_json(FILE *out, const struct report *r)
 				fprintf(out, ",\"group\":");
 				json_string(out, r->workload->group);
 				fprintf(out, ",\"groups\":%u,\"ops_per_sec_per_group\":", res->groups);
-				json_number(out, res->ops_per_sec / res->groups);
+				json_number(out, per_group_rate(res));
 			}
 			fprintf(out, ",\"efficiency\":");
 			if (res->efficiency < 0) {

@@ -753,7 +753,8 @@ need = {"workload": str, "variant": str, "threads": int, "ops_per_sec": (int, fl
         "library_cpus": (str, type(None)), "versus": (dict, type(None)),
         "baseline_threads": (int, type(None))}
 if group:
-    need.update({"group": str, "groups": int, "ops_per_sec_per_group": (int, float)})
+    need.update({"group": str, "groups": int,
+                 "ops_per_sec_per_group": (int, float, type(None))})
 lines = open(sys.argv[1]).read().splitlines()
 assert len(lines) == rows, f"{len(lines)} lines, want {rows}"
 for n, line in enumerate(lines, 1):
@@ -769,8 +770,11 @@ for n, line in enumerate(lines, 1):
     if group:
         size = obj["params"]["workers"]
         assert obj["groups"] == -(-obj["threads"] // size), f"line {n}: groups"
-        per = obj["ops_per_sec"] / obj["groups"]
-        assert abs(obj["ops_per_sec_per_group"] - per) <= 1e-5 * per, f"line {n}: per group"
+        # Null exactly where ns_per_op is (the table shows "-" for both).
+        per = obj["ops_per_sec"] / obj["groups"] or None
+        got = obj["ops_per_sec_per_group"]
+        assert (got is None) == (per is None), f"line {n}: per group {got!r}"
+        assert got is None or abs(got - per) <= 1e-5 * per, f"line {n}: per group"
 ' "$tmp/json" "$rows" "$grouped" "$cpus" "$@"; then
 		echo "ok: percpuref-bench $workload $* --json -"
 	else
