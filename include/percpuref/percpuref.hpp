@@ -112,6 +112,8 @@ inline void put(percpu_ref *r) noexcept { percpu_ref_put(r); }
 inline void put(percpu_rcuref *r) noexcept { percpu_rcuref_put(r); }
 inline void kill(percpu_ref *r) noexcept { percpu_ref_kill(r); }
 inline void kill(percpu_rcuref *r) noexcept { percpu_rcuref_kill(r); }
+inline void exit_counter(percpu_ref *r) noexcept { percpu_ref_exit(r); }
+inline void exit_counter(percpu_rcuref *r) noexcept { percpu_rcuref_exit(r); }
 inline int switch_to_managed(percpu_ref *r) noexcept { return percpu_ref_switch_to_managed(r); }
 inline int switch_to_managed(percpu_rcuref *r) noexcept
 {
@@ -509,8 +511,15 @@ template <class T, class... Args> ref_ptr<T> make_managed(Args &&...args)
 	}
 	err = detail::switch_to_managed(obj->percpuref_counter());
 	if (err) {
-		/* Not managed: ours is the only reference; the kill frees it. */
-		detail::kill(obj->percpuref_counter());
+		/*
+		 * Not managed (the library refuses no fresh, atomic, counted
+		 * ref today): ours is the only reference, of an object nobody
+		 * has seen.  Exit and delete it here, as make_owner does; a
+		 * kill would run an rcu_refcounted T's unpublish() on an
+		 * object it never published.
+		 */
+		detail::exit_counter(obj->percpuref_counter());
+		delete obj;
 		detail::throw_errno(err, "percpu_ref_switch_to_managed");
 	}
 	return ref_ptr<T>::adopt(obj);
