@@ -7,7 +7,7 @@
 # place, which proves both relocatable; and with the source built inside
 # the user's project (add_subdirectory), by the same target names.  Runs every consumer, and renders
 # every installed man page with man -l, and checks that every exported
-# function has one.
+# function has one; then the uninstall target.
 # Usage: check_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$(cd "$2" && pwd)
@@ -141,3 +141,26 @@ if [ -n "$missing" ]; then
   exit 1
 fi
 echo "ok - every exported function ($(wc -w <<<"$exported")) has a man page"
+
+# The uninstall target removes what an installation wrote, staged with the
+# same DESTDIR: no file is left, nor the package's own directories; a
+# second run finds every file gone and says so (not an error); without a
+# manifest it fails, saying why.
+DESTDIR="$stage/again" cmake --install "$build" --prefix /opt/prefix >/dev/null
+installed=$(find "$stage/again" ! -type d | wc -l)
+DESTDIR="$stage/again" cmake --build "$build" --target uninstall >/dev/null
+left=$(find "$stage/again" ! -type d -o -type d -name percpuref)
+if [ "$installed" -lt 10 ] || [ -n "$left" ]; then
+  echo "not ok - uninstall of $installed installed files left: $left" >&2
+  exit 1
+fi
+again=$(DESTDIR="$stage/again" cmake --build "$build" --target uninstall 2>&1) ||
+  { echo "not ok - a second uninstall failed: $again" >&2; exit 1; }
+grep -q 'Already gone: .*libpercpuref\.so' <<<"$again" ||
+  { echo "not ok - a second uninstall did not say what was gone: $again" >&2; exit 1; }
+if err=$(cmake -DMANIFEST="$stage/no-manifest" -P "$src/cmake/uninstall.cmake" 2>&1) ||
+   ! grep -q 'no-manifest not found' <<<"$err"; then
+  echo "not ok - uninstall without a manifest: $err" >&2
+  exit 1
+fi
+echo "ok - uninstall: $installed files removed, the package's directories too"
