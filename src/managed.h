@@ -118,7 +118,8 @@ enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *n
 /* After the fence: true when the manager's was the last reference (the
  * node must be unlinked, then percpuref_managed_release() called without
  * the lock); false when the ref went back to per-CPU mode, with
- * *@others = the references held besides the manager's at the check. */
+ * *@others = the references held besides the manager's at the check, or
+ * when it was pinned (a put too many, warned), with *@others = ULONG_MAX. */
 bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *others);
 /* Lets go of the node's impl; the last holder of an exited ref puts it on
  * @spares (no lock taken: the caller gives them, percpuref_spares_give()). */

@@ -1648,7 +1648,8 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 		if (count == 1)
 			pin_dropped_manager_ref(ref);
 		impl->pinned = true;
-		*others = 0;
+		/* No number of holders: warned as misuse already. */
+		*others = ULONG_MAX;
 		ref->data->confirm_switch = NULL;
 		switch_ended(ref);
 		return false;

@@ -114,6 +114,28 @@ static void test_exit_own_in_immediate_confirm(void)
 	percpu_ref_exit(&a);
 }
 
+/* A confirm_kill run at once (the ref atomic already) runs before the
+ * kill's put of the initial reference, as the kernel's: the ref is not
+ * released under it. */
+static int released_in_confirm;
+
+static void note_released(struct percpu_ref *ref)
+{
+	(void)ref;
+	released_in_confirm = __atomic_load_n(&released, __ATOMIC_SEQ_CST);
+}
+
+static void test_immediate_confirm_before_put(void)
+{
+	released = 0;
+	released_in_confirm = -1;
+	ok(!percpu_ref_init(&a, count_release, PERCPU_REF_INIT_ATOMIC), "order: init atomic");
+	percpu_ref_kill_and_confirm(&a, note_released);
+	is(released_in_confirm, 0, "order: an immediate confirm_kill runs before the release");
+	is(__atomic_load_n(&released, __ATOMIC_SEQ_CST), 1, "order: the kill's put releases it");
+	percpu_ref_exit(&a);
+}
+
 static void test_refused_calls_change_nothing(void)
 {
 	warnings_in_confirm = 0;
@@ -313,6 +335,7 @@ int main(void)
 {
 	test_kill_own_after_nested_sync();
 	test_exit_own_in_immediate_confirm();
+	test_immediate_confirm_before_put();
 	test_refused_calls_change_nothing();
 	test_at_once_confirm_waits_for_others();
 	test_release_in_at_once_confirm();

@@ -1016,8 +1016,12 @@ static int mode_no_fence(bool fake_moves)
 		return 2;
 	if (!percpuref_unfenced_adds_possible())
 		return 3;
-	/* The switch back zeroes too; the counts stay exact. */
+	/* The switch back zeroes too; the counts stay exact.  A trace on a
+	 * copy the fold zeroed, as an add that outlived the wait leaves it,
+	 * is gone with it: it reached the kill's fold, and b was never
+	 * released. */
 	percpu_ref_switch_to_atomic_sync(&b.ref);
+	*percpuref_counter_on(b.ref.percpu_count_ptr & ~(uintptr_t)__PERCPU_REF_ATOMIC_DEAD, 1) = 5;
 	percpu_ref_switch_to_percpu(&b.ref);
 	percpu_ref_get(&b.ref);
 	percpu_ref_put(&b.ref);

@@ -223,6 +223,48 @@ static void test_batches(void)
 }
 
 /*
+ * A destroyed namespace's cache goes to its parent, which then keeps at
+ * most its high-water mark (2 * batch; above it, batch), as after an
+ * uncharge: 33 units there leave 16, exactly 32 stay.  And HCOUNT_BATCH_MAX
+ * itself is a batch a tree takes.
+ */
+static void test_destroy_gives_back(void)
+{
+	struct hcount_tree *tree;
+	struct hcount_ns *root, *mid, *leaf;
+	int own_at_mid;
+
+	for (own_at_mid = 0; own_at_mid < 2; own_at_mid++) {
+		hcount_tree_create(&tree, 1, HCOUNT_BATCH_DEFAULT, NULL);
+		root = hcount_tree_root(tree);
+		hcount_ns_create(&mid, root, NULL);
+		hcount_ns_create(&leaf, mid, NULL);
+		hcount_charge(leaf, 0, 1);	/* leaf and mid cache 16 each */
+		if (own_at_mid)
+			hcount_charge(mid, 0, 1);	/* from mid's cache: 15 */
+		hcount_uncharge(leaf, 0, 1);	/* the leaf caches 17 */
+		is(hcount_ns_cached(leaf, 0), 17, "destroy/%d: the leaf caches 17", own_at_mid);
+		is(hcount_ns_destroy(leaf), 0, "destroy/%d: leaf destroyed", own_at_mid);
+		is(hcount_ns_cached(mid, 0), own_at_mid ? 32 : 16,
+		   own_at_mid ? "destroy/1: mid keeps 15 + 17, its high-water mark"
+			      : "destroy/0: mid got 16 + 17 and passed all but 16 on");
+		is(hcount_ns_count(root, 0), hcount_ns_count(mid, 0) + hcount_ns_cached(mid, 0),
+		   "destroy/%d: the root counts mid's usage and cache", own_at_mid);
+		is(hcount_tree_check(tree), 0, "destroy/%d: invariant holds", own_at_mid);
+		if (own_at_mid)
+			hcount_uncharge(mid, 0, 1);
+		hcount_ns_destroy(mid);
+		is(hcount_ns_count(root, 0), 0, "destroy/%d: all units back at the root", own_at_mid);
+		hcount_tree_destroy(tree);
+	}
+	tree = NULL;
+	is(hcount_tree_create(&tree, 1, HCOUNT_BATCH_MAX, NULL), 0,
+	   "tree: batch HCOUNT_BATCH_MAX accepted");
+	if (tree)
+		hcount_tree_destroy(tree);
+}
+
+/*
  * Root limit 40; leaves a, b, c under the root and d under mid.  Caches of
  * up to 16 sit in a, b, mid and d while usage approaches 40: every unit up to
  * the limit must still be granted, one more never.
@@ -821,6 +863,7 @@ int main(int argc, char **argv)
 	test_create_args();
 	test_batches();
 	test_deep_cache();
+	test_destroy_gives_back();
 	for (i = 0; i < 3; i++) {
 		test_exact_limit(batches[i]);
 		test_mid_limit(batches[i]);

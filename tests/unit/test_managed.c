@@ -1546,6 +1546,49 @@ static void test_scans_back_off_while_memory_short(void)
 		   PERCPU_REF_SCAN_FILTERED);
 }
 
+/*
+ * The same for a pass that exits asked for early (test_exits_ask_for_a_pass):
+ * refused, the early ask is dropped with the flushes' targets, and the
+ * reclaimer waits for its interval (1 h here).  Kept, it scanned back to
+ * back while memory stayed short.
+ */
+static void test_early_pass_backs_off_while_memory_short(void)
+{
+	/* Enough exits to ask, with up to 63 a CPU left uncounted. */
+	long cpus = sysconf(_SC_NPROCESSORS_CONF);
+	int i, n = 4096 + 64 * (int)(cpus > 0 ? cpus : 1);
+	struct object *objs = calloc((size_t)n, sizeof(*objs));
+	unsigned long refused, warned;
+
+	if (!objs) {
+		skip("early pass, short memory: no memory for %d objects", n);
+		return;
+	}
+	set_config(3600000, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FILTERED);
+	for (i = 0; i < n; i++)
+		percpu_ref_init(&objs[i].ref, obj_release, PERCPU_REF_REL_MANAGED);
+	percpu_ref_managed_flush();	/* listed: their exits are left to a pass */
+	warned = percpuref_warning_count();
+	percpuref_fault_fail_nth_alloc(-1);
+	for (i = 0; i < n; i++)
+		percpu_ref_exit(&objs[i].ref);	/* ask for an early pass */
+	/* Until the pass was refused and warned (10 s at most); then no
+	 * more tries in 0.2 s (the exits' own refused allocations, where
+	 * no spares are kept, come before). */
+	for (int polls = 0; percpuref_warning_count() == warned && polls < 10000; polls++)
+		usleep(1000);
+	refused = percpuref_fault_refused_allocs();
+	usleep(200000);
+	refused = percpuref_fault_refused_allocs() - refused;
+	percpuref_fault_fail_nth_alloc(0);
+	ok(percpuref_warning_count() > warned && refused <= 5,
+	   "early pass, short memory: refused, then %lu tries in 0.2 s", refused);
+	is(percpu_ref_managed_flush(), 0, "early pass, memory back: a flush succeeds");
+	free(objs);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+}
+
 static void test_shutdown(void)
 {
 	struct object o = { 0 }, held = { 0 };
@@ -1642,10 +1685,11 @@ static int print_config(void)
  * one warning, once the ref has been managed for over a second.  Then the
  * same for a ref in use at every scan, which the default strategy's filter
  * skips without counting its holders (it was never warned about: 1 << 4).
+ * A pinned ref: its pin's warning only (1 << 6).
  */
 static int held_warning(void)
 {
-	struct object o = { 0 }, busy = { 0 };
+	struct object o = { 0 }, busy = { 0 }, pinned = { 0 };
 	unsigned long before;
 	int code = 0;
 
@@ -1679,6 +1723,23 @@ static int held_warning(void)
 	percpu_ref_managed_flush();
 	code |= (releases_of(&busy) != 1) << 5;
 	percpu_ref_exit(&busy.ref);
+
+	/* A ref whose warning is due when a put too many (the manager's)
+	 * is found: the pin's warning alone, not a second one saying it is
+	 * "still held by 0 references" (1 << 6).  No periodic scan may
+	 * warn before: an hour between them. */
+	set_config(3600000, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FILTERED);
+	percpu_ref_init(&pinned.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_switch_to_managed(&pinned.ref);
+	usleep(1100 * 1000);
+	before = percpuref_warning_count();
+	percpu_ref_put(&pinned.ref);
+	percpu_ref_put(&pinned.ref);	/* the manager's */
+	percpu_ref_managed_flush();
+	percpu_ref_managed_flush();
+	code |= (percpuref_warning_count() != before + 1) << 6;
+	code |= (releases_of(&pinned) != 0) << 7;	/* pinned: leaked */
+	percpu_ref_exit(&pinned.ref);
 	return code;
 }
 
@@ -1901,6 +1962,7 @@ int main(int argc, char **argv)
 	test_misuse();
 	test_flush_no_memory();
 	test_scans_back_off_while_memory_short();
+	test_early_pass_backs_off_while_memory_short();
 	test_shutdown_no_memory();
 	test_shutdown();
 #if defined(__SANITIZE_THREAD__)

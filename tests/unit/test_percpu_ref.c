@@ -296,6 +296,32 @@ static void test_misuse(void)
 	is(total(&ref), 1, "reinit of a live ref changes nothing");
 	percpu_ref_exit(&ref);
 
+	/* reinit of a dead ref that is still held: its count is not zero.
+	 * Refused by reinit's own check; resurrect would take it. */
+	reset();
+	percpu_ref_init(&ref, count_release, PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_get(&ref);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	warned = percpuref_warning_count();
+	percpu_ref_reinit(&ref);
+	ok(percpuref_warning_count() == warned + 1, "reinit of a dead ref still held warns");
+	ok(percpu_ref_is_dying(&ref), "and leaves it dead");
+	is(total(&ref), 1, "and its count as it was");
+	percpu_ref_put(&ref);
+	is(releases, 1, "the holder's put releases it");
+	percpu_ref_exit(&ref);
+
+	/* switch_to_percpu of a ref without ALLOW_REINIT: stays atomic. */
+	percpu_ref_init(&ref, count_release, 0);
+	percpu_ref_switch_to_atomic_sync(&ref);
+	warned = percpuref_warning_count();
+	percpu_ref_switch_to_percpu(&ref);
+	ok(percpuref_warning_count() == warned + 1,
+	   "switch_to_percpu of a ref without ALLOW_REINIT warns");
+	ok(is_atomic(&ref), "and the ref stays atomic");
+	percpu_ref_exit(&ref);
+
 	/* Calls on an exited ref. */
 	warned = percpuref_warning_count();
 	percpu_ref_kill(&ref);

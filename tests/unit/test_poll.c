@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "child.h"
+#include "internal.h"
 #include "percpuref/percpu_ref.h"
 #include "tap.h"
 
@@ -85,6 +86,14 @@ static void test_errors(void)
 	for (i = 0; i < 20 && !ret; i++)
 		ret = percpu_ref_poll_register() ?: percpu_ref_poll_unregister();
 	is(ret, 0, "register and unregister 20 times");
+	/* The poller an unregistration gave up is the next registration's:
+	 * no allocation (with none reused, each took a new one). */
+	percpuref_fault_fail_nth_alloc(-1);
+	ret = percpu_ref_poll_register();
+	percpuref_fault_fail_nth_alloc(0);
+	is(ret, 0, "register with no memory: the poller given up is reused");
+	if (!ret)
+		percpu_ref_poll_unregister();
 }
 
 static int confirmed;
@@ -471,6 +480,46 @@ static void test_hand_over_last_and_middle(void)
 }
 
 /*
+ * Within interval_case(): a waiting poll that finished one returns,
+ * fencing only if one is due; it waits only when none can be finished.
+ * c's kill is covered by the fence of a sync switch, d's is not, and no
+ * fence is due for 1 s: a poll that returns within it and finished d too
+ * waited for d.  One that took longer (a stall) proves nothing; tried
+ * again, 5 times at most.  Exit status: 7 it waited for d too.
+ */
+static int wait_after_one_case(void)
+{
+	struct percpu_ref c, d, other;
+	int attempt;
+
+	for (attempt = 0; attempt < 5; attempt++) {
+		int released = nr_released(), polled, ret = 0;
+		uint64_t start;
+		bool judged;
+
+		if (percpu_ref_init(&c, count_release, 0) ||
+		    percpu_ref_init(&d, count_release, 0) || percpu_ref_init(&other, NULL, 0))
+			return 2;
+		percpu_ref_kill(&c);
+		start = now_ns();
+		percpu_ref_switch_to_atomic_sync(&other);
+		percpu_ref_kill(&d);
+		polled = percpu_ref_poll(PERCPU_REF_POLL_WAIT);
+		judged = now_ns() - start < 900000000u;
+		if (judged && polled != 1)
+			ret = 7;
+		if (poll_all() < 0 || nr_released() != released + 2)
+			ret = ret ? ret : 6;
+		percpu_ref_exit(&c);
+		percpu_ref_exit(&d);
+		percpu_ref_exit(&other);
+		if (ret || judged)
+			return ret;
+	}
+	return 0;
+}
+
+/*
  * PERCPUREF_POLL_INTERVAL_US (in a child run with it set to 1 s): a
  * waiting poll fences at once, but plain polls start no fence for 500 ms
  * after it (at the default 300 µs they finished the next kill at once;
@@ -478,7 +527,7 @@ static void test_hand_over_last_and_middle(void)
  * the interval: a stall of up to 500 ms, before the loop or in it, fails
  * neither run.
  * Exit status: 2 set-up, 3 the waiting poll, 4 a plain poll finished
- * one, 5 the count, 6 the last waiting poll.
+ * one, 5 the count, 6 the last waiting poll (7: wait_after_one_case()).
  */
 static int interval_case(void)
 {
@@ -507,6 +556,8 @@ static int interval_case(void)
 		ret = ret ? ret : 6;
 	percpu_ref_exit(&a);
 	percpu_ref_exit(&b);
+	if (!ret)
+		ret = wait_after_one_case();
 	return ret;
 }
 
