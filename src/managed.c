@@ -865,8 +865,6 @@ static bool scan_once(bool unlimited)
 			marker_refused = true;
 			passes_refused++;
 			flush_target = passes_done;
-			/* An early ask too: retried back to back, it spun. */
-			early_target = passes_done;
 			pthread_cond_broadcast(&progress);
 			pthread_mutex_unlock(&managed_lock);
 			percpuref_batch_end(&scan);
@@ -987,7 +985,11 @@ static void reclaimer_lower_priority(void)
 /*
  * The reclaimer's wait after a pass that got no memory, doubling from 1 ms
  * while memory stays short, at least the interval: at interval 0 it
- * retried back to back, a core busy failing to allocate.
+ * retried back to back, a core busy failing to allocate.  An early pass
+ * that exits asked for stays asked for, and is tried again after the
+ * same wait, not the interval's: dropped, no exit could ask again until a
+ * pass opened, and exited refs piled up for a whole interval after memory
+ * came back.
  */
 #define REFUSED_BACKOFF_MAX_MS 1024
 
@@ -996,7 +998,9 @@ static void *reclaimer_main(void *arg)
 	struct timespec until;
 	bool just_scanned = false;	/* no sleep since the last scan */
 	uint64_t refused_backoff_ms = 0;
-	uint64_t now;
+	/* An early pass is not tried again before this (a refusal's wait). */
+	uint64_t early_retry_ns = 0;
+	uint64_t now, wake_ns;
 
 	(void)arg;
 	reclaimer_lower_priority();
@@ -1023,10 +1027,16 @@ static void *reclaimer_main(void *arg)
 				just_scanned = false;
 				continue;
 			}
-			/* Not yet due, and no exits asked for a pass. */
-			if (now < next_scan_ns && passes_done >= early_target) {
-				until.tv_sec = (time_t)(next_scan_ns / 1000000000u);
-				until.tv_nsec = (long)(next_scan_ns % 1000000000u);
+			/* Not yet due, and no exits asked for a pass (or their
+			 * ask waits out a refusal). */
+			if (now < next_scan_ns &&
+			    (passes_done >= early_target || now < early_retry_ns)) {
+				wake_ns = passes_done < early_target ? early_retry_ns
+								     : next_scan_ns;
+				if (wake_ns > next_scan_ns)
+					wake_ns = next_scan_ns;
+				until.tv_sec = (time_t)(wake_ns / 1000000000u);
+				until.tv_nsec = (long)(wake_ns % 1000000000u);
 				pthread_cond_timedwait(&wake, &managed_lock, &until);
 				just_scanned = false;
 				continue;
@@ -1047,11 +1057,13 @@ static void *reclaimer_main(void *arg)
 		else if (refused_backoff_ms < REFUSED_BACKOFF_MAX_MS)
 			refused_backoff_ms = refused_backoff_ms ? 2 * refused_backoff_ms : 1;
 		pthread_mutex_lock(&managed_lock);
+		early_retry_ns = 0;
 		if (refused_backoff_ms) {
 			uint64_t retry_ns = percpuref_monotonic_ns() + refused_backoff_ms * UINT64_C(1000000);
 
 			if (next_scan_ns < retry_ns)
 				next_scan_ns = retry_ns;
+			early_retry_ns = retry_ns;
 		}
 		just_scanned = true;
 	}

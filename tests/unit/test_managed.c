@@ -1548,9 +1548,11 @@ static void test_scans_back_off_while_memory_short(void)
 
 /*
  * The same for a pass that exits asked for early (test_exits_ask_for_a_pass):
- * refused, the early ask is dropped with the flushes' targets, and the
- * reclaimer waits for its interval (1 h here).  Kept, it scanned back to
- * back while memory stayed short.
+ * refused, the ask stays and is tried again after the refusals' wait
+ * (1 ms, doubling up to 1,024), neither back to back (it spun: 205,302
+ * tries in 0.2 s) nor only at the interval (1 h here: dropped, no exit
+ * could ask again until a pass opened, and exited refs piled up after
+ * memory came back).
  */
 static void test_early_pass_backs_off_while_memory_short(void)
 {
@@ -1558,6 +1560,7 @@ static void test_early_pass_backs_off_while_memory_short(void)
 	long cpus = sysconf(_SC_NPROCESSORS_CONF);
 	int i, n = 4096 + 64 * (int)(cpus > 0 ? cpus : 1);
 	struct object *objs = calloc((size_t)n, sizeof(*objs));
+	struct percpu_ref_managed_stats before, after;
 	unsigned long refused, warned;
 
 	if (!objs) {
@@ -1572,17 +1575,28 @@ static void test_early_pass_backs_off_while_memory_short(void)
 	percpuref_fault_fail_nth_alloc(-1);
 	for (i = 0; i < n; i++)
 		percpu_ref_exit(&objs[i].ref);	/* ask for an early pass */
-	/* Until the pass was refused and warned (10 s at most); then no
-	 * more tries in 0.2 s (the exits' own refused allocations, where
+	/* Until the pass was refused and warned (10 s at most); then the
+	 * tries of 1 s: about 10 (the exits' own refused allocations, where
 	 * no spares are kept, come before). */
 	for (int polls = 0; percpuref_warning_count() == warned && polls < 10000; polls++)
 		usleep(1000);
 	refused = percpuref_fault_refused_allocs();
-	usleep(200000);
+	usleep(1000000);
 	refused = percpuref_fault_refused_allocs() - refused;
+	percpu_ref_managed_get_stats(&before);
 	percpuref_fault_fail_nth_alloc(0);
-	ok(percpuref_warning_count() > warned && refused <= 5,
-	   "early pass, short memory: refused, then %lu tries in 0.2 s", refused);
+	ok(percpuref_warning_count() > warned && refused <= 16,
+	   "early pass, short memory: refused, then %lu tries in 1 s", refused);
+	/* Memory back: the ask's next try opens a pass, no flush needed
+	 * (10 s at most; the wait is 1,024 ms at most). */
+	for (int polls = 0; polls < 10000; polls++) {
+		percpu_ref_managed_get_stats(&after);
+		if (after.passes != before.passes)
+			break;
+		usleep(1000);
+	}
+	ok(after.passes != before.passes,
+	   "early pass, memory back: the ask kept opens a pass, no flush (1 h interval)");
 	is(percpu_ref_managed_flush(), 0, "early pass, memory back: a flush succeeds");
 	free(objs);
 	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
