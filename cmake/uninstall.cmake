@@ -2,25 +2,40 @@
 # The uninstall target (cmake -P, from CMakeLists.txt): removes every file
 # the build's last installation listed in MANIFEST (its
 # install_manifest.txt, which names them without DESTDIR: a staged
-# installation is removed with the same DESTDIR), then the package's own
-# directories (include/percpuref, <libdir>/cmake/percpuref) where that
-# left them empty.  A file already gone is said, not an error; one that
-# cannot be removed is.  Nothing else is touched: shared directories
-# (lib, share/man/man3) stay.
+# installation is removed with the same DESTDIR), then each of the
+# package's own directories (include/percpuref, <libdir>/cmake/percpuref)
+# that this leaves empty.  A file already gone is said; one that cannot be
+# removed fails the target, and so does a manifest none of whose files is
+# there (uninstalled already, another DESTDIR, or a later installation of
+# this build elsewhere, which rewrote the manifest).  Nothing else is
+# touched: shared directories (lib, share/man/man3) stay.
+#
+# The manifest is read line by line as text, never as a CMake list, and
+# directories are removed by rmdir, which refuses one that is not empty:
+# a path with "[" in it made a list of two lines one entry, and a glob
+# that saw a pattern in it found a directory empty that was not.
 if(NOT EXISTS "${MANIFEST}")
   message(FATAL_ERROR "uninstall: ${MANIFEST} not found: nothing was installed from this "
                       "build directory (cmake --install writes it)")
 endif()
-file(STRINGS "${MANIFEST}" installed)
-set(own_dirs "")
+file(READ "${MANIFEST}" manifest)
+set(listed 0)
 set(removed 0)
-foreach(file IN LISTS installed)
-  set(path "$ENV{DESTDIR}${file}")
-  get_filename_component(dir "${path}" DIRECTORY)
-  get_filename_component(dir_name "${dir}" NAME)
-  if(dir_name STREQUAL "percpuref")
-    list(APPEND own_dirs "${dir}")
+while(NOT manifest STREQUAL "")
+  string(FIND "${manifest}" "\n" eol)
+  if(eol EQUAL -1)
+    set(file "${manifest}")
+    set(manifest "")
+  else()
+    string(SUBSTRING "${manifest}" 0 ${eol} file)
+    math(EXPR next "${eol} + 1")
+    string(SUBSTRING "${manifest}" ${next} -1 manifest)
   endif()
+  if(file STREQUAL "")
+    continue()
+  endif()
+  math(EXPR listed "${listed} + 1")
+  set(path "$ENV{DESTDIR}${file}")
   if(NOT EXISTS "${path}" AND NOT IS_SYMLINK "${path}")
     message(STATUS "Already gone: ${path}")
     continue()
@@ -31,13 +46,20 @@ foreach(file IN LISTS installed)
   endif()
   message(STATUS "Removed: ${path}")
   math(EXPR removed "${removed} + 1")
-endforeach()
-list(REMOVE_DUPLICATES own_dirs)
-foreach(dir IN LISTS own_dirs)
-  file(GLOB left "${dir}/*")
-  if(IS_DIRECTORY "${dir}" AND NOT left)
-    file(REMOVE_RECURSE "${dir}")
-    message(STATUS "Removed: ${dir}/")
+  get_filename_component(dir "${path}" DIRECTORY)
+  get_filename_component(dir_name "${dir}" NAME)
+  if(dir_name STREQUAL "percpuref")
+    # Fails, quietly, while the directory holds anything else.
+    execute_process(COMMAND rmdir "${dir}" RESULT_VARIABLE not_empty
+                    OUTPUT_QUIET ERROR_QUIET)
+    if(NOT not_empty)
+      message(STATUS "Removed: ${dir}/")
+    endif()
   endif()
-endforeach()
-message(STATUS "uninstall: ${removed} files removed")
+endwhile()
+if(listed AND NOT removed)
+  message(FATAL_ERROR "uninstall: none of the ${listed} files ${MANIFEST} lists is there "
+                      "(DESTDIR '$ENV{DESTDIR}'): uninstalled already, or installed "
+                      "elsewhere since (the manifest is the build's last installation's)")
+endif()
+message(STATUS "uninstall: ${removed} of ${listed} files removed")

@@ -12,7 +12,15 @@
 set -euo pipefail
 build=$1 src=$(cd "$2" && pwd)
 stage=$(mktemp -d)
-trap 'rm -rf "$stage"' EXIT
+# The installations below rewrite the build's install_manifest.txt, which
+# its uninstall target reads: the user's own installation's is put back.
+manifest="$build/install_manifest.txt"
+if [ -f "$manifest" ]; then
+  cp -p "$manifest" "$stage/manifest.saved"
+  trap 'mv -f "$stage/manifest.saved" "$manifest"; rm -rf "$stage"' EXIT
+else
+  trap 'rm -f "$manifest"; rm -rf "$stage"' EXIT
+fi
 DESTDIR="$stage" cmake --install "$build" --prefix /opt/percpuref >/dev/null
 # Moved after installation: nothing may remember /opt/percpuref.
 mv "$stage/opt/percpuref" "$stage/moved"
@@ -143,24 +151,39 @@ fi
 echo "ok - every exported function ($(wc -w <<<"$exported")) has a man page"
 
 # The uninstall target removes what an installation wrote, staged with the
-# same DESTDIR: no file is left, nor the package's own directories; a
-# second run finds every file gone and says so (not an error); without a
-# manifest it fails, saying why.
-DESTDIR="$stage/again" cmake --install "$build" --prefix /opt/prefix >/dev/null
-installed=$(find "$stage/again" ! -type d | wc -l)
-DESTDIR="$stage/again" cmake --build "$build" --target uninstall >/dev/null
-left=$(find "$stage/again" ! -type d -o -type d -name percpuref)
-if [ "$installed" -lt 10 ] || [ -n "$left" ]; then
+# same DESTDIR: no file is left, nor the package's own directories, but a
+# user's file beside its headers, and its directory, stay.  The stage's path
+# has a blank and a "[" (a path with "[" once made two manifest lines one,
+# and a glob saw a directory empty that was not).  A second run, which
+# finds every file gone, fails saying so, as does one without a manifest.
+again="$stage/again [1"
+DESTDIR="$again" cmake --install "$build" --prefix /opt/prefix >/dev/null
+installed=$(find "$again" ! -type d | wc -l)
+echo mine >"$again/opt/prefix/include/mine.h"
+mkdir -p "$again/opt/prefix/include/percpuref-extra"
+DESTDIR="$again" cmake --build "$build" --target uninstall >/dev/null
+left=$(find "$again" ! -type d -o -type d -name percpuref)
+if [ "$installed" -lt 10 ] || [ "$left" != "$again/opt/prefix/include/mine.h" ] ||
+   [ ! -d "$again/opt/prefix/include/percpuref-extra" ]; then
   echo "not ok - uninstall of $installed installed files left: $left" >&2
   exit 1
 fi
-again=$(DESTDIR="$stage/again" cmake --build "$build" --target uninstall 2>&1) ||
-  { echo "not ok - a second uninstall failed: $again" >&2; exit 1; }
-grep -q 'Already gone: .*libpercpuref\.so' <<<"$again" ||
-  { echo "not ok - a second uninstall did not say what was gone: $again" >&2; exit 1; }
+mkdir -p "$again/opt/prefix/include/percpuref"
+echo mine >"$again/opt/prefix/include/percpuref/mine.h"
+DESTDIR="$again" cmake --install "$build" --prefix /opt/prefix >/dev/null
+DESTDIR="$again" cmake --build "$build" --target uninstall >/dev/null
+if [ ! -f "$again/opt/prefix/include/percpuref/mine.h" ]; then
+  echo "not ok - uninstall removed a user's file among the headers" >&2
+  exit 1
+fi
+if again_out=$(DESTDIR="$again" cmake --build "$build" --target uninstall 2>&1) ||
+   ! grep -q 'uninstall: none of the [0-9]* files' <<<"$again_out"; then
+  echo "not ok - a second uninstall: $again_out" >&2
+  exit 1
+fi
 if err=$(cmake -DMANIFEST="$stage/no-manifest" -P "$src/cmake/uninstall.cmake" 2>&1) ||
    ! grep -q 'no-manifest not found' <<<"$err"; then
   echo "not ok - uninstall without a manifest: $err" >&2
   exit 1
 fi
-echo "ok - uninstall: $installed files removed, the package's directories too"
+echo "ok - uninstall: $installed files removed, a user's files kept"
