@@ -180,8 +180,9 @@ static unsigned long reclaimer_nice;
  * Exited refs wait for a pass (percpuref_managed_exited()): exits that left
  * their node to the reclaimer since the open pass began, as their threads
  * counted them in, and whether one of them asked for an early pass (both
- * atomic, reset when a pass opens); the nodes the last complete pass met
- * (atomic, written by the scanner).
+ * atomic, reset when a pass opens; the ask also when no thread is left to
+ * serve it, so that a later exit asks again and starts one); the nodes
+ * the last complete pass met (atomic, written by the scanner).
  */
 static unsigned long exited_since_pass, last_pass_walked;
 static bool early_pass_asked;
@@ -561,6 +562,9 @@ void percpuref_managed_exited(void)
 	early_target = passes_started + 1;
 	if (ensure_thread())
 		pthread_cond_signal(&wake);
+	else	/* No thread to serve it: the next counted exit asks again.
+		 * Relaxed, as the exchange: a flag that orders nothing. */
+		__atomic_store_n(&early_pass_asked, false, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&managed_lock);
 }
 
@@ -1244,6 +1248,14 @@ PERCPUREF_API void percpuref_shutdown(void)
 		worked |= thread.running || rcu_head;
 		pthread_mutex_unlock(&managed_lock);
 	} while (worked && !percpuref_outside_work_since(outside));
+	/* An early pass asked for that drain() gave up on (memory refused)
+	 * has no thread to run it, and the ask kept later exits from asking:
+	 * the next counted exit asks again, and starts one.  Relaxed, as the
+	 * exchange in percpuref_managed_exited(): a flag that orders nothing. */
+	pthread_mutex_lock(&managed_lock);
+	if (!thread.running)
+		__atomic_store_n(&early_pass_asked, false, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&managed_lock);
 	percpuref_shutdown_end();
 	percpuref_cancel_restore(cancel);
 }

@@ -1546,6 +1546,20 @@ static void test_scans_back_off_while_memory_short(void)
 		   PERCPU_REF_SCAN_FILTERED);
 }
 
+/* A pass opened since @before, within 10 s. */
+static bool pass_since(const struct percpu_ref_managed_stats *before)
+{
+	struct percpu_ref_managed_stats now;
+
+	for (int polls = 0; polls < 10000; polls++) {
+		percpu_ref_managed_get_stats(&now);
+		if (now.passes != before->passes)
+			return true;
+		usleep(1000);
+	}
+	return false;
+}
+
 /*
  * The same for a pass that exits asked for early (test_exits_ask_for_a_pass):
  * refused, the ask stays and is tried again after the refusals' wait
@@ -1560,7 +1574,7 @@ static void test_early_pass_backs_off_while_memory_short(void)
 	long cpus = sysconf(_SC_NPROCESSORS_CONF);
 	int i, n = 4096 + 64 * (int)(cpus > 0 ? cpus : 1);
 	struct object *objs = calloc((size_t)n, sizeof(*objs));
-	struct percpu_ref_managed_stats before, after;
+	struct percpu_ref_managed_stats before;
 	unsigned long refused, warned;
 
 	if (!objs) {
@@ -1588,17 +1602,65 @@ static void test_early_pass_backs_off_while_memory_short(void)
 	ok(percpuref_warning_count() > warned && refused <= 16,
 	   "early pass, short memory: refused, then %lu tries in 1 s", refused);
 	/* Memory back: the ask's next try opens a pass, no flush needed
-	 * (10 s at most; the wait is 1,024 ms at most). */
-	for (int polls = 0; polls < 10000; polls++) {
-		percpu_ref_managed_get_stats(&after);
-		if (after.passes != before.passes)
-			break;
-		usleep(1000);
-	}
-	ok(after.passes != before.passes,
+	 * (the wait is 1,024 ms at most). */
+	ok(pass_since(&before),
 	   "early pass, memory back: the ask kept opens a pass, no flush (1 h interval)");
 	is(percpu_ref_managed_flush(), 0, "early pass, memory back: a flush succeeds");
 	free(objs);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_FILTERED);
+}
+
+/*
+ * An ask with no thread to serve it: a shutdown whose drain gave up for
+ * want of memory (@shutdown_refused), or a thread that could not start
+ * for the exit that asked (memory short after a shutdown that stopped
+ * it).  Either left the ask made, which keeps later exits from asking,
+ * and no thread: after memory came back, 8,192 more exits got no pass in
+ * 3 s, exited refs piling up until a push or a flush (a review).  Now the
+ * next exits over the threshold ask again and start a thread.
+ */
+static void check_ask_without_thread(bool shutdown_refused, const char *what)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_CONF);
+	int i, n = 4096 + 64 * (int)(cpus > 0 ? cpus : 1);
+	struct object *asked = calloc((size_t)n, sizeof(*asked));
+	struct object *later = calloc((size_t)n, sizeof(*later));
+	struct percpu_ref_managed_stats before;
+	unsigned long warned;
+
+	if (!asked || !later) {
+		skip("%s: no memory for %d objects", what, 2 * n);
+		free(asked);
+		free(later);
+		return;
+	}
+	set_config(3600000, PERCPU_REF_MANAGED_MAX_PER_SCAN, PERCPU_REF_SCAN_FILTERED);
+	for (i = 0; i < n; i++) {
+		percpu_ref_init(&asked[i].ref, obj_release, PERCPU_REF_REL_MANAGED);
+		percpu_ref_init(&later[i].ref, obj_release, PERCPU_REF_REL_MANAGED);
+	}
+	percpu_ref_managed_flush();	/* listed: their exits are left to a pass */
+	if (!shutdown_refused)
+		percpuref_shutdown();	/* the thread stopped */
+	warned = percpuref_warning_count();
+	percpuref_fault_fail_nth_alloc(-1);
+	for (i = 0; i < n; i++)
+		percpu_ref_exit(&asked[i].ref);	/* ask: refused */
+	for (int polls = 0; percpuref_warning_count() == warned && polls < 10000; polls++)
+		usleep(1000);
+	ok(percpuref_warning_count() > warned, "%s: the ask was refused, and warned", what);
+	if (shutdown_refused)
+		percpuref_shutdown();	/* its drain gives up */
+	percpuref_fault_fail_nth_alloc(0);
+	percpu_ref_managed_get_stats(&before);
+	for (i = 0; i < n; i++)
+		percpu_ref_exit(&later[i].ref);	/* ask again */
+	ok(pass_since(&before), "%s: after memory came back, later exits got a pass (1 h "
+	   "interval, no flush)", what);
+	is(percpu_ref_managed_flush(), 0, "%s: a flush succeeds", what);
+	free(asked);
+	free(later);
 	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
 		   PERCPU_REF_SCAN_FILTERED);
 }
@@ -1977,6 +2039,8 @@ int main(int argc, char **argv)
 	test_flush_no_memory();
 	test_scans_back_off_while_memory_short();
 	test_early_pass_backs_off_while_memory_short();
+	check_ask_without_thread(true, "ask left by a refused shutdown");
+	check_ask_without_thread(false, "ask whose thread could not start");
 	test_shutdown_no_memory();
 	test_shutdown();
 #if defined(__SANITIZE_THREAD__)
