@@ -5,10 +5,13 @@
 # installation is removed with the same DESTDIR), then each of the
 # package's own directories (include/percpuref, <libdir>/cmake/percpuref)
 # that this leaves empty.  A file already gone is said; one that cannot be
-# removed fails the target, and so does a manifest none of whose files is
-# there (uninstalled already, another DESTDIR, or a later installation of
-# this build elsewhere, which rewrote the manifest).  Nothing else is
-# touched: shared directories (lib, share/man/man3) stay.
+# removed is said and fails the target once the others are removed, and
+# so does a manifest none of whose files is there (uninstalled already,
+# another DESTDIR, or a later installation of this build elsewhere, which
+# rewrote the manifest).  Nothing else is touched: shared directories
+# (lib, share/man/man3) stay.  DESTDIR is read as the installation read
+# it (backslashes are slashes), and must be absolute: the target runs in
+# the build directory, not where the installation ran.
 #
 # The manifest is read line by line as text, never as a CMake list, and
 # directories are removed by rmdir, which refuses one that is not empty:
@@ -18,9 +21,15 @@ if(NOT EXISTS "${MANIFEST}")
   message(FATAL_ERROR "uninstall: ${MANIFEST} not found: nothing was installed from this "
                       "build directory (cmake --install writes it)")
 endif()
+file(TO_CMAKE_PATH "$ENV{DESTDIR}" destdir)
+if(NOT destdir STREQUAL "" AND NOT IS_ABSOLUTE "${destdir}")
+  message(FATAL_ERROR "uninstall: DESTDIR '${destdir}' is relative: give it as an absolute "
+                      "path (this runs in the build directory, not where the installation ran)")
+endif()
 file(READ "${MANIFEST}" manifest)
 set(listed 0)
 set(removed 0)
+set(failed 0)
 while(NOT manifest STREQUAL "")
   string(FIND "${manifest}" "\n" eol)
   if(eol EQUAL -1)
@@ -35,14 +44,16 @@ while(NOT manifest STREQUAL "")
     continue()
   endif()
   math(EXPR listed "${listed} + 1")
-  set(path "$ENV{DESTDIR}${file}")
+  set(path "${destdir}${file}")
   if(NOT EXISTS "${path}" AND NOT IS_SYMLINK "${path}")
     message(STATUS "Already gone: ${path}")
     continue()
   endif()
   file(REMOVE "${path}")
   if(EXISTS "${path}" OR IS_SYMLINK "${path}")
-    message(FATAL_ERROR "uninstall: cannot remove ${path}")
+    message(SEND_ERROR "uninstall: cannot remove ${path}")
+    math(EXPR failed "${failed} + 1")
+    continue()
   endif()
   message(STATUS "Removed: ${path}")
   math(EXPR removed "${removed} + 1")
@@ -59,7 +70,11 @@ while(NOT manifest STREQUAL "")
 endwhile()
 if(listed AND NOT removed)
   message(FATAL_ERROR "uninstall: none of the ${listed} files ${MANIFEST} lists is there "
-                      "(DESTDIR '$ENV{DESTDIR}'): uninstalled already, or installed "
+                      "(DESTDIR '${destdir}'): uninstalled already, or installed "
                       "elsewhere since (the manifest is the build's last installation's)")
+endif()
+if(failed)
+  message(FATAL_ERROR "uninstall: ${removed} of ${listed} files removed, ${failed} could "
+                      "not be (above)")
 endif()
 message(STATUS "uninstall: ${removed} of ${listed} files removed")

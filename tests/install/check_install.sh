@@ -187,3 +187,57 @@ if err=$(cmake -DMANIFEST="$stage/no-manifest" -P "$src/cmake/uninstall.cmake" 2
   exit 1
 fi
 echo "ok - uninstall: $installed files removed, a user's files kept"
+
+# CMake's messages, wrapped at blanks, on one line.
+flat() { tr -s ' \n' '  ' <<<"$1"; }
+# A DESTDIR or prefix with a newline is refused before anything is
+# installed, and the manifest is left as it was: it lists a path a line,
+# and an uninstall removed another installation's files, named by one half
+# of such a path.
+other="$stage/other"
+DESTDIR="$other" cmake --install "$build" --prefix /opt/prefix >/dev/null
+cp "$manifest" "$stage/manifest.other"
+if err=$(cmake --install "$build" --prefix "$stage/nl
+$other/opt/prefix" 2>&1) || ! grep -q 'holds a newline' <<<"$(flat "$err")" ||
+   [ -n "$(find "$stage" -maxdepth 1 -name 'nl*')" ] ||
+   ! cmp -s "$manifest" "$stage/manifest.other"; then
+  echo "not ok - an installation into a prefix with a newline: $err" >&2
+  exit 1
+fi
+# A listed file that cannot be removed (here a directory that is not
+# empty) fails the target, naming it, once every other file is removed.
+header="$other/opt/prefix/include/percpuref/percpu_ref.h"
+rm "$header"
+mkdir "$header"
+echo mine >"$header/mine"
+if err=$(DESTDIR="$other" cmake --build "$build" --target uninstall 2>&1) ||
+   ! grep -q "cannot remove $header" <<<"$(flat "$err")" ||
+   ! grep -q '1 could not be' <<<"$(flat "$err")" ||
+   [ "$(find "$other" ! -type d)" != "$header/mine" ]; then
+  echo "not ok - an uninstall with a file it cannot remove: $err" >&2
+  exit 1
+fi
+# DESTDIR as the installation read it: a relative one is refused (the
+# target runs in the build directory), a backslash is a slash.
+build_abs=$(cd "$build" && pwd)
+(cd "$stage" && DESTDIR=rel cmake --install "$build_abs" --prefix /opt/prefix >/dev/null)
+rel_files=$(find "$stage/rel" ! -type d | wc -l)
+if err=$(DESTDIR=rel cmake --build "$build" --target uninstall 2>&1) ||
+   ! grep -q "DESTDIR 'rel' is relative" <<<"$(flat "$err")" ||
+   [ "$(find "$stage/rel" ! -type d | wc -l)" != "$rel_files" ]; then
+  echo "not ok - an uninstall with a relative DESTDIR: $err" >&2
+  exit 1
+fi
+DESTDIR="$stage/rel" cmake --build "$build" --target uninstall >/dev/null
+DESTDIR="$stage/back\\slash" cmake --install "$build" --prefix /opt/prefix >/dev/null
+back_files=$(find "$stage/back/slash" ! -type d | wc -l)
+if ! err=$(DESTDIR="$stage/back\\slash" cmake --build "$build" --target uninstall 2>&1); then
+  echo "not ok - an uninstall with a backslash in DESTDIR: $err" >&2
+  exit 1
+fi
+if [ "$rel_files" -lt 10 ] || [ "$back_files" != "$rel_files" ] ||
+   [ -n "$(find "$stage/rel" "$stage/back" ! -type d)" ]; then
+  echo "not ok - uninstalls under DESTDIR=rel (absolute) and back\\slash left files" >&2
+  exit 1
+fi
+echo "ok - uninstall: a newline in the prefix refused, a file it cannot remove named, DESTDIR as installed"
