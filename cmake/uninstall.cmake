@@ -21,7 +21,8 @@ if(NOT EXISTS "${MANIFEST}")
   message(FATAL_ERROR "uninstall: ${MANIFEST} not found: nothing was installed from this "
                       "build directory (cmake --install writes it)")
 endif()
-file(TO_CMAKE_PATH "$ENV{DESTDIR}" destdir)
+# Not file(TO_CMAKE_PATH): it reads a list of paths, a ':' a separator.
+string(REPLACE "\\" "/" destdir "$ENV{DESTDIR}")
 if(NOT destdir STREQUAL "" AND NOT IS_ABSOLUTE "${destdir}")
   message(FATAL_ERROR "uninstall: DESTDIR '${destdir}' is relative: give it as an absolute "
                       "path (this runs in the build directory, not where the installation ran)")
@@ -68,13 +69,13 @@ while(NOT manifest STREQUAL "")
     endif()
   endif()
 endwhile()
+if(failed)
+  message(FATAL_ERROR "uninstall: ${removed} of ${listed} files removed, ${failed} could "
+                      "not be (above)")
+endif()
 if(listed AND NOT removed)
   message(FATAL_ERROR "uninstall: none of the ${listed} files ${MANIFEST} lists is there "
                       "(DESTDIR '${destdir}'): uninstalled already, or installed "
                       "elsewhere since (the manifest is the build's last installation's)")
-endif()
-if(failed)
-  message(FATAL_ERROR "uninstall: ${removed} of ${listed} files removed, ${failed} could "
-                      "not be (above)")
 endif()
 message(STATUS "uninstall: ${removed} of ${listed} files removed")

@@ -189,19 +189,33 @@ fi
 echo "ok - uninstall: $installed files removed, a user's files kept"
 
 # CMake's messages, wrapped at blanks, on one line.
-flat() { tr -s ' \n' '  ' <<<"$1"; }
-# A DESTDIR or prefix with a newline is refused before anything is
-# installed, and the manifest is left as it was: it lists a path a line,
-# and an uninstall removed another installation's files, named by one half
-# of such a path.
+flat() {
+  local line
+  line=$(tr -s ' \n' '  ' <<<"$1")
+  printf '%s' "${line% }"
+}
+# A prefix with a newline or a ';' is refused before anything is
+# installed, and the manifest is left as it was: it lists a path a line
+# (CMake writes it from a list), and an uninstall removed another
+# installation's files, named by one half of such a path.  So is such an
+# installation directory, when the build is configured.
 other="$stage/other"
 DESTDIR="$other" cmake --install "$build" --prefix /opt/prefix >/dev/null
 cp "$manifest" "$stage/manifest.other"
-if err=$(cmake --install "$build" --prefix "$stage/nl
-$other/opt/prefix" 2>&1) || ! grep -q 'holds a newline' <<<"$(flat "$err")" ||
-   [ -n "$(find "$stage" -maxdepth 1 -name 'nl*')" ] ||
-   ! cmp -s "$manifest" "$stage/manifest.other"; then
-  echo "not ok - an installation into a prefix with a newline: $err" >&2
+for sep in $'\n' ';'; do
+  if err=$(cmake --install "$build" --prefix "$stage/split$sep$other/opt/prefix" 2>&1) ||
+     ! grep -qF 'prefix holds a newline or' <<<"$(flat "$err")" ||
+     [ -n "$(find "$stage" -maxdepth 1 -name 'split*')" ] ||
+     ! cmp -s "$manifest" "$stage/manifest.other"; then
+    echo "not ok - an installation into a prefix with '$sep': $err" >&2
+    exit 1
+  fi
+done
+if err=$(cmake -S "$src" -B "$stage/split-build" -DCMAKE_INSTALL_INCLUDEDIR="include;$other" \
+           -DPERCPUREF_TESTS=OFF -DPERCPUREF_EXAMPLES=OFF -DPERCPUREF_BENCH=OFF \
+           -DPERCPUREF_MAN=OFF 2>&1) ||
+   ! grep -qF "CMAKE_INSTALL_INCLUDEDIR holds a newline or ';'" <<<"$(flat "$err")"; then
+  echo "not ok - a build configured with an include directory with ';': $err" >&2
   exit 1
 fi
 # A listed file that cannot be removed (here a directory that is not
@@ -211,33 +225,41 @@ rm "$header"
 mkdir "$header"
 echo mine >"$header/mine"
 if err=$(DESTDIR="$other" cmake --build "$build" --target uninstall 2>&1) ||
-   ! grep -q "cannot remove $header" <<<"$(flat "$err")" ||
-   ! grep -q '1 could not be' <<<"$(flat "$err")" ||
+   ! grep -qF "$(flat "cannot remove $header")" <<<"$(flat "$err")" ||
+   ! grep -qF '1 could not be' <<<"$(flat "$err")" ||
    [ "$(find "$other" ! -type d)" != "$header/mine" ]; then
   echo "not ok - an uninstall with a file it cannot remove: $err" >&2
   exit 1
 fi
+# None removable, all there: said so, not "none is there".
+printf '%s\n' "$header" >"$stage/manifest.unremovable"
+if err=$(cmake -DMANIFEST="$stage/manifest.unremovable" -P "$src/cmake/uninstall.cmake" 2>&1) ||
+   ! grep -qF '0 of 1 files removed, 1 could not be' <<<"$(flat "$err")"; then
+  echo "not ok - an uninstall that can remove none of its files: $err" >&2
+  exit 1
+fi
 # DESTDIR as the installation read it: a relative one is refused (the
-# target runs in the build directory), a backslash is a slash.
+# target runs in the build directory), a backslash is a slash, a ':' a
+# ':' (file(TO_CMAKE_PATH) made it a ';').
 build_abs=$(cd "$build" && pwd)
 (cd "$stage" && DESTDIR=rel cmake --install "$build_abs" --prefix /opt/prefix >/dev/null)
 rel_files=$(find "$stage/rel" ! -type d | wc -l)
 if err=$(DESTDIR=rel cmake --build "$build" --target uninstall 2>&1) ||
-   ! grep -q "DESTDIR 'rel' is relative" <<<"$(flat "$err")" ||
+   ! grep -qF "DESTDIR 'rel' is relative" <<<"$(flat "$err")" ||
    [ "$(find "$stage/rel" ! -type d | wc -l)" != "$rel_files" ]; then
   echo "not ok - an uninstall with a relative DESTDIR: $err" >&2
   exit 1
 fi
 DESTDIR="$stage/rel" cmake --build "$build" --target uninstall >/dev/null
-DESTDIR="$stage/back\\slash" cmake --install "$build" --prefix /opt/prefix >/dev/null
-back_files=$(find "$stage/back/slash" ! -type d | wc -l)
-if ! err=$(DESTDIR="$stage/back\\slash" cmake --build "$build" --target uninstall 2>&1); then
-  echo "not ok - an uninstall with a backslash in DESTDIR: $err" >&2
+DESTDIR="$stage/back\\slash:colon" cmake --install "$build" --prefix /opt/prefix >/dev/null
+back_files=$(find "$stage/back/slash:colon" ! -type d | wc -l)
+if ! err=$(DESTDIR="$stage/back\\slash:colon" cmake --build "$build" --target uninstall 2>&1); then
+  echo "not ok - an uninstall with a backslash and a ':' in DESTDIR: $err" >&2
   exit 1
 fi
 if [ "$rel_files" -lt 10 ] || [ "$back_files" != "$rel_files" ] ||
    [ -n "$(find "$stage/rel" "$stage/back" ! -type d)" ]; then
-  echo "not ok - uninstalls under DESTDIR=rel (absolute) and back\\slash left files" >&2
+  echo "not ok - uninstalls under DESTDIR=rel (absolute) and back\\slash:colon left files" >&2
   exit 1
 fi
-echo "ok - uninstall: a newline in the prefix refused, a file it cannot remove named, DESTDIR as installed"
+echo "ok - uninstall: a newline or ';' in the prefix refused, a file it cannot remove named, DESTDIR as installed"
