@@ -10,8 +10,9 @@
 # another DESTDIR, or a later installation of this build elsewhere, which
 # rewrote the manifest).  Nothing else is touched: shared directories
 # (lib, share/man/man3) stay.  DESTDIR is read as the installation read
-# it (backslashes are slashes), and must be absolute: the target runs in
-# the build directory, not where the installation ran.
+# it (backslashes are slashes, a leading '~' the home directory), and must
+# be absolute: the target runs in the build directory, not where the
+# installation ran.
 #
 # The manifest is read line by line as text, never as a CMake list, and
 # directories are removed by rmdir, which refuses one that is not empty:
@@ -22,7 +23,12 @@ if(NOT EXISTS "${MANIFEST}")
                       "build directory (cmake --install writes it)")
 endif()
 # Not file(TO_CMAKE_PATH): it reads a list of paths, a ':' a separator.
+# A leading '~' is the home directory, as the installation took it.
 string(REPLACE "\\" "/" destdir "$ENV{DESTDIR}")
+if(destdir MATCHES "^~(/|$)" AND DEFINED ENV{HOME})
+  string(SUBSTRING "${destdir}" 1 -1 destdir_below_home)
+  set(destdir "$ENV{HOME}${destdir_below_home}")
+endif()
 if(NOT destdir STREQUAL "" AND NOT IS_ABSOLUTE "${destdir}")
   message(FATAL_ERROR "uninstall: DESTDIR '${destdir}' is relative: give it as an absolute "
                       "path (this runs in the build directory, not where the installation ran)")

@@ -214,7 +214,8 @@ done
 if err=$(cmake -S "$src" -B "$stage/split-build" -DCMAKE_INSTALL_INCLUDEDIR="include;$other" \
            -DPERCPUREF_TESTS=OFF -DPERCPUREF_EXAMPLES=OFF -DPERCPUREF_BENCH=OFF \
            -DPERCPUREF_MAN=OFF 2>&1) ||
-   ! grep -qF "CMAKE_INSTALL_INCLUDEDIR holds a newline or ';'" <<<"$(flat "$err")"; then
+   ! grep -qF "$(flat "CMAKE_INSTALL_INCLUDEDIR ('include;$other') holds a newline or ';'")" \
+     <<<"$(flat "$err")"; then
   echo "not ok - a build configured with an include directory with ';': $err" >&2
   exit 1
 fi
@@ -240,7 +241,7 @@ if err=$(cmake -DMANIFEST="$stage/manifest.unremovable" -P "$src/cmake/uninstall
 fi
 # DESTDIR as the installation read it: a relative one is refused (the
 # target runs in the build directory), a backslash is a slash, a ':' a
-# ':' (file(TO_CMAKE_PATH) made it a ';').
+# ':' (file(TO_CMAKE_PATH) made it a ';'), a leading '~' $HOME.
 build_abs=$(cd "$build" && pwd)
 (cd "$stage" && DESTDIR=rel cmake --install "$build_abs" --prefix /opt/prefix >/dev/null)
 rel_files=$(find "$stage/rel" ! -type d | wc -l)
@@ -257,9 +258,19 @@ if ! err=$(DESTDIR="$stage/back\\slash:colon" cmake --build "$build" --target un
   echo "not ok - an uninstall with a backslash and a ':' in DESTDIR: $err" >&2
   exit 1
 fi
+# A DESTDIR of '~/…' (quoted: the shell left the '~') is under $HOME.
+HOME="$stage/home" DESTDIR='~/tilde' cmake --install "$build" --prefix /opt/prefix >/dev/null
+tilde_files=$(find "$stage/home/tilde" ! -type d | wc -l)
+if ! err=$(HOME="$stage/home" DESTDIR='~/tilde' cmake --build "$build" --target uninstall 2>&1)
+then
+  echo "not ok - an uninstall with DESTDIR='~/tilde': $err" >&2
+  exit 1
+fi
 if [ "$rel_files" -lt 10 ] || [ "$back_files" != "$rel_files" ] ||
-   [ -n "$(find "$stage/rel" "$stage/back" ! -type d)" ]; then
-  echo "not ok - uninstalls under DESTDIR=rel (absolute) and back\\slash:colon left files" >&2
+   [ "$tilde_files" != "$rel_files" ] ||
+   [ -n "$(find "$stage/rel" "$stage/back" "$stage/home" ! -type d)" ]; then
+  echo "not ok - uninstalls under DESTDIR=rel (absolute), back\\slash:colon and ~/tilde" \
+       "left files" >&2
   exit 1
 fi
 echo "ok - uninstall: a newline or ';' in the prefix refused, a file it cannot remove named, DESTDIR as installed"

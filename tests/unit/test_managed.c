@@ -1623,11 +1623,12 @@ static void test_early_pass_backs_off_while_memory_short(void)
 static void check_ask_without_thread(bool shutdown_refused, const char *what)
 {
 	long cpus = sysconf(_SC_NPROCESSORS_CONF);
-	/* Enough exits to ask, with up to 63 a CPU left uncounted (the last
-	 * pass meets the later refs too: they are few, so that half of what
-	 * it met stays below what the first exits count); then, the count
-	 * over the threshold already, a batch of 64 counted on some CPU. */
-	int i, n = 4096 + 64 * (int)(cpus > 0 ? cpus : 1), m = n - 4096 + 64;
+	/* Enough exits to ask, with up to 63 a CPU left uncounted: n - 63 C
+	 * counted at least, where the last pass met n + m, half of which
+	 * (2,080 + 64 C) is below for any C; then, the count over the
+	 * threshold already, m = 64 C + 64 exits: a batch of 64 counted on
+	 * some CPU. */
+	int c = (int)(cpus > 0 ? cpus : 1), i, n = 4096 + 192 * c, m = 64 * c + 64;
 	struct object *asked = calloc((size_t)n, sizeof(*asked));
 	struct object *later = calloc((size_t)m, sizeof(*later));
 	struct percpu_ref_managed_stats before;
