@@ -1469,8 +1469,7 @@ static void test_flush_no_memory(void)
 	 * off its CPU for the 50 ms that were all this waited had not warned
 	 * yet (a 100 ms sleep put before its warning: got 0).  So until the
 	 * warning comes (10 s at most), then 50 ms more for a second one. */
-	for (int polls = 0; percpuref_warning_count() == warned && polls < 10000; polls++)
-		usleep(1000);
+	(void)POLL_UNTIL(percpuref_warning_count() != warned);
 	usleep(50000);
 	is(percpuref_warning_count() - warned, 1, "one warning: the reclaimer did not retry");
 	is(percpu_ref_managed_flush(), 0, "the next flush succeeds");
@@ -1546,18 +1545,13 @@ static void test_scans_back_off_while_memory_short(void)
 		   PERCPU_REF_SCAN_FILTERED);
 }
 
-/* A pass opened since @before, within 10 s. */
-static bool pass_since(const struct percpu_ref_managed_stats *before)
+/* The reclaimer's complete passes so far. */
+static uint64_t passes_done(void)
 {
-	struct percpu_ref_managed_stats now;
+	struct percpu_ref_managed_stats stats;
 
-	for (int polls = 0; polls < 10000; polls++) {
-		percpu_ref_managed_get_stats(&now);
-		if (now.passes != before->passes)
-			return true;
-		usleep(1000);
-	}
-	return false;
+	percpu_ref_managed_get_stats(&stats);
+	return stats.passes;
 }
 
 /*
@@ -1574,8 +1568,8 @@ static void test_early_pass_backs_off_while_memory_short(void)
 	long cpus = sysconf(_SC_NPROCESSORS_CONF);
 	int i, n = 4096 + 64 * (int)(cpus > 0 ? cpus : 1);
 	struct object *objs = calloc((size_t)n, sizeof(*objs));
-	struct percpu_ref_managed_stats before;
 	unsigned long refused, warned;
+	uint64_t passes_before;
 
 	if (!objs) {
 		skip("early pass, short memory: no memory for %d objects", n);
@@ -1592,18 +1586,17 @@ static void test_early_pass_backs_off_while_memory_short(void)
 	/* Until the pass was refused and warned (10 s at most); then the
 	 * tries of 1 s: about 10 (the exits' own refused allocations, where
 	 * no spares are kept, come before). */
-	for (int polls = 0; percpuref_warning_count() == warned && polls < 10000; polls++)
-		usleep(1000);
+	(void)POLL_UNTIL(percpuref_warning_count() != warned);
 	refused = percpuref_fault_refused_allocs();
 	usleep(1000000);
 	refused = percpuref_fault_refused_allocs() - refused;
-	percpu_ref_managed_get_stats(&before);
+	passes_before = passes_done();
 	percpuref_fault_fail_nth_alloc(0);
 	ok(percpuref_warning_count() > warned && refused <= 16,
 	   "early pass, short memory: refused, then %lu tries in 1 s", refused);
 	/* Memory back: the ask's next try opens a pass, no flush needed
 	 * (the wait is 1,024 ms at most). */
-	ok(pass_since(&before),
+	ok(POLL_UNTIL(passes_done() != passes_before),
 	   "early pass, memory back: the ask kept opens a pass, no flush (1 h interval)");
 	is(percpu_ref_managed_flush(), 0, "early pass, memory back: a flush succeeds");
 	free(objs);
@@ -1631,8 +1624,8 @@ static void check_ask_without_thread(bool shutdown_refused, const char *what)
 	int c = (int)(cpus > 0 ? cpus : 1), i, n = 4096 + 192 * c, m = 64 * c + 64;
 	struct object *asked = calloc((size_t)n, sizeof(*asked));
 	struct object *later = calloc((size_t)m, sizeof(*later));
-	struct percpu_ref_managed_stats before;
 	unsigned long warned;
+	uint64_t passes_before;
 
 	if (!asked || !later) {
 		skip("%s: no memory for %d objects", what, n + m);
@@ -1652,17 +1645,16 @@ static void check_ask_without_thread(bool shutdown_refused, const char *what)
 	percpuref_fault_fail_nth_alloc(-1);
 	for (i = 0; i < n; i++)
 		percpu_ref_exit(&asked[i].ref);	/* ask: refused */
-	for (int polls = 0; percpuref_warning_count() == warned && polls < 10000; polls++)
-		usleep(1000);
-	ok(percpuref_warning_count() > warned, "%s: the ask was refused, and warned", what);
+	ok(POLL_UNTIL(percpuref_warning_count() != warned), "%s: the ask was refused, and warned",
+	   what);
 	if (shutdown_refused)
 		percpuref_shutdown();	/* its drain gives up */
 	percpuref_fault_fail_nth_alloc(0);
-	percpu_ref_managed_get_stats(&before);
+	passes_before = passes_done();
 	for (i = 0; i < m; i++)
 		percpu_ref_exit(&later[i].ref);	/* ask again */
-	ok(pass_since(&before), "%s: after memory came back, later exits got a pass (1 h "
-	   "interval, no flush)", what);
+	ok(POLL_UNTIL(passes_done() != passes_before), "%s: after memory came back, later exits "
+	   "got a pass (1 h interval, no flush)", what);
 	is(percpu_ref_managed_flush(), 0, "%s: a flush succeeds", what);
 	free(asked);
 	free(later);
