@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 # The uninstall target (cmake -P, from CMakeLists.txt): removes every file
-# the build's last installation listed in MANIFEST (its
-# install_manifest.txt, which names them without DESTDIR: a staged
-# installation is removed with the same DESTDIR), then each of the
+# the build's last installation listed in its manifest, which names them
+# without DESTDIR (a staged installation is removed with the same
+# DESTDIR), then each of the
 # package's own directories (include/percpuref, <libdir>/cmake/percpuref)
 # that this leaves empty.  A file already gone is said; one that cannot be
 # removed is said and fails the target once the others are removed, and
@@ -14,10 +14,26 @@
 # be absolute: the target runs in the build directory, not where the
 # installation ran.
 #
+# The target gives BUILD_DIR: the manifest is the newer of its
+# install_manifest.txt and install_manifest_Unspecified.txt, which an
+# installation of one component writes (every file of ours is in that
+# one; another component's manifest can list none).  -DMANIFEST names one
+# instead.
+#
 # The manifest is read line by line as text, never as a CMake list, and
 # directories are removed by rmdir, which refuses one that is not empty:
 # a path with "[" in it made a list of two lines one entry, and a glob
 # that saw a pattern in it found a directory empty that was not.
+if(NOT DEFINED MANIFEST)
+  set(MANIFEST "${BUILD_DIR}/install_manifest.txt")
+  set(component_manifest "${BUILD_DIR}/install_manifest_Unspecified.txt")
+  # IS_NEWER_THAN compares the times to the nanosecond where the file
+  # system keeps them, and is true both ways for equal times.
+  if(EXISTS "${component_manifest}" AND
+     (NOT EXISTS "${MANIFEST}" OR NOT "${MANIFEST}" IS_NEWER_THAN "${component_manifest}"))
+    set(MANIFEST "${component_manifest}")
+  endif()
+endif()
 if(NOT EXISTS "${MANIFEST}")
   message(FATAL_ERROR "uninstall: ${MANIFEST} not found: nothing was installed from this "
                       "build directory (cmake --install writes it)")

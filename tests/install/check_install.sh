@@ -14,13 +14,13 @@ build=$1 src=$(cd "$2" && pwd)
 stage=$(mktemp -d)
 # The installations below rewrite the build's install_manifest.txt, which
 # its uninstall target reads: the user's own installation's is put back.
+# So do those of one component's installations (install_manifest_*.txt).
 manifest="$build/install_manifest.txt"
-if [ -f "$manifest" ]; then
-  cp -p "$manifest" "$stage/manifest.saved"
-  trap 'mv -f "$stage/manifest.saved" "$manifest"; rm -rf "$stage"' EXIT
-else
-  trap 'rm -f "$manifest"; rm -rf "$stage"' EXIT
-fi
+mkdir "$stage/manifests.saved"
+find "$build" -maxdepth 1 -name 'install_manifest*.txt' -exec cp -p {} "$stage/manifests.saved" \;
+trap 'rm -f "$build"/install_manifest*.txt
+      find "$stage/manifests.saved" -type f -exec mv -f {} "$build" \;
+      rm -rf "$stage"' EXIT
 DESTDIR="$stage" cmake --install "$build" --prefix /opt/percpuref >/dev/null
 # Moved after installation: nothing may remember /opt/percpuref.
 mv "$stage/opt/percpuref" "$stage/moved"
@@ -242,12 +242,13 @@ fi
 # DESTDIR as the installation read it: a relative one is refused (the
 # target runs in the build directory), a backslash is a slash, a ':' a
 # ':' (file(TO_CMAKE_PATH) made it a ';'), a leading '~' $HOME.
-# Installs under DESTDIR=$1, as a user writes it, whose files land in $2:
-# as many as the first installation above; then an uninstall with the
-# same DESTDIR leaves none.
+# Installs under DESTDIR=$1, as a user writes it, whose files land in $2,
+# with the installation's further arguments after them: as many as the
+# first installation above; then an uninstall with the same DESTDIR
+# leaves none.
 uninstalls_all() {
   local files err=
-  DESTDIR="$1" cmake --install "$build" --prefix /opt/prefix >/dev/null
+  DESTDIR="$1" cmake --install "$build" --prefix /opt/prefix "${@:3}" >/dev/null
   files=$(find "$2" ! -type d | wc -l)
   if [ "$files" != "$installed" ] ||
      ! err=$(DESTDIR="$1" cmake --build "$build" --target uninstall 2>&1) ||
@@ -270,4 +271,10 @@ uninstalls_all "$stage/rel" "$stage/rel"
 uninstalls_all "$stage/back\\slash:colon" "$stage/back/slash:colon"
 # A DESTDIR of '~/…' (quoted: the shell left the '~') is under $HOME.
 HOME="$stage/home" uninstalls_all '~/tilde' "$stage/home/tilde"
-echo "ok - uninstall: a newline or ';' in the prefix refused, a file it cannot remove named, DESTDIR as installed"
+# An installation of one component (all of ours is "Unspecified") writes
+# install_manifest_Unspecified.txt, not install_manifest.txt (another
+# prefix here, so that the latter names none of its files): the
+# uninstall reads the newer manifest, whichever installation wrote it.
+uninstalls_all "$stage/component" "$stage/component" --component Unspecified --prefix /opt/component
+uninstalls_all "$stage/after-component" "$stage/after-component"
+echo "ok - uninstall: a newline or ';' in the prefix refused, a file it cannot remove named, DESTDIR as installed, one component's installation"
