@@ -461,6 +461,11 @@ static void labels_prcu_unmanaged_drain(struct labels_model *m)
  * here: the label a task checks against is pinned by the task's own
  * credential (condref's argument), so it cannot fail and costs nothing; the
  * store and the fence are what a hazard-pointer access costs.
+ *
+ * ThreadSanitizer does not model fences (gcc warns, -Wtsan).  Under it the
+ * protect is one seq_cst exchange, a full barrier as well, and the release
+ * has no fence: the check the fences order is the credential's reference,
+ * which TSan sees, and the scan's acquire loads pair with the clears.
  */
 struct labels_hazard_slot {
 	struct labels_label *label;	/* written by its thread only */
@@ -472,9 +477,14 @@ static __thread struct labels_hazard_slot *labels_hazard_mine;
 
 static inline __attribute__((always_inline)) void labels_hazard_protect(struct labels_label *l)
 {
+#ifdef __SANITIZE_THREAD__
+	/* Seq_cst: the fence below, in a form TSan models (see above). */
+	(void)__atomic_exchange_n(&labels_hazard_mine->label, l, __ATOMIC_SEQ_CST);
+#else
 	__atomic_store_n(&labels_hazard_mine->label, l, __ATOMIC_RELAXED);
 	/* Pairs with the fence in labels_hazard_release(). */
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
 }
 
 static inline __attribute__((always_inline)) void labels_hazard_clear(void)
@@ -488,8 +498,10 @@ static void labels_hazard_release(struct kref *kref)
 {
 	struct labels_label *l = labels_of(kref, count.kref);
 
+#ifndef __SANITIZE_THREAD__
 	/* Pairs with the fence in labels_hazard_protect(). */
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
 	for (unsigned int i = 0; i < labels_hazard_nslots; i++)
 		/* Acquire: pairs with labels_hazard_clear(). */
 		while (__atomic_load_n(&labels_hazard_slots[i].label, __ATOMIC_ACQUIRE) == l)
