@@ -23,7 +23,8 @@
 //!   entries, labels, anything shared with no natural owner, made at a
 //!   rate the reclaimer keeps up with: at the defaults it drops at most 20
 //!   values a second, and values made faster than that accumulate
-//!   ([`flush_managed`] drops every one that is unreferenced).
+//!   ([`flush_managed`] drops every one that is unreferenced when it is
+//!   called).
 //!
 //! ```
 //! use percpuref::{Owner, PcArc};
@@ -66,7 +67,12 @@
 //! reference went before the exit are dropped first, on the library's
 //! threads, as if [`wait_for_releases`] and [`flush_managed`] were called
 //! (a managed value whose `PcArc`s are all gone, an owner's value killed
-//! with no `PcArc` left); the exit waits for their `Drop`s.  A value
+//! with no `PcArc` left), and called again while they drop anything, up
+//! to 10,000 times: the values those `Drop`s release go too (a chain of
+//! managed values, each holding the next's only `PcArc`, one link a
+//! round; up to 0.3.19 four rounds, so four links); the exit waits for
+//! their `Drop`s.  A `Drop` that makes and drops a managed value each time
+//! stops at that limit, leaking the last one.  A value
 //! released after that (by a thread still running, or by the C library's
 //! own exit destructor) is leaked, not dropped, as Rust leaves values alive
 //! at exit.  That destructor runs on the exiting thread after its
@@ -269,8 +275,14 @@ mod exiting {
     use std::sync::Once;
 
     static EXITING: AtomicBool = AtomicBool::new(false);
-    /// The thread running the handler, while it runs (0: none).
+    /// The thread running the handler (0: none has run).
     static EXITING_THREAD: AtomicUsize = AtomicUsize::new(0);
+    /// Values dropped so far (release()): the handler's rounds go on while
+    /// it moves.
+    static DROPPED: AtomicUsize = AtomicUsize::new(0);
+    /// The most rounds the handler runs: a `Drop` that makes a new managed
+    /// value and drops it would keep it going for ever.
+    const MAX_ROUNDS: usize = 10_000;
     static REGISTER: Once = Once::new();
 
     extern "C" {
@@ -283,8 +295,10 @@ mod exiting {
     /// (their thread-locals are alive), then marks the exit.  Each call
     /// may be refused (EDEADLK: `exit` called from a value's `Drop` on a
     /// library thread, or inside a read-side section), which leaves those
-    /// values to the flag.  A `Drop` run here may release more values: a
-    /// few rounds take most chains, and what is left is leaked.  Where the
+    /// values to the flag.  A `Drop` run here may release more values (a
+    /// managed value holding the only `PcArc` of the next releases one
+    /// link a round): rounds go on while one drops anything, up to
+    /// `MAX_ROUNDS`, and what is left then is leaked.  Where the
     /// library's threads cannot start (a sandbox, a full `pids` cgroup),
     /// the C library runs that work on this thread instead, whose
     /// thread-locals the C library's `exit` destroyed before the handlers:
@@ -294,10 +308,16 @@ mod exiting {
         // its own id with it (release() on another thread sees 0 or an id
         // not its own).
         EXITING_THREAD.store(unsafe { pthread_self() }, Ordering::Relaxed);
-        for _ in 0..4 {
+        for _ in 0..MAX_ROUNDS {
+            // Relaxed: release() counts a drop before its callback
+            // returns, which the barrier and the flush wait for (the C
+            // library's happens-before); a drop on a thread they do not
+            // wait for only adds a round.
+            let dropped_before = DROPPED.load(Ordering::Relaxed);
             let killed = super::wait_for_releases();
             let flushed = super::flush_managed();
-            if killed.is_err() || flushed.is_err() {
+            if killed.is_err() || flushed.is_err() || DROPPED.load(Ordering::Relaxed) == dropped_before
+            {
                 break;
             }
         }
@@ -320,6 +340,12 @@ mod exiting {
                 atexit(drop_released_then_mark)
             };
         });
+    }
+
+    /// Counts a value dropped (see `DROPPED`).
+    pub(crate) fn count_drop() {
+        // Relaxed: see drop_released_then_mark().
+        DROPPED.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn now() -> bool {
@@ -393,6 +419,7 @@ unsafe extern "C" fn release<T>(counter: *mut sys::percpu_ref) {
         std::mem::forget(payload);
         std::process::abort();
     }
+    exiting::count_drop();
 }
 
 /// Boxes @value with an initialised counter holding one reference.
@@ -574,8 +601,10 @@ unsafe impl<T: Send + Sync + 'static> Sync for Owner<T> {}
 
 impl<T: Send + Sync + 'static> Owner<T> {
     /// Allocates the value with a per-CPU count holding the owner's
-    /// initial reference.  Fails (ENOMEM) when the per-CPU counter cannot
-    /// be allocated.
+    /// initial reference.  Fails (ENOMEM) when the per-CPU counter or the
+    /// C library's data for it cannot be allocated (the value is then
+    /// dropped); the `Box` holding the value aborts on allocation failure,
+    /// as everywhere in std.
     pub fn new(value: T) -> Result<Owner<T>, Error> {
         Ok(Owner { inner: allocate(value, 0)?, _owns: PhantomData })
     }
@@ -627,8 +656,11 @@ pub fn wait_for_releases() -> Result<(), Error> {
     check(unsafe { sys::percpu_ref_barrier() })
 }
 
-/// Makes the reclaimer drop, now, every managed value no `PcArc` holds;
-/// returns once they are dropped.  Not from a value's `Drop` (as
+/// Makes the reclaimer drop, now, every managed value no `PcArc` holds
+/// when it is called; returns once they are dropped.  Values their
+/// `Drop`s release wait for the next flush or scan: a chain of managed
+/// values, each holding the only `PcArc` of the next, loses one link a
+/// flush (the exit goes on until none is left; see the crate's docs).  Not from a value's `Drop` (as
 /// [`wait_for_releases`]).  Needs no thread: while none can start (thread
 /// creation refused) it scans on the calling thread and drops the values
 /// there, as [`wait_for_releases`] runs the kills' switches and drops.
@@ -691,7 +723,8 @@ pub fn prepare_unload() {
 /// on any thread (a kill handed over so is finished there, and `drain`
 /// does not wait for it).  The registration belongs to its thread, so it
 /// is neither `Send` nor `Sync`.  One that is never dropped (passed to
-/// `mem::forget`), or dropped inside a `Drop` that the library runs (it
+/// `mem::forget`), or dropped inside a `Drop` that a poll runs (or a wait
+/// that runs the queue itself, where no callback thread could start; it
 /// warns: `EDEADLK`), leaves the thread registered with nothing to poll:
 /// its later kills wait for its exit or the next [`wait_for_releases`],
 /// and `PollRegistration::new()` fails with `EALREADY` on it.  The token
@@ -808,13 +841,16 @@ mod tests {
     /// thread when its put was the last, never by the C library's exit
     /// destructor, which released them on the exiting thread after its
     /// thread-locals were gone (a `Drop` that asked for
-    /// `std::thread::current()` there panicked, which aborted the process).  The test runs itself again as a child
-    /// that makes a managed value and an owned one of that kind, drops the
-    /// last `PcArc` of one and kills the other, and exits; the child must
-    /// exit with status 0 having dropped both.
+    /// `std::thread::current()` there panicked, which aborted the process).
+    /// The test runs itself again as a child that makes a managed value and
+    /// an owned one of that kind, drops the last `PcArc` of one and kills
+    /// the other, drops a chain of managed values (each the only holder of
+    /// the next), and exits; the child must exit with status 0 having
+    /// dropped both values and every link.
     #[test]
     fn exit_drops_on_library_threads() {
         const CHILD: &str = "PERCPUREF_TEST_EXIT_CHILD";
+        const LINKS: usize = 64;
 
         if std::env::var_os(CHILD).is_some() {
             struct NeedsThread(&'static str);
@@ -826,6 +862,20 @@ mod tests {
             }
             drop(PcArc::new_managed(NeedsThread("managed")).unwrap());
             Owner::new(NeedsThread("owned")).unwrap().kill();
+            // A chain: each link's Drop releases the next one's only
+            // PcArc, which the next flush finds (one link a flush).
+            struct Link(Option<PcArc<Link>>, usize);
+            impl Drop for Link {
+                fn drop(&mut self) {
+                    eprintln!("dropped link {}", self.1);
+                }
+            }
+            let links: usize = std::env::var(CHILD).unwrap().parse().unwrap();
+            let mut chain = PcArc::new_managed(Link(None, 0)).unwrap();
+            for i in 1..links {
+                chain = PcArc::new_managed(Link(Some(chain), i)).unwrap();
+            }
+            drop(chain);
             std::process::exit(0);
         }
         let child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -835,7 +885,7 @@ mod tests {
             // before the kill's own put, which is then the last.
             .args(["--exact", "tests::exit_drops_on_library_threads", "--test-threads=1"])
             .arg("--nocapture")
-            .env(CHILD, "1")
+            .env(CHILD, LINKS.to_string())
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&child.stderr);
@@ -845,6 +895,48 @@ mod tests {
             "child's stderr: {}",
             stderr
         );
+        // Up to 0.3.19, four rounds of barrier and flush: four links.
+        let links = stderr.lines().filter(|l| l.starts_with("dropped link ")).count();
+        assert!(links == LINKS, "{} of the chain's {} links dropped:\n{}", links, LINKS, stderr);
+    }
+
+    /// At exit, a value whose `Drop` makes and drops another managed one
+    /// (for ever) keeps every round of the exit's drops busy: the rounds
+    /// stop at their limit, and the exit ends (status 0; within 60 s here,
+    /// where 10,000 rounds take about 0.3 s) with the last value leaked.
+    #[test]
+    fn exit_ends_when_each_drop_makes_another() {
+        const CHILD: &str = "PERCPUREF_TEST_EXIT_REGROW_CHILD";
+
+        if std::env::var_os(CHILD).is_some() {
+            struct Regrows;
+            impl Drop for Regrows {
+                fn drop(&mut self) {
+                    drop(PcArc::new_managed(Regrows).unwrap());
+                }
+            }
+            drop(PcArc::new_managed(Regrows).unwrap());
+            std::process::exit(0);
+        }
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "tests::exit_ends_when_each_drop_makes_another"])
+            .env(CHILD, "1")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("the child's exit did not end in 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert!(status.success(), "child: {:?}", status);
     }
 
     /// Runs the test @name alone in a child process of this binary, with
