@@ -834,7 +834,11 @@ static void fork_child(void)
 	 * that forked) goes on here. */
 	shutdowns_running = in_shutdown;
 	/* Only if the parent was set up (units counted): a child forked
-	 * before that sets itself up later, units and all. */
+	 * before that sets itself up later, units and all.  A parent on the
+	 * fallback path set its readers up already (a no-op here); one whose
+	 * rseq fast path was switched off (no membarrier, no migration) had
+	 * none, its threads counting without a unit: the child gets units
+	 * (one a CPU), fenced as its readers_setup() found membarrier. */
 	if (!percpuref_rseq_offset && percpuref_nr_cpu_units)
 		percpuref_readers_setup(percpuref_nr_cpu_units);
 	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)

@@ -10,7 +10,12 @@
  * that registered an rseq area of its own (librseq, tcmalloc) before the
  * library's first use, where glibc registered none: the library's probe
  * fails (EINVAL), it takes the fallback, exact, and says so once (it
- * said nothing: the program lost the fast path without knowing why).
+ * said nothing: the program lost the fast path without knowing why); and
+ * one that registers its own after the library abandoned its area
+ * (membarrier refused).  A fork from a thread that never used the library,
+ * beside one that did: the child keeps none of the other threads'
+ * registrations or counter caches.  The nomembarrier_ variants check that
+ * their readers are the ones for a refused membarrier.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -23,7 +28,9 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "fallback.h"
 #include "child.h"
+#include "sandbox.h"
 #include "signaller.h"
 #include "tap.h"
 
@@ -63,6 +70,13 @@ static void test_which_path(void)
 	   "percpuref_fast_path() names a known path");
 	if (want && *want)
 		ok(!strcmp(path, want), "fast path is %s as the variant expects (got %s)", want, path);
+	/* The nomembarrier_ variants: their readers are the sequentially
+	 * consistent ones, or those variants test the membarrier ones again. */
+	if (!strcmp(path, "fallback") && getenv("PERCPUREF_NO_MEMBARRIER") &&
+	    strcmp(getenv("PERCPUREF_NO_MEMBARRIER"), "0"))
+		/* Relaxed: set by the setup, before the first counter. */
+		ok(__atomic_load_n(&percpuref_readers_fence_needed, __ATOMIC_RELAXED),
+		   "PERCPUREF_NO_MEMBARRIER: the readers act as if membarrier were refused");
 }
 
 enum exit_how { BY_RETURN, BY_PTHREAD_EXIT, BY_CANCEL };
@@ -361,13 +375,165 @@ static void test_foreign_area(void)
 	else
 		is(status, 0, "an rseq area of the program's own: the fallback, exact, warned once");
 }
+
+/*
+ * Child, started with glibc's registration off and membarrier refused:
+ * the library registers an area of its own, finds it cannot fence rseq
+ * sections, and takes the fallback; the area it abandons is unregistered,
+ * so the program registers one of its own (librseq, tcmalloc) on that
+ * thread.  Exit status: 0; 77 no filter could be installed, or no area
+ * registered even before (skip); 2 not the fallback; 3 an own-area thread
+ * still counted; 4 the program's registration refused (the library's area
+ * left registered); 5 the count or release wrong.
+ */
+static int abandoned_area_child(void)
+{
+	if (refuse_membarrier())
+		return 77;
+	releases = 0;
+	percpu_ref_init(&ref, count_release, 0);
+	if (strcmp(percpuref_fast_path(), "fallback"))
+		return 2;
+	if (percpuref_rseq_own_threads() != 0)
+		return 3;
+	if (syscall(__NR_rseq, &foreign_area, (unsigned int)sizeof(foreign_area), 0,
+		    PERCPUREF_RSEQ_SIG) != 0)
+		return 4;
+	pairs();
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	if (releases != 1)
+		return 5;
+	percpu_ref_exit(&ref);
+	return 0;
+}
+
+static void test_abandoned_area(void)
+{
+	char tunable[] = "GLIBC_TUNABLES=glibc.pthread.rseq=0";
+	char *envp[] = { tunable, NULL };
+	int status;
+
+	if (getenv("PERCPUREF_TEST_EMULATOR")) {
+		skip("qemu-user has no rseq");
+		return;
+	}
+	status = run_mode_env("--abandoned-area", envp);
+	if (status == 77)
+		skip("no seccomp filter could be installed in the child");
+	else
+		is(status, 0, "an rseq area the library abandons (membarrier refused) is "
+			      "unregistered: the program registers its own");
+}
 #endif
+
+/*
+ * A fork from a thread that never used the library, while another thread
+ * has a counter cache, a registration and a section that may be open:
+ * the child, that one thread, has no registration of the parent's (its
+ * units and own-rseq count are the parent's threads'), walks a registry
+ * of counter caches that holds none of theirs (the others are freed in
+ * it: a registry kept as it was sent percpuref_get_counter_stats() round
+ * freed caches, for ever), and counts and fences exactly.
+ */
+static bool fork_beside_stop;
+static pthread_barrier_t fork_beside_started;
+
+static void *fork_beside_user(void *arg)
+{
+	struct percpu_ref own;
+
+	(void)arg;
+	for (int i = 0; i < 3; i++) {	/* a counter cache of its own */
+		percpu_ref_init(&own, NULL, 0);
+		percpu_ref_exit(&own);
+	}
+	pairs();			/* registered */
+	pthread_barrier_wait(&fork_beside_started);
+	/* Relaxed: a flag the main thread sets once. */
+	while (!__atomic_load_n(&fork_beside_stop, __ATOMIC_RELAXED))
+		pairs();
+	return NULL;
+}
+
+static void fork_beside_child(void)
+{
+	struct percpuref_counter_stats before, during, after;
+	struct percpu_ref mine;
+
+	child_deadline(20);	/* a hang fails the test, and says where */
+	if (registered_threads() != 0)
+		_exit(3);
+	percpuref_get_counter_stats(&before);
+	releases = 0;
+	if (percpu_ref_init(&mine, count_release, 0) != 0)
+		_exit(4);
+	percpuref_get_counter_stats(&during);
+	for (int i = 0; i < PAIRS; i++) {
+		percpu_ref_get(&mine);
+		percpu_ref_put(&mine);
+	}
+	percpu_ref_switch_to_atomic_sync(&mine);	/* a reader fence */
+	percpu_ref_kill(&mine);
+	if (percpu_ref_barrier() != 0 || releases != 1)
+		_exit(5);
+	percpu_ref_exit(&mine);
+	percpuref_get_counter_stats(&after);
+	if (during.in_use != before.in_use + 1 || after.in_use != before.in_use)
+		_exit(6);
+	_exit(0);
+}
+
+static void *fork_beside_forker(void *arg)
+{
+	int *status = arg;
+	pid_t pid;
+
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0)
+		fork_beside_child();
+	waitpid(pid, status, 0);
+	return NULL;
+}
+
+static void test_fork_beside_users(void)
+{
+	const char *why = fork_children_untestable();
+	pthread_t user, forker;
+	int status = -1;
+
+	if (why) {
+		skip("fork beside other users: %s", why);
+		return;
+	}
+	releases = 0;
+	percpu_ref_init(&ref, count_release, 0);
+	pthread_barrier_init(&fork_beside_started, NULL, 2);
+	pthread_create(&user, NULL, fork_beside_user, NULL);
+	pthread_barrier_wait(&fork_beside_started);
+	pthread_create(&forker, NULL, fork_beside_forker, &status);
+	pthread_join(forker, NULL);
+	__atomic_store_n(&fork_beside_stop, true, __ATOMIC_RELAXED);
+	pthread_join(user, NULL);
+	pthread_barrier_destroy(&fork_beside_started);
+	ok(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	   "fork from a thread that never used the library, beside one that did: "
+	   "no registration of the parent's, counter caches and counts exact (status %d)",
+	   status);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 1, "fork beside other users: the parent's count exact");
+	percpu_ref_exit(&ref);
+}
 
 int main(int argc, char **argv)
 {
 #if PERCPUREF_HAVE_RSEQ
 	if (argc > 1 && !strcmp(argv[1], "--foreign-area"))
 		return foreign_area_child();
+	if (argc > 1 && !strcmp(argv[1], "--abandoned-area"))
+		return abandoned_area_child();
 #endif
 	(void)argc;
 	(void)argv;
@@ -380,9 +546,11 @@ int main(int argc, char **argv)
 #ifndef __SANITIZE_THREAD__
 	test_fork();
 #endif
+	test_fork_beside_users();
 	test_signal_nesting();
 #if PERCPUREF_HAVE_RSEQ
 	test_foreign_area();
+	test_abandoned_area();
 #endif
 	return done_testing();
 }
