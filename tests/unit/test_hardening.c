@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "fallback.h"
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
@@ -922,10 +923,27 @@ static bool pairs_then_kill(struct object *o)
 	return !percpu_ref_barrier() && releases_of(o) == 1;
 }
 
+/* The calls that move this thread (the migration fence's, tid 0), counted
+ * (linked with --wrap=sched_setaffinity: tests/CMakeLists.txt). */
+static unsigned long self_moves;
+int __real_sched_setaffinity(pid_t tid, size_t size, const cpu_set_t *set);
+int __wrap_sched_setaffinity(pid_t tid, size_t size, const cpu_set_t *set)
+{
+	if (!tid)	/* Relaxed: read on this thread, after its own fences. */
+		__atomic_fetch_add(&self_moves, 1, __ATOMIC_RELAXED);
+	return __real_sched_setaffinity(tid, size, set);
+}
+
+/* Exit status 1-3: a count or release wrong (after the refusal: a kill, a
+ * sync switch, the managed and RCU releases); 4: membarrier not refused;
+ * 5: a fence after the first refused one moved this thread nowhere (with
+ * rseq, nothing else fences); 6: on the fallback path, the readers not
+ * told to fence themselves. */
 static int mode_seccomp(void)
 {
 	struct object a = { 0 }, b = { 0 }, m = { 0 };
 	struct robj r = { 0 };
+	unsigned long moves;
 
 	/* Start-up: the library and both its threads are running. */
 	percpu_ref_init(&a.ref, obj_release, 0);
@@ -940,7 +958,15 @@ static int mode_seccomp(void)
 		return 4;
 	if (!pairs_then_kill(&a))
 		return 1;
+	if (!strcmp(percpuref_fast_path(), "fallback") &&
+	    /* Relaxed: stored by this thread's own refused fence. */
+	    !__atomic_load_n(&percpuref_readers_fence_needed, __ATOMIC_RELAXED))
+		return 6;
+	moves = __atomic_load_n(&self_moves, __ATOMIC_RELAXED);
 	percpu_ref_switch_to_atomic_sync(&b.ref);
+	if (strcmp(percpuref_fast_path(), "fallback") &&
+	    __atomic_load_n(&self_moves, __ATOMIC_RELAXED) == moves)
+		return 5;
 	percpu_ref_kill(&b.ref);
 	if (releases_of(&b) != 1)
 		return 2;
