@@ -4,7 +4,8 @@
  * behind them: which path the process took (PERCPUREF_EXPECT_FAST_PATH, set
  * by the test variants), own rseq areas and fallback readers registered on
  * a thread's first call and given back when it exits by return,
- * pthread_exit or cancellation, a fork child that keeps its thread's
+ * pthread_exit or cancellation (the library's own area unregistered then,
+ * so that a later key destructor registers one), a fork child that keeps its thread's
  * registration, and counts that stay exact while a signal handler takes and
  * drops references in the middle of the thread's own calls.  And a program
  * that registered an rseq area of its own (librseq, tcmalloc) before the
@@ -182,6 +183,57 @@ static void test_thread_exit(enum exit_how how, const char *name)
 	is(releases, 1, "%s: count exact, released once", name);
 	percpu_ref_exit(&ref);
 }
+
+#if PERCPUREF_HAVE_RSEQ
+/*
+ * The library's own area is unregistered when its thread exits, not just
+ * uncounted: a key destructor of the program's, which runs after the
+ * library's exit hook, registers an area (librseq's does, in a thread's
+ * last destructors).  0 there, or the errno of the refusal.
+ */
+static struct percpuref_rseq_area after_exit_area;
+static pthread_key_t after_exit_key;
+static int after_exit_err = -1;
+
+static void register_after_exit(void *arg)
+{
+	(void)arg;
+	after_exit_err = syscall(__NR_rseq, &after_exit_area, (unsigned int)sizeof(after_exit_area),
+				 0, PERCPUREF_RSEQ_SIG) ? errno : 0;
+	if (!after_exit_err)	/* flags 1: RSEQ_FLAG_UNREGISTER */
+		syscall(__NR_rseq, &after_exit_area, (unsigned int)sizeof(after_exit_area), 1,
+			PERCPUREF_RSEQ_SIG);
+}
+
+static void *user_then_key(void *arg)
+{
+	(void)arg;
+	pairs();	/* registers the library's area */
+	pthread_setspecific(after_exit_key, &after_exit_key);
+	return NULL;
+}
+
+static void test_area_gone_at_exit(void)
+{
+	pthread_t t;
+
+	if (strcmp(percpuref_fast_path(), "rseq-own")) {
+		skip("the library's area at thread exit: the fast path is %s",
+		     percpuref_fast_path());
+		return;
+	}
+	percpu_ref_init(&ref, count_release, 0);
+	pthread_key_create(&after_exit_key, register_after_exit);
+	pthread_create(&t, NULL, user_then_key, NULL);
+	pthread_join(t, NULL);
+	pthread_key_delete(after_exit_key);
+	is(after_exit_err, 0, "the library's own rseq area is unregistered at thread exit: "
+			      "a later key destructor registers one (errno %d)", after_exit_err);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	percpu_ref_exit(&ref);
+}
+#endif
 
 static pthread_key_t late_key;
 
@@ -543,6 +595,9 @@ int main(int argc, char **argv)
 	test_thread_exit(BY_PTHREAD_EXIT, "pthread_exit");
 	test_thread_exit(BY_CANCEL, "cancellation");
 	test_first_call_in_key_destructor();
+#if PERCPUREF_HAVE_RSEQ
+	test_area_gone_at_exit();
+#endif
 #ifndef __SANITIZE_THREAD__
 	test_fork();
 #endif
