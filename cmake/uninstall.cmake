@@ -14,11 +14,13 @@
 # be absolute: the target runs in the build directory, not where the
 # installation ran.
 #
-# The target gives BUILD_DIR: the manifest is the newer of its
-# install_manifest.txt and install_manifest_Unspecified.txt, which an
-# installation of one component writes (every file of ours is in that
-# one; another component's manifest can list none).  -DMANIFEST names one
-# instead.
+# The target gives BUILD_DIR: the manifest is the one the last
+# installation wrote, install_manifest.txt, or install_manifest_<C>.txt
+# for an installation of component C (`--component Unspecified`: every
+# file of ours is in that one), as its last rule wrote C in
+# install_manifest.component (CMakeLists.txt).  Not the newer file: two
+# installations in one tick of a coarse clock (FAT, some NFS) tie.
+# -DMANIFEST names one instead.
 #
 # The manifest is read line by line as text, never as a CMake list, and
 # directories are removed by rmdir, which refuses one that is not empty:
@@ -26,12 +28,11 @@
 # that saw a pattern in it found a directory empty that was not.
 if(NOT DEFINED MANIFEST)
   set(MANIFEST "${BUILD_DIR}/install_manifest.txt")
-  set(component_manifest "${BUILD_DIR}/install_manifest_Unspecified.txt")
-  # IS_NEWER_THAN compares the times to the nanosecond where the file
-  # system keeps them, and is true both ways for equal times.
-  if(EXISTS "${component_manifest}" AND
-     (NOT EXISTS "${MANIFEST}" OR NOT "${MANIFEST}" IS_NEWER_THAN "${component_manifest}"))
-    set(MANIFEST "${component_manifest}")
+  if(EXISTS "${BUILD_DIR}/install_manifest.component")
+    file(READ "${BUILD_DIR}/install_manifest.component" component)
+    if(NOT component STREQUAL "")
+      set(MANIFEST "${BUILD_DIR}/install_manifest_${component}.txt")
+    endif()
   endif()
 endif()
 if(NOT EXISTS "${MANIFEST}")

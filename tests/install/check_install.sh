@@ -14,11 +14,14 @@ build=$1 src=$(cd "$2" && pwd)
 stage=$(mktemp -d)
 # The installations below rewrite the build's install_manifest.txt, which
 # its uninstall target reads: the user's own installation's is put back.
-# So do those of one component's installations (install_manifest_*.txt).
+# So do those of one component's installations (install_manifest_*.txt),
+# and the name of the last one's component (install_manifest.component).
+# A copy that fails stops the test before any installation ('+': find
+# fails with cp).
 manifest="$build/install_manifest.txt"
 mkdir "$stage/manifests.saved"
-find "$build" -maxdepth 1 -name 'install_manifest*.txt' -exec cp -p {} "$stage/manifests.saved" \;
-trap 'rm -f "$build"/install_manifest*.txt
+find "$build" -maxdepth 1 -name 'install_manifest*' -exec cp -p -t "$stage/manifests.saved" {} +
+trap 'rm -f "$build"/install_manifest*
       find "$stage/manifests.saved" -type f -exec mv -f {} "$build" \;
       rm -rf "$stage"' EXIT
 DESTDIR="$stage" cmake --install "$build" --prefix /opt/percpuref >/dev/null
@@ -274,7 +277,16 @@ HOME="$stage/home" uninstalls_all '~/tilde' "$stage/home/tilde"
 # An installation of one component (all of ours is "Unspecified") writes
 # install_manifest_Unspecified.txt, not install_manifest.txt (another
 # prefix here, so that the latter names none of its files): the
-# uninstall reads the newer manifest, whichever installation wrote it.
+# uninstall reads the last installation's manifest, whichever wrote it,
+# even where both have the same time (a coarse clock: FAT, some NFS).
+touch_both() { touch -r "$build/install_manifest_Unspecified.txt" "$manifest"; }
 uninstalls_all "$stage/component" "$stage/component" --component Unspecified --prefix /opt/component
 uninstalls_all "$stage/after-component" "$stage/after-component"
+DESTDIR="$stage/tie" cmake --install "$build" --prefix /opt/component --component Unspecified >/dev/null
+touch_both
+if ! err=$(DESTDIR="$stage/tie" cmake --build "$build" --target uninstall 2>&1) ||
+   [ -n "$(find "$stage/tie" ! -type d)" ]; then
+  echo "not ok - a component's installation, its manifest as old as the other: $err" >&2
+  exit 1
+fi
 echo "ok - uninstall: a newline or ';' in the prefix refused, a file it cannot remove named, DESTDIR as installed, one component's installation"
