@@ -835,10 +835,11 @@ static void fork_child(void)
 	shutdowns_running = in_shutdown;
 	/* Only if the parent was set up (units counted): a child forked
 	 * before that sets itself up later, units and all.  A parent on the
-	 * fallback path set its readers up already (a no-op here); one whose
+	 * fallback path had its units, which the child keeps
+	 * (readers_fork_child()), its membarrier probed again here; one whose
 	 * rseq fast path was switched off (no membarrier, no migration) had
 	 * none, its threads counting without a unit: the child gets units
-	 * (one a CPU), fenced as its readers_setup() found membarrier. */
+	 * (one a CPU), fenced as this probe finds membarrier. */
 	if (!percpuref_rseq_offset && percpuref_nr_cpu_units)
 		percpuref_readers_setup(percpuref_nr_cpu_units);
 	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
