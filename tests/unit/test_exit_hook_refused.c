@@ -24,6 +24,7 @@
 
 #include "internal.h"
 #include "percpuref/percpu_ref.h"
+#include "registrations.h"
 #include "tap.h"
 
 #define NR_REFS 64
@@ -57,11 +58,6 @@ static void count_release(struct percpu_ref *r)
 	__atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
 }
 
-/* Threads registered now on this process's path (0 under rseq-glibc). */
-static unsigned int registered_threads(void)
-{
-	return percpuref_rseq_own_threads() + percpuref_readers_registered();
-}
 
 struct refused_thread {
 	unsigned int registered_inside;	/* registered_threads() after its calls */

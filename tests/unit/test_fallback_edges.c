@@ -501,6 +501,27 @@ static bool wait_flag(int *flag)
 	return false;
 }
 
+/*
+ * The refs of the two cases below initialised, and @holder started and
+ * holding a section open in its handler: -1; else the case's exit status:
+ * 2 init failed, 3 no thread, 6 no signal landed in a section (0 under
+ * valgrind, which delivers signals where it likes: seldom in a section).
+ */
+static int start_holding_a_section(pthread_t *holder)
+{
+	if (percpu_ref_init(&ref, NULL, 0) || percpu_ref_init(&first_switched, NULL, 0) ||
+	    percpu_ref_init(&second_switched, NULL, 0))
+		return 2;
+	pairs(&ref, 10);	/* registered before any handler runs */
+	if (pthread_create(holder, NULL, section_holder, NULL))
+		return 3;
+	if (!wait_flag(&hold_caught)) {
+		pthread_join(*holder, NULL);
+		return UNDER_VALGRIND ? 0 : 6;
+	}
+	return -1;
+}
+
 /* Exit status 2: init failed; 3: no thread; 4: the fork failed or its child
  * did not exit with 0; 6: no signal landed in a section; 7: the first
  * switch never began, the fork never waited or ended while it was held;
@@ -510,20 +531,12 @@ static int case_fork_waits_first(void)
 {
 	pthread_t holder, first, forker, second;
 	bool fork_asleep, fork_ended, second_asleep, second_began;
-	int status;
+	int status, ret;
 
 	child_deadline(30);
-	if (percpu_ref_init(&ref, NULL, 0) || percpu_ref_init(&first_switched, NULL, 0) ||
-	    percpu_ref_init(&second_switched, NULL, 0))
-		return 2;
-	pairs(&ref, 10);	/* registered before any handler runs */
-	if (pthread_create(&holder, NULL, section_holder, NULL))
-		return 3;
-	if (!wait_flag(&hold_caught)) {
-		pthread_join(holder, NULL);
-		/* Valgrind delivers signals where it likes: seldom in a section. */
-		return UNDER_VALGRIND ? 0 : 6;
-	}
+	ret = start_holding_a_section(&holder);
+	if (ret >= 0)
+		return ret;
 	/* Its fence waits for the holder's section, with the read lock held. */
 	if (pthread_create(&first, NULL, first_switcher, NULL))
 		return 3;
@@ -580,19 +593,12 @@ static int case_fence_ticket(void)
 	pthread_t holder, first;
 	unsigned long before, stamp;
 	bool started;
+	int ret;
 
 	child_deadline(30);
-	if (percpu_ref_init(&ref, NULL, 0) || percpu_ref_init(&first_switched, NULL, 0) ||
-	    percpu_ref_init(&second_switched, NULL, 0))
-		return 2;
-	pairs(&ref, 10);	/* registered before any handler runs */
-	if (pthread_create(&holder, NULL, section_holder, NULL))
-		return 3;
-	if (!wait_flag(&hold_caught)) {
-		pthread_join(holder, NULL);
-		/* Valgrind delivers signals where it likes: seldom in a section. */
-		return UNDER_VALGRIND ? 0 : 6;
-	}
+	ret = start_holding_a_section(&holder);
+	if (ret >= 0)
+		return ret;
 	before = percpuref_fence_stamp();
 	if (pthread_create(&first, NULL, first_switcher, NULL))
 		return 3;
@@ -846,6 +852,20 @@ static int case_handler_release_pending(enum pending_action action)
 	return !trials && !UNDER_VALGRIND ? 6 : 0;
 }
 
+/* The case @mode, whose handler interrupts a section: there are sections
+ * only on the fallback path, and a handler runs in one never under
+ * ThreadSanitizer (it runs handlers at blocking calls).  @what: its
+ * verdict. */
+static void in_a_section_case(const char *mode, const char *what)
+{
+	if (UNDER_TSAN)
+		skip("%s: ThreadSanitizer runs no handler in a section", what);
+	else if (strcmp(percpuref_fast_path(), "fallback"))
+		skip("%s: no sections on %s", what, percpuref_fast_path());
+	else
+		is(run_mode(mode), 0, "%s", what);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "last-round"))
@@ -893,35 +913,12 @@ int main(int argc, char **argv)
 #else
 	skip("robust lock under a handler's fence: not glibc");
 #endif
-	/* A handler interrupts a section only on the fallback path, and
-	 * never under ThreadSanitizer (it runs handlers at blocking calls). */
-	if (UNDER_TSAN)
-		skip("fork from a handler inside a section: ThreadSanitizer runs no handler there");
-	else if (strcmp(percpuref_fast_path(), "fallback"))
-		skip("fork from a handler inside a section: no sections on %s", percpuref_fast_path());
-	else
-		is(run_mode("handler-fork"), 0,
-		   "a handler inside a section forks while another thread fences");
-	/* Forks with threads running, which ThreadSanitizer cannot follow. */
-	if (UNDER_TSAN)
-		skip("a fork waiting for a sync switch goes first: ThreadSanitizer runs no handler "
-		     "there");
-	else if (strcmp(percpuref_fast_path(), "fallback"))
-		skip("a fork waiting for a sync switch goes first: no sections on %s",
-		     percpuref_fast_path());
-	else
-		is(run_mode("fork-waits-first"), 0,
-		   "a fork waiting for a sync switch goes before switches started meanwhile");
-	/* A handler holds a section open: the fallback path, no TSan. */
-	if (UNDER_TSAN)
-		skip("a fence covers only what was stamped before it: ThreadSanitizer runs no "
-		     "handler there");
-	else if (strcmp(percpuref_fast_path(), "fallback"))
-		skip("a fence covers only what was stamped before it: no sections on %s",
-		     percpuref_fast_path());
-	else
-		is(run_mode("fence-ticket"), 0,
-		   "a fence covers only what was stamped before it started, the next one the rest");
+	in_a_section_case("handler-fork",
+			  "a handler inside a section forks while another thread fences");
+	in_a_section_case("fork-waits-first",
+			  "a fork waiting for a sync switch goes before switches started meanwhile");
+	in_a_section_case("fence-ticket", "a fence covers only what was stamped before it "
+					  "started, the next one the rest");
 	if (UNDER_TSAN) {
 		skip("a deferred release's ref zeroed again: ThreadSanitizer runs no handler there");
 		skip("a deferred release's ref zeroed again elsewhere: ThreadSanitizer runs no "

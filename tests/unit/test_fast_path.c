@@ -31,6 +31,7 @@
 #include "internal.h"
 #include "fallback.h"
 #include "child.h"
+#include "registrations.h"
 #include "sandbox.h"
 #include "signaller.h"
 #include "tap.h"
@@ -47,11 +48,6 @@ static void count_release(struct percpu_ref *r)
 	__atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
 }
 
-/* Threads registered now on this process's path (0 under rseq-glibc). */
-static unsigned int registered_threads(void)
-{
-	return percpuref_rseq_own_threads() + percpuref_readers_registered();
-}
 
 static void pairs(void)
 {
@@ -185,6 +181,13 @@ static void test_thread_exit(enum exit_how how, const char *name)
 }
 
 #if PERCPUREF_HAVE_RSEQ
+/* rseq(2) on @area for this thread: flags 0 registers, 1 unregisters
+ * (RSEQ_FLAG_UNREGISTER); 0 or -1 (errno). */
+static long rseq_call(struct percpuref_rseq_area *area, int flags)
+{
+	return syscall(__NR_rseq, area, (unsigned int)sizeof(*area), flags, PERCPUREF_RSEQ_SIG);
+}
+
 /*
  * The library's own area is unregistered when its thread exits, not just
  * uncounted: a key destructor of the program's, which runs after the
@@ -198,11 +201,9 @@ static int after_exit_err = -1;
 static void register_after_exit(void *arg)
 {
 	(void)arg;
-	after_exit_err = syscall(__NR_rseq, &after_exit_area, (unsigned int)sizeof(after_exit_area),
-				 0, PERCPUREF_RSEQ_SIG) ? errno : 0;
-	if (!after_exit_err)	/* flags 1: RSEQ_FLAG_UNREGISTER */
-		syscall(__NR_rseq, &after_exit_area, (unsigned int)sizeof(after_exit_area), 1,
-			PERCPUREF_RSEQ_SIG);
+	after_exit_err = rseq_call(&after_exit_area, 0) ? errno : 0;
+	if (!after_exit_err)
+		rseq_call(&after_exit_area, 1);
 }
 
 static void *user_then_key(void *arg)
@@ -383,6 +384,38 @@ static void test_signal_nesting(void)
 /* An area of the program's own, as librseq registers. */
 static struct percpuref_rseq_area foreign_area;
 
+/* The children's last step: pairs on ref, its kill: released once? */
+static bool pairs_released_once(void)
+{
+	pairs();
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	if (releases != 1)
+		return false;
+	percpu_ref_exit(&ref);
+	return true;
+}
+
+/* Runs the child @mode with glibc's rseq registration off, so that the
+ * library registers areas of its own: its status is the verdict on
+ * @what, 77 a skip for @why_not. */
+static void child_without_glibc_rseq(const char *mode, const char *what, const char *why_not)
+{
+	char tunable[] = "GLIBC_TUNABLES=glibc.pthread.rseq=0";
+	char *envp[] = { tunable, NULL };
+	int status;
+
+	if (getenv("PERCPUREF_TEST_EMULATOR")) {
+		skip("%s: qemu-user has no rseq", what);
+		return;
+	}
+	status = run_mode_env(mode, envp);
+	if (status == 77)
+		skip("%s: %s", what, why_not);
+	else
+		is(status, 0, "%s", what);
+}
+
 /*
  * Child, started with glibc's registration off: registers foreign_area,
  * then uses the library.  Exit status: 0; 77 this kernel or glibc left no
@@ -393,8 +426,7 @@ static int foreign_area_child(void)
 {
 	unsigned long warned = percpuref_warning_count();
 
-	if (syscall(__NR_rseq, &foreign_area, (unsigned int)sizeof(foreign_area), 0,
-		    PERCPUREF_RSEQ_SIG) != 0)
+	if (rseq_call(&foreign_area, 0) != 0)
 		return 77;
 	releases = 0;
 	percpu_ref_init(&ref, count_release, 0);
@@ -402,31 +434,9 @@ static int foreign_area_child(void)
 		return 2;
 	if (percpuref_warning_count() - warned != 1)
 		return 3;
-	pairs();
-	percpu_ref_kill(&ref);
-	percpu_ref_barrier();
-	if (releases != 1)
-		return 4;
-	percpu_ref_exit(&ref);
-	return 0;
+	return pairs_released_once() ? 0 : 4;
 }
 
-static void test_foreign_area(void)
-{
-	char tunable[] = "GLIBC_TUNABLES=glibc.pthread.rseq=0";
-	char *envp[] = { tunable, NULL };
-	int status;
-
-	if (getenv("PERCPUREF_TEST_EMULATOR")) {
-		skip("qemu-user has no rseq");
-		return;
-	}
-	status = run_mode_env("--foreign-area", envp);
-	if (status == 77)
-		skip("no rseq area could be registered in the child");
-	else
-		is(status, 0, "an rseq area of the program's own: the fallback, exact, warned once");
-}
 
 /*
  * Child, started with glibc's registration off and membarrier refused:
@@ -441,11 +451,7 @@ static void test_foreign_area(void)
  */
 static int abandoned_area_child(void)
 {
-	/* flags 1: RSEQ_FLAG_UNREGISTER */
-	if (syscall(__NR_rseq, &foreign_area, (unsigned int)sizeof(foreign_area), 0,
-		    PERCPUREF_RSEQ_SIG) != 0 ||
-	    syscall(__NR_rseq, &foreign_area, (unsigned int)sizeof(foreign_area), 1,
-		    PERCPUREF_RSEQ_SIG) != 0)
+	if (rseq_call(&foreign_area, 0) != 0 || rseq_call(&foreign_area, 1) != 0)
 		return 77;
 	if (refuse_membarrier())
 		return 77;
@@ -455,35 +461,11 @@ static int abandoned_area_child(void)
 		return 2;
 	if (percpuref_rseq_own_threads() != 0)
 		return 3;
-	if (syscall(__NR_rseq, &foreign_area, (unsigned int)sizeof(foreign_area), 0,
-		    PERCPUREF_RSEQ_SIG) != 0)
+	if (rseq_call(&foreign_area, 0) != 0)
 		return 4;
-	pairs();
-	percpu_ref_kill(&ref);
-	percpu_ref_barrier();
-	if (releases != 1)
-		return 5;
-	percpu_ref_exit(&ref);
-	return 0;
+	return pairs_released_once() ? 0 : 5;
 }
 
-static void test_abandoned_area(void)
-{
-	char tunable[] = "GLIBC_TUNABLES=glibc.pthread.rseq=0";
-	char *envp[] = { tunable, NULL };
-	int status;
-
-	if (getenv("PERCPUREF_TEST_EMULATOR")) {
-		skip("qemu-user has no rseq");
-		return;
-	}
-	status = run_mode_env("--abandoned-area", envp);
-	if (status == 77)
-		skip("the library's abandoned area: no rseq area, or no seccomp filter, in the child");
-	else
-		is(status, 0, "an rseq area the library abandons (membarrier refused) is "
-			      "unregistered: the program registers its own");
-}
 #endif
 
 /*
@@ -611,8 +593,13 @@ int main(int argc, char **argv)
 	test_fork_beside_users();
 	test_signal_nesting();
 #if PERCPUREF_HAVE_RSEQ
-	test_foreign_area();
-	test_abandoned_area();
+	child_without_glibc_rseq("--foreign-area",
+				 "an rseq area of the program's own: the fallback, exact, warned once",
+				 "no rseq area could be registered in the child");
+	child_without_glibc_rseq("--abandoned-area",
+				 "an rseq area the library abandons (membarrier refused) is "
+				 "unregistered: the program registers its own",
+				 "no rseq area, or no seccomp filter, in the child");
 #endif
 	return done_testing();
 }
