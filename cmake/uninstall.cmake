@@ -15,12 +15,15 @@
 # installation ran.
 #
 # The target gives BUILD_DIR: the manifest is the one the last
-# installation wrote, install_manifest.txt, or install_manifest_<C>.txt
-# for an installation of component C (`--component Unspecified`: every
-# file of ours is in that one), as its last rule wrote C in
-# install_manifest.component (CMakeLists.txt).  Not the newer file: two
-# installations in one tick of a coarse clock (FAT, some NFS) tie.
-# -DMANIFEST names one instead.
+# installation of our files wrote (an installation of another component
+# installs none and leaves the name alone), install_manifest.txt, or
+# install_manifest_<C>.txt for an installation of component C
+# (`--component Unspecified`: every file of ours is in that one), as its
+# last rule wrote C in install_manifest.component (CMakeLists.txt).  Not
+# the newer file: two installations in one tick of a coarse clock (FAT,
+# some NFS) tie.  A build directory whose last installation predates that
+# rule has no name: install_manifest.txt, as before.  -DMANIFEST names
+# one instead.
 #
 # The manifest is read line by line as text, never as a CMake list, and
 # directories are removed by rmdir, which refuses one that is not empty:
