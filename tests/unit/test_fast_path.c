@@ -5,8 +5,9 @@
  * by the test variants), own rseq areas and fallback readers registered on
  * a thread's first call and given back when it exits by return,
  * pthread_exit or cancellation (the library's own area unregistered then,
- * so that a later key destructor registers one), a fork child that keeps its thread's
- * registration, and counts that stay exact while a signal handler takes and
+ * so that a later key destructor registers one), every fallback unit
+ * claimable, a fork child that keeps its thread's registration, and
+ * counts that stay exact while a signal handler takes and
  * drops references in the middle of the thread's own calls.  And a program
  * that registered an rseq area of its own (librseq, tcmalloc) before the
  * library's first use, where glibc registered none: the library's probe
@@ -177,6 +178,57 @@ static void test_thread_exit(enum exit_how how, const char *name)
 	percpu_ref_kill(&ref);
 	percpu_ref_barrier();
 	is(releases, 1, "%s: count exact, released once", name);
+	percpu_ref_exit(&ref);
+}
+
+/*
+ * On the fallback path every unit can be claimed: as many threads as
+ * units, each registered at once, hold one each, and one more holds none
+ * (it counts without one).  A unit no claim reached cost a thread its
+ * unit, for nothing.
+ */
+static pthread_barrier_t units_claimed, units_go;
+
+static void *unit_holder(void *arg)
+{
+	(void)arg;
+	pairs();
+	pthread_barrier_wait(&units_claimed);
+	pthread_barrier_wait(&units_go);
+	return NULL;
+}
+
+static void test_every_unit_claimable(void)
+{
+	unsigned int units = percpuref_nr_units(), before, holding, i, extra;
+	pthread_t *t;
+
+	if (strcmp(percpuref_fast_path(), "fallback")) {
+		skip("every unit claimable: no units on %s", percpuref_fast_path());
+		return;
+	}
+	releases = 0;
+	percpu_ref_init(&ref, count_release, 0);
+	pairs();		/* this thread holds one */
+	before = registered_threads();
+	extra = units - before + 1;
+	t = calloc(extra, sizeof(*t));
+	pthread_barrier_init(&units_claimed, NULL, extra + 1);
+	pthread_barrier_init(&units_go, NULL, extra + 1);
+	for (i = 0; i < extra; i++)
+		pthread_create(&t[i], NULL, unit_holder, NULL);
+	pthread_barrier_wait(&units_claimed);
+	holding = registered_threads();
+	pthread_barrier_wait(&units_go);
+	for (i = 0; i < extra; i++)
+		pthread_join(t[i], NULL);
+	pthread_barrier_destroy(&units_claimed);
+	pthread_barrier_destroy(&units_go);
+	free(t);
+	is(holding, units, "every one of the %u units claimable, and no more", units);
+	percpu_ref_kill(&ref);
+	percpu_ref_barrier();
+	is(releases, 1, "every unit held: count exact, released once");
 	percpu_ref_exit(&ref);
 }
 
@@ -584,6 +636,7 @@ int main(int argc, char **argv)
 	test_thread_exit(BY_PTHREAD_EXIT, "pthread_exit");
 	test_thread_exit(BY_CANCEL, "cancellation");
 	test_first_call_in_key_destructor();
+	test_every_unit_claimable();
 #if PERCPUREF_HAVE_RSEQ
 	test_area_gone_at_exit();
 #endif
