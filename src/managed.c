@@ -546,6 +546,19 @@ static unsigned long exits_to_count(void)
  * frees (a count ahead of the nodes by as much, which asks for a pass
  * that much sooner).
  */
+/*
+ * managed_lock.  An early pass asked for with no thread to serve it (one
+ * that could not start for the exit that asked, or a shutdown whose drain
+ * gave up) is withdrawn: the ask kept later exits from asking, so the
+ * next counted exit asks again, and starts one.  Relaxed, as the exchange
+ * in percpuref_managed_exited(): a flag that orders nothing.
+ */
+static void withdraw_unserved_early_pass_ask(void)
+{
+	if (!thread.running)
+		__atomic_store_n(&early_pass_asked, false, __ATOMIC_RELAXED);
+}
+
 void percpuref_managed_exited(void)
 {
 	unsigned long exited, counted = exits_to_count();
@@ -562,9 +575,8 @@ void percpuref_managed_exited(void)
 	early_target = passes_started + 1;
 	if (ensure_thread())
 		pthread_cond_signal(&wake);
-	else	/* No thread to serve it: the next counted exit asks again.
-		 * Relaxed, as the exchange: a flag that orders nothing. */
-		__atomic_store_n(&early_pass_asked, false, __ATOMIC_RELAXED);
+	else
+		withdraw_unserved_early_pass_ask();
 	pthread_mutex_unlock(&managed_lock);
 }
 
@@ -1248,13 +1260,9 @@ PERCPUREF_API void percpuref_shutdown(void)
 		worked |= thread.running || rcu_head;
 		pthread_mutex_unlock(&managed_lock);
 	} while (worked && !percpuref_outside_work_since(outside));
-	/* An early pass asked for that drain() gave up on (memory refused)
-	 * has no thread to run it, and the ask kept later exits from asking:
-	 * the next counted exit asks again, and starts one.  Relaxed, as the
-	 * exchange in percpuref_managed_exited(): a flag that orders nothing. */
+	/* An early pass asked for that drain() gave up on (memory refused). */
 	pthread_mutex_lock(&managed_lock);
-	if (!thread.running)
-		__atomic_store_n(&early_pass_asked, false, __ATOMIC_RELAXED);
+	withdraw_unserved_early_pass_ask();
 	pthread_mutex_unlock(&managed_lock);
 	percpuref_shutdown_end();
 	percpuref_cancel_restore(cancel);
