@@ -279,11 +279,10 @@ HOME="$stage/home" uninstalls_all '~/tilde' "$stage/home/tilde"
 # prefix here, so that the latter names none of its files): the
 # uninstall reads the last installation's manifest, whichever wrote it,
 # even where both have the same time (a coarse clock: FAT, some NFS).
-touch_both() { touch -r "$build/install_manifest_Unspecified.txt" "$manifest"; }
 uninstalls_all "$stage/component" "$stage/component" --component Unspecified --prefix /opt/component
 uninstalls_all "$stage/after-component" "$stage/after-component"
 DESTDIR="$stage/tie" cmake --install "$build" --prefix /opt/component --component Unspecified >/dev/null
-touch_both
+touch -r "$build/install_manifest_Unspecified.txt" "$manifest"
 if ! err=$(DESTDIR="$stage/tie" cmake --build "$build" --target uninstall 2>&1) ||
    [ -n "$(find "$stage/tie" ! -type d)" ]; then
   echo "not ok - a component's installation, its manifest as old as the other: $err" >&2

@@ -58,6 +58,13 @@ static void count_release(struct percpu_ref *r)
 	__atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
 }
 
+static void pairs(void)
+{
+	for (int i = 0; i < PAIRS; i++) {
+		percpu_ref_get(&shared);
+		percpu_ref_put(&shared);
+	}
+}
 
 struct refused_thread {
 	unsigned int registered_inside;	/* registered_threads() after its calls */
@@ -79,10 +86,7 @@ static void *refused_user(void *arg)
 	static struct percpu_ref own[NR_REFS];
 
 	refuse_hooks = true;
-	for (int i = 0; i < PAIRS; i++) {
-		percpu_ref_get(&shared);
-		percpu_ref_put(&shared);
-	}
+	pairs();
 	for (int i = 0; i < NR_REFS; i++)
 		percpu_ref_init(&own[i], count_own_release, PERCPU_REF_INIT_ATOMIC);
 	for (int i = 0; i < NR_REFS; i++) {
@@ -108,10 +112,7 @@ int main(void)
 
 	printf("# fast path: %s\n", percpuref_fast_path());
 	percpu_ref_init(&shared, count_release, 0);
-	for (int i = 0; i < PAIRS; i++) {	/* this thread registered */
-		percpu_ref_get(&shared);
-		percpu_ref_put(&shared);
-	}
+	pairs();	/* this thread registered */
 	before = registered_threads();
 	percpuref_get_counter_stats(&before_stats);
 	pthread_create(&thread, NULL, refused_user, &t);

@@ -493,12 +493,7 @@ static void *second_switcher(void *arg)
 /* Until @flag reads true, for at most 10 s: true if it did. */
 static bool wait_flag(int *flag)
 {
-	for (int ms = 0; ms < 10000; ms++) {
-		if (__atomic_load_n(flag, __ATOMIC_SEQ_CST))
-			return true;
-		usleep(1000);
-	}
-	return false;
+	return POLL_UNTIL(__atomic_load_n(flag, __ATOMIC_SEQ_CST));
 }
 
 /*
@@ -540,9 +535,7 @@ static int case_fork_waits_first(void)
 	/* Its fence waits for the holder's section, with the read lock held. */
 	if (pthread_create(&first, NULL, first_switcher, NULL))
 		return 3;
-	for (int ms = 0; ms < 10000 && !is_atomic(&first_switched); ms++)
-		usleep(1000);
-	if (!is_atomic(&first_switched))
+	if (!POLL_UNTIL(is_atomic(&first_switched)))
 		return 7;
 	if (pthread_create(&forker, NULL, waiting_forker, NULL))
 		return 3;
@@ -603,9 +596,7 @@ static int case_fence_ticket(void)
 	if (pthread_create(&first, NULL, first_switcher, NULL))
 		return 3;
 	/* Its fence has its ticket and waits for the holder's section. */
-	for (int ms = 0; ms < 10000 && !percpuref_fence_started_after(before); ms++)
-		usleep(1000);
-	started = percpuref_fence_started_after(before);
+	started = POLL_UNTIL(percpuref_fence_started_after(before));
 	stamp = percpuref_fence_stamp();
 	__atomic_store_n(&hold_released, 1, __ATOMIC_SEQ_CST);
 	pthread_join(holder, NULL);

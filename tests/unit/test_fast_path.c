@@ -49,7 +49,6 @@ static void count_release(struct percpu_ref *r)
 	__atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
 }
 
-
 static void pairs(void)
 {
 	for (int i = 0; i < PAIRS; i++) {
@@ -61,6 +60,7 @@ static void pairs(void)
 static void test_which_path(void)
 {
 	const char *want = getenv("PERCPUREF_EXPECT_FAST_PATH");
+	const char *no_membarrier = getenv("PERCPUREF_NO_MEMBARRIER");
 	const char *path = percpuref_fast_path();
 
 	printf("# fast path: %s\n", path);
@@ -70,8 +70,7 @@ static void test_which_path(void)
 		ok(!strcmp(path, want), "fast path is %s as the variant expects (got %s)", want, path);
 	/* The nomembarrier_ variants: their readers are the sequentially
 	 * consistent ones, or those variants test the membarrier ones again. */
-	if (!strcmp(path, "fallback") && getenv("PERCPUREF_NO_MEMBARRIER") &&
-	    strcmp(getenv("PERCPUREF_NO_MEMBARRIER"), "0"))
+	if (!strcmp(path, "fallback") && no_membarrier && strcmp(no_membarrier, "0"))
 		/* Relaxed: set by the setup, before the first counter. */
 		ok(__atomic_load_n(&percpuref_readers_fence_needed, __ATOMIC_RELAXED),
 		   "PERCPUREF_NO_MEMBARRIER: the readers act as if membarrier were refused");
@@ -489,7 +488,6 @@ static int foreign_area_child(void)
 	return pairs_released_once() ? 0 : 4;
 }
 
-
 /*
  * Child, started with glibc's registration off and membarrier refused:
  * the library registers an area of its own, finds it cannot fence rseq
@@ -517,7 +515,6 @@ static int abandoned_area_child(void)
 		return 4;
 	return pairs_released_once() ? 0 : 5;
 }
-
 #endif
 
 /*

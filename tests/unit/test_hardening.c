@@ -944,6 +944,7 @@ static int mode_seccomp(void)
 	struct object a = { 0 }, b = { 0 }, m = { 0 };
 	struct robj r = { 0 };
 	unsigned long moves;
+	bool fallback;
 
 	/* Start-up: the library and both its threads are running. */
 	percpu_ref_init(&a.ref, obj_release, 0);
@@ -958,14 +959,14 @@ static int mode_seccomp(void)
 		return 4;
 	if (!pairs_then_kill(&a))
 		return 1;
-	if (!strcmp(percpuref_fast_path(), "fallback") &&
+	fallback = !strcmp(percpuref_fast_path(), "fallback");
+	if (fallback &&
 	    /* Relaxed: stored by this thread's own refused fence. */
 	    !__atomic_load_n(&percpuref_readers_fence_needed, __ATOMIC_RELAXED))
 		return 6;
 	moves = __atomic_load_n(&self_moves, __ATOMIC_RELAXED);
 	percpu_ref_switch_to_atomic_sync(&b.ref);
-	if (strcmp(percpuref_fast_path(), "fallback") &&
-	    __atomic_load_n(&self_moves, __ATOMIC_RELAXED) == moves)
+	if (!fallback && __atomic_load_n(&self_moves, __ATOMIC_RELAXED) == moves)
 		return 5;
 	percpu_ref_kill(&b.ref);
 	if (releases_of(&b) != 1)

@@ -307,9 +307,8 @@ mod exiting {
     /// managed value holding the only `PcArc` of the next releases at
     /// least one link a round): rounds go on while one drops anything, none
     /// starting after `ROUNDS_BUDGET`, and what is left then is leaked.
-    /// Where the
-    /// library's threads cannot start (a sandbox, a full `pids` cgroup),
-    /// the C library runs that work on this thread instead, whose
+    /// Where the library's threads cannot start (a sandbox, a full `pids`
+    /// cgroup), the C library runs that work on this thread instead, whose
     /// thread-locals the C library's `exit` destroyed before the handlers:
     /// what would be dropped here is leaked (see `on_exiting_thread()`).
     extern "C" fn drop_released_then_mark() {
