@@ -705,6 +705,10 @@ expect 2 signal1 --limit -1
 expect 2 switch-storm --in-flight 0
 expect 2 switch-storm --in-flight 65
 expect 2 switch-storm --batch 0
+# In range one by one, but thread_init fills --in-flight - 1 batches before
+# the start barrier, where nothing stops it: 63 x 4096 x 10^6 pairs ran out
+# --hang-limit and failed after 60 s as a hang.
+expect 2 switch-storm --batch 4096 --burst 1000000 --in-flight 64 --threads 1 --variants kill $short
 # A limit below the largest row's workers: refused before the first row
 # runs (it used to die at that row, the earlier rows' results lost).
 expect 2 signal1 --limit 1 --threads 1,2 --variants global $short
