@@ -32,6 +32,20 @@
 
 #include "harness.h"
 
+extern char **environ;
+
+/*
+ * An environment entry the library reads (PERCPUREF_NO_MEMBARRIER, the
+ * reclaimer's PERCPUREF_SCAN_*, ...): named with every run, as the table's
+ * "fast path" line does not tell them apart (a fallback run under
+ * PERCPUREF_NO_MEMBARRIER=1, whose readers fence, took 3 times as long a
+ * pair).
+ */
+static bool library_setting(const char *entry)
+{
+	return !strncmp(entry, "PERCPUREF_", 10) && strchr(entry, '=');
+}
+
 static void center(FILE *out, const char *s, int width)
 {
 	int len = (int)strlen(s), left = (width - len) / 2;
@@ -342,6 +356,9 @@ void report_table(FILE *out, const struct report *r)
 	fprintf(out, "%s: %s\n", r->workload->name, r->workload->help);
 	print_machine(out, topo);
 	fprintf(out, "fast path: %s\n", r->fast_path);
+	for (char **e = environ; *e; e++)
+		if (library_setting(*e))
+			fprintf(out, "environment: %s\n", *e);
 	if (r->library_cpus)
 		fprintf(out, "library threads: CPUs %s\n", r->library_cpus);
 	else
@@ -412,11 +429,12 @@ void report_table(FILE *out, const struct report *r)
 	fflush(out);
 }
 
-/* A JSON string: quotes, backslashes and control characters escaped. */
-static void json_string(FILE *out, const char *s)
+/* @len bytes of @s as a JSON string: quotes, backslashes and control
+ * characters escaped. */
+static void json_string_n(FILE *out, const char *s, size_t len)
 {
 	fputc('"', out);
-	for (; *s; s++) {
+	for (; len--; s++) {
 		unsigned char c = *s;
 
 		if (c == '"' || c == '\\')
@@ -427,6 +445,31 @@ static void json_string(FILE *out, const char *s)
 			fputc(c, out);
 	}
 	fputc('"', out);
+}
+
+static void json_string(FILE *out, const char *s)
+{
+	json_string_n(out, s, strlen(s));
+}
+
+/* {"NAME": "value", ...} for each library_setting() entry. */
+static void json_environment(FILE *out)
+{
+	const char *separator = "";
+
+	fprintf(out, ",\"environment\":{");
+	for (char **e = environ; *e; e++) {
+		const char *eq = strchr(*e, '=');
+
+		if (!library_setting(*e))
+			continue;
+		fputs(separator, out);
+		json_string_n(out, *e, (size_t)(eq - *e));
+		fputc(':', out);
+		json_string(out, eq + 1);
+		separator = ",";
+	}
+	fputc('}', out);
 }
 
 /* A JSON number, or null for what JSON cannot hold (inf, nan). */
@@ -580,6 +623,7 @@ void report_json(FILE *out, const struct report *r)
 			json_machine(out, topo);
 			fprintf(out, ",\"fast_path\":");
 			json_string(out, r->fast_path);
+			json_environment(out);
 			fprintf(out, ",\"library_cpus\":");
 			if (r->library_cpus)
 				json_string(out, r->library_cpus);

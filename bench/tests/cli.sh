@@ -152,6 +152,18 @@ for how in option environment; do
 		fails=$((fails + 1))
 	fi
 done
+# The PERCPUREF_ environment the library reads is named in the header and
+# the JSON: a fallback run under PERCPUREF_NO_MEMBARRIER=1 (readers fence)
+# took 3 times as long a pair under the same "fast path: fallback".
+PERCPUREF_NO_MEMBARRIER=1 "$bench" micro --threads 1 --variants private $short --json - \
+	>"$tmp/out" 2>"$tmp/err"
+if grep -q '"environment":{[^}]*"PERCPUREF_NO_MEMBARRIER":"1"' "$tmp/out" &&
+   grep -q '^environment: PERCPUREF_NO_MEMBARRIER=1$' "$tmp/err"; then
+	echo "ok: PERCPUREF_NO_MEMBARRIER=1 named in the header and the JSON"
+else
+	echo "FAIL: PERCPUREF_NO_MEMBARRIER=1 not named: $(grep -c environment "$tmp/err")"
+	fails=$((fails + 1))
+fi
 # Results that cannot be written (a full disk) are an error, not exit 0.
 # expect_full ARGS...: BENCH ARGS with standard output on a full disk
 # must fail, saying so.

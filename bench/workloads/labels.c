@@ -889,8 +889,14 @@ static void labels_setup(struct bench_run *run)
 	if (s->kind->managed) {
 		struct percpu_ref_managed_config mc;
 
-		percpu_ref_managed_get_config(&mc);
-		mc.interval_ms = opt_scan_ms;
+		/* Every field: get_config() carried PERCPUREF_SCAN_STRATEGY and
+		 * PERCPUREF_SCAN_MAX from the environment into the run, which
+		 * neither the table nor the JSON names (managed.c's configure()). */
+		mc = (struct percpu_ref_managed_config){
+			.interval_ms = (unsigned long)opt_scan_ms,
+			.max_per_scan = PERCPU_REF_MANAGED_MAX_PER_SCAN,
+			.strategy = PERCPU_REF_SCAN_FILTERED,
+		};
 		if (percpu_ref_managed_set_config(&mc))
 			bench_die("labels: percpu_ref_managed_set_config failed");
 	}
