@@ -56,8 +56,10 @@ def check_record(rec, where):
             raise InputError(f"{where}: missing field \"{key}\" (not percpuref-bench JSON?)")
         if not isinstance(rec[key], kind) or isinstance(rec[key], bool):
             raise InputError(f"{where}: field \"{key}\" has the wrong type: {rec[key]!r}")
-    if rec["threads"] < 1:
-        raise InputError(f"{where}: threads must be positive, got {rec['threads']}")
+    # percpuref-bench runs 1..65536 (BENCH_MAX_THREADS); 2**64 and more
+    # reached matplotlib's log axis as Python ints, a TypeError traceback.
+    if not 1 <= rec["threads"] <= 65536:
+        raise InputError(f"{where}: threads must be 1..65536, got {str(rec['threads'])[:40]}")
     eff = rec.get("efficiency")
     if eff is not None and (not isinstance(eff, (int, float)) or isinstance(eff, bool)):
         raise InputError(f"{where}: field \"efficiency\" must be a number or null: {eff!r}")

@@ -174,6 +174,7 @@ fi
 for change in 's/"machine":{[^}]*}/"machine":"x"/' 's/"started":"[^"]*"/"started":[1]/' \
 	's/"cpus":\([0-9]*\),"l3_domains"/"cpus":"\1","l3_domains"/' \
 	's/"threads":1,/"threads":1'"$(printf '%0400d' 0)"',/' \
+	's/"threads":1,/"threads":18446744073709551616,/' \
 	's/"ops_per_sec":[^,]*/"ops_per_sec":1'"$(printf '%0400d' 0)"'/' \
 	's/"efficiency":[^,]*/"efficiency":1e308/' 's/"ns_per_op":\([^,]*\)/"ns_per_op":"\1"/'; do
 	sed "$change" "$tmp/labels.json" >"$tmp/r/labels.json"
