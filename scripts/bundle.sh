@@ -132,6 +132,8 @@ while (($#)); do
 	esac
 	shift
 done
+# A name starting with '-' is no option (tee took --out -res for its own).
+[[ $out == /* ]] || out=./$out
 ((${#workloads[@]})) ||
 	workloads=(micro managed-hot managed-scan switch-storm switch-storm-in-flight fence-cost anatomy
 		labels creds signal1)

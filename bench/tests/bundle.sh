@@ -80,6 +80,10 @@ check "run.sh --quick --threads 1 micro anatomy" \
 for f in machine.txt micro.txt micro.json anatomy.txt; do
 	check "run.sh wrote $f" test -s "$tmp/res/$f"
 done
+# An --out that starts with '-' is a folder, not an option of tee's.
+check "run.sh --out -res (a name starting with '-')" \
+	sh -c 'cd "$1" && "$2" --quick --threads 1 --out -res micro >/dev/null && test -s ./-res/micro.json' \
+	sh "$tmp" "$run"
 # A bad --threads is refused before anything is written: it failed in
 # the first workload, machine.txt and micro.txt already overwritten.
 cp "$tmp/res/machine.txt" "$tmp/machine.before"
