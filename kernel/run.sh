@@ -35,8 +35,16 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 build=${KERNEL_BUILD:-$here/build}
+# Absolute: kunit.py runs in the source tree (its --build_dir, make's O=),
+# the logs, the .config check and boot_test read from here; a relative
+# KERNEL_BUILD built the kernels under the source and booted nothing.
+[[ $build == /* ]] || build=$PWD/$build
 src=$build/linux-source-6.12
 jobs=${JOBS:-$(nproc)}
+if ! [[ $jobs =~ ^[1-9][0-9]{0,3}$ ]]; then
+	echo "kernel/run.sh: JOBS=$jobs: want a whole number of jobs, 1 to 9999" >&2
+	exit 2
+fi
 kunitconfig=$here/percpuref.kunitconfig
 x86config=$here/x86_64.kunitconfig
 kernel_args=(lsm=apparmor)
@@ -342,6 +350,8 @@ prefixes() {
 
 main() {
 	local t0 status=0 step
+	# One at most: "--install --prefixes" ran --install alone, saying nothing.
+	(($# <= 1)) || set -- --usage
 	case ${1:-} in
 	"" | --install | --prepare | --prefixes) ;;
 	*)

@@ -42,6 +42,17 @@
 # would ask for a password where nobody sees it.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# It takes no argument: "--help" or "--quick" started the whole run (apt,
+# five builds, the kernel series as root), ignoring it.
+if (($#)); then
+  echo "usage: [STRESS_SECONDS=N] [KERNEL_TESTS=0|1] scripts/test.sh" >&2
+  exit 2
+fi
+# Only 0 skipped the kernel series: "no", "false" or "off" ran it.
+if [[ ${KERNEL_TESTS:-1} != [01] ]]; then
+  echo "scripts/test.sh: KERNEL_TESTS=$KERNEL_TESTS: want 0 (skip the kernel series) or 1" >&2
+  exit 2
+fi
 export STRESS_SECONDS=${STRESS_SECONDS:-8}
 if ! [[ $STRESS_SECONDS =~ ^[1-9][0-9]{0,5}$ ]]; then
   echo "scripts/test.sh: STRESS_SECONDS=$STRESS_SECONDS: want whole seconds, 1 to 999999" >&2
