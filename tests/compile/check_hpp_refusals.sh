@@ -78,6 +78,13 @@ private:
 	void unpublish() noexcept {}
 };
 auto p = percpuref::make_managed<entry>();'
+# unpublish() runs inside the C library's callback: one that may throw
+# would terminate the process there.
+check refused "unpublish not noexcept" "" '
+struct entry : percpuref::rcu_refcounted<entry> {
+	void unpublish() {}
+};
+auto p = percpuref::make_managed<entry>();' "declare it noexcept"
 check refused "throwing destructor" "" '
 struct conn : percpuref::refcounted<conn> {
 	~conn() noexcept(false) {}

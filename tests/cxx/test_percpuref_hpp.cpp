@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <chrono>
 #include <memory>
+#include <new>
 #include <system_error>
 #include <thread>
 #include <type_traits>
@@ -55,6 +56,7 @@ static void test_owner_and_ref_ptr()
 	ref_ptr<conn> b = a;			/* get */
 	ref_ptr<conn> c = std::move(b);		/* no count traffic */
 	ok(!b && c == a, "move leaves the source empty");
+	ok(!(c != a) && c != b, "!= is the negation of ==");
 	conn *raw = own.get();
 	own.kill();
 	ok(!own, "kill empties the owner");
@@ -255,6 +257,11 @@ static void test_not_made()
 	}
 	/* tryget_live fails on a dead ref, exited or not, unwarned. */
 	is((long)(percpuref_warning_count() - warned), 2, "and try_acquire is warned");
+	{
+		ref_ptr<node> r = ref_ptr<node>::acquire(&stack_node);	/* get */
+		ok(!r, "acquire of an rcu_refcounted one is empty too");
+	}							/* no put */
+	is((long)(percpuref_warning_count() - warned), 3, "its get is warned, once");
 	is(destroyed + unpublished, 0, "and nothing is released or unpublished");
 }
 
@@ -287,6 +294,120 @@ static void test_acquire_in_constructor()
 	registry.clear();
 	is(destroyed, 1, "clearing the registry puts nothing");
 }
+
+/*
+ * Killed while a user holds it: try_acquire() (the count is above zero)
+ * still succeeds, try_acquire_live() (killed) fails, for an rcu_refcounted
+ * T as for a refcounted one.
+ */
+static void test_rcu_killed_held()
+{
+	destroyed = unpublished = 0;
+	auto own = percpuref::make_owner<node>();
+	node *raw = own.get();
+	ref_ptr<node> user = own.share();
+	own.kill();
+	percpu_ref_barrier();
+	ok(!ref_ptr<node>::try_acquire_live(raw), "try_acquire_live fails on a killed rcu_refcounted T");
+	{
+		percpuref::rcu_read_guard guard;
+		ok(ref_ptr<node>::try_acquire(raw).get() == raw,
+		   "try_acquire succeeds on it while a reference is left");
+	}
+	is(unpublished, 0, "not unpublished while held");
+	user.reset();
+	percpu_rcuref_barrier();
+	ok(unpublished == 1 && destroyed == 1, "the last put unpublishes and frees it");
+}
+
+/* Null in, empty out: no counter is reached through a null T*. */
+static void test_null()
+{
+	percpuref::owner<conn> empty;
+	ok(!empty.share(), "share() of an empty owner is empty");
+	ok(!ref_ptr<conn>::acquire(nullptr) && !ref_ptr<conn>::try_acquire_live(nullptr),
+	   "acquire and try_acquire_live of nullptr are empty");
+	percpuref::rcu_read_guard guard;
+	ok(!ref_ptr<node>::try_acquire(nullptr), "and try_acquire of nullptr");
+}
+
+/* src/internal.h: the allocation after this many more fails; and the
+ * spare impls freed, this thread's among them (test_hpp_mixed_eh). */
+extern "C" void percpuref_fault_fail_nth_alloc(long nth);
+extern "C" void percpuref_test_spares_drop(void);
+
+/* An init that fails deletes the T that make_* constructed, then throws. */
+static void test_init_failure()
+{
+	destroyed = 0;
+	percpuref_test_spares_drop();
+	percpuref_fault_fail_nth_alloc(1);
+	bool threw = false;
+	try {
+		auto own = percpuref::make_owner<conn>(1);
+	} catch (const std::bad_alloc &) {
+		threw = true;
+	}
+	percpuref_fault_fail_nth_alloc(0);
+	ok(threw && destroyed == 1, "make_owner: a failed init throws bad_alloc and deletes T");
+	percpuref_test_spares_drop();
+	percpuref_fault_fail_nth_alloc(1);
+	threw = false;
+	try {
+		auto obj = percpuref::make_managed<conn>(2);
+	} catch (const std::bad_alloc &) {
+		threw = true;
+	}
+	percpuref_fault_fail_nth_alloc(0);
+	ok(threw && destroyed == 2, "make_managed: the same");
+}
+
+/*
+ * An object that holds the last reference to itself, the cycle broken by
+ * reset(): the ref_ptr is empty before its put runs ~T, which destroys the
+ * ref_ptr again (as shared_ptr::reset()); a second put there hit the
+ * exited counter.
+ */
+struct self_held : percpuref::refcounted<self_held> {
+	~self_held() { destroyed++; }
+	ref_ptr<self_held> self;
+};
+
+static void test_reset_self_held()
+{
+	destroyed = 0;
+	auto own = percpuref::make_owner<self_held>();
+	self_held *raw = own.get();
+	raw->self = own.share();
+	own.kill();
+	percpu_ref_barrier();
+	unsigned long warned = percpuref_warning_count();
+	raw->self.reset();
+	is(destroyed, 1, "reset() of a reference the object holds to itself frees it");
+	is((long)(percpuref_warning_count() - warned), 0, "with one put: its destructor puts nothing");
+}
+
+/*
+ * What the types promise at compile time: no implicit conversion to bool
+ * (an int from a ref_ptr); moves that cannot throw (a vector's growth
+ * moves them, not a get and a put per element); and no ref_ptr to a
+ * counted base from a derived type's (the release deletes the base).
+ */
+struct derived_conn : conn {
+	using conn::conn;
+};
+static_assert(!std::is_convertible_v<ref_ptr<conn>, bool> &&
+		      !std::is_convertible_v<percpuref::owner<conn>, bool>,
+	      "operator bool is explicit");
+static_assert(std::is_nothrow_move_constructible_v<ref_ptr<conn>> &&
+		      std::is_nothrow_move_assignable_v<ref_ptr<conn>> &&
+		      std::is_nothrow_move_constructible_v<percpuref::owner<conn>> &&
+		      std::is_nothrow_move_assignable_v<percpuref::owner<conn>>,
+	      "moves are noexcept");
+static_assert(!std::is_constructible_v<ref_ptr<conn>, ref_ptr<derived_conn>> &&
+		      !std::is_constructible_v<ref_ptr<conn>, const ref_ptr<derived_conn> &> &&
+		      !std::is_constructible_v<ref_ptr<const conn>, ref_ptr<derived_conn>>,
+	      "no ref_ptr to a counted base from a derived type's");
 
 /*
  * ref_ptr<const T>: a reference through which the object is read only,
@@ -450,6 +571,10 @@ int main()
 	test_traits();
 	test_not_made();
 	test_acquire_in_constructor();
+	test_rcu_killed_held();
+	test_null();
+	test_init_failure();
+	test_reset_self_held();
 	test_const();
 	test_poll_registration();
 	return done_testing();

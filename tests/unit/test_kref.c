@@ -82,6 +82,7 @@ static void test_get_from_zero(void)
 	ok(strstr(msg, "kref_get") && strstr(msg, ptr), "naming the function and the kref: %.*s",
 	   (int)strcspn(msg, "\n"), msg);
 	is(strchr(msg, '\n') - msg + 1, (long)strlen(msg), "on one line");
+	ok(strstr(msg, "get on released"), "as a get on a released kref");
 	is(kref_read(&k), KREF_SATURATED, "and pins the count at KREF_SATURATED");
 
 	released = 0;
@@ -109,6 +110,13 @@ static void test_overflow(void)
 	ok(kref_get_unless_zero(&b), "get_unless_zero at KREF_MAX succeeds");
 	is(percpuref_warning_count(), warnings + 2, "warns");
 	is(kref_read(&b), KREF_SATURATED, "and saturates");
+
+	/* KREF_MAX is the last live count, not misuse: a put from it counts. */
+	struct kref c = KREF_INIT(KREF_MAX);
+
+	is(kref_put(&c, count_release), 0, "a put from KREF_MAX returns 0");
+	is(kref_read(&c), KREF_MAX - 1, "and takes one off");
+	is(percpuref_warning_count(), warnings + 2, "unwarned");
 }
 
 static void test_put_below_zero(void)
@@ -123,6 +131,7 @@ static void test_put_below_zero(void)
 	capture_stderr(do_put, &k, msg, sizeof(msg));
 	is(percpuref_warning_count(), warnings + 1, "a put on a released kref warns");
 	ok(strstr(msg, "kref_put"), "naming kref_put: %.*s", (int)strcspn(msg, "\n"), msg);
+	ok(strstr(msg, "put on released"), "as a put on a released kref, not a get");
 	is(kref_read(&k), KREF_SATURATED, "and saturates");
 	kref_put(&k, count_release);
 	is(released, 1, "release ran once, never again");

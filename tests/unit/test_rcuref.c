@@ -65,6 +65,17 @@ static void test_dead(void)
 	__atomic_store_n(&r.refcnt, RCUREF_RELEASED, __ATOMIC_RELAXED);
 	ok(!rcuref_get(&r), "a get at the bottom of the dead zone fails");
 	is(raw(&r), RCUREF_DEAD, "and re-centres the count");
+
+	/* RCUREF_RELEASED itself is dead, whichever way a count lands on it. */
+	__atomic_store_n(&r.refcnt, RCUREF_RELEASED, __ATOMIC_RELAXED);
+	is(rcuref_read(&r), 0, "rcuref_read at RCUREF_RELEASED is 0");
+	__atomic_store_n(&r.refcnt, RCUREF_RELEASED - 1, __ATOMIC_RELAXED);
+	ok(!rcuref_get(&r), "a get that lands on RCUREF_RELEASED fails");
+	is(raw(&r), RCUREF_DEAD, "and re-centres the count");
+	__atomic_store_n(&r.refcnt, RCUREF_RELEASED + 1, __ATOMIC_RELAXED);
+	ok(!rcuref_put(&r), "a put that lands on RCUREF_RELEASED does not release");
+	is(raw(&r), RCUREF_DEAD, "and keeps the count dead, not saturated");
+	ok(!rcuref_get(&r), "so a later get still fails");
 }
 
 static void test_saturation(void)
