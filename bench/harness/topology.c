@@ -44,12 +44,17 @@ struct cpu_info {
 };
 
 /* A CPU number at @p (digits only: strtol() would skip blanks and a
- * newline, and take a sign), or -1. */
+ * newline, and take a sign) that a cpu_set_t holds, or -1: a list naming
+ * CPU 1024 or more (or past a long) is not one this harness can use, where
+ * it read "0-1024" as CPUs 0-1023. */
 static long parse_cpu(const char *p, char **end)
 {
+	long cpu;
+
 	if (*p < '0' || *p > '9')
 		return -1;
-	return strtol(p, end, 10);
+	cpu = strtol(p, end, 10);
+	return cpu < CPU_SETSIZE ? cpu : -1;
 }
 
 /*
@@ -78,7 +83,7 @@ static bool read_cpulist(const char *path, cpu_set_t *set)
 			if (hi < lo)
 				return false;
 		}
-		for (long c = lo; c <= hi && c < CPU_SETSIZE; c++)
+		for (long c = lo; c <= hi; c++)
 			CPU_SET(c, set);
 	}
 	return ok && CPU_COUNT(set) > 0;
@@ -174,8 +179,10 @@ void topology_read(struct topology *topo)
 	memset(topo, 0, sizeof(*topo));
 	if (fake && *fake)
 		sysfs = fake;
+	/* EINVAL: the kernel's mask is wider than a cpu_set_t. */
 	if (sched_getaffinity(0, sizeof(allowed), &allowed))
-		bench_die("sched_getaffinity: %m");
+		bench_die("sched_getaffinity: %m (this harness handles machines of up to %d CPUs)",
+			  CPU_SETSIZE);
 	snprintf(path, sizeof(path), "%s/online", sysfs);
 	if (read_cpulist(path, &online)) {
 		if (sysfs == fake)

@@ -90,10 +90,11 @@ done
 
 # A fake tree whose online list is missing, malformed or empty is refused:
 # it fell back to the real machine's CPUs without a word ("0-" was CPU 0,
-# "1-0" and an empty line "no usable CPU").
+# "1-0" and an empty line "no usable CPU"), and one naming a CPU a
+# cpu_set_t cannot hold ("0-1024" read as 1024 CPUs).
 bad=$tmp/bad
 cp -R "$flat" "$bad"
-for list in "0-x" "0-" "1-0" "" "x" "0,,1" "-1" missing; do
+for list in "0-x" "0-" "1-0" "" "x" "0,,1" "-1" "0-1024" "99999999999999999999" missing; do
 	if [ "$list" = missing ]; then
 		rm -f "$bad/online"
 	else
