@@ -365,13 +365,23 @@ def plot_workload(plt, workload, series, path, throughput, refs=()):
     plt.close(fig)
 
 
+class Once(argparse.Action):
+    """An option given at most once: a second (-o a.png -o b.png) was taken
+    over the first without a word, where percpuref-bench refuses repeats."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest) is not None:
+            parser.error(f"{option_string} given twice")
+        setattr(namespace, self.dest, values)
+
+
 def main(argv):
     parser = argparse.ArgumentParser(
         description="Plot percpuref-bench JSON: scaling efficiency against threads, "
                     "one PNG per workload.")
     parser.add_argument("files", nargs="+", metavar="FILE",
                         help="JSON Lines from percpuref-bench --json ('-' for stdin)")
-    parser.add_argument("-o", "--output", metavar="OUT.png",
+    parser.add_argument("-o", "--output", metavar="OUT.png", action=Once,
                         help="output PNG (default: <workload>.png; several workloads: "
                              "OUT-<workload>.png)")
     parser.add_argument("--throughput", action="store_true",

@@ -25,7 +25,7 @@ import os
 import sys
 
 # The readers (and their checks) are plot.py's, beside this file.
-from plot import InputError, domains_text, read_records, read_reference, run, run_id
+from plot import InputError, Once, domains_text, read_records, read_reference, run, run_id
 
 CASES = ("labels", "creds", "signal1")
 
@@ -287,10 +287,10 @@ What differs from the reports' machines, and why it matters:
 def main(argv):
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description="Seed vs measured tables and results/report.md.")
-    parser.add_argument("--results", required=True, metavar="DIR",
+    parser.add_argument("--results", required=True, metavar="DIR", action=Once,
                         help="directory with labels.json, creds.json, signal1.json and their PNGs")
-    parser.add_argument("--reference-dir", default=os.path.join(here, "reference"), metavar="DIR")
-    parser.add_argument("-o", "--output", metavar="REPORT.md",
+    parser.add_argument("--reference-dir", metavar="DIR", action=Once)
+    parser.add_argument("-o", "--output", metavar="REPORT.md", action=Once,
                         help="Markdown report (default DIR/report.md)")
     args = parser.parse_args(argv)
     # A typo'd folder was three cases "not run", exit 0.
@@ -298,13 +298,14 @@ def main(argv):
         print(f"report.py: --results {args.results}: not a folder", file=sys.stderr)
         return 2
     out_path = args.output or os.path.join(args.results, "report.md")
+    reference_dir = args.reference_dir or os.path.join(here, "reference")
     sections = {"labels": labels_section, "creds": creds_section, "signal1": signal1_section}
     titles = {"labels": "labels: AppArmor label refcounts (efficiency)",
               "creds": "creds: overlayfs mounter credential",
               "signal1": "signal1: ucounts RLIMIT_SIGPENDING charges (per container)"}
     try:
         data = {c: load_results(os.path.join(args.results, f"{c}.json"), c) for c in CASES}
-        refs = {c: read_reference(os.path.join(args.reference_dir, f"{c}.json")) for c in CASES}
+        refs = {c: read_reference(os.path.join(reference_dir, f"{c}.json")) for c in CASES}
     except InputError as e:
         print(f"report.py: {e}", file=sys.stderr)
         return 2

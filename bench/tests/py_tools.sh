@@ -54,6 +54,17 @@ unset PYTHONPATH
 # without an extension got ".png" from matplotlib, both said "wrote" the
 # name given, exit 0.
 expect 2 "$plot" "$tmp/micro.json" -o ""
+# A repeated option is refused, as percpuref-bench refuses one: the last
+# was taken without a word.
+# expect_twice TOOL ARGS...: exit 2, saying which option came twice.
+expect_twice() {
+	expect 2 "$@"
+	grep -q 'given twice$' "$tmp/err" || {
+		echo "FAIL: $*: not refused as an option given twice"
+		fails=$((fails + 1))
+	}
+}
+expect_twice "$plot" "$tmp/micro.json" -o "$tmp/a.png" -o "$tmp/b.png"
 expect 2 "$plot" "$tmp/micro.json" -o "$tmp/noext"
 expect 2 "$plot" "$tmp/micro.json" "$tmp/labels.json" -o "$tmp/noext"
 printf '{"schema":"percpuref-reference/1","workload":"micro","source":"s",' >"$tmp/ref.json"
@@ -145,6 +156,9 @@ expect 0 "$report" --results "$tmp/r"
 # report.md.
 expect 2 "$report" --results "$tmp/nosuch" -o "$tmp/nosuch.md"
 expect 2 "$report" --results "$tmp/nosuch"
+expect_twice "$report" --results "$tmp/r" --results "$tmp/r"
+expect_twice "$report" --results "$tmp/r" -o "$tmp/a.md" --output "$tmp/b.md"
+expect_twice "$report" --results "$tmp/r" --reference-dir "$tmp/refs" --reference-dir "$tmp/refs"
 expect 2 "$report" --results "$tmp/r/labels.json" -o "$tmp/nosuch.md"
 # A closed pipe: exit 1, no traceback.
 "$python" "$report" --results "$tmp/r" 2>"$tmp/err" | head -c 1 >/dev/null
