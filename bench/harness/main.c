@@ -597,6 +597,13 @@ static void parse_cli(const struct bench_workload *w, int argc, char **argv, str
 		};
 	}
 
+	/* -h: --help, as before a workload (getopt_long is given no short
+	 * option: "micro -h" was an unknown option). */
+	if (argc > 1 && !strcmp(argv[1], "-h")) {
+		stands_alone(w, argc, argv[1]);
+		usage(stdout, w);
+		exit(finish_stdout());
+	}
 	/* ":" first: report errors ourselves, ':' for a missing value. */
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":", longopts, &index)) != -1) {

@@ -187,6 +187,13 @@ for opt in --help --version --list --topology; do
 done
 expect_full micro --list
 expect_full micro --help
+# -h is --help after a workload's name too (it was an unknown option).
+expect 0 micro -h
+grep -q '^micro: ' "$tmp/out" || {
+	echo "FAIL: micro -h: no workload help on stdout"
+	fails=$((fails + 1))
+}
+expect 2 micro -h extra
 # ... and so do a workload's --list and --help, whichever comes first (the
 # other arguments were ignored: --json wrote no file).
 expect 2 micro --help extra
