@@ -47,6 +47,15 @@ def load_results(path, case):
     if any(r.get("processes") for r in recs):
         raise InputError(f"{path}: a --processes run, whose processes share no object; "
                          f"the reports measured threads that share one")
+    # signal1's rows are whole containers (groups x workers threads): a
+    # groups or workers that is no positive count dropped rows unsaid.
+    if case == "signal1":
+        for r in recs:
+            workers = (r.get("params") or {}).get("workers", 1)
+            if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                       for x in (r.get("groups"), workers)):
+                raise InputError(f"{path}: a signal1 record's groups ({r.get('groups')!r}) "
+                                 f"and params.workers ({workers!r}) must be positive counts")
     return recs
 
 
