@@ -91,7 +91,8 @@ def machine_line(rec):
     return (f"{m.get('model', '?')}: {m.get('cpus', '?')} usable CPUs of {m.get('cpus_online', '?')}, "
             f"{domains_text(m) or '? domains'}, "
             f"{'SMT' if m.get('smt') else 'no SMT'}, kernel {m.get('kernel', '?')}; "
-            f"percpuref fast path: {rec.get('fast_path', '?')}")
+            f"percpuref fast path: {rec.get('fast_path', '?')}, "
+            f"fences: {rec.get('fences', '?')}")
 
 
 def labels_section(recs, ref):

@@ -213,6 +213,13 @@ void percpuref_readers_setup(unsigned int nr_units)
 	init_unit_records();
 }
 
+bool percpuref_readers_have_units(void)
+{
+	/* Plain: written at set-up, under the runtime's pthread_once (or in
+	 * a fork child, alone), before any caller could be here. */
+	return unit_records != NULL;
+}
+
 /* readers_lock.  Takes @unit for this thread if nobody owns it (any more). */
 static bool claim(unsigned int unit)
 {

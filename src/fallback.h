@@ -47,6 +47,10 @@ extern unsigned long percpuref_readers_gp;
 /* membarrier(PRIVATE_EXPEDITED) refused: readers fence themselves. */
 extern bool percpuref_readers_fence_needed;
 
+/* True once set up with units (none: their allocation failed, or the
+ * process took the rseq path first). */
+bool percpuref_readers_have_units(void);
+
 /* Registers this thread and claims a unit; true when it owns one now. */
 bool percpuref_reader_register(void);
 

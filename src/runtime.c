@@ -1543,6 +1543,20 @@ void percpuref_fence_readers(void)
 	percpuref_cancel_restore(cancel);
 }
 
+PERCPUREF_API const char *percpuref_fence_method(void)
+{
+	percpuref_runtime_init();
+	/* Relaxed, all three: flags set once, read for a report's word;
+	 * the offset as percpuref_fast_path() reads it. */
+	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED))
+		return __atomic_load_n(&membarrier_refused, __ATOMIC_RELAXED) ? "migration"
+									       : "membarrier";
+	if (!percpuref_readers_have_units())
+		return "none";
+	return __atomic_load_n(&percpuref_readers_fence_needed, __ATOMIC_RELAXED) ? "reader-fences"
+										  : "membarrier";
+}
+
 static void *library_thread_main(void *arg)
 {
 	struct percpuref_thread *t = arg;

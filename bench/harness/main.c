@@ -1208,8 +1208,9 @@ int main(int argc, char **argv)
 		topology_read(&topo);
 		report_topology(stdout, &topo);
 		topology_free(&topo);
-		/* Which per-CPU fast path this process (and so a run) uses. */
-		printf("fast path: %s\n", percpuref_fast_path());
+		/* Which per-CPU fast path this process (and so a run) uses,
+		 * and how its fences reach it. */
+		printf("fast path: %s\nfences: %s\n", percpuref_fast_path(), percpuref_fence_method());
 		return finish_stdout();
 	}
 	r.workload = find_workload(argv[1]);

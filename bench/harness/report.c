@@ -30,6 +30,8 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <percpuref/percpu_ref.h>
+
 #include "harness.h"
 
 extern char **environ;
@@ -355,7 +357,8 @@ void report_table(FILE *out, const struct report *r)
 
 	fprintf(out, "%s: %s\n", r->workload->name, r->workload->help);
 	print_machine(out, topo);
-	fprintf(out, "fast path: %s\n", r->fast_path);
+	/* At the end of the run: a refusal during it changes the method. */
+	fprintf(out, "fast path: %s\nfences: %s\n", r->fast_path, percpuref_fence_method());
 	for (char **e = environ; *e; e++)
 		if (library_setting(*e))
 			fprintf(out, "environment: %s\n", *e);
@@ -623,6 +626,8 @@ void report_json(FILE *out, const struct report *r)
 			json_machine(out, topo);
 			fprintf(out, ",\"fast_path\":");
 			json_string(out, r->fast_path);
+			fprintf(out, ",\"fences\":");
+			json_string(out, percpuref_fence_method());
 			json_environment(out);
 			fprintf(out, ",\"library_cpus\":");
 			if (r->library_cpus)

@@ -164,6 +164,18 @@ else
 	echo "FAIL: PERCPUREF_NO_MEMBARRIER=1 not named: $(grep -c environment "$tmp/err")"
 	fails=$((fails + 1))
 fi
+# ... and so are the fences it makes: a sandbox that refuses membarrier
+# does the same unnamed.  On the fallback (PERCPUREF_NO_RSEQ=1), where
+# that variable means reader fences.
+PERCPUREF_NO_RSEQ=1 PERCPUREF_NO_MEMBARRIER=1 "$bench" micro --threads 1 --variants private \
+	$short --json - >"$tmp/out" 2>"$tmp/err"
+if grep -q '"fences":"reader-fences"' "$tmp/out" && grep -q '^fences: reader-fences$' "$tmp/err" &&
+   "$bench" --topology | grep -q '^fences: [a-z-]*$'; then
+	echo "ok: reader fences named in the header, the JSON and --topology"
+else
+	echo "FAIL: reader fences not named: $(grep '^fences' "$tmp/err")"
+	fails=$((fails + 1))
+fi
 # Results that cannot be written (a full disk) are an error, not exit 0.
 # expect_full ARGS...: BENCH ARGS with standard output on a full disk
 # must fail, saying so.

@@ -390,6 +390,21 @@ PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *s
 PERCPUREF_API const char *percpuref_fast_path(void);
 
 /*
+ * percpuref_fence_method - how a switch's fence reaches this process's
+ * fast-path sections, as one word for reports: "membarrier" (the kernel
+ * interrupts every CPU running this process: an rseq section restarts, a
+ * fallback reader's compiler barrier becomes a full one), "migration"
+ * (membarrier refused on the rseq path: the fence runs a moment on every
+ * CPU), "reader-fences" (membarrier refused on the fallback path: every
+ * get and put fences its own section, a full barrier each) or "none" (no
+ * per-CPU section left to fence: every thread counts on each ref's shared
+ * word, as after a sandbox refused both membarrier and migration on the
+ * rseq path).  A refusal after start-up (a seccomp filter installed later)
+ * changes it, at the first fence after it.  Any thread.  Since 0.4.26.
+ */
+PERCPUREF_API const char *percpuref_fence_method(void);
+
+/*
  * percpuref_fork_generation - how many fork()s separate this process from
  * the one where the library was loaded: 0 there, one more in each child
  * of a fork() that runs the atfork handlers, counted before the child's

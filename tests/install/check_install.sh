@@ -65,7 +65,14 @@ if ! grep -q "PERCPUREF_${version%.*}\b" <<<"$(objdump -p "$stage/consumer")"; t
   echo "not ok - the consumer records no PERCPUREF_${version%.*} version need" >&2
   exit 1
 fi
-echo "ok - symbol versions: every symbol PERCPUREF_${version%.*}, needed by the consumer"
+# A function a later 0.4.x added carries that release's node, which the
+# consumer (it calls one) then needs: an older library is refused.
+if ! objdump -T "$libdir/libpercpuref.so" | grep -q ' PERCPUREF_0\.4\.26 *percpuref_fence_method$' ||
+   ! objdump -p "$stage/consumer" | grep -q 'PERCPUREF_0\.4\.26$'; then
+  echo "not ok - percpuref_fence_method is not PERCPUREF_0.4.26, or the consumer does not need it" >&2
+  exit 1
+fi
+echo "ok - symbol versions: every symbol PERCPUREF_${version%.*}(.N), needed by the consumer"
 # The headers' version is the build's.
 header_version=$(printf '#include <percpuref/percpu_ref.h>\nPERCPUREF_VERSION_MAJOR.PERCPUREF_VERSION_MINOR.PERCPUREF_VERSION_PATCH\n' |
                  cc -E -P $(pkg-config --cflags percpuref) - | tail -n 1 | tr -d ' ')

@@ -31,6 +31,8 @@ int main(void)
 	urcu_bp_read_lock();
 	urcu_bp_read_unlock();
 	urcu_bp_synchronize_rcu();
-	printf("installed percpuref: released=%d\n", released);
+	/* 0.4.26's: the consumer then needs PERCPUREF_0.4.26. */
+	printf("installed percpuref: released=%d, fences: %s\n", released,
+	       percpuref_fence_method());
 	return released ? 0 : 1;
 }

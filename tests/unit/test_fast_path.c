@@ -20,6 +20,7 @@
  * their readers are the ones for a refused membarrier.
  */
 #define _GNU_SOURCE
+#include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -74,6 +75,18 @@ static void test_which_path(void)
 		/* Relaxed: set by the setup, before the first counter. */
 		ok(__atomic_load_n(&percpuref_readers_fence_needed, __ATOMIC_RELAXED),
 		   "PERCPUREF_NO_MEMBARRIER: the readers act as if membarrier were refused");
+	/* An rseq path started with membarrier registered; the fallback
+	 * fences with it unless refused (PERCPUREF_NO_MEMBARRIER, or a kernel
+	 * without PRIVATE_EXPEDITED): then its readers fence themselves. */
+	const char *fences = percpuref_fence_method();
+	int cmds = (int)syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0);
+	bool refused = (no_membarrier && *no_membarrier && strcmp(no_membarrier, "0")) ||
+		       cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED);
+	const char *want_fences = strcmp(path, "fallback") || !refused ? "membarrier"
+								       : "reader-fences";
+
+	ok(!strcmp(fences, want_fences), "percpuref_fence_method() is %s on the %s path here "
+	   "(got %s)", want_fences, path, fences);
 }
 
 enum exit_how { BY_RETURN, BY_PTHREAD_EXIT, BY_CANCEL };

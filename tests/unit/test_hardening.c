@@ -964,6 +964,9 @@ static int mode_seccomp(void)
 	    /* Relaxed: stored by this thread's own refused fence. */
 	    !__atomic_load_n(&percpuref_readers_fence_needed, __ATOMIC_RELAXED))
 		return 6;
+	/* The refused fence named: reports tell the slower path by it. */
+	if (strcmp(percpuref_fence_method(), fallback ? "reader-fences" : "migration"))
+		return 7;
 	moves = __atomic_load_n(&self_moves, __ATOMIC_RELAXED);
 	percpu_ref_switch_to_atomic_sync(&b.ref);
 	if (!fallback && __atomic_load_n(&self_moves, __ATOMIC_RELAXED) == moves)
@@ -1023,8 +1026,10 @@ static int mode_no_fence(bool fake_moves)
 	static struct object a, b;
 	cpu_set_t cpus;
 	uintptr_t slot, again;
+	bool started_on_rseq;
 
 	percpu_ref_init(&a.ref, obj_release, 0);
+	started_on_rseq = strcmp(percpuref_fast_path(), "fallback");
 	percpu_ref_init(&b.ref, obj_release, PERCPU_REF_ALLOW_REINIT);
 	percpu_ref_switch_to_atomic_sync(&b.ref);
 	percpu_ref_switch_to_percpu(&b.ref);
@@ -1041,6 +1046,10 @@ static int mode_no_fence(bool fake_moves)
 		return 1;
 	if (strcmp(percpuref_fast_path(), "fallback"))
 		return 2;
+	/* No per-CPU section is left to fence where rseq went (its threads
+	 * have no unit); a fallback's readers fence themselves. */
+	if (strcmp(percpuref_fence_method(), started_on_rseq ? "none" : "reader-fences"))
+		return 8;
 	if (!percpuref_unfenced_adds_possible())
 		return 3;
 	/* The switch back zeroes too; the counts stay exact.  A trace on a
