@@ -51,7 +51,11 @@ def load_results(path, case):
     # groups or workers that is no positive count dropped rows unsaid.
     if case == "signal1":
         for r in recs:
-            workers = (r.get("params") or {}).get("workers", 1)
+            params = r.get("params") or {}
+            if not isinstance(params, dict):
+                raise InputError(f"{path}: a signal1 record's params is not an object: "
+                                 f"{str(params)[:40]}")
+            workers = params.get("workers", 1)
             if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
                        for x in (r.get("groups"), workers)):
                 raise InputError(f"{path}: a signal1 record's groups ({r.get('groups')!r}) "

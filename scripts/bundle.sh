@@ -132,8 +132,13 @@ while (($#)); do
 	esac
 	shift
 done
+# An empty name was refused by mkdir; "./" would write into the current folder.
+if [[ -z $out ]]; then
+	echo "run.sh: --out needs a folder name" >&2
+	exit 2
+fi
 # A name starting with '-' is no option (tee took --out -res for its own).
-[[ $out == /* ]] || out=./$out
+[[ $out != -* ]] || out=./$out
 ((${#workloads[@]})) ||
 	workloads=(micro managed-hot managed-scan switch-storm switch-storm-in-flight fence-cost anatomy
 		labels creds signal1)

@@ -1546,8 +1546,9 @@ void percpuref_fence_readers(void)
 PERCPUREF_API const char *percpuref_fence_method(void)
 {
 	percpuref_runtime_init();
-	/* Relaxed, all three: flags set once, read for a report's word;
-	 * the offset as percpuref_fast_path() reads it. */
+	/* Relaxed, all three: each changes at most once, one way (the
+	 * offset to 0, the refusals to true), read for a report's word; the
+	 * offset as percpuref_fast_path() reads it. */
 	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED))
 		return __atomic_load_n(&membarrier_refused, __ATOMIC_RELAXED) ? "migration"
 									       : "membarrier";

@@ -252,8 +252,8 @@ static void usage(FILE *out, const struct bench_workload *w)
 		"                      thread whose call starts them may run)\n"
 		"  --dry-run           check everything given and print the plan, measure nothing\n"
 		"  --list              list workloads, or the workload's variants and options\n"
-		"  --topology          (no workload) print the usable CPUs in placement order\n"
-		"                      and the per-CPU fast path this process uses\n"
+		"  --topology          (no workload) print the usable CPUs in placement order,\n"
+		"                      the per-CPU fast path this process uses and its fences\n"
 		"  --version           print the version and the fast path this process uses\n");
 	if (w) {
 		fputc('\n', out);

@@ -37,11 +37,12 @@
 extern char **environ;
 
 /*
- * An environment entry the library reads (PERCPUREF_NO_MEMBARRIER, the
- * reclaimer's PERCPUREF_SCAN_*, ...): named with every run, as the table's
- * "fast path" line does not tell them apart (a fallback run under
- * PERCPUREF_NO_MEMBARRIER=1, whose readers fence, took 3 times as long a
- * pair).
+ * A PERCPUREF_* environment entry: the library's settings
+ * (PERCPUREF_NO_MEMBARRIER, the reclaimer's PERCPUREF_SCAN_*, which some
+ * workloads override, ...) and the harness's own, named with every run, as
+ * the table's "fast path" line does not tell them apart (a fallback run
+ * under PERCPUREF_NO_MEMBARRIER=1, whose readers fence, took 3 times as
+ * long a pair).
  */
 static bool library_setting(const char *entry)
 {
@@ -359,9 +360,16 @@ void report_table(FILE *out, const struct report *r)
 	print_machine(out, topo);
 	/* At the end of the run: a refusal during it changes the method. */
 	fprintf(out, "fast path: %s\nfences: %s\n", r->fast_path, percpuref_fence_method());
-	for (char **e = environ; *e; e++)
-		if (library_setting(*e))
-			fprintf(out, "environment: %s\n", *e);
+	for (char **e = environ; *e; e++) {
+		if (!library_setting(*e))
+			continue;
+		/* A control character as '?': a newline in a value made
+		 * header lines of its own ("fast path: ..."). */
+		fputs("environment: ", out);
+		for (const char *c = *e; *c; c++)
+			fputc((unsigned char)*c < 0x20 ? '?' : *c, out);
+		fputc('\n', out);
+	}
 	if (r->library_cpus)
 		fprintf(out, "library threads: CPUs %s\n", r->library_cpus);
 	else
@@ -432,20 +440,47 @@ void report_table(FILE *out, const struct report *r)
 	fflush(out);
 }
 
+/* The length of the well-formed UTF-8 sequence at @s (at most @len
+ * bytes), or 0: a stray byte, a truncated, overlong or surrogate one. */
+static size_t utf8_sequence(const unsigned char *s, size_t len)
+{
+	size_t n = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2 :
+		   s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+
+	if (!n || n > len)
+		return 0;
+	for (size_t i = 1; i < n; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) ||
+	    (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))
+		return 0;
+	return n;
+}
+
 /* @len bytes of @s as a JSON string: quotes, backslashes and control
- * characters escaped. */
+ * characters escaped, a byte that is no UTF-8 as U+FFFD (an environment
+ * value may hold any bytes; JSON text is UTF-8, and plot.py refused the
+ * whole file). */
 static void json_string_n(FILE *out, const char *s, size_t len)
 {
-	fputc('"', out);
-	for (; len--; s++) {
-		unsigned char c = *s;
+	const unsigned char *p = (const unsigned char *)s, *end = p + len;
 
-		if (c == '"' || c == '\\')
-			fprintf(out, "\\%c", c);
-		else if (c < 0x20)
-			fprintf(out, "\\u%04x", c);
-		else
-			fputc(c, out);
+	fputc('"', out);
+	while (p < end) {
+		size_t n = utf8_sequence(p, (size_t)(end - p));
+
+		if (!n) {
+			fputs("\\ufffd", out);
+			p++;
+		} else if (*p == '"' || *p == '\\') {
+			fprintf(out, "\\%c", *p++);
+		} else if (*p < 0x20) {
+			fprintf(out, "\\u%04x", *p++);
+		} else {
+			fwrite(p, 1, n, out);
+			p += n;
+		}
 	}
 	fputc('"', out);
 }

@@ -65,6 +65,7 @@ check "run.sh --bogus: exit 2" status_of 2 "$run" --bogus
 check "run.sh with an unknown workload: exit 2" status_of 2 "$run" --out "$tmp/none" nosuch
 check "and nothing measured" test ! -e "$tmp/none"
 check "run.sh --out without a folder: exit 2" status_of 2 "$run" --out
+check "run.sh --out '' (no name, not the current folder): exit 2" status_of 2 "$run" --out "" micro
 check "run.sh --help: exit 0" status_of 0 "$run" --help
 # A repeated option is refused, as percpuref-bench refuses one: the last
 # one silently won (--out a/ --out b/ wrote only b/).

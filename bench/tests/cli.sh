@@ -164,6 +164,22 @@ else
 	echo "FAIL: PERCPUREF_NO_MEMBARRIER=1 not named: $(grep -c environment "$tmp/err")"
 	fails=$((fails + 1))
 fi
+# Any bytes in a value: the JSON stays UTF-8 (plot.py refused the whole
+# file), and a newline does not make a header line of its own.
+PERCPUREF_ODD=$(printf '\377\nfast path: forged') "$bench" micro --threads 1 \
+	--variants private $short --json - >"$tmp/out" 2>"$tmp/err"
+if "$python" -c '
+import json, sys
+rec = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))
+assert rec["environment"]["PERCPUREF_ODD"] == "\ufffd\nfast path: forged", rec["environment"]
+' "$tmp/out" && [ "$(grep -ac '^fast path:' "$tmp/err")" = 1 ] &&
+   [ "$(grep -ac '^environment: PERCPUREF_ODD=' "$tmp/err")" = 1 ]; then
+	echo "ok: odd environment values: UTF-8 JSON, one header line each"
+else
+	echo "FAIL: odd environment values"
+	sed 's/^/  /' "$tmp/err" | head -8
+	fails=$((fails + 1))
+fi
 # ... and so are the fences it makes: a sandbox that refuses membarrier
 # does the same unnamed.  On the fallback (PERCPUREF_NO_RSEQ=1), where
 # that variable means reader fences.

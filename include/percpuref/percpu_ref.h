@@ -400,7 +400,8 @@ PERCPUREF_API const char *percpuref_fast_path(void);
  * per-CPU section left to fence: every thread counts on each ref's shared
  * word, as after a sandbox refused both membarrier and migration on the
  * rseq path).  A refusal after start-up (a seccomp filter installed later)
- * changes it, at the first fence after it.  Any thread.  Since 0.4.26.
+ * shows once a fence has met it (on the fallback, a fence while some
+ * thread holds a unit).  Any thread.  Since 0.4.26.
  */
 PERCPUREF_API const char *percpuref_fence_method(void);
 

@@ -62,6 +62,9 @@ static void test_which_path(void)
 {
 	const char *want = getenv("PERCPUREF_EXPECT_FAST_PATH");
 	const char *no_membarrier = getenv("PERCPUREF_NO_MEMBARRIER");
+	/* The program's first library call: it sets the library up itself,
+	 * or it named a process not yet set up ("none"). */
+	const char *fences = percpuref_fence_method();
 	const char *path = percpuref_fast_path();
 
 	printf("# fast path: %s\n", path);
@@ -78,7 +81,6 @@ static void test_which_path(void)
 	/* An rseq path started with membarrier registered; the fallback
 	 * fences with it unless refused (PERCPUREF_NO_MEMBARRIER, or a kernel
 	 * without PRIVATE_EXPEDITED): then its readers fence themselves. */
-	const char *fences = percpuref_fence_method();
 	int cmds = (int)syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0);
 	bool refused = (no_membarrier && *no_membarrier && strcmp(no_membarrier, "0")) ||
 		       cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED);
