@@ -336,30 +336,31 @@ static void test_null()
 extern "C" void percpuref_fault_fail_nth_alloc(long nth);
 extern "C" void percpuref_test_spares_drop(void);
 
+/* True if @make, run with the library's next allocation refused, throws
+ * bad_alloc. */
+template <typename Make> static bool throws_bad_alloc(Make make)
+{
+	bool threw = false;
+
+	percpuref_test_spares_drop();
+	percpuref_fault_fail_nth_alloc(1);
+	try {
+		make();
+	} catch (const std::bad_alloc &) {
+		threw = true;
+	}
+	percpuref_fault_fail_nth_alloc(0);
+	return threw;
+}
+
 /* An init that fails deletes the T that make_* constructed, then throws. */
 static void test_init_failure()
 {
 	destroyed = 0;
-	percpuref_test_spares_drop();
-	percpuref_fault_fail_nth_alloc(1);
-	bool threw = false;
-	try {
-		auto own = percpuref::make_owner<conn>(1);
-	} catch (const std::bad_alloc &) {
-		threw = true;
-	}
-	percpuref_fault_fail_nth_alloc(0);
-	ok(threw && destroyed == 1, "make_owner: a failed init throws bad_alloc and deletes T");
-	percpuref_test_spares_drop();
-	percpuref_fault_fail_nth_alloc(1);
-	threw = false;
-	try {
-		auto obj = percpuref::make_managed<conn>(2);
-	} catch (const std::bad_alloc &) {
-		threw = true;
-	}
-	percpuref_fault_fail_nth_alloc(0);
-	ok(threw && destroyed == 2, "make_managed: the same");
+	ok(throws_bad_alloc([] { auto own = percpuref::make_owner<conn>(1); }) && destroyed == 1,
+	   "make_owner: a failed init throws bad_alloc and deletes T");
+	ok(throws_bad_alloc([] { auto obj = percpuref::make_managed<conn>(2); }) && destroyed == 2,
+	   "make_managed: the same");
 }
 
 /*
