@@ -60,6 +60,8 @@ extern "C" {
     pub fn percpuref_prepare_unload();
     /// Also sets the library up (and so registers its exit handler).
     pub fn percpuref_fast_path() -> *const c_char;
+    /// How a switch's fences reach the fast path (C 0.4.26).
+    pub fn percpuref_fence_method() -> *const c_char;
     /// Forks since the library was loaded, counted in each child before
     /// its library threads start.
     pub fn percpuref_fork_generation() -> c_ulong;

@@ -717,6 +717,40 @@ pub fn set_library_cpus(cpus: Option<&str>) -> Result<(), Error> {
     check(unsafe { sys::percpuref_set_library_cpus(text) })
 }
 
+/// The per-CPU fast path this process uses (the C library's
+/// `percpuref_fast_path()`): `"rseq-glibc"`, `"rseq-own"` or `"fallback"`,
+/// chosen once, at the first ref or at this call.
+///
+/// ```
+/// assert!(["rseq-glibc", "rseq-own", "fallback"].contains(&percpuref::fast_path()));
+/// ```
+pub fn fast_path() -> &'static str {
+    // SAFETY: sets the library up; returns a static NUL-terminated string.
+    static_word(unsafe { sys::percpuref_fast_path() })
+}
+
+/// How a switch's fences reach that fast path (the C library's
+/// `percpuref_fence_method()`, C 0.4.26): `"membarrier"`, `"migration"`
+/// (membarrier refused on an rseq path), `"reader-fences"` (refused on the
+/// fallback: every clone and drop fences its own section, about 2.5 times
+/// the cost) or `"none"` (no per-CPU section left).  A sandbox that refuses
+/// membarrier changes it without changing [`fast_path`]'s word.
+///
+/// ```
+/// let fences = percpuref::fence_method();
+/// assert!(["membarrier", "migration", "reader-fences", "none"].contains(&fences));
+/// ```
+pub fn fence_method() -> &'static str {
+    // SAFETY: sets the library up; returns a static NUL-terminated string.
+    static_word(unsafe { sys::percpuref_fence_method() })
+}
+
+/// One of the C library's static ASCII words as a `&'static str`.
+fn static_word(word: *const std::os::raw::c_char) -> &'static str {
+    // SAFETY: the C library returns string literals, valid for ever.
+    unsafe { std::ffi::CStr::from_ptr(word) }.to_str().unwrap_or("?")
+}
+
 /// Lets code that used this crate be unloaded: a `cdylib` that uses it
 /// carries the C library, fast paths included, and each call (a clone or
 /// drop of a `PcArc`, `Owner::new`, `share`, `kill`) leaves the calling
@@ -858,6 +892,21 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+
+    /// The two words are the C library's, each from its own call: an rseq
+    /// path starts with membarrier registered (no refusal has happened in
+    /// a test process), and the fallback fences with membarrier or with
+    /// its readers' own barriers.
+    #[test]
+    fn fence_method_goes_with_fast_path() {
+        let (path, fences) = (fast_path(), fence_method());
+        assert!(["rseq-glibc", "rseq-own", "fallback"].contains(&path), "{}", path);
+        if path == "fallback" {
+            assert!(["membarrier", "reader-fences", "none"].contains(&fences), "{}", fences);
+        } else {
+            assert_eq!(fences, "membarrier");
+        }
+    }
 
     /// At exit, values whose last reference went before it are dropped
     /// before the exit goes on: on the library's threads, or on the killing
