@@ -515,6 +515,19 @@ static unsigned long exits_to_count(void)
 }
 
 /*
+ * managed_lock.  An early pass asked for with no thread to serve it (one
+ * that could not start for the exit that asked, or a shutdown whose drain
+ * gave up) is withdrawn: the ask kept later exits from asking, so the
+ * next counted exit asks again, and starts one.  Relaxed, as the exchange
+ * in percpuref_managed_exited(): a flag that orders nothing.
+ */
+static void withdraw_unserved_early_pass_ask(void)
+{
+	if (!thread.running)
+		__atomic_store_n(&early_pass_asked, false, __ATOMIC_RELAXED);
+}
+
+/*
  * After an exit that left its listed node to the reclaimer.  Such nodes are
  * freed by the next pass only, so a program that makes and exits managed
  * refs fast held rate x interval of them (switch-storm's managed variant:
@@ -546,19 +559,6 @@ static unsigned long exits_to_count(void)
  * frees (a count ahead of the nodes by as much, which asks for a pass
  * that much sooner).
  */
-/*
- * managed_lock.  An early pass asked for with no thread to serve it (one
- * that could not start for the exit that asked, or a shutdown whose drain
- * gave up) is withdrawn: the ask kept later exits from asking, so the
- * next counted exit asks again, and starts one.  Relaxed, as the exchange
- * in percpuref_managed_exited(): a flag that orders nothing.
- */
-static void withdraw_unserved_early_pass_ask(void)
-{
-	if (!thread.running)
-		__atomic_store_n(&early_pass_asked, false, __ATOMIC_RELAXED);
-}
-
 void percpuref_managed_exited(void)
 {
 	unsigned long exited, counted = exits_to_count();
