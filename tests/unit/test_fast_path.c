@@ -62,6 +62,9 @@ static void test_which_path(void)
 {
 	const char *want = getenv("PERCPUREF_EXPECT_FAST_PATH");
 	const char *no_membarrier = getenv("PERCPUREF_NO_MEMBARRIER");
+	/* As the library reads it: any value but empty or 0. */
+	bool membarrier_refused_by_env = no_membarrier && *no_membarrier &&
+					 strcmp(no_membarrier, "0");
 	/* The program's first library call: it sets the library up itself,
 	 * or it named a process not yet set up ("none"). */
 	const char *fences = percpuref_fence_method();
@@ -74,7 +77,7 @@ static void test_which_path(void)
 		ok(!strcmp(path, want), "fast path is %s as the variant expects (got %s)", want, path);
 	/* The nomembarrier_ variants: their readers are the sequentially
 	 * consistent ones, or those variants test the membarrier ones again. */
-	if (!strcmp(path, "fallback") && no_membarrier && strcmp(no_membarrier, "0"))
+	if (!strcmp(path, "fallback") && membarrier_refused_by_env)
 		/* Relaxed: set by the setup, before the first counter. */
 		ok(__atomic_load_n(&percpuref_readers_fence_needed, __ATOMIC_RELAXED),
 		   "PERCPUREF_NO_MEMBARRIER: the readers act as if membarrier were refused");
@@ -82,8 +85,8 @@ static void test_which_path(void)
 	 * fences with it unless refused (PERCPUREF_NO_MEMBARRIER, or a kernel
 	 * without PRIVATE_EXPEDITED): then its readers fence themselves. */
 	int cmds = (int)syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0);
-	bool refused = (no_membarrier && *no_membarrier && strcmp(no_membarrier, "0")) ||
-		       cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED);
+	bool refused = membarrier_refused_by_env || cmds < 0 ||
+		       !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED);
 	const char *want_fences = strcmp(path, "fallback") || !refused ? "membarrier"
 								       : "reader-fences";
 
