@@ -350,10 +350,11 @@ prefixes() {
 
 main() {
 	local t0 status=0 step
-	# One at most: "--install --prefixes" ran --install alone, saying nothing.
-	(($# <= 1)) || set -- --usage
-	case ${1:-} in
-	"" | --install | --prepare | --prefixes) ;;
+	# One at most: "--install --prefixes" ran --install alone, saying
+	# nothing.  An empty one is refused too, as scripts/test.sh does: it
+	# ran the whole series.
+	case $#:${1-} in
+	0: | 1:--install | 1:--prepare | 1:--prefixes) ;;
 	*)
 		echo "usage: kernel/run.sh [--install | --prepare | --prefixes]" >&2
 		return 2 ;;
