@@ -71,8 +71,9 @@ PERCPUREF_API int percpu_ref_managed_set_config(const struct percpu_ref_managed_
  * @release has returned; for a percpu_rcuref, its RCU-deferred release).
  * Scans back to back, ignoring the interval, until a whole pass over the
  * list that started after the call has finished.  0; -EDEADLK (warned) from
- * a callback run by a library thread, by percpuref_shutdown() or by a call
- * running queued work itself (no thread can start), or inside an RCU
+ * a callback run by a library thread, by percpuref_shutdown(), by a poll
+ * (percpu_ref_poll()) or by a call running queued work itself (no thread
+ * can start), or inside an RCU
  * read-side section (it would wait for itself); -ENOMEM if a pass cannot
  * start for want of memory (warned the first time, and again after one
  * could start) (the refs wait for the reclaimer's next
