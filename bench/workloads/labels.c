@@ -1067,7 +1067,7 @@ static const struct bench_option labels_options[] = {
 	{ .name = "stacks", .type = BENCH_OPT_LONG, .value = &opt_stacks,
 	  .help = "stacked labels per namespace (fewer than profiles)" },
 	{ .name = "scan-ms", .type = BENCH_OPT_LONG, .value = &opt_scan_ms,
-	  .help = "percpu-managed: reclaimer scan interval in ms (0: back to back)" },
+	  .help = "percpu-managed, percpu-rcuref: reclaimer scan interval in ms (0: back to back)" },
 	{ .name = "profile", .type = BENCH_OPT_STRING, .value = &opt_profile,
 	  .help = "the workers' label: unconfined (the report's nginx; no table walk) or nginx" },
 	{ 0 },
