@@ -152,9 +152,21 @@ static void give_back_unit(struct unit_record *rec)
 	percpuref_owner_mark_give_back(&rec->owner);
 }
 
+/* percpuref_readers_set_exit_work(): NULL until a handler left work. */
+static void (*exit_work)(void);
+
+void percpuref_readers_set_exit_work(void (*fn)(void))
+{
+	/* Relaxed: the thread that reads it for its exit work set it itself
+	 * (a handler of that thread, before the exit); any other thread finds
+	 * NULL or the same function, which finds it has nothing to run. */
+	__atomic_store_n(&exit_work, fn, __ATOMIC_RELAXED);
+}
+
 static void reader_exit(void *unused)
 {
 	struct percpuref_reader *self = &percpuref_reader_self;
+	void (*work)(void);
 	sigset_t async, old;
 
 	(void)unused;
@@ -173,8 +185,11 @@ static void reader_exit(void *unused)
 	self->state = PERCPUREF_READER_ATOMIC;
 	pthread_mutex_unlock(&readers_lock);
 	/* The releases its handlers left to that section, with the
-	 * synchronous signals open, whatever mask the abandoned handler had. */
-	percpuref_run_exiting_handler_releases();
+	 * synchronous signals open, whatever mask the abandoned handler had.
+	 * Relaxed: see percpuref_readers_set_exit_work(). */
+	work = __atomic_load_n(&exit_work, __ATOMIC_RELAXED);
+	if (work)
+		work();
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 

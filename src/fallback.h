@@ -141,9 +141,14 @@ static inline bool percpuref_reader_interrupted(void)
 	       (__atomic_load_n(self->ctr, __ATOMIC_RELAXED) & PERCPUREF_READER_NEST_MASK);
 }
 
-/* At the thread's exit, outside every section (percpu_ref.c): the
- * releases its handlers left to a get or put that never returned. */
-void percpuref_run_exiting_handler_releases(void);
+/*
+ * percpuref_readers_set_exit_work - have every thread's exit with a unit
+ * call @fn last, outside every section, with the synchronous signals
+ * open: percpu_ref.c's releases that a thread's handlers left to a get or
+ * put that never returned.  A hook, so that this layer calls nothing
+ * above it.  Async-signal-safe: set from the handler that leaves one.
+ */
+void percpuref_readers_set_exit_work(void (*fn)(void));
 
 /* Set-up for a process (or fork child) without rseq and @nr_units
  * units: membarrier, the unit map, the exit hook. */

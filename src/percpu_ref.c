@@ -1812,6 +1812,8 @@ own_rseq_percpu_add(struct percpu_ref *ref, unsigned long delta)
  */
 static __thread struct percpu_ref_impl *handler_releases __attribute__((tls_model("initial-exec")));
 
+static void run_exiting_handler_releases(void);
+
 /*
  * In a signal handler, inside a section of this thread: leave @ref's
  * @release to the interrupted get or put (fallback_percpu_add()).  A ref
@@ -1830,6 +1832,8 @@ static void defer_handler_release(struct percpu_ref *ref)
 	 * after, which that thread's decrement acquires. */
 	if (__atomic_fetch_add(&impl->owed_and_holds, 1, __ATOMIC_ACQ_REL))
 		return;
+	/* Before the push: an exit after it runs what this thread owes. */
+	percpuref_readers_set_exit_work(run_exiting_handler_releases);
 	top = __atomic_load_n(&handler_releases, __ATOMIC_RELAXED);
 	do
 		impl->handler_next = top;
@@ -1908,14 +1912,15 @@ static __attribute__((noinline)) void run_handler_releases(void)
 }
 
 /*
- * The thread exits (fallback.c, reader_exit(), its unit given back) with
- * releases its handlers left: a handler that interrupted a get or put left
- * by pthread_exit() (or a thread_local destructor's put on the way out),
- * and the interrupted call, which was to run them, never returns; or a
- * deferred release that left by pthread_exit() before the next one ran.
+ * The thread exits (fallback.c runs it, as the exit work that
+ * defer_handler_release() set, after reader_exit() gave the unit back)
+ * with releases its handlers left: a handler that interrupted a get or put
+ * left by pthread_exit() (or a thread_local destructor's put on the way
+ * out), and the interrupted call, which was to run them, never returns; or
+ * a deferred release that left by pthread_exit() before the next one ran.
  * Run here, or never: the ref stayed at zero, unreleased.
  */
-void percpuref_run_exiting_handler_releases(void)
+static void run_exiting_handler_releases(void)
 {
 	if (__atomic_load_n(&handler_releases, __ATOMIC_RELAXED) || handler_releases_to_run)
 		run_handler_releases();

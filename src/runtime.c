@@ -73,8 +73,10 @@
  * for a grace period.  Fences may overlap; each covers what it started
  * after, so the mark only rises.
  *
- * Layering.  This is the lowest layer: it calls nothing above it.  Modules
- * above register fork hooks, one per lock rank (internal.h writes the lock
+ * Layering.  This is the lowest layer, with the fast paths it chooses
+ * between (rseq_register.c, fallback.c) and thread_exit.c: they call
+ * nothing above them (tests/compile/check_layers.sh checks the objects,
+ * against the layers it writes down).  Modules above register fork hooks, one per lock rank (internal.h writes the lock
  * order down), and exit hooks.  Fork takes every rank in order (liburcu-bp's
  * own locks at their rank) and releases them in reverse, so the child never
  * inherits a lock held by a thread that does not exist there; batch locks a
