@@ -95,6 +95,34 @@ if grep -q libpercpuref <<<"$(ldd "$stage/cmake-build/consumer_static")"; then
 fi
 echo "ok - find_package: percpuref::percpuref and percpuref::percpuref_static"
 
+# Where pkg-config finds no liburcu-bp: an optional find_package() goes on
+# without percpuref, and a REQUIRED one fails saying why; with it (the
+# control), the same project finds the package.
+no_pc="$stage/no-pkgconfig"
+mkdir "$no_pc"
+optional_configure() { # BUILD_DIR [CMAKE_ARGS...]
+  local dir=$1
+  shift
+  cmake -S "$src/tests/install/optional_consumer" -B "$stage/$dir" \
+        -DCMAKE_PREFIX_PATH="$root" "$@" 2>&1
+}
+if ! out=$(PKG_CONFIG_LIBDIR="$no_pc" PKG_CONFIG_PATH= optional_configure optional-none) ||
+   ! grep -q "percpuref: not found" <<<"$out"; then
+  echo "not ok - an optional find_package without liburcu-bp: $out" >&2
+  exit 1
+fi
+if out=$(PKG_CONFIG_LIBDIR="$no_pc" PKG_CONFIG_PATH= \
+         optional_configure required-none -DPERCPUREF_REQUIRED=ON) ||
+   ! grep -q "needs liburcu-bp, which pkg-config did not find" <<<"$out"; then
+  echo "not ok - a REQUIRED find_package without liburcu-bp: $out" >&2
+  exit 1
+fi
+if ! out=$(optional_configure optional-found) || ! grep -q "percpuref: found" <<<"$out"; then
+  echo "not ok - an optional find_package with liburcu-bp: $out" >&2
+  exit 1
+fi
+echo "ok - find_package without liburcu-bp: not found (optional), refused with the reason (REQUIRED)"
+
 # Built in a user's tree: the same targets by the same names, and nothing
 # of percpuref's own but the libraries (no scdoc needed, no tests built).
 cmake -S "$src/tests/install/subdir_consumer" -B "$stage/subdir-build" -G Ninja \
