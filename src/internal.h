@@ -825,7 +825,8 @@ void percpuref_sleep_us(unsigned long us);
  * CPU, later ones sleep 50 µs.  @tries counts from 1. */
 void percpuref_yield_or_nap(unsigned long tries);
 
-/* One-line diagnostic on stderr: "percpuref: <fn>: <message>". */
+/* One-line diagnostic on stderr: "percpuref: <fn>: <message>", or
+ * "percpuref: <message>" where no call of the API is to blame (@fn NULL). */
 void percpuref_warn(const char *fn, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* Count of warnings printed so far (tests assert misuse was reported). */

@@ -164,7 +164,7 @@ ptrdiff_t percpuref_rseq_choose(void)
 	}
 	if (!own_register(&err)) {
 		if (err == EINVAL)
-			percpuref_warn("percpuref", "this thread has an rseq area of another's "
+			percpuref_warn(NULL, "this thread has an rseq area of another's "
 				       "(librseq, tcmalloc?); per-CPU fast path: the fallback");
 		return 0;
 	}

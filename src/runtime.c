@@ -918,8 +918,9 @@ static void library_thread_enter(struct library_thread_node *node)
 	}
 	pthread_mutex_unlock(&library_threads_lock);
 	if (err)
-		percpuref_warn("percpuref", "a library thread cannot run on the CPUs chosen for "
-			       "them (%s); it runs where it started", strerror(err));
+		percpuref_warn(NULL, "a library thread cannot run on the CPUs chosen for them "
+			       "(percpuref_set_library_cpus(), PERCPUREF_LIBRARY_CPUS): %s; it runs "
+			       "where it started", strerror(err));
 }
 
 /* Its last step, by return or pthread_exit(): never listed dead, so a
@@ -999,7 +1000,7 @@ static void library_cpus_from_env(void)
 	if (!env || !*env)
 		return;
 	if (!percpuref_parse_cpu_list(env, &chosen)) {
-		percpuref_warn("percpuref", "PERCPUREF_LIBRARY_CPUS=\"%s\" is not a list of CPUs "
+		percpuref_warn(NULL, "PERCPUREF_LIBRARY_CPUS=\"%s\" is not a list of CPUs "
 			       "below %u; ignored", env, PERCPUREF_MAX_CPUS);
 		return;
 	}
@@ -1132,7 +1133,7 @@ static void runtime_init_once(void)
 	valgrind_core_loaded = dl_iterate_phdr(is_valgrind_core, NULL) != 0;
 	/* Before anything can be pending: see runtime_at_exit(). */
 	if (atexit(runtime_at_exit))
-		percpuref_warn("percpuref", "atexit refused: releases pending at exit run after "
+		percpuref_warn(NULL, "atexit refused: releases pending at exit run after "
 			       "the static destructors");
 
 	/* Before the fast path can be used: it checks cpu_id against it. */
@@ -1838,7 +1839,8 @@ void percpuref_warn(const char *fn, const char *fmt, ...)
 	va_list ap;
 	int n, cancel;
 
-	n = snprintf(line, sizeof(line), "percpuref: %s: ", fn);
+	n = fn ? snprintf(line, sizeof(line), "percpuref: %s: ", fn)
+	       : snprintf(line, sizeof(line), "percpuref: ");
 	va_start(ap, fmt);
 	if (n > 0 && (size_t)n < sizeof(line))
 		vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);

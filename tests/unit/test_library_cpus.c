@@ -282,6 +282,9 @@ static void test_unusable_choice_at_start(void)
 	for (hit = out; (hit = strstr(hit, "cannot run on the CPUs chosen")); hit++)
 		lines++;
 	is(lines, 1, "one warning for the two starts");
+	/* No call of the API to name: "percpuref: percpuref: ..." up to 0.4.26. */
+	ok(strstr(out, "percpuref: a library thread cannot run") && !strstr(out, "percpuref: percpuref"),
+	   "prefixed once, naming no call");
 	is(percpuref_warning_count() - before, 1, "counted once");
 	if (lines != 1)
 		printf("# stderr: %s", out);
