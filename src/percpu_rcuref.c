@@ -32,11 +32,19 @@
  * percpu_rcuref_exit() frees it only when its fetch_or saw neither ZEROING
  * nor QUEUED.  Each exit takes ref->state with an exchange, so of two exits
  * only one gets it; of an exit and the pipeline, one RMW on each side
- * decides, so exactly one frees the state.  What this cannot cover, and
- * the header forbids: an exit from another thread before zero() set
- * ZEROING (the put reaching zero there, or the reclaimer about to release
- * a managed ref), or once after_grace_period() swapped in 0 (@release may
- * already run, and may free the object).
+ * decides, so exactly one frees the state.  And acquire-release on those
+ * two RMWs (the exit's fetch_or of EXITED, after_grace_period()'s
+ * exchange of 0) is what orders the other side's last use of the state
+ * before the free: whichever comes second, and frees, reads the other's
+ * write, so the exit's read of the phase and write of readers_hold, or
+ * the pipeline's reads of @release and the owner, happen before the
+ * free, and neither side touches the state after its RMW but to free
+ * it.  zero()'s last uses reach the pipeline through the RCU queue's
+ * mutex.  What this cannot cover, and the header forbids: an exit from
+ * another thread before zero() set ZEROING (the put reaching zero there,
+ * or the reclaimer about to release a managed ref), or once
+ * after_grace_period() swapped in 0 (@release may already run, and may
+ * free the object).
  *
  * Readers may still tryget a ref exited so: they found the object before
  * @unpublish returned, and their sections may outlast the exit.  So such
@@ -241,7 +249,11 @@ PERCPUREF_API void percpu_rcuref_exit(struct percpu_rcuref *ref)
 	if (!percpuref_ref_exit(&ref->ref, under_readers ? &st->readers_hold : NULL)) {
 		/* Refused (warned: its own kill's confirm, which no zero
 		 * can race, holding the switch's reference): the ref keeps
-		 * its state.  Release: as init's. */
+		 * its state.  Release: pairs with the acq_rel exchange of the
+		 * exit that takes the state next, so our read of its phase
+		 * happens before that exit, or the pipeline after that
+		 * exit's mark, frees it.  (Init's plain store needs none:
+		 * the ref's hand-off to other threads orders it.) */
 		__atomic_store_n(&ref->state, st, __ATOMIC_RELEASE);
 		return;
 	}

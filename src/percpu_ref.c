@@ -364,6 +364,10 @@ static void switch_fork_lock(void)
 
 static void switch_fork_unlock(void)
 {
+	/* Relaxed: fork_gate's unlock below releases it to the threads that
+	 * saw the flag and wait on the gate; one that still reads it up
+	 * steps back through the gate once more.  (In the child, this
+	 * thread is the only one.) */
 	__atomic_store_n(&fork_pending, false, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&fork_gate);
 }
@@ -386,7 +390,8 @@ static void switch_fork_child(void)
 
 	/* A word locked here is a parent's thread's that was stepping back
 	 * from the fork: it touched nothing.  Written only then, so that the
-	 * child copies no page of them. */
+	 * child copies no page of them.  Relaxed, the load and the store:
+	 * the child has no other thread yet. */
 	for (i = 0; i < SWITCH_STRIPES; i++)
 		if (__atomic_load_n(&switch_stripes[i].lock, __ATOMIC_RELAXED))
 			__atomic_store_n(&switch_stripes[i].lock, 0, __ATOMIC_RELAXED);
@@ -428,6 +433,8 @@ static void sync_switch_fork_lock(void)
 	 * and sleeps on it rather than spin, and a second fork's flag
 	 * cannot be cleared by the first fork's end. */
 	pthread_mutex_lock(&sync_switch_fork_gate);
+	/* Relaxed: a hint to step back; the write lock below decides, and a
+	 * switch that misses the flag only delays the fork by one switch. */
 	__atomic_store_n(&sync_switch_fork_waiting, true, __ATOMIC_RELAXED);
 	pthread_rwlock_wrlock(&sync_switch_lock);
 }
@@ -435,6 +442,8 @@ static void sync_switch_fork_lock(void)
 static void sync_switch_fork_unlock(void)
 {
 	pthread_rwlock_unlock(&sync_switch_lock);
+	/* Relaxed: the gate's unlock below releases it to the switches that
+	 * sleep on the gate; one that reads it up steps back once more. */
 	__atomic_store_n(&sync_switch_fork_waiting, false, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&sync_switch_fork_gate);
 }
@@ -445,6 +454,7 @@ static void sync_switch_fork_child(void)
 	 * child's thread does not have.  The gate, a plain mutex, is
 	 * unlocked as the switch locks are. */
 	pthread_rwlock_init(&sync_switch_lock, NULL);
+	/* Relaxed: the child has no other thread yet. */
 	__atomic_store_n(&sync_switch_fork_waiting, false, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&sync_switch_fork_gate);
 }
@@ -1090,7 +1100,10 @@ static bool start_atomic_switch(struct percpu_ref *ref, percpu_ref_func_t *confi
 	ref->data->confirm_switch = confirm ? confirm : noop_confirm;
 	impl_of(ref->data)->async_switch = async;
 	impl_of(ref->data)->switch_caller = caller;
-	/* Held until the switch is confirmed; atomic since the flag is set. */
+	/* Held until the switch is confirmed; atomic since the flag is set.
+	 * Relaxed: a get, and holding a reference orders nothing; the ref
+	 * was per-CPU, so the count still carries the bias and no put can
+	 * take it to zero before the fold. */
 	__atomic_fetch_add(&ref->data->count, 1, __ATOMIC_RELAXED);
 	if (async)
 		percpuref_call_after_grace_period(&impl_of(ref->data)->switch_work,
@@ -1267,6 +1280,9 @@ static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref
 		/* Never SWITCH_REF_EXITED: lock_unmanaged() waited. */
 		if (wait_switch_done(ref) != SWITCH_NONE)
 			return SYNC_SWITCH_IN_FLIGHT;
+		/* Relaxed: the flag only says who goes first; the try-lock
+		 * decides who enters, and a stale flag costs the fork one
+		 * switch or this switch one step back. */
 		if (!__atomic_load_n(&sync_switch_fork_waiting, __ATOMIC_RELAXED) &&
 		    !pthread_rwlock_tryrdlock(&sync_switch_lock))
 			return SYNC_SWITCH_READY;
@@ -1543,6 +1559,8 @@ static bool filter_sees_use;	/* test hook */
 
 PERCPUREF_API void percpuref_test_filter_sees_use(bool on)
 {
+	/* Relaxed: a test's setting; the scanner reads nothing on the
+	 * strength of it. */
 	__atomic_store_n(&filter_sees_use, on, __ATOMIC_RELAXED);
 }
 
@@ -1642,6 +1660,11 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 	 * once, leave the ref atomic and pinned, and stop checking it (the
 	 * next pass unlinks it): a ref pinned below zero by a put or by the
 	 * fold likewise.
+	 *
+	 * Relaxed: this thread's fold just wrote it (lock held), and the
+	 * value only chooses the pin, which frees nothing, or the holders
+	 * counted in a warning; whether the ref is released is the acquire
+	 * compare-and-swap's to say, which reads the count again.
 	 */
 	count = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
 	if (count == 1 || count >= PERCPU_REF_UNDERFLOW_ZONE) {
@@ -1764,7 +1787,10 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref)
 
 	if (!(mode_word(ref) & __PERCPU_REF_ATOMIC_DEAD))
 		return false;
-	/* The lock keeps data from being freed under us. */
+	/* The lock keeps data from being freed under us.  Relaxed: a
+	 * snapshot, as the kernel's atomic_long_read(); a true here orders
+	 * nothing against the put that took the count to zero (@release is
+	 * what runs after it). */
 	lock_switch(ref);
 	if (ref->data)
 		count = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
@@ -1834,6 +1860,9 @@ static void defer_handler_release(struct percpu_ref *ref)
 		return;
 	/* Before the push: an exit after it runs what this thread owes. */
 	percpuref_readers_set_exit_work(run_exiting_handler_releases);
+	/* Relaxed, the load and the compare-and-swap: this thread's own
+	 * list; the get or put this handler interrupted reads it only after
+	 * the handler returned, on the same thread, handler_next included. */
 	top = __atomic_load_n(&handler_releases, __ATOMIC_RELAXED);
 	do
 		impl->handler_next = top;
@@ -1896,6 +1925,9 @@ static __attribute__((noinline)) void run_handler_releases(void)
 
 	percpuref_sigfill_async(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
+	/* Relaxed: this thread's own list; a handler's push lands wholly
+	 * before or after this one instruction, and we read what it wrote
+	 * after it returned, on the same thread. */
 	list = __atomic_exchange_n(&handler_releases, NULL, __ATOMIC_RELAXED);
 	while ((impl = list)) {
 		list = impl->handler_next;
@@ -1922,6 +1954,8 @@ static __attribute__((noinline)) void run_handler_releases(void)
  */
 static void run_exiting_handler_releases(void)
 {
+	/* Relaxed: this thread's own list, which only it and its handlers
+	 * touch. */
 	if (__atomic_load_n(&handler_releases, __ATOMIC_RELAXED) || handler_releases_to_run)
 		run_handler_releases();
 }
@@ -1934,6 +1968,10 @@ fallback_percpu_add(struct percpu_ref *ref, unsigned long delta)
 {
 	enum percpuref_this_cpu_result r;
 
+	/* Relaxed, as percpuref_this_rseq_area() reads it: set up before
+	 * the ref's init, which reached this thread with the ref; a
+	 * switch-off's 0 orders nothing here (the sections that miss it are
+	 * given time: runtime.c). */
 	if (percpuref_likely(!__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED))) {
 		r = percpuref_reader_add(&ref->percpu_count_ptr, delta);
 		/* A handler interrupted our section and reached a release:
@@ -2024,6 +2062,7 @@ static unsigned int unitless_yield_every, unitless_adds;	/* test hook */
 
 PERCPUREF_API void percpuref_test_unitless_yield(unsigned int every)
 {
+	/* Relaxed: a test's setting; it only paces the adds with yields. */
 	__atomic_store_n(&unitless_yield_every, every, __ATOMIC_RELAXED);
 }
 

@@ -41,12 +41,15 @@ void __kref_misuse(struct kref *kref, unsigned int old, const char *fn)
 			       (void *)kref);
 	else if (old == KREF_MAX)
 		percpuref_warn(fn, "kref %p overflowed: saturated, leaking it", (void *)kref);
+	/* Relaxed: a pin; the kref is leaked, and nothing is released or
+	 * read through it on the strength of this store. */
 	__atomic_store_n(&kref->refcount, KREF_SATURATED, __ATOMIC_RELAXED);
 }
 
 bool rcuref_get_slowpath(rcuref_t *ref, unsigned int cnt)
 {
-	/* Dead: fail, and undo the increment so it stays mid-zone. */
+	/* Dead: fail, and undo the increment so it stays mid-zone.  Relaxed:
+	 * the get fails, so its caller reads nothing through the object. */
 	if (cnt >= RCUREF_RELEASED) {
 		__atomic_store_n(&ref->refcnt, RCUREF_DEAD, __ATOMIC_RELAXED);
 		return false;
@@ -57,6 +60,8 @@ bool rcuref_get_slowpath(rcuref_t *ref, unsigned int cnt)
 	 */
 	if (cnt == RCUREF_MAXREF + 1)
 		percpuref_warn("rcuref_get", "rcuref %p saturated: leaking it", (void *)ref);
+	/* Relaxed: a pin; the object leaks, and the get succeeds ordered,
+	 * as every get, by whatever found the object (rcuref.h). */
 	__atomic_store_n(&ref->refcnt, RCUREF_SATURATED, __ATOMIC_RELAXED);
 	return true;
 }
@@ -80,14 +85,17 @@ bool rcuref_put_slowpath(rcuref_t *ref, unsigned int cnt)
 		return __atomic_compare_exchange_n(&ref->refcnt, &cnt, RCUREF_DEAD, false,
 						   __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 	}
-	/* A put on a dead count is imbalanced: keep it dead, never release. */
+	/* A put on a dead count is imbalanced: keep it dead, never release.
+	 * Relaxed, the flag and the count: the flag only picks which put
+	 * warns; the count stays dead and this put releases nothing. */
 	if (cnt >= RCUREF_RELEASED) {
 		if (!__atomic_exchange_n(&imbalance_reported, true, __ATOMIC_RELAXED))
 			percpuref_warn("rcuref_put", "imbalanced put on dead rcuref %p", (void *)ref);
 		__atomic_store_n(&ref->refcnt, RCUREF_DEAD, __ATOMIC_RELAXED);
 		return false;
 	}
-	/* A put on a saturated count: pin it mid-zone; never release. */
+	/* A put on a saturated count: pin it mid-zone; never release.
+	 * Relaxed: the object is leaked, nothing is released through it. */
 	__atomic_store_n(&ref->refcnt, RCUREF_SATURATED, __ATOMIC_RELAXED);
 	return false;
 }

@@ -502,6 +502,11 @@ static inline bool __percpu_ref_atomic_sub_and_test(struct percpu_ref *ref, unsi
 static inline bool __percpu_ref_atomic_add_not_zero(struct percpu_ref_data *data,
 						    unsigned long nr)
 {
+	/* Relaxed, the load and the compare-and-swap: a tryget that succeeds
+	 * is a get (above); what the caller reads through the object was
+	 * ordered by the lookup that found it, and what it does under the
+	 * reference reaches @release through its put.  A zero only fails
+	 * the call: nothing is read on the strength of it. */
 	unsigned long old = __atomic_load_n(&data->count, __ATOMIC_RELAXED);
 
 	do {
@@ -565,7 +570,10 @@ static inline bool percpu_ref_tryget_many(struct percpu_ref *ref, unsigned long 
 		return true;
 	/* Loaded once, and atomically: an exit under RCU readers clears it
 	 * (__percpu_ref_atomic_add_not_zero()); none goes to the slow path,
-	 * which tells such an exit from misuse. */
+	 * which tells such an exit from misuse.  Relaxed: the only non-NULL
+	 * pointer stored here is init's, which reached this thread with the
+	 * ref itself; the slow path loads a NULL again with acquire, for the
+	 * exit's mode word. */
 	data = __atomic_load_n(&ref->data, __ATOMIC_RELAXED);
 	if (r == PERCPUREF_THIS_CPU_FLAGGED && percpuref_likely(data))
 		return __percpu_ref_atomic_add_not_zero(data, nr);
@@ -592,9 +600,15 @@ static inline bool percpu_ref_tryget_live(struct percpu_ref *ref)
 	if (percpuref_likely(r == PERCPUREF_THIS_CPU_DONE))
 		return true;
 	if (r == PERCPUREF_THIS_CPU_FLAGGED) {
+		/* Relaxed: a kill sets DEAD (seq_cst, under the switch lock)
+		 * before its confirm runs, so a call ordered after the confirm
+		 * reads it (or a later resurrect's word) by coherence; one
+		 * racing the kill may miss it, as allowed above. */
 		if (__atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_RELAXED) & __PERCPU_REF_DEAD)
 			return false;
-		/* As in percpu_ref_tryget_many(). */
+		/* Loaded once, relaxed, as in percpu_ref_tryget_many(): only
+		 * init stores one that is not NULL, and it came with the ref;
+		 * NULL goes to the slow path, which loads it with acquire. */
 		data = __atomic_load_n(&ref->data, __ATOMIC_RELAXED);
 		if (percpuref_likely(data))
 			return __percpu_ref_atomic_add_not_zero(data, 1);
@@ -639,6 +653,9 @@ static inline void percpu_ref_put(struct percpu_ref *ref)
 /* percpu_ref_is_dying - true once the ref was killed (until resurrected). */
 static inline bool percpu_ref_is_dying(struct percpu_ref *ref)
 {
+	/* Relaxed: a snapshot, as the kernel's plain read; a call ordered
+	 * after the kill reads DEAD (or a later resurrect's word) by
+	 * coherence, one racing it may not. */
 	return __atomic_load_n(&ref->percpu_count_ptr, __ATOMIC_RELAXED) & __PERCPU_REF_DEAD;
 }
 

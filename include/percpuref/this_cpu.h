@@ -212,6 +212,11 @@ static inline void *percpuref_thread_pointer(void)
 static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
 {
 #if PERCPUREF_HAVE_RSEQ
+	/* Relaxed: set before the first counter exists, which whoever handed
+	 * this thread a counter ordered first; cleared in a fork child with
+	 * one thread, or at a switch-off, which gives the sections that
+	 * missed it time to end, not an order (runtime.c,
+	 * switch_fast_path_off()). */
 	ptrdiff_t offset = __atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED);
 
 	if (percpuref_unlikely(offset == 0))
