@@ -294,6 +294,10 @@ static bool pushed_while_going_to_sleep(void)
 	(void)__atomic_exchange_n(&thread_sleeping, true, __ATOMIC_SEQ_CST);
 	if (!__atomic_load_n(&pending, __ATOMIC_SEQ_CST))
 		return false;
+	/* Relaxed: we stay awake and take the stack, and swap the flag in
+	 * again (seq_cst, above) before we sleep, or we stop and leave the
+	 * items to the stopper (push_pending()).  A pusher that reads the
+	 * stale true only owes a wake-up. */
 	__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
 	return true;
 }
@@ -376,6 +380,7 @@ static void *deferred_thread(void *arg)
 			if (pushed_while_going_to_sleep())
 				break;
 			pthread_cond_wait(&work_queued, &deferred_lock);
+			/* Relaxed: as in pushed_while_going_to_sleep(). */
 			__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
 		}
 		/* Stopping: as before sleeping (the Dekker pair), so that a
@@ -396,6 +401,10 @@ static void *deferred_thread(void *arg)
 			continue;
 		run_batch();
 	}
+	/* Relaxed: under deferred_lock, which orders it for ensure_thread()
+	 * and the stopper; a pusher reads it without the lock, and our last
+	 * look at the stack, made first, covers a stale read
+	 * (push_pending()). */
 	__atomic_store_n(&thread.running, false, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&work_done);
 	pthread_mutex_unlock(&deferred_lock);
@@ -423,6 +432,10 @@ static bool ensure_thread(void)
 		return true;
 	pthread_once(&work_done_once, init_work_done);
 	thread.stopping = false;
+	/* Relaxed, both: under deferred_lock, which orders them for its
+	 * next holders; pushers read them without it (push_pending()), and
+	 * the new thread swaps thread_sleeping in (seq_cst) before it
+	 * first sleeps. */
 	__atomic_store_n(&thread_sleeping, false, __ATOMIC_RELAXED);
 	__atomic_store_n(&thread.running,
 			 percpuref_start_thread(&thread, deferred_thread, "percpuref-cb"),
@@ -445,7 +458,14 @@ static unsigned long push_pending(struct percpuref_deferred *d)
 	 * the thread's going to sleep (see above). */
 	while (!__atomic_compare_exchange_n(&pending, &top, d, true, __ATOMIC_SEQ_CST,
 					    __ATOMIC_RELAXED));
-	/* An awake thread takes the whole stack before it sleeps. */
+	/* An awake thread takes the whole stack before it sleeps.  Relaxed,
+	 * running: written under deferred_lock.  A stale false owes a
+	 * needless wake-up.  A stale true: a stopping thread makes the
+	 * Dekker pair's look at the stack before it clears running, so we
+	 * read thread_sleeping true, or that look found items and the
+	 * stopper starts a thread for them (percpuref_deferred_stop()),
+	 * whose look at the stack follows our load; where none can start,
+	 * our item waits for the next try, as a wake-up owed would. */
 	if (!__atomic_load_n(&thread.running, __ATOMIC_RELAXED) ||
 	    __atomic_load_n(&thread_sleeping, __ATOMIC_SEQ_CST))
 		wake_owed = true;
@@ -547,6 +567,8 @@ static void wait_polled_batches(void)
 {
 	struct poller *p;
 
+	/* Acquire: pairs with poller_claim()'s release, as in
+	 * take_all_polled(); next never changes. */
 	for (p = __atomic_load_n(&pollers, __ATOMIC_ACQUIRE); p; p = p->next) {
 		unsigned long target;
 
@@ -792,6 +814,9 @@ int percpuref_wait_deferred(void)
 	/* Polling threads' queues too: one may never poll again. */
 	take_all_polled();
 	percpuref_deferred_wake_owed();
+	/* Relaxed: every push we must wait for happened before this call
+	 * (ours, or ordered before it by the caller), so coherence reads a
+	 * count that includes it; one racing with us only waits longer. */
 	target = __atomic_load_n(&nr_queued, __ATOMIC_RELAXED);
 	cancel = percpuref_cancel_disable();
 	pthread_mutex_lock(&deferred_lock);
@@ -908,6 +933,9 @@ static void queue_fork_prepare(void)
 
 	pthread_mutex_lock(&deferred_lock);
 	percpuref_wait_thread_started(&thread);
+	/* Acquire: pairs with poller_claim()'s release, so each poller's
+	 * lock is initialised; a fork from a callback holds no
+	 * registry_lock. */
 	fork_pollers = __atomic_load_n(&pollers, __ATOMIC_ACQUIRE);
 	for (p = fork_pollers; p; p = p->next)
 		pthread_mutex_lock(&p->lock);
@@ -1075,6 +1103,7 @@ void percpuref_deferred_waiter_end(void)
 
 PERCPUREF_API unsigned long percpuref_test_deferred_waiters(void)
 {
+	/* Relaxed: a test's look at a hint; nothing is read through it. */
 	return __atomic_load_n(&waiters, __ATOMIC_RELAXED);
 }
 

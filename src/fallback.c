@@ -123,6 +123,8 @@ static int sys_membarrier(int cmd)
 	return (int)syscall(__NR_membarrier, cmd, 0, 0);
 }
 
+/* Relaxed: every caller holds readers_lock, which orders it (atomic only
+ * for ThreadSanitizer: see owned). */
 static bool unit_owned(const struct unit_record *rec)
 {
 	return __atomic_load_n(&rec->owned, __ATOMIC_RELAXED);
@@ -339,6 +341,9 @@ void percpuref_readers_fence(void)
 	unsigned int i;
 
 	pthread_mutex_lock(&readers_lock);
+	/* Relaxed: written under readers_lock, which we hold.  None: a
+	 * thread registering later takes the lock after us and sees the
+	 * caller's mode word. */
 	if (__atomic_load_n(&nr_readers, __ATOMIC_RELAXED) == 0) {
 		pthread_mutex_unlock(&readers_lock);
 		return;
@@ -376,6 +381,8 @@ void percpuref_readers_fence(void)
 			 * unless it adds to the very ref being switched (rseq
 			 * restarts it), and kept on that ref (internal.h,
 			 * percpuref_note_unfenced_adds()). */
+			/* Relaxed: a warn-once flag; the exchange alone makes
+			 * one warning, and nothing is read through it. */
 			if (!__atomic_exchange_n(&self_skip_warned, true, __ATOMIC_RELAXED))
 				percpuref_warn("percpuref_fence_readers", "called from a signal "
 					       "handler that interrupted a get or put; that call "
@@ -392,6 +399,8 @@ void percpuref_readers_fence(void)
 
 PERCPUREF_API unsigned int percpuref_readers_registered(void)
 {
+	/* Relaxed: a count for the tests, written under readers_lock;
+	 * nothing is read on the strength of it. */
 	return __atomic_load_n(&nr_readers, __ATOMIC_RELAXED);
 }
 
@@ -416,6 +425,7 @@ static void readers_fork_child(void)
 	 * Its section counter starts closed too, as it was: a fork from a
 	 * handler inside a section skips these hooks (runtime.c). */
 	init_unit_records();
+	/* Relaxed: the child has one thread, and readers_lock is held. */
 	__atomic_store_n(&nr_readers, 0, __ATOMIC_RELAXED);
 	if (mine) {
 		percpuref_owner_mark_take(&mine->owner);

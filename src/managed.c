@@ -35,6 +35,16 @@
  * reclaimer nothing: its node, and the impl's free, stay on the cycling
  * thread (docs/managed.md, "Taken back").
  *
+ * Ordering.  A push's compare-and-swap on its stage or list_head releases
+ * the node, its next pointer and the ref's data written before it
+ * (percpuref_managed_push()); the scanner acquires a stage's nodes with
+ * the exchange that takes the stage (take_stages()), the head's with the
+ * compare-and-swap that pushes its marker (scan_once()), and walks them
+ * with plain pointers from there.  No push is lost on an idle thread: the
+ * thread swaps kick_needed to true and re-reads the head and every stage,
+ * a pusher CASes and then reads kick_needed, all sequentially consistent,
+ * so one of them sees the other, a Dekker pair (percpuref_managed_kick()).
+ *
  * A pass.  Take the stages, push a marker, then walk from it down to the
  * bottom, where each stage taken is linked in turn, until none is left.
  * Nodes pushed during the pass sit in the stages or above the marker and
@@ -272,6 +282,9 @@ static unsigned int this_cpu_index(unsigned int nr)
 	struct percpuref_rseq_area *rseq = percpuref_this_rseq_area();
 	unsigned int cpu = nr;
 
+	/* Relaxed: the kernel writes it on this thread's behalf; only a
+	 * choice of stage or count word, any of which is right, and stale
+	 * as soon as read if the thread moves. */
 	if (rseq)
 		cpu = __atomic_load_n(&rseq->cpu_id, __ATOMIC_RELAXED);
 	if (cpu >= nr)
@@ -905,7 +918,10 @@ static bool scan_once(bool unlimited)
 		pass_open = true;
 		pass_walked = 0;
 		/* Exits from here on are the next pass's to count: the nodes
-		 * exited before are below the marker, and this pass frees them. */
+		 * exited before are below the marker, and this pass frees them.
+		 * Relaxed, both: hints that percpuref_managed_exited() reads
+		 * without the lock; an exit counted on the wrong side of the
+		 * reset only moves the next ask (see there). */
 		__atomic_store_n(&exited_since_pass, 0, __ATOMIC_RELAXED);
 		__atomic_store_n(&early_pass_asked, false, __ATOMIC_RELAXED);
 		pthread_mutex_unlock(&managed_lock);
@@ -951,6 +967,8 @@ static bool scan_once(bool unlimited)
 			stats.scan_ns_max = elapsed;
 	}
 	if (end) {
+		/* Relaxed: a threshold percpuref_managed_exited() reads
+		 * without the lock; stale, it moves an early ask a little. */
 		__atomic_store_n(&last_pass_walked, pass_walked, __ATOMIC_RELAXED);
 		passes_done++;
 		stats.passes++;
@@ -1039,6 +1057,11 @@ static void *reclaimer_main(void *arg)
 				(void)__atomic_exchange_n(&kick_needed, true, __ATOMIC_SEQ_CST);
 				if (nothing_listed(__ATOMIC_SEQ_CST))
 					pthread_cond_wait(&wake, &managed_lock);
+				/* Relaxed: awake, we scan within an interval,
+				 * and swap it back (above) before we sleep
+				 * idle: a pusher that reads this false read it
+				 * before that seq_cst exchange, so the re-read
+				 * after it sees the push. */
 				__atomic_store_n(&kick_needed, false, __ATOMIC_RELAXED);
 				just_scanned = false;
 				continue;

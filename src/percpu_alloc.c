@@ -706,6 +706,9 @@ PERCPUREF_API void percpuref_get_counter_stats(struct percpuref_counter_stats *s
 	struct slot_cache *c;
 
 	pthread_mutex_lock(&alloc_lock);
+	/* Relaxed: statistics each owner writes without the lock
+	 * (cache_count()), exact once the owner is quiet, which is all the
+	 * stats promise. */
 	for (c = registry.next; c != &registry; c = c->next)
 		cached += __atomic_load_n(&c->count, __ATOMIC_RELAXED);
 	/* The counts are read one after another, each owner's moving

@@ -38,6 +38,16 @@
  * Asynchronous signals are blocked during a registration (own_register());
  * a synchronous signal's handler that interrupts one finds the thread
  * REGISTERING and takes the fallback for that call.
+ *
+ * Ordering.  Nothing here orders memory for another thread.  own_in_use
+ * and the offset chosen are written at set-up, under the runtime's
+ * pthread_once(), and reach other threads with the first counter (as
+ * runtime.c publishes the offset); percpuref_fast_path() reads the offset
+ * relaxed after that once.  The rest is the thread's own: own_state and
+ * own_area in TLS, and cpu_id (glibc's area or ours), written by the
+ * kernel on this thread's behalf (a relaxed load, for single-copy
+ * atomicity).  own_threads is a statistic for the tests: relaxed adds
+ * and loads, and a plain store in a fork child, which has one thread.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -87,7 +97,8 @@ static void own_unregister(void *unused)
 {
 	(void)unused;
 	own_state = OWN_RETIRED;
-	/* Fails only for an area the kernel does not know: nothing to undo. */
+	/* Fails only for an area the kernel does not know: nothing to undo.
+	 * Relaxed: a statistic for the tests; nothing is read through it. */
 	if (sys_rseq(&own_area, RSEQ_FLAG_UNREGISTER) == 0)
 		__atomic_fetch_sub(&own_threads, 1, __ATOMIC_RELAXED);
 }
@@ -120,6 +131,7 @@ static bool own_register(int *err)
 			*err = errno;
 		own_state = OWN_RETIRED;
 	} else {
+		/* Relaxed: a statistic, as in own_unregister(). */
 		__atomic_fetch_add(&own_threads, 1, __ATOMIC_RELAXED);
 		registered = percpuref_at_thread_exit(own_unregister, NULL);
 		if (registered)
@@ -200,6 +212,7 @@ void percpuref_rseq_after_fork_child(void)
 
 PERCPUREF_API unsigned int percpuref_rseq_own_threads(void)
 {
+	/* Relaxed: a statistic for the tests; nothing is read through it. */
 	return __atomic_load_n(&own_threads, __ATOMIC_RELAXED);
 }
 
@@ -243,6 +256,10 @@ PERCPUREF_API unsigned int percpuref_rseq_own_threads(void)
 PERCPUREF_API const char *percpuref_fast_path(void)
 {
 	percpuref_runtime_init();
+	/* Relaxed: the set-up's store is ordered before us by that call's
+	 * pthread_once(); it changes later only to 0 (runtime.c: a
+	 * switch-off, a fork child without membarrier), which only changes
+	 * the word we report. */
 	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED) == 0)
 		return "fallback";
 	return percpuref_rseq_own() ? "rseq-own" : "rseq-glibc";

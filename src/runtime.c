@@ -198,6 +198,9 @@ static void publish_fast_path(ptrdiff_t offset, int order)
 	/* Never 0 once set up: percpuref_this_cpu_add_after_setup(). */
 	assert((uint32_t)params != 0);
 #endif
+	/* Relaxed: written once, by the set-up (the only caller with an
+	 * offset), and read by percpuref_prepare_unload() on threads whose
+	 * sequences ran on counters created after it (see there). */
 	if (offset)
 		__atomic_store_n(&sequence_area_offset, offset, __ATOMIC_RELAXED);
 	__atomic_store_n(&percpuref_this_cpu_params, params, order);
@@ -552,6 +555,9 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 	start = percpuref_monotonic_ns();
 	pthread_mutex_lock(b->lock);
 	b->waiting++;
+	/* Relaxed, here and in the loop: ran is a position the runner
+	 * writes without the lock, compared and never read through: it
+	 * paces, and orders nothing. */
 	ran_before = ran_seen = __atomic_load_n(&b->ran, __ATOMIC_RELAXED);
 	/* After the lock: a wait for it is no stall of the thread. */
 	seen_ns = percpuref_monotonic_ns();
@@ -599,12 +605,17 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 		 * BACKLOG_STALL_MS. */
 		unsigned long rearm = b->rearm_items ? 2 * b->rearm_items : 1;
 
+		/* Relaxed, the stores and the load of ran: hints under
+		 * @lock, which pushes read without it
+		 * (percpuref_backlog_rearm_left()); stale, they only
+		 * change which pushes wait. */
 		__atomic_store_n(&b->rearm_items, rearm < BACKLOG_MAX ? rearm : BACKLOG_MAX,
 				 __ATOMIC_RELAXED);
 		__atomic_store_n(&b->stalled_at, __atomic_load_n(&b->ran, __ATOMIC_RELAXED),
 				 __ATOMIC_RELAXED);
 		b->stalls++;
 	} else {
+		/* Relaxed: a hint, as above. */
 		__atomic_store_n(&b->rearm_items, 0, __ATOMIC_RELAXED);
 	}
 	/* Not below 0: a fork child begins at 0 (its hooks), and a fork from
@@ -821,7 +832,9 @@ static void fork_child(void)
 	unsigned int rank;
 
 	/* First: the hooks below may start threads that run the parent's
-	 * queued work, and callers tell the parent's objects by it. */
+	 * queued work, and callers tell the parent's objects by it.
+	 * Relaxed: the child has one thread here; any other starts after
+	 * this store (pthread_create()). */
 	__atomic_store_n(&fork_generation, fork_generation + 1, __ATOMIC_RELAXED);
 
 	/* Re-register for the child's mm; harmless if it was inherited. */
@@ -1355,16 +1368,23 @@ void percpuref_fence_without_membarrier(int err)
 
 PERCPUREF_API void percpuref_test_switch_off_stamp_delay(unsigned long us)
 {
+	/* Relaxed: a test's setting, made before the switch-off it delays
+	 * (the test orders it: same thread, or before pthread_create()). */
 	__atomic_store_n(&switch_off_stamp_delay_us, us, __ATOMIC_RELAXED);
 }
 
 void percpuref_note_unfenced_adds(void)
 {
+	/* Relaxed: set before the fence returns, so before the fold and
+	 * free of any slot it fenced (internal.h). */
 	__atomic_store_n(&unfenced_adds, true, __ATOMIC_RELAXED);
 }
 
 PERCPUREF_API bool percpuref_unfenced_adds_possible(void)
 {
+	/* Relaxed: whatever hands a slot on after its fence (alloc_lock,
+	 * the switch lock, this thread) orders the flag with it
+	 * (internal.h). */
 	return __atomic_load_n(&unfenced_adds, __ATOMIC_RELAXED);
 }
 
@@ -1525,6 +1545,8 @@ void percpuref_fence_readers(void)
 	/* Acquire: pairs with the switch-off's seq_cst store of 0 (release),
 	 * so an offset of 0 comes with the switch-off's stamping count. */
 	if (__atomic_load_n(&percpuref_rseq_offset, __ATOMIC_ACQUIRE)) {
+		/* Relaxed: a flag to skip a doomed syscall; read stale, the
+		 * syscall is refused again, and we fence as below. */
 		if (__atomic_load_n(&membarrier_refused, __ATOMIC_RELAXED))
 			percpuref_fence_without_membarrier(EPERM);
 		else if (sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, 0) != 0)
@@ -1677,6 +1699,9 @@ bool percpuref_outside_work_since(unsigned long mark)
 
 void percpuref_shutdown_end(void)
 {
+	/* Seq_cst, as the increment in percpuref_shutdown_begin(), though
+	 * its readers load it relaxed, a hint (percpuref_note_work()): it
+	 * orders nothing, only the count must stay exact. */
 	__atomic_fetch_sub(&shutdowns_running, 1, __ATOMIC_SEQ_CST);
 	in_shutdown = false;
 }
@@ -1802,6 +1827,7 @@ PERCPUREF_API void percpuref_fault_cpu_units(unsigned int n)
 
 PERCPUREF_API unsigned long percpuref_fault_refused_allocs(void)
 {
+	/* Relaxed: a statistic for the test that armed the fault. */
 	return __atomic_load_n(&fault_refused, __ATOMIC_RELAXED);
 }
 
@@ -1856,5 +1882,6 @@ void percpuref_warn(const char *fn, const char *fmt, ...)
 
 PERCPUREF_API unsigned long percpuref_warning_count(void)
 {
+	/* Relaxed: a statistic; nothing is read on the strength of it. */
 	return __atomic_load_n(&warnings, __ATOMIC_RELAXED);
 }

@@ -99,6 +99,8 @@ static void run_hooks(void *unused)
 
 static void make_key(void)
 {
+	/* Relaxed: under key_once, whose pthread_once() orders it (and the
+	 * key) before percpuref_at_thread_exit() reads it. */
 	__atomic_store_n(&key_ok, pthread_key_create(&key, run_hooks) == 0, __ATOMIC_RELAXED);
 }
 
@@ -137,6 +139,9 @@ bool percpuref_at_thread_exit(void (*fn)(void *), void *arg)
 #if !PERCPUREF_ROBUST_MARKS
 void percpuref_owner_mark_init(struct percpuref_owner_mark *mark)
 {
+	/* Relaxed: no other thread sees the mark yet (a new object, units
+	 * at set-up, or a fork child's one thread); the lock or once that
+	 * hands it on orders the store, as in the take. */
 	__atomic_store_n(&mark->held, false, __ATOMIC_RELAXED);
 }
 
