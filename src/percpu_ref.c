@@ -1787,13 +1787,13 @@ PERCPUREF_API bool percpu_ref_is_zero(struct percpu_ref *ref)
 
 	if (!(mode_word(ref) & __PERCPU_REF_ATOMIC_DEAD))
 		return false;
-	/* The lock keeps data from being freed under us.  Relaxed: a
-	 * snapshot, as the kernel's atomic_long_read(); a true here orders
-	 * nothing against the put that took the count to zero (@release is
-	 * what runs after it). */
+	/* The lock keeps data from being freed under us.  Acquire: pairs
+	 * with the acq_rel decrement that took the count to zero, so a
+	 * caller that reads zero sees what every holder did before its put,
+	 * as @release does (the kernel reads it relaxed; free here). */
 	lock_switch(ref);
 	if (ref->data)
-		count = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
+		count = __atomic_load_n(&ref->data->count, __ATOMIC_ACQUIRE);
 	else
 		count = mode_word(ref) >> __PERCPU_REF_FLAG_BITS;
 	unlock_switch(ref);
