@@ -14,7 +14,12 @@
 #      the mode code
 #   3  percpu_rcuref.c, on the modes and the reclaimer
 # A source file not in this table fails the check until it is given a
-# layer.  Usage: check_layers.sh NM OBJECT...
+# layer.  So does a symbol two objects define (a lower layer's weak
+# default, which a call in that layer reaches undefined by nothing, would
+# bind to a higher layer's definition), and an object this nm cannot read
+# (GCC's slim LTO objects without the linker plugin: only
+# __gnu_lto_slim shows, and nothing would be checked).
+# Usage: check_layers.sh NM OBJECT...
 set -u
 nm=$1
 shift
@@ -48,14 +53,21 @@ for obj in "$@"; do
     continue
   fi
   defined=$("$nm" --defined-only -g "$obj" | awk 'NF == 3 { print $3 }')
-  if [ -z "$defined" ]; then
-    echo "not ok $n - $m: $nm read no symbol it defines"
+  if [ -z "$defined" ] || grep -qx '__gnu_lto_slim' <<<"$defined"; then
+    echo "not ok $n - $m: $nm read no symbol it defines (a slim LTO object? use gcc-nm)"
     status=1
     continue
   fi
+  twice=()
   for sym in $defined; do
+    [ -n "${definer[$sym]-}" ] && twice+=("$sym (${definer[$sym]} too)")
     definer[$sym]=$m
   done
+  if [ ${#twice[@]} -ne 0 ]; then
+    echo "not ok $n - $m defines what another object defines: ${twice[*]}"
+    status=1
+    continue
+  fi
   echo "ok $n - $m: layer ${layer[$m]}, $(wc -w <<<"$defined") symbols defined"
 done
 # Who uses what: an undefined symbol of a higher layer's is a call up.
