@@ -3,8 +3,8 @@
 # the build's last installation listed in its manifest, which names them
 # without DESTDIR (a staged installation is removed with the same
 # DESTDIR), then each of the
-# package's own directories (include/percpuref, <libdir>/cmake/percpuref)
-# that this leaves empty.  A file already gone is said; one that cannot be
+# package's own directories (include/percpuref, <libdir>/cmake/percpuref,
+# share/doc/percpuref and its examples) that this leaves empty.  A file already gone is said; one that cannot be
 # removed is said and fails the target once the others are removed, and
 # so does a manifest none of whose files is there (uninstalled already,
 # another DESTDIR, or a later installation of this build elsewhere, which
@@ -84,16 +84,28 @@ while(NOT manifest STREQUAL "")
   endif()
   message(STATUS "Removed: ${path}")
   math(EXPR removed "${removed} + 1")
+  # The package's own directories: one named percpuref, and one inside
+  # it (share/doc/percpuref/examples), then that percpuref.  Each rmdir
+  # fails, quietly, while the directory holds anything else.
   get_filename_component(dir "${path}" DIRECTORY)
-  get_filename_component(dir_name "${dir}" NAME)
-  if(dir_name STREQUAL "percpuref")
-    # Fails, quietly, while the directory holds anything else.
+  foreach(level RANGE 1)
+    get_filename_component(dir_name "${dir}" NAME)
+    get_filename_component(parent "${dir}" DIRECTORY)
+    get_filename_component(parent_name "${parent}" NAME)
+    if(NOT dir_name STREQUAL "percpuref" AND NOT parent_name STREQUAL "percpuref")
+      break()
+    endif()
     execute_process(COMMAND rmdir "${dir}" RESULT_VARIABLE not_empty
                     OUTPUT_QUIET ERROR_QUIET)
-    if(NOT not_empty)
-      message(STATUS "Removed: ${dir}/")
+    if(not_empty)
+      break()
     endif()
-  endif()
+    message(STATUS "Removed: ${dir}/")
+    if(dir_name STREQUAL "percpuref")
+      break()
+    endif()
+    set(dir "${parent}")
+  endforeach()
 endwhile()
 if(failed)
   message(FATAL_ERROR "uninstall: ${removed} of ${listed} files removed, ${failed} could "

@@ -188,6 +188,27 @@ if [ -n "$missing" ]; then
 fi
 echo "ok - every exported function ($(wc -w <<<"$exported")) has a man page"
 
+# The guides the man pages and the headers' comments point to, the README,
+# the licence and the examples' sources, in share/doc/percpuref.
+docdir="$root/share/doc/percpuref"
+docs=0
+for f in "$src"/docs/*.md "$src/README.md" "$src/LICENSE" "$src"/examples/*.[ch]; do
+  name=${f#"$src"/}
+  name=${name#docs/}
+  cmp -s "$f" "$docdir/$name" || { echo "not ok - $docdir/$name is not $f" >&2; exit 1; }
+  docs=$((docs + 1))
+done
+named=0
+for page in "$mandir"/*.3; do
+  rendered=$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")
+  for guide in $(grep -o '[a-z_0-9]*\.md in share/doc/percpuref' <<<"$rendered" | cut -d' ' -f1); do
+    test -f "$docdir/$guide" || { echo "not ok - $page names $guide, not installed" >&2; exit 1; }
+    named=$((named + 1))
+  done
+done
+test "$named" -ge 6 || { echo "not ok - the man pages name $named guides in share/doc/percpuref" >&2; exit 1; }
+echo "ok - $docs guides, README, LICENSE and examples in share/doc/percpuref"
+
 # The uninstall target removes what an installation wrote, staged with the
 # same DESTDIR: no file is left, nor the package's own directories, but a
 # user's file beside its headers, and its directory, stay.  The stage's path
