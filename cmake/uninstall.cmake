@@ -84,15 +84,18 @@ while(NOT manifest STREQUAL "")
   endif()
   message(STATUS "Removed: ${path}")
   math(EXPR removed "${removed} + 1")
-  # The package's own directories: one named percpuref, and one inside
-  # it (share/doc/percpuref/examples), then that percpuref.  Each rmdir
-  # fails, quietly, while the directory holds anything else.
+  # The package's own directories: one named percpuref, and the examples
+  # inside one (share/doc/percpuref/examples), then that percpuref; no
+  # other directory inside a percpuref (lib, under a prefix of that
+  # name).  Each rmdir fails, quietly, while the directory holds anything
+  # else.
   get_filename_component(dir "${path}" DIRECTORY)
   foreach(level RANGE 1)
     get_filename_component(dir_name "${dir}" NAME)
     get_filename_component(parent "${dir}" DIRECTORY)
     get_filename_component(parent_name "${parent}" NAME)
-    if(NOT dir_name STREQUAL "percpuref" AND NOT parent_name STREQUAL "percpuref")
+    if(NOT dir_name STREQUAL "percpuref" AND
+       NOT (level EQUAL 0 AND dir_name STREQUAL "examples" AND parent_name STREQUAL "percpuref"))
       break()
     endif()
     execute_process(COMMAND rmdir "${dir}" RESULT_VARIABLE not_empty

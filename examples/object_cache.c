@@ -36,6 +36,8 @@
  * entries went that way.  Then percpu_ref_managed_flush() makes the final
  * checks deterministic.
  */
+/* rand_r() and nanosleep(), which -std=c11 alone hides. */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>

@@ -20,6 +20,8 @@
  *   limits:  hcount_ns_set_limit(tenant, SESSIONS, 50) at any time
  *   end:     hcount_ns_destroy(tenant) (no units left), hcount_tree_destroy(tree)
  */
+/* pthread_barrier_t, which -std=c11 alone hides. */
+#define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>

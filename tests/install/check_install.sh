@@ -145,69 +145,98 @@ if grep -q '//' <(grep -v '^#' "$pcdir/percpuref.pc"); then
   exit 1
 fi
 
-mandir="$root/share/man/man3"
-pages=0
-for family in percpu_ref percpu_ref_managed percpu_rcuref kref rcuref hcount; do
-  test -f "$mandir/$family.3" || { echo "not ok - no man page $family(3)" >&2; exit 1; }
-done
-for page in "$mandir"/*.3; do
-  # A page renders without warnings and names its family in NAME (the
-  # one-line .so pages render the page they include).
-  warnings=$(cd "$root/share/man" && MANWIDTH=80 man --warnings -P cat -l "$page" 2>&1 >/dev/null)
-  if [ -n "$warnings" ]; then
-    echo "not ok - man -l $page: $warnings" >&2
+# option_on NAME: the build has the CMake option NAME on (its cache, with
+# CMake's true values).
+option_on() {
+  local value
+  value=$(sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt")
+  case ${value^^} in ON | 1 | TRUE | YES | Y) return 0 ;; esac
+  return 1
+}
+
+if option_on PERCPUREF_MAN; then
+  mandir="$root/share/man/man3"
+  pages=0
+  for family in percpu_ref percpu_ref_managed percpu_rcuref kref rcuref hcount; do
+    test -f "$mandir/$family.3" || { echo "not ok - no man page $family(3)" >&2; exit 1; }
+  done
+  for page in "$mandir"/*.3; do
+    # A page renders without warnings and names its family in NAME (the
+    # one-line .so pages render the page they include).
+    warnings=$(cd "$root/share/man" && MANWIDTH=80 man --warnings -P cat -l "$page" 2>&1 >/dev/null)
+    if [ -n "$warnings" ]; then
+      echo "not ok - man -l $page: $warnings" >&2
+      exit 1
+    fi
+    name=$(basename "$page" .3)
+    rendered=$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")
+    grep -q -- "$name" <<<"$rendered" ||
+      { echo "not ok - man -l $page does not render $name" >&2; exit 1; }
+    pages=$((pages + 1))
+  done
+  echo "ok - $pages man pages render with man -l"
+  # Every function the installed headers export has a page that names it
+  # with its parentheses (its family's, through the link a NAME line makes),
+  # but for the slow paths their inline fast paths call (__name,
+  # name_slowpath).  Declarations are read with their lines joined: one
+  # split after its return type is still found.
+  exported=$(cat "$root"/include/percpuref/*.h | tr '\n' ' ')
+  exported=$(grep -o 'PERCPUREF_API[^(;]*(' <<<"$exported" |
+             sed -E 's/.*[ *]([A-Za-z_0-9]+)[(]$/\1/' | grep -v -e '^__' -e '_slowpath$' | sort -u)
+  test -n "$exported" || { echo "not ok - no exported function found in the headers" >&2; exit 1; }
+  missing=""
+  for fn in $exported; do
+    page="$mandir/$fn.3"
+    if ! test -f "$page" ||
+       ! grep -q -- "$fn(" <<<"$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")"; then
+      missing="$missing $fn"
+    fi
+  done
+  if [ -n "$missing" ]; then
+    echo "not ok - exported functions without a man page that names them:$missing" >&2
     exit 1
   fi
-  name=$(basename "$page" .3)
-  rendered=$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")
-  grep -q -- "$name" <<<"$rendered" ||
-    { echo "not ok - man -l $page does not render $name" >&2; exit 1; }
-  pages=$((pages + 1))
-done
-echo "ok - $pages man pages render with man -l"
-# Every function the installed headers export has a page that names it
-# with its parentheses (its family's, through the link a NAME line makes),
-# but for the slow paths their inline fast paths call (__name,
-# name_slowpath).  Declarations are read with their lines joined: one
-# split after its return type is still found.
-exported=$(cat "$root"/include/percpuref/*.h | tr '\n' ' ')
-exported=$(grep -o 'PERCPUREF_API[^(;]*(' <<<"$exported" |
-           sed -E 's/.*[ *]([A-Za-z_0-9]+)[(]$/\1/' | grep -v -e '^__' -e '_slowpath$' | sort -u)
-test -n "$exported" || { echo "not ok - no exported function found in the headers" >&2; exit 1; }
-missing=""
-for fn in $exported; do
-  page="$mandir/$fn.3"
-  if ! test -f "$page" ||
-     ! grep -q -- "$fn(" <<<"$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")"; then
-    missing="$missing $fn"
-  fi
-done
-if [ -n "$missing" ]; then
-  echo "not ok - exported functions without a man page that names them:$missing" >&2
-  exit 1
+  echo "ok - every exported function ($(wc -w <<<"$exported")) has a man page"
+else
+  echo "ok - # SKIP PERCPUREF_MAN is off: no man pages installed"
 fi
-echo "ok - every exported function ($(wc -w <<<"$exported")) has a man page"
 
-# The guides the man pages and the headers' comments point to, the README,
-# the licence and the examples' sources, in share/doc/percpuref.
-docdir="$root/share/doc/percpuref"
-docs=0
-for f in "$src"/docs/*.md "$src/README.md" "$src/LICENSE" "$src"/examples/*.[ch]; do
-  name=${f#"$src"/}
-  name=${name#docs/}
-  cmp -s "$f" "$docdir/$name" || { echo "not ok - $docdir/$name is not $f" >&2; exit 1; }
-  docs=$((docs + 1))
-done
-named=0
-for page in "$mandir"/*.3; do
-  rendered=$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")
-  for guide in $(grep -o '[a-z_0-9]*\.md in share/doc/percpuref' <<<"$rendered" | cut -d' ' -f1); do
-    test -f "$docdir/$guide" || { echo "not ok - $page names $guide, not installed" >&2; exit 1; }
-    named=$((named + 1))
+if option_on PERCPUREF_DOCS; then
+  # The guides the man pages and the headers' comments point to, the README,
+  # the licence and the examples' sources, in share/doc/percpuref.
+  docdir="$root/share/doc/percpuref"
+  docs=0
+  for f in "$src"/docs/*.md "$src/README.md" "$src/LICENSE" "$src"/examples/*.[ch]; do
+    name=${f#"$src"/}
+    name=${name#docs/}
+    cmp -s "$f" "$docdir/$name" || { echo "not ok - $docdir/$name is not $f" >&2; exit 1; }
+    docs=$((docs + 1))
   done
-done
-test "$named" -ge 6 || { echo "not ok - the man pages name $named guides in share/doc/percpuref" >&2; exit 1; }
-echo "ok - $docs guides, README, LICENSE and examples in share/doc/percpuref"
+  if option_on PERCPUREF_MAN; then
+    named=0
+    for page in "$mandir"/*.3; do
+      rendered=$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")
+      for guide in $(grep -o '[a-z_0-9]*\.md in share/doc/percpuref' <<<"$rendered" | cut -d' ' -f1); do
+        test -f "$docdir/$guide" || { echo "not ok - $page names $guide, not installed" >&2; exit 1; }
+        named=$((named + 1))
+      done
+    done
+    test "$named" -ge 6 || { echo "not ok - the man pages name $named guides in share/doc/percpuref" >&2; exit 1; }
+  fi
+  # Each installed example is the complete program the man pages call it:
+  # built from there as C11 against the installed library, warnings as
+  # errors, and run.
+  for example in "$docdir"/examples/*.c; do
+    name=$(basename "$example" .c)
+    cc -std=c11 -Wall -Wextra -Werror -o "$stage/example-$name" "$example" \
+       $(pkg-config --cflags --libs percpuref) -Wl,-rpath,"$libdir" ||
+      { echo "not ok - the installed $name.c does not build as C11" >&2; exit 1; }
+    "$stage/example-$name" >/dev/null || { echo "not ok - the installed $name.c failed" >&2; exit 1; }
+  done
+  echo "ok - $docs guides, README, LICENSE and examples in share/doc/percpuref"
+else
+  echo "ok - # SKIP PERCPUREF_DOCS is off: no guides installed"
+fi
 
 # The uninstall target removes what an installation wrote, staged with the
 # same DESTDIR: no file is left, nor the package's own directories, but a
