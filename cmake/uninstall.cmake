@@ -4,7 +4,7 @@
 # without DESTDIR (a staged installation is removed with the same
 # DESTDIR), then each of the
 # package's own directories (include/percpuref, <libdir>/cmake/percpuref,
-# share/doc/percpuref and its examples) that this leaves empty.  A file already gone is said; one that cannot be
+# share/doc/percpuref, its docs and examples) that this leaves empty.  A file already gone is said; one that cannot be
 # removed is said and fails the target once the others are removed, and
 # so does a manifest none of whose files is there (uninstalled already,
 # another DESTDIR, or a later installation of this build elsewhere, which
@@ -84,9 +84,9 @@ while(NOT manifest STREQUAL "")
   endif()
   message(STATUS "Removed: ${path}")
   math(EXPR removed "${removed} + 1")
-  # The package's own directories: one named percpuref, and the examples
-  # inside one (share/doc/percpuref/examples), then that percpuref; no
-  # other directory inside a percpuref (lib, under a prefix of that
+  # The package's own directories: one named percpuref, and the docs or
+  # examples inside one (share/doc/percpuref/docs), then that percpuref;
+  # no other directory inside a percpuref (lib, under a prefix of that
   # name).  Each rmdir fails, quietly, while the directory holds anything
   # else.
   get_filename_component(dir "${path}" DIRECTORY)
@@ -95,7 +95,8 @@ while(NOT manifest STREQUAL "")
     get_filename_component(parent "${dir}" DIRECTORY)
     get_filename_component(parent_name "${parent}" NAME)
     if(NOT dir_name STREQUAL "percpuref" AND
-       NOT (level EQUAL 0 AND dir_name STREQUAL "examples" AND parent_name STREQUAL "percpuref"))
+       NOT (level EQUAL 0 AND dir_name MATCHES "^(docs|examples)$" AND
+            parent_name STREQUAL "percpuref"))
       break()
     endif()
     execute_process(COMMAND rmdir "${dir}" RESULT_VARIABLE not_empty

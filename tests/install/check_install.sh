@@ -208,7 +208,6 @@ if option_on PERCPUREF_DOCS; then
   docs=0
   for f in "$src"/docs/*.md "$src/README.md" "$src/LICENSE" "$src"/examples/*.[ch]; do
     name=${f#"$src"/}
-    name=${name#docs/}
     cmp -s "$f" "$docdir/$name" || { echo "not ok - $docdir/$name is not $f" >&2; exit 1; }
     docs=$((docs + 1))
   done
@@ -216,7 +215,7 @@ if option_on PERCPUREF_DOCS; then
     named=0
     for page in "$mandir"/*.3; do
       rendered=$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")
-      for guide in $(grep -o '[a-z_0-9]*\.md in share/doc/percpuref' <<<"$rendered" | cut -d' ' -f1); do
+      for guide in $(grep -o 'docs/[a-z_0-9]*\.md in share/doc/percpuref' <<<"$rendered" | cut -d' ' -f1); do
         test -f "$docdir/$guide" || { echo "not ok - $page names $guide, not installed" >&2; exit 1; }
         named=$((named + 1))
       done
@@ -233,7 +232,7 @@ if option_on PERCPUREF_DOCS; then
       { echo "not ok - the installed $name.c does not build as C11" >&2; exit 1; }
     "$stage/example-$name" >/dev/null || { echo "not ok - the installed $name.c failed" >&2; exit 1; }
   done
-  echo "ok - $docs guides, README, LICENSE and examples in share/doc/percpuref"
+  echo "ok - $docs files in share/doc/percpuref, laid out as in the source: README, LICENSE, docs/, examples/"
 else
   echo "ok - # SKIP PERCPUREF_DOCS is off: no guides installed"
 fi
