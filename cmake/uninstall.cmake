@@ -2,9 +2,9 @@
 # The uninstall target (cmake -P, from CMakeLists.txt): removes every file
 # the build's last installation listed in its manifest, which names them
 # without DESTDIR (a staged installation is removed with the same
-# DESTDIR), then each of the
-# package's own directories (include/percpuref, <libdir>/cmake/percpuref,
-# share/doc/percpuref, its docs and examples) that this leaves empty.  A file already gone is said; one that cannot be
+# DESTDIR), then each of the package's own directories (include/percpuref,
+# <libdir>/cmake/percpuref, share/doc/percpuref, its docs and examples)
+# that this leaves empty.  A file already gone is said; one that cannot be
 # removed is said and fails the target once the others are removed, and
 # so does a manifest none of whose files is there (uninstalled already,
 # another DESTDIR, or a later installation of this build elsewhere, which
@@ -88,7 +88,8 @@ while(NOT manifest STREQUAL "")
   # examples inside one (share/doc/percpuref/docs), then that percpuref;
   # no other directory inside a percpuref (lib, under a prefix of that
   # name).  Each rmdir fails, quietly, while the directory holds anything
-  # else.
+  # else.  A walk up, not a list of the two: a list whose items hold an
+  # unmatched "[" reads as one item (cmake -P: "a [1;b" is one).
   get_filename_component(dir "${path}" DIRECTORY)
   foreach(level RANGE 1)
     get_filename_component(dir_name "${dir}" NAME)

@@ -157,6 +157,9 @@ option_on() {
 if option_on PERCPUREF_MAN; then
   mandir="$root/share/man/man3"
   pages=0
+  # PAGE GUIDE pairs: each guide a page names in share/doc/percpuref,
+  # checked with the installed guides below.
+  man_guides=()
   for family in percpu_ref percpu_ref_managed percpu_rcuref kref rcuref hcount; do
     test -f "$mandir/$family.3" || { echo "not ok - no man page $family(3)" >&2; exit 1; }
   done
@@ -172,6 +175,9 @@ if option_on PERCPUREF_MAN; then
     rendered=$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")
     grep -q -- "$name" <<<"$rendered" ||
       { echo "not ok - man -l $page does not render $name" >&2; exit 1; }
+    for guide in $(grep -o 'docs/[a-z_0-9]*\.md in share/doc/percpuref' <<<"$rendered" | cut -d' ' -f1); do
+      man_guides+=("$page" "$guide")
+    done
     pages=$((pages + 1))
   done
   echo "ok - $pages man pages render with man -l"
@@ -212,13 +218,10 @@ if option_on PERCPUREF_DOCS; then
     docs=$((docs + 1))
   done
   if option_on PERCPUREF_MAN; then
-    named=0
-    for page in "$mandir"/*.3; do
-      rendered=$(cd "$root/share/man" && MANWIDTH=200 man -P cat -l "$page")
-      for guide in $(grep -o 'docs/[a-z_0-9]*\.md in share/doc/percpuref' <<<"$rendered" | cut -d' ' -f1); do
-        test -f "$docdir/$guide" || { echo "not ok - $page names $guide, not installed" >&2; exit 1; }
-        named=$((named + 1))
-      done
+    named=$((${#man_guides[@]} / 2))
+    for ((i = 0; i < ${#man_guides[@]}; i += 2)); do
+      test -f "$docdir/${man_guides[i + 1]}" ||
+        { echo "not ok - ${man_guides[i]} names ${man_guides[i + 1]}, not installed" >&2; exit 1; }
     done
     test "$named" -ge 6 || { echo "not ok - the man pages name $named guides in share/doc/percpuref" >&2; exit 1; }
   fi
