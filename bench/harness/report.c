@@ -49,6 +49,29 @@ static bool library_setting(const char *entry)
 	return !strncmp(entry, "PERCPUREF_", 10) && strchr(entry, '=');
 }
 
+/*
+ * The first library_setting() at or after @e, skipping a name that came
+ * earlier (a raw execve can pass one twice): named once, with the value
+ * getenv() and so the library read, the first.  NULL at the end.
+ */
+static char **next_library_setting(char **e)
+{
+	for (; *e; e++) {
+		char **before = environ;
+		size_t name_len;
+
+		if (!library_setting(*e))
+			continue;
+		/* "NAME=" matches that name only. */
+		name_len = (size_t)(strchr(*e, '=') - *e) + 1;
+		while (before < e && strncmp(*before, *e, name_len))
+			before++;
+		if (before == e)
+			return e;
+	}
+	return NULL;
+}
+
 static void center(FILE *out, const char *s, int width)
 {
 	int len = (int)strlen(s), left = (width - len) / 2;
@@ -360,9 +383,7 @@ void report_table(FILE *out, const struct report *r)
 	print_machine(out, topo);
 	/* At the end of the run: a refusal during it changes the method. */
 	fprintf(out, "fast path: %s\nfences: %s\n", r->fast_path, percpuref_fence_method());
-	for (char **e = environ; *e; e++) {
-		if (!library_setting(*e))
-			continue;
+	for (char **e = next_library_setting(environ); e; e = next_library_setting(e + 1)) {
 		/* A control character as '?': a newline in a value made
 		 * header lines of its own ("fast path: ..."). */
 		fputs("environment: ", out);
@@ -496,11 +517,9 @@ static void json_environment(FILE *out)
 	const char *separator = "";
 
 	fprintf(out, ",\"environment\":{");
-	for (char **e = environ; *e; e++) {
+	for (char **e = next_library_setting(environ); e; e = next_library_setting(e + 1)) {
 		const char *eq = strchr(*e, '=');
 
-		if (!library_setting(*e))
-			continue;
 		fputs(separator, out);
 		json_string_n(out, *e, (size_t)(eq - *e));
 		fputc(':', out);

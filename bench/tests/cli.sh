@@ -185,6 +185,30 @@ else
 	sed 's/^/  /' "$tmp/err" | head -8
 	fails=$((fails + 1))
 fi
+# A name twice in the environment (only a raw execve makes one): named
+# once, with the value getenv() and so the library read, the first (two
+# walks of environ wrote a JSON object with a duplicate key, whose value
+# a reader takes from the last).
+if "$python" -c '
+import ctypes, sys
+args = [a.encode() for a in sys.argv[1:]]
+env = [b"PERCPUREF_TWICE=first", b"PERCPUREF_TWICE=second"]
+argv = (ctypes.c_char_p * (len(args) + 1))(*args, None)
+envp = (ctypes.c_char_p * (len(env) + 1))(*env, None)
+ctypes.CDLL(None, use_errno=True).execve(args[0], argv, envp)
+sys.exit("execve: errno %d" % ctypes.get_errno())
+' "$bench" micro --threads 1 --variants private $short --json - >"$tmp/out" 2>"$tmp/err" &&
+   [ "$(grep -o '"PERCPUREF_TWICE"' "$tmp/out" | wc -l)" = 1 ] &&
+   grep -q '"PERCPUREF_TWICE":"first"' "$tmp/out" &&
+   [ "$(grep -c '^environment: PERCPUREF_TWICE=' "$tmp/err")" = 1 ] &&
+   grep -q '^environment: PERCPUREF_TWICE=first$' "$tmp/err"; then
+	echo "ok: a name twice in the environment: named once, with its first value"
+else
+	echo "FAIL: a name twice in the environment"
+	grep -o '"environment":{[^}]*}' "$tmp/out" | sed 's/^/  /'
+	grep '^environment' "$tmp/err" | sed 's/^/  /'
+	fails=$((fails + 1))
+fi
 # Results that cannot be written (a full disk) are an error, not exit 0.
 # expect_full ARGS...: BENCH ARGS with standard output on a full disk
 # must fail, saying so.
