@@ -43,7 +43,8 @@
  * with plain pointers from there.  No push is lost on an idle thread: the
  * thread swaps kick_needed to true and re-reads the head and every stage,
  * a pusher CASes and then reads kick_needed, all sequentially consistent,
- * so one of them sees the other, a Dekker pair (percpuref_managed_kick()).
+ * so one of them sees the other, a Dekker pair (percpuref_managed_kick());
+ * the same as the thread stops, for its stopper's drain().
  *
  * A pass.  Take the stages, push a marker, then walk from it down to the
  * bottom, where each stage taken is linked in turn, until none is left.
@@ -1107,8 +1108,15 @@ static void *reclaimer_main(void *arg)
 		just_scanned = true;
 	}
 	thread.running = false;
-	/* Relaxed: a pusher that reads it takes the lock and starts a thread. */
-	__atomic_store_n(&kick_needed, true, __ATOMIC_RELAXED);
+	/* Stopping: as before sleeping idle (the Dekker pair of a push), so
+	 * that a later push kicks, which starts a new thread once
+	 * thread.running is false.  A pusher that read the old false CASed
+	 * before this exchange, so the seq_cst look after it sees that ref,
+	 * and the stopper, which joins us and then drains (drain()), sees it
+	 * too: a relaxed store here left such a push for the next kick, push
+	 * or flush in C11 (x86 and ARMv8 forbid the outcome). */
+	(void)__atomic_exchange_n(&kick_needed, true, __ATOMIC_SEQ_CST);
+	(void)nothing_listed(__ATOMIC_SEQ_CST);
 	pthread_cond_broadcast(&progress);
 	pthread_mutex_unlock(&managed_lock);
 	return NULL;
