@@ -1108,15 +1108,19 @@ static void *reclaimer_main(void *arg)
 		just_scanned = true;
 	}
 	thread.running = false;
-	/* Stopping: as before sleeping idle (the Dekker pair of a push), so
-	 * that a later push kicks, which starts a new thread once
-	 * thread.running is false.  A pusher that read the old false CASed
-	 * before this exchange, so the seq_cst look after it sees that ref,
-	 * and the stopper, which joins us and then drains (drain()), sees it
-	 * too: a relaxed store here left such a push for the next kick, push
-	 * or flush in C11 (x86 and ARMv8 forbid the outcome). */
+	/* Stopping: the Dekker pair of a push, so that a later push kicks,
+	 * which starts a new thread once thread.running is false, and an
+	 * earlier one is seen by the stopper, which joins us and drains
+	 * (drain()).  A pusher that read the old false made its seq_cst CAS
+	 * before this exchange in the single total order; the fence after it
+	 * happens before every look of the drain (through the join), so each
+	 * sees that CAS.  A re-read here would not do: nothing_listed()
+	 * stops at the first word it finds set, and the drain's relaxed looks
+	 * at the others are unordered with their pushes.  With the relaxed
+	 * store that was here, C11 left such a push for the next kick, push
+	 * or flush (x86 forbids the outcome). */
 	(void)__atomic_exchange_n(&kick_needed, true, __ATOMIC_SEQ_CST);
-	(void)nothing_listed(__ATOMIC_SEQ_CST);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	pthread_cond_broadcast(&progress);
 	pthread_mutex_unlock(&managed_lock);
 	return NULL;

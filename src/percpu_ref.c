@@ -178,7 +178,7 @@
  * the flag is up lets go of the stripe, untouched, and sleeps on
  * fork_gate, which the fork holds until its parent or child handler.
  * Dekker's pattern: the lock's seq_cst compare-and-swap and the fork's
- * seq_cst store of the flag are each followed by a seq_cst load of the
+ * seq_cst exchange of the flag are each followed by a seq_cst load of the
  * other's word, so either the fork sees the stripe locked and waits, or the
  * thread sees the flag.  So at the fork no thread is inside a switch's
  * critical section; a word may read locked in the child only for a thread
@@ -338,7 +338,7 @@ static void fork_wait_unlocked(const uint32_t *word)
 	unsigned int yields = 0;
 
 	/* Seq_cst (an acquire): a section that ended happens before the
-	 * fork; ordered after the store of fork_pending (Dekker). */
+	 * fork; ordered after the exchange of fork_pending (Dekker). */
 	while (__atomic_load_n(word, __ATOMIC_SEQ_CST)) {
 		if (yields < FORK_WAIT_YIELDS) {
 			yields++;
@@ -356,8 +356,11 @@ static void switch_fork_lock(void)
 	unsigned int i;
 
 	pthread_mutex_lock(&fork_gate);
-	/* Seq_cst: ordered before the loads of the lock words (Dekker). */
-	__atomic_store_n(&fork_pending, true, __ATOMIC_SEQ_CST);
+	/* Seq_cst: ordered before the loads of the lock words (Dekker).  An
+	 * exchange, not a store: qemu-user lets a seq_cst store pass a later
+	 * load (deferred.c), and a fork then read a stripe unlocked that a
+	 * thread locked having read the flag down. */
+	(void)__atomic_exchange_n(&fork_pending, true, __ATOMIC_SEQ_CST);
 	for (i = 0; i < SWITCH_STRIPES; i++)
 		fork_wait_unlocked(&switch_stripes[i].lock);
 }

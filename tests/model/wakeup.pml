@@ -26,12 +26,13 @@
  * pusher, finding no thread running, starts one; a push before it may have
  * found the thread awake and signalled nobody, so the stopper, once the
  * thread is gone, starts a new thread if the list is not empty.  (The
- * reclaimer's stopper scans the list itself afterwards: managed.c, drain().)
+ * reclaimer's stopper scans the list itself afterwards: stop.pml.)
  *
  * Modelled: PUSHERS threads each push ITEMS items and one stopper stops the
  * thread once, at any point; the thread takes the whole list at a time
  * (with the mutex dropped, as both do while they run a batch or a scan).
- * A pusher reads "running" and then the flag, as deferred.c does.  The
+ * A pusher reads "running" and then the flag, as deferred.c does; its
+ * relaxed read of "running" may see true after the thread cleared it.  The
  * condition variable has no spurious wake-ups: those would only hide a
  * lost one.  Each pusher waits until every item has been taken, so a push
  * left unseen leaves the pushers waiting for ever: an invalid end state.
@@ -42,6 +43,9 @@
  * finds the flag clear and signals nobody: SPIN finds the pushers stuck.
  * -DMUTANT_NO_RESTART: the stopper does not look at the list after the
  * join; a last push that found the stopping thread awake is stranded.
+ * -DMUTANT_STOP_NO_FLAG: the stopping thread exits without setting the
+ * flag; a push after it that reads the relaxed "running" stale (true)
+ * finds the flag clear and starts nobody.
  */
 
 #define PUSHERS	2
@@ -87,11 +91,13 @@ active proctype library_thread()
 		/* As before sleeping (the flag taken back if the list is not
 		 * empty), then exit: the mutex is held until running is
 		 * clear; a join returns once the thread has ended. */
+#ifndef MUTANT_STOP_NO_FLAG
 		flag = 1;
 		if
 		:: list > 0 -> flag = 0
 		:: else -> skip
 		fi;
+#endif
 		running = 0;
 		unlock();
 		exits++;
@@ -126,10 +132,12 @@ active [PUSHERS] proctype pusher()
 
 	for (i : 1 .. ITEMS) {
 		atomic { list++ };
-		/* deferred.c: !thread.running || thread_sleeping. */
+		/* deferred.c: !thread.running || thread_sleeping.  Running
+		 * is read relaxed: a stopped thread may still read as
+		 * running, and then only the flag tells. */
 		if
 		:: !running -> owed = 1
-		:: else ->
+		:: true ->
 			if
 			:: flag -> owed = 1
 			:: else -> owed = 0
