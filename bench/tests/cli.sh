@@ -209,6 +209,20 @@ else
 	grep '^environment' "$tmp/err" | sed 's/^/  /'
 	fails=$((fails + 1))
 fi
+# Every micro variant on each fast path: the unprotected lower bound read
+# the cpu_id of a thread that the library's own rseq registration had not
+# yet registered (-1) and added far outside the counter (SIGSEGV).
+for fast_path in "GLIBC_TUNABLES=glibc.pthread.rseq=0" "PERCPUREF_NO_RSEQ=1"; do
+	env "$fast_path" "$bench" micro --threads 1,2 $short >"$tmp/out" 2>"$tmp/err"
+	got=$?
+	if [ "$got" -eq 0 ] && grep -q '^ *2 ' "$tmp/out"; then
+		echo "ok: micro, every variant, under $fast_path ($(sed -n 's/^fast path: //p' "$tmp/out"))"
+	else
+		echo "FAIL: micro under $fast_path: exit $got"
+		sed 's/^/  /' "$tmp/err" | head -5
+		fails=$((fails + 1))
+	fi
+done
 # Results that cannot be written (a full disk) are an error, not exit 0.
 # expect_full ARGS...: BENCH ARGS with standard output on a full disk
 # must fail, saying so.

@@ -10,8 +10,11 @@
  * Variants (one shared object per measurement, allocated on its own
  * 128-byte block so nothing else sits on the hot line):
  *   private        a plain per-thread counter, incremented and decremented
- *                  through memory: the physical floor, what a get+put costs
- *                  when nothing is shared and nothing is atomic.  An empty
+ *                  through memory: what a get+put costs when nothing is
+ *                  shared and nothing is atomic.  Not always the floor: on
+ *                  some cores its stack slot's chain of adds runs slower
+ *                  than unprotected's adds through a register (an Intel
+ *                  Xeon guest: 1.35 ns against 0.70, docs/bench.md).  An empty
  *                  asm with a "+m" operand after each step makes the
  *                  compiler keep the value in memory and forbids it to fold
  *                  the pair away, without adding any instruction.
@@ -243,9 +246,20 @@ static void unprotected_loop(struct bench_thread *t)
 {
 	struct micro_state *s = t->run->state;
 	uintptr_t cpu0 = s->percpu.percpu_count_ptr & ~(uintptr_t)PERCPUREF_MODE_FLAGS;
-	struct percpuref_rseq_area *rs = percpuref_this_rseq_area();
+	struct percpuref_rseq_area *rs;
 	static const uint32_t no_cpu;
-	const volatile uint32_t *cpu_id = rs ? &rs->cpu_id : &no_cpu;
+	const volatile uint32_t *cpu_id = &no_cpu;
+
+	/* A pair first: under the library's own rseq registration a thread
+	 * is registered at its first per-CPU add, and before that its
+	 * cpu_id is negative (-1 unregistered, -2 refused), an add far
+	 * outside the counter.  Still no CPU number after it (refused): CPU
+	 * 0's word, as without rseq. */
+	percpu_ref_get(&s->percpu);
+	percpu_ref_put(&s->percpu);
+	rs = percpuref_this_rseq_area();
+	if (rs && rs->cpu_id < percpuref_nr_cpu_units)
+		cpu_id = &rs->cpu_id;
 
 	while (bench_running(t)) {
 		for (int i = 0; i < BENCH_BATCH; i++) {
@@ -277,7 +291,7 @@ static void ref_ptr_loop(struct bench_thread *t)
 }
 
 static const struct bench_variant micro_variants[] = {
-	{ "private", "per-thread non-atomic counter: the floor", private_loop, MICRO_PRIVATE },
+	{ "private", "per-thread non-atomic counter, nothing shared", private_loop, MICRO_PRIVATE },
 	{ "kref", "kref_get/kref_put: saturating atomic count", kref_loop, MICRO_KREF },
 	{ "rcuref", "rcuref_get/rcuref_put (Linux 6.4 rcuref_t)", rcuref_loop, MICRO_RCUREF },
 	{ "percpu", "percpu_ref_get/put in per-CPU mode", percpu_loop, MICRO_PERCPU },
