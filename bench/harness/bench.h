@@ -13,8 +13,9 @@
  *   2. starts run->nthreads threads, each pinned to its own CPU before it
  *      runs, which call thread_init(t) and wait on a start barrier;
  *   3. releases the barrier, lets the threads warm up, snapshots every
- *      thread's operation count and the clock, sleeps for the duration,
- *      snapshots again, then sets the stop flag;
+ *      thread's operation count and the clock (then calls
+ *      window_open(run)), sleeps for the duration, snapshots again (then
+ *      calls window_close(run)), then sets the stop flag;
  *   4. joins the threads (each calls thread_fini(t) after its loop) and
  *      calls teardown(run) on the main thread.
  * Only the operations counted between the two snapshots are reported, so
@@ -156,6 +157,14 @@ struct bench_workload {
 	void (*thread_init)(struct bench_thread *t);
 	void (*thread_fini)(struct bench_thread *t);
 	void (*teardown)(struct bench_run *run);
+	/*
+	 * Optional, on the main thread right after each snapshot of the
+	 * window (step 3), with the threads running: a workload whose
+	 * metrics are rates (the reclaimer's scans) takes them over the
+	 * window, not over setup, warm-up and stop.
+	 */
+	void (*window_open)(struct bench_run *run);
+	void (*window_close)(struct bench_run *run);
 
 	/*
 	 * Called once the command line is parsed, before anything runs:

@@ -546,9 +546,13 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 	continues0 = continues_so_far();
 	t0 = bench_seconds();
 	ops0 = snapshot(threads, nthreads);
+	if (w->window_open)
+		w->window_open(&run);
 	sleep_until(t0 + duration);
 	s.seconds = bench_seconds() - t0;
 	s.ops = snapshot(threads, nthreads) - ops0;
+	if (w->window_close)
+		w->window_close(&run);
 	s.paused = continues_so_far() != continues0;
 	continues_to(false);
 	__atomic_store_n(&run.stop, true, __ATOMIC_RELAXED);

@@ -1105,6 +1105,26 @@ else
 	sed 's/^/  /' "$tmp/json" "$tmp/table" | head -20
 	fails=$((fails + 1))
 fi
+# managed-hot: the reclaimer's figures over the window (window_open and
+# window_close): the scanning variant scanned and was busy for a share of
+# it, the idle one for none; the share is a percentage.
+if "$bench" managed-hot --threads 1 --duration 0.1 --variants idle,scan-filtered --json - \
+	>"$tmp/json" 2>"$tmp/table" &&
+   "$python" -c '
+import json, sys
+rows = {o["variant"]: o for o in map(json.loads, open(sys.argv[1]).read().splitlines())}
+idle, scan = rows["idle"]["metrics"], rows["scan-filtered"]["metrics"]
+assert rows["scan-filtered"]["metric_units"]["reclaimer_busy"] == "%", rows["scan-filtered"]
+assert idle["scan_rate"] == 0 and idle["reclaimer_busy"] == 0, idle
+assert scan["scan_rate"] > 0 and 0 < scan["reclaimer_busy"] <= 101, scan
+assert scan["switch_rate"] == 0 and scan["fence_rate"] == 0, scan
+' "$tmp/json"; then
+	echo "ok: managed-hot: the reclaimer scanned in the window, busy a share of it, switched nothing"
+else
+	echo "FAIL: managed-hot window metrics"
+	sed 's/^/  /' "$tmp/json" "$tmp/table" | head -20
+	fails=$((fails + 1))
+fi
 # switch-storm measures the CPU a cycle costs on its thread and on the
 # library's callback thread (found by name): both measured, both positive;
 # and no wait needed a barrier (the callback thread started).
