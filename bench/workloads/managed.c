@@ -9,8 +9,9 @@
  *                    faithful-1k .. batched-100k.  The table's ns/scan
  *                    includes the hand-off to the reclaimer; teardown reports
  *                    the reclaimer's own figures as metrics: mean scan time,
- *                    fences per scan and time per ref.  100k faithful takes about a second per pass:
- *                    give it --duration 3.
+ *                    fences per scan and time per ref.  100k faithful
+ *                    takes tens of milliseconds a pass (45.6 ms,
+ *                    docs/managed.md): a longer --duration gives it more.
  *   managed-latency  each thread (one by default) makes a managed ref,
  *                    sleeps a random part of the interval, drops its
  *                    reference and waits for @release, with the reclaimer
