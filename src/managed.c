@@ -43,8 +43,9 @@
  * with plain pointers from there.  No push is lost on an idle thread: the
  * thread swaps kick_needed to true and re-reads the head and every stage,
  * a pusher CASes and then reads kick_needed, all sequentially consistent,
- * so one of them sees the other, a Dekker pair (percpuref_managed_kick());
- * the same as the thread stops, for its stopper's drain().
+ * so one of them sees the other, a Dekker pair (percpuref_managed_kick()).
+ * As the thread stops it exchanges the flag too, and its stopper fences
+ * before the drain's looks (stop_thread()).
  *
  * A pass.  Take the stages, push a marker, then walk from it down to the
  * bottom, where each stage taken is linked in turn, until none is left.
@@ -1110,17 +1111,11 @@ static void *reclaimer_main(void *arg)
 	thread.running = false;
 	/* Stopping: the Dekker pair of a push, so that a later push kicks,
 	 * which starts a new thread once thread.running is false, and an
-	 * earlier one is seen by the stopper, which joins us and drains
-	 * (drain()).  A pusher that read the old false made its seq_cst CAS
-	 * before this exchange in the single total order; the fence after it
-	 * happens before every look of the drain (through the join), so each
-	 * sees that CAS.  A re-read here would not do: nothing_listed()
-	 * stops at the first word it finds set, and the drain's relaxed looks
-	 * at the others are unordered with their pushes.  With the relaxed
-	 * store that was here, C11 left such a push for the next kick, push
-	 * or flush (x86 forbids the outcome). */
+	 * earlier one is seen by the stopper's drain (stop_thread()).  A
+	 * relaxed store here, with the drain's relaxed looks at the stages,
+	 * left such a push for the next kick, push or flush under C11 (a
+	 * store-buffering shape, which x86 forbids). */
 	(void)__atomic_exchange_n(&kick_needed, true, __ATOMIC_SEQ_CST);
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	pthread_cond_broadcast(&progress);
 	pthread_mutex_unlock(&managed_lock);
 	return NULL;
@@ -1218,11 +1213,24 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
 	return ret;
 }
 
-/* Stops the thread and waits for it (percpuref_stop_thread()). */
+/*
+ * Stops the thread and waits for it (percpuref_stop_thread()).  Then a
+ * seq_cst fence, before the drain's looks at the list and the stages: a
+ * pusher that read kick_needed false made its seq_cst CAS before that
+ * read, and the read came before the thread's exchange at its stop in the
+ * single total order (it read the older value); the exchange happens
+ * before this fence (through the join, or managed_lock where another
+ * stopper joined), so the CAS precedes the fence in that order too, and
+ * every look sequenced after the fence sees the push (C11 7.17.4).  A
+ * re-read by the thread would not do: nothing_listed() stops at the first
+ * word it finds set, leaving the others' looks unordered with their
+ * pushes (review 150, 151).
+ */
 static void stop_thread(void)
 {
 	pthread_mutex_lock(&managed_lock);
 	percpuref_stop_thread(&thread, &managed_lock, &wake, &progress);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 #define DRAIN_REFUSED_MAX_MS 100

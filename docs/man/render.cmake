@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: MIT
 # cmake -DSCDOC=scdoc -DSOURCE=NAME.3.scd -DOUTPUT=NAME.3 -P render.cmake:
 # renders one page with scdoc, then turns hyphenation off again after
-# .TH.  scdoc writes its .nh before .TH, whose an.tmac definition turns
-# hyphenation back on, and groff then split identifiers at line ends
-# ("per-" / "cpu_ref_get_many"), which a reader cannot copy.
+# .TH.  scdoc writes its .nh before .TH, and groff's man macros, loaded at
+# the first .TH (andoc.tmac loads an-old.tmac, which runs .hy), turn
+# hyphenation back on: groff then split identifiers at line ends ("per-" /
+# "cpu_ref_get_many"), which a reader cannot copy.
 execute_process(COMMAND ${SCDOC} INPUT_FILE ${SOURCE} OUTPUT_VARIABLE page
                 RESULT_VARIABLE status)
 if(NOT status EQUAL 0)

@@ -179,8 +179,9 @@ if option_on PERCPUREF_MAN; then
     grep -q -- "$name" <<<"$rendered" ||
       { echo "not ok - man -l $page does not render $name" >&2; exit 1; }
     # Every name of a family page's NAME whole at 80 columns (the .so
-    # pages render one of those): an.tmac's .TH turned hyphenation back
-    # on, and "per-\ncpu_ref_get_many" cannot be copied into a program.
+    # pages render one of those): groff's man macros, loaded at .TH,
+    # turned hyphenation back on, and "per-\ncpu_ref_get_many" cannot be
+    # copied into a program.
     if ! grep -q '^\.so ' "$page"; then
       names=$(sed -n '/^\.SH NAME/,/^\.SH [^N]/{/^[^.]/p}' "$page" | sed 's/ - .*//; s/,/ /g')
       name_80=$(sed -n '/^NAME/,/^[A-Z]/{/^ /p}' <<<"$rendered_80" | tr '\n' ' ')

@@ -10,8 +10,9 @@
  * reads kick_needed: true takes the lock and starts a thread if none runs
  * (ensure_thread()), false trusts the running thread to scan it.  The
  * thread keeps kick_needed false while it runs, and as it stops sets it
- * true (an exchange, then a fence), so that a push after the stop starts
- * a new thread and a push before it is seen by the drain.
+ * true (an exchange; the stopper fences before the drain), so that a push
+ * after the stop starts a new thread and a push before it is seen by the
+ * drain.
  *
  * SPIN interleaves sequentially consistently, which is what the exchange
  * and the fence give this pair.  The store that was there was relaxed:
@@ -102,7 +103,7 @@ active proctype reclaimer()
 #ifdef MUTANT_RELAXED_EXIT
 		atomic { flag = 1; propagating = 1 };
 #else
-		set_flag(1);	/* exchange, then the fence */
+		set_flag(1);	/* exchange; the stopper's fence */
 #endif
 #endif
 		running = 0;
