@@ -1221,7 +1221,7 @@ PERCPUREF_API int percpu_ref_managed_flush(void)
  * single total order (it read the older value); the exchange happens
  * before this fence (through the join, or managed_lock where another
  * stopper joined), so the CAS precedes the fence in that order too, and
- * every look sequenced after the fence sees the push (C11 7.17.4).  A
+ * every look sequenced after the fence sees the push (C11 7.17.3p9).  A
  * re-read by the thread would not do: nothing_listed() stops at the first
  * word it finds set, leaving the others' looks unordered with their
  * pushes (review 150, 151).

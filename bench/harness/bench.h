@@ -265,6 +265,13 @@ static inline double bench_seconds(void)
  * thread find none.
  */
 int bench_threads_named(const char *name, uint64_t *cpu_ns);
+/*
+ * bench_thread_named_clock - as bench_threads_named(), with the CPU clock
+ * of a thread found (the last) in *@clock instead of the sum: read it
+ * with bench_clock_ns(), which returns 0 once that thread has ended, so a
+ * thread of the same name started since is never read in its place.
+ */
+int bench_thread_named_clock(const char *name, clockid_t *clock);
 
 /* Print "percpuref-bench: <message>" on stderr and exit with status 1. */
 void bench_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));

@@ -440,12 +440,12 @@ void report_table(FILE *out, const struct report *r)
 				print_figure(out, fig_w, 0, per_group_rate(res));
 			else
 				print_figure(out, fig_w, 2, res->ns_per_op);
-			/* Below one million a second, three significant digits:
-			 * managed-scan's 12,000 scans/s read "0.0", and
-			 * managed-latency's 8 releases/s "0.0000" with four
-			 * decimals. */
+			/* Below one million a second, three significant digits,
+			 * trailing zeros kept: managed-scan's 12,000 scans/s read
+			 * "0.0", and managed-latency's 8 releases/s "0.0000"
+			 * with four decimals. */
 			if (res->ops_per_sec > 0 && res->ops_per_sec < 1e6)
-				fprintf(out, " %*.3g", rate_w, res->ops_per_sec / 1e6);
+				fprintf(out, " %#*.3g", rate_w, res->ops_per_sec / 1e6);
 			else
 				fprintf(out, " %*.1f", rate_w, res->ops_per_sec / 1e6);
 			if (efficiency && isfinite(res->efficiency))

@@ -2,7 +2,8 @@
 /*
  * support.c - helpers for every harness file and workload (declared in
  * bench.h): bench_die(), bench_zalloc(), bench_clock_ns(), and
- * bench_threads_named(), a library thread found by its name, and its CPU time;
+ * bench_threads_named(), a library thread found by its name, and its CPU time
+ * (or its CPU clock: bench_thread_named_clock());
  * and for the harness (harness.h), progress_shown()/progress_erase(): the
  * progress line main.c keeps on stderr, erased before any message so that
  * the message starts a line of its own.
@@ -74,7 +75,9 @@ uint64_t bench_clock_ns(clockid_t clock)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-int bench_threads_named(const char *name, uint64_t *cpu_ns)
+/* bench_threads_named(), and the CPU clock of the last thread found in
+ * *@clock when @clock is not NULL. */
+static int walk_threads_named(const char *name, uint64_t *cpu_ns, clockid_t *clock)
 {
 	char path[300], comm[32];
 	DIR *tasks = opendir("/proc/self/task");
@@ -99,8 +102,12 @@ int bench_threads_named(const char *name, uint64_t *cpu_ns)
 			 * MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED), what
 			 * glibc's pthread_getcpuclockid() returns. */
 			if (!strncmp(comm, name, strlen(name)) && comm[strlen(name)] == '\n') {
+				clockid_t cpu_clock = (clockid_t)(((unsigned int)~tid << 3) | 6);
+
 				found++;
-				sum += bench_clock_ns((clockid_t)(((unsigned int)~tid << 3) | 6));
+				sum += bench_clock_ns(cpu_clock);
+				if (clock)
+					*clock = cpu_clock;
 			}
 		}
 		fclose(f);
@@ -112,4 +119,14 @@ int bench_threads_named(const char *name, uint64_t *cpu_ns)
 	if (cpu_ns)
 		*cpu_ns = sum;
 	return found;
+}
+
+int bench_threads_named(const char *name, uint64_t *cpu_ns)
+{
+	return walk_threads_named(name, cpu_ns, NULL);
+}
+
+int bench_thread_named_clock(const char *name, clockid_t *clock)
+{
+	return walk_threads_named(name, NULL, clock);
 }
