@@ -388,11 +388,10 @@ static void hot_loop(struct bench_thread *t)
  * to teardown, the scans made before the first loop ran, with every CPU
  * free, counted too (2 threads on 2 CPUs: 961 scans/s reported, 683 during
  * the loops, review 149), and a reclaimer that scanned only then passed
- * need_reclaimer().
+ * need_reclaimer().  The walk of /proc first, outside the figures (up to
+ * milliseconds with hundreds of threads); then the clock reads, which take
+ * under a microsecond, around the window's own clock.
  */
-/* The walk of /proc first, outside the figures (up to milliseconds with
- * hundreds of threads); then the clock reads, which take under a
- * microsecond, around the window's own clock. */
 static void hot_window_open(struct bench_run *run)
 {
 	struct hot_state *s = run->state;
@@ -439,7 +438,7 @@ static void hot_teardown(struct bench_run *run)
 	 * a scan's wall time, preemptions included, as the scan ends. */
 	bench_report_metric(run, "reclaimer_cpu",
 			    cpu_measured ? 100.0 * (double)(s->close_cpu_ns - s->open_cpu_ns) /
-						   (double)(s->close_ns - s->open_ns)
+						   1e9 / secs
 					 : NAN, "%");
 	bench_report_metric(run, "fence_rate", (s->close.fences - s->open.fences) / secs, "/s");
 	bench_report_metric(run, "switch_rate",
