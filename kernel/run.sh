@@ -12,7 +12,10 @@
 #   4. runs scripts/checkpatch.pl --strict on every patch (fails on errors);
 #   5. runs the KUnit suites on UML (one CPU) and on x86_64 under qemu (TCG,
 #      2 CPUs, CONFIG_SMP=y);
-#   6. boots that x86_64 kernel under qemu with 2 CPUs and the static init of
+#   6. builds every C file the series creates or changes with W=1 and
+#      sparse (C=2) in that x86_64 tree, and fails on a warning the
+#      unpatched source does not give (sparse-base.txt);
+#   7. boots that x86_64 kernel under qemu with 2 CPUs and the static init of
 #      kernel/boot/init.c, and fails if any of its checks fails.
 #
 # --prepare: steps 2-3 (step 1 only checks: missing packages fail it), then
@@ -56,7 +59,7 @@ now() { date +%s; }
 install_deps() {
 	local packages=(linux-source-6.12 build-essential bc bison flex libelf-dev
 			libssl-dev cpio xz-utils python3 python3-ply python3-git git kmod
-			qemu-system-x86)
+			qemu-system-x86 sparse)
 	local missing=() p sudo=""
 	for p in "${packages[@]}"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null |
@@ -278,6 +281,41 @@ kunit_uml() { kunit uml "${uml_opts[@]}"; }
 
 kunit_x86() { kunit x86 "${x86_opts[@]}" --qemu_args='-smp 2'; }
 
+# sparse_counts: for each C file the series creates or changes, the
+# warnings (and errors) that W=1 and sparse (make C=2) print while
+# building its object in the x86_64 test kernel's tree: "FILE COUNT"
+# lines, each file's warnings in $build/sparse/FILE.log.
+sparse_counts() {
+	local f out log
+	for f in $(grep -h '^+++ b/.*\.c$' $(series) | sed 's|^+++ b/||' | sort -u); do
+		log=$build/sparse/$f.log
+		mkdir -p "$(dirname "$log")"
+		if ! out=$(make -C "$src" O="$build/x86" ARCH=x86_64 C=2 W=1 "${f%.c}.o" 2>&1); then
+			printf '%s\n' "$out" >"$log"
+			printf '%s build-failed\n' "$f"
+			continue
+		fi
+		{ grep -E '(warning|error):' <<<"$out" || true; } >"$log"
+		printf '%s %d\n' "$f" "$(wc -l <"$log")"
+	done
+}
+
+# W=1 and sparse over the series' C files: a file with more warnings than
+# the unpatched source gives (sparse-base.txt, counted with Debian 12's
+# sparse 0.6.4; a file not listed gives none) fails, and its log is shown.
+run_sparse() {
+	local f n base status=0
+	while read -r f n; do
+		base=$(awk -v f="$f" '$1 == f { print $2 }' "$here/sparse-base.txt")
+		printf 'sparse %s: %s warnings (unpatched %d)\n' "$f" "$n" "${base:-0}"
+		if ! [[ $n =~ ^[0-9]+$ ]] || [ "$n" -gt "${base:-0}" ]; then
+			sed 's/^/  /' "$build/sparse/$f.log"
+			status=1
+		fi
+	done < <(sparse_counts)
+	return $status
+}
+
 initramfs() {
 	local dir=$build/boot
 	mkdir -p "$dir"
@@ -374,7 +412,7 @@ main() {
 		prefixes
 		return ;;
 	esac
-	for step in run_checkpatch kunit_uml kunit_x86 boot_test; do
+	for step in run_checkpatch kunit_uml kunit_x86 run_sparse boot_test; do
 		log "$step"
 		if ! "$step"; then
 			log "$step FAILED"

@@ -29,8 +29,8 @@
 # Each stage prints its wall time, and the last lines sum them up: the
 # whole command must stay under ~25 minutes on 2 CPUs.
 # Then kernel/run.sh builds the kernel patch series on linux-source-6.12 and
-# runs checkpatch, its KUnit suites (UML and x86_64 under qemu) and its boot
-# test; KERNEL_TESTS=0 skips that part.  As root, the kernel's packages are
+# runs checkpatch, its KUnit suites (UML and x86_64 under qemu), sparse and
+# W=1 over the C files it touches, and its boot test; KERNEL_TESTS=0 skips that part.  As root, the kernel's packages are
 # installed first (kernel/run.sh --install), and its source is then
 # unpacked and patched, and its two KUnit kernels built, in the background
 # from there on (kernel/run.sh --prepare, at nice 19 and idle I/O priority,
