@@ -27,7 +27,7 @@
  *                   anything is written, then all levels commit.  A charge
  *                   never writes a level and then takes it back, so not
  *                   even a read-out sees units of a charge that will fail
- *                   (other charges could not: the walk holds each level's
+ *                   (no other call could: the walk holds each level's
  *                   lock until it commits or gives up).
  *   give back       hand over hand upwards: a cache above 2 * batch keeps
  *                   batch and moves the rest to the parent's cache.
@@ -77,10 +77,11 @@
  * The tree mutex protects the registry of children (create, destroy, and
  * the drain's traversal) and serialises drains; no fast path takes it.
  *
- * SPIN checks the drains (tests/model/hcount.pml, Model O: a refusal is
- * linearizable; mutants without the marks, the give-back's respect of
- * them, the post-order or the mutex fail) and the no-cache lowering
- * (hcount_limit.pml, Model P); docs/model.md.
+ * SPIN checks the drains (tests/model/hcount.pml, Model O: charges and
+ * uncharges are linearizable, refusals included; mutants without the
+ * marks, the give-back's respect of them, the post-order, the mutex, the
+ * fast path's limit test or the retry's bound fail) and the no-cache
+ * lowering (hcount_limit.pml, Model P); docs/model.md.
  */
 #include <errno.h>
 #include <limits.h>

@@ -39,15 +39,25 @@
  * registry (create, destroy) and hcount_tree_check() are not modelled.
  *
  * Asserted:
- *  - exactness: a refused charge saw, at its start or at some commit
- *    during it, units held in the subtree of some level on its path,
- *    plus its n, above that level's limit (ghost `witness`);
- *  - no count ever passes its limit (checked at each commit);
+ *  - linearizability, in the order that puts each charge at its commit
+ *    and each uncharge at its return, or earlier (still within its call)
+ *    where a commit would otherwise hold more than a limit (ghosts `held`
+ *    and `pend`, committed()): every successful charge fits every limit
+ *    of its path there, and a refused charge saw, at its start or at some
+ *    commit during it, the units held in the subtree of some level of its
+ *    path, plus its n, above that level's limit (`witness`);
+ *  - no count ever passes its limit (checked at each commit, fast or slow);
+ *  - the drain-and-retry loop makes at most one pass per level of the
+ *    charge's path (`tries`);
  *  - at the end, quiescent: the invariant count(ns) = own(ns) + sum over
  *    children c of (count(c) + cached(c)), no cache at the root, no mark
  *    left, no unit held.
+ * Never exercised here: drain_end()'s give-back moves nothing (the drained
+ * level never collects more than 2 * batch), the retry loop's
+ * `!drainable` arm never decides, and no charge is refused at a level
+ * without children (B and D are unlimited).
  *
- * Mutants (each must fail on `witness`):
+ * Mutants (the first four must fail on `witness`):
  *  -DMUTANT_NO_MARK: the drain marks nothing: B's tenant refills with a
  *   batch behind the drain, and D's retry is refused by that cache.
  *  -DMUTANT_GIVE_BACK_KEEPS: a give-back ignores the mark and keeps its
@@ -57,13 +67,18 @@
  *   A, where D's charge cannot use it.
  *  -DMUTANT_NO_TREE_MUTEX: drains run without the tree mutex: A's drain
  *   ends and unmarks B in the middle of D's, and B refills with a batch.
+ *  -DMUTANT_FAST_NO_LIMIT: the header's fast charge takes from the cache
+ *   without its limit test: A's tenant passes A's limit (`limit`).
+ *  -DMUTANT_RETRY_AT_DRAINED: the retry's refusal is final only above the
+ *   drained level: refused again at it, the loop drains the same level
+ *   for ever, holding the tree mutex (`tries`).
  *
  * Not a mutant: a refill that writes each level's count as it walks up
  * and takes the units back when a level above refuses (hcount.c's "a
  * charge never writes a level and then takes it back").  The walk holds
  * every lock from its namespace to the refusing level until it has taken
- * them back, so no other charge can read them: only the lock-free
- * read-outs (hcount_ns_count()) could.
+ * them back, so no other call can read them: only the lock-free read-outs
+ * (hcount_ns_count()) could.
  */
 
 #ifndef LIMIT_R
@@ -105,10 +120,13 @@ bit tree_mutex;
 byte below_r[3];
 byte below_a[1];
 
-/* Ghosts: units held (charged and not yet uncharged) in each subtree; per
- * tenant, its namespace, the charge in progress, and whether some instant
- * of it had no room at some level of its path. */
+/* Ghosts: units held in each subtree, from their charge's commit until
+ * their uncharge takes effect (pend: the units of a tenant's uncharge in
+ * progress that still count, until it returns or a commit needs them
+ * gone); per tenant, its namespace, the charge in progress, and whether
+ * some instant of it had no room at some level of its path. */
 byte held[NS];
+byte pend[3];
 byte home[3];
 byte need[3];
 bit in_call[3];
@@ -158,6 +176,44 @@ inline held_grew()
 		:: else
 		fi
 	}
+}
+
+/*
+ * A charge at ns committed (held grew by its n): where a level z of its
+ * path now holds more than its limit, every uncharge in progress below z
+ * takes effect now, before the commit (a point within its call, as
+ * linearizability allows; later, a refusal cannot count those units
+ * again).  Then no level holds more than its limit: the order that puts
+ * each charge at its commit and each uncharge at its return, or earlier
+ * where a commit needs it, is one in which every success fits, and the
+ * refusals are checked against the same held.
+ */
+inline committed(ns)
+{
+	z = ns;
+	do
+	:: true ->
+		if
+		:: held[z] > limit[z] ->
+			for (u : 0 .. 2) {
+				v = home[u];
+				do
+				:: v == z || v == R -> break
+				:: else -> v = parent[v]
+				od;
+				if
+				:: pend[u] > 0 && v == z -> held_add(home[u], -pend[u]); pend[u] = 0
+				:: else
+				fi
+			}
+		:: else
+		fi;
+		assert(held[z] <= limit[z]);
+		if
+		:: z == R -> break
+		:: else -> z = parent[z]
+		fi
+	od
 }
 
 inline unlock_chain(from, to)
@@ -217,6 +273,7 @@ inline chain_charge(ns, n, surplus)
 				od;
 				own[ns] = own[ns] + n;
 				held_add(ns, n);
+				committed(ns);
 				held_grew();
 				f = NONE;
 				unlock_chain(ns, top);
@@ -318,9 +375,16 @@ inline charge_drain_retry(ns, n)
 		drain_below(f);
 		drained = f;
 		chain_charge(ns, n, 0);
+		/* At most one pass per level of ns's path. */
+		tries++;
+		assert(tries <= level[ns] + 1);
 		if
 		:: f == NONE -> ok = 1; break
+#ifdef MUTANT_RETRY_AT_DRAINED
+		:: f != NONE && (level[f] > level[drained] || !drainable) -> ok = 0; break
+#else
 		:: f != NONE && (level[f] >= level[drained] || !drainable) -> ok = 0; break
+#endif
 		:: else
 		fi
 	od;
@@ -342,11 +406,17 @@ inline charge(ns, n)
 	atomic {
 		lock(ns);
 		if
+#ifdef MUTANT_FAST_NO_LIMIT
+		:: ns != R && cached[ns] >= n ->
+#else
 		:: ns != R && cached[ns] >= n && n <= limit[ns] - count[ns] ->
+#endif
 			count[ns] = count[ns] + n;
+			assert(count[ns] <= limit[ns]);
 			cached[ns] = cached[ns] - n;
 			own[ns] = own[ns] + n;
 			held_add(ns, n);
+			committed(ns);
 			held_grew();
 			ok = 1
 		:: else ->
@@ -377,25 +447,33 @@ inline uncharge(ns, n)
 		lock(ns);
 		own[ns] = own[ns] - n;
 		count[ns] = count[ns] - n;
-		cached[ns] = cached[ns] + n
+		cached[ns] = cached[ns] + n;
+		pend[me] = n
 	};
 	/* The fast path's test, then give_back_unlock()'s, are one: the
 	 * cache up to the high-water mark, and no mark. */
 	give_back_unlock(ns);
-	atomic { held_add(ns, -n) }	/* the uncharge returns */
+	/* The uncharge returns: it takes effect, unless a commit made it. */
+	atomic {
+		if
+		:: pend[me] > 0 -> held_add(ns, -pend[me]); pend[me] = 0
+		:: else
+		fi
+	}
 }
 
 /* The calls' locals, dead between calls: zeroed so that states differing
  * only in them are one. */
 inline scratch_reset()
 {
-	y = 0; w = 0; x = 0; g = 0; t = 0; top = 0; r = 0; f = 0; drained = 0; i = 0;
-	amt = 0; lim = 0; hiwat = 0; keep = 0; s = 0; drainable = 0
+	y = 0; w = 0; x = 0; g = 0; t = 0; u = 0; v = 0; z = 0; top = 0; r = 0; f = 0;
+	drained = 0; i = 0; tries = 0; amt = 0; lim = 0; hiwat = 0; keep = 0; s = 0;
+	drainable = 0
 }
 
 proctype tenant(byte me; byte ns; byte rounds)
 {
-	byte y, w, x, g, t, top, r, f, drained, i, n, round;
+	byte y, w, x, g, t, u, v, z, top, r, f, drained, i, tries, n, round;
 	byte amt, lim, hiwat, keep;
 	bit s, drainable, ok;
 

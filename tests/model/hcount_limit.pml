@@ -25,9 +25,15 @@
  * Asserted: whenever a charge completes, and when the lowering returns 0,
  * if the lowering has returned 0, the units held at R (charges completed
  * and not yet uncharged) are within NEW.  At the end: the counts are 0 and
- * the limit is NEW or OLD as the lowering returned.
+ * the limit is NEW or OLD as the lowering returned.  Not asserted: that
+ * a refusal was due (a charge that overlaps a lowering that fails may be
+ * refused against the limit it tried; docs/hcount.md).
  *
- * Mutants (each must fail on `lowered`):
+ * Sequentially consistent: the pair's seq_cst accesses are taken as
+ * given, so the model shows the order of the steps, not their memory
+ * orders (weaker ones would pass it too).
+ *
+ * Mutants (each must fail on `(held<=1)`, the lowered limit):
  *  -DMUTANT_READ_COUNT_FIRST: the setter reads the count before it
  *   exchanges the limit in: a charge between the two passes the old limit
  *   and the lowering passes the old count.
