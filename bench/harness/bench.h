@@ -152,6 +152,12 @@ struct bench_workload {
 	const struct bench_option *options;	/* ended by { NULL }; or NULL */
 	/* Scaling efficiency does not apply (not comparable per thread). */
 	bool no_efficiency;
+	/*
+	 * Its threads block or sleep by design (wait for a release, a scan):
+	 * a worker with less CPU time than the window is no sign that
+	 * another thread took its CPU, and goes unreported.
+	 */
+	bool waits;
 
 	void (*setup)(struct bench_run *run);
 	void (*thread_init)(struct bench_thread *t);

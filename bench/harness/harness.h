@@ -72,6 +72,10 @@ struct sample {
 	uint64_t ops;
 	double seconds;
 	bool paused;		/* the run was stopped and continued in the window */
+	/* The least CPU time a worker had over the window, as a share of it
+	 * (NAN: not measured), and that worker's index. */
+	double worker_cpu_min;
+	unsigned int worker_cpu_min_index;
 	/* measure_line_transfer() just before the point; NAN: not measured */
 	double transfer_ns;
 	struct bench_metrics metrics;

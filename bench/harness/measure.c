@@ -29,7 +29,11 @@
  * wait on it).  The warm-up and the window are the main thread's sleeps,
  * unwatched.  A SIGCONT handler counts continues: a point whose window
  * one fell in, or whose window closed well late (no CPU for the run),
- * gets a warning, since its time per operation counts that.
+ * gets a warning, since its time per operation counts that; so does a
+ * point where a worker's CPU clock advanced by less than 90% of the
+ * window (another thread ran on its CPU: the library's, another
+ * process's), unless the workload's threads wait by design (->waits) or
+ * the point has more threads than CPUs.
  *
  * The workload's own figures (bench_report_metric()) go into the sample,
  * from setup() and teardown() only: run->metrics is NULL while the threads
@@ -194,27 +198,44 @@ static void point_name(char *buf, size_t size, const struct bench_workload *w,
 		 processes ? "process" : "thread", n == 1 ? "" : processes ? "es" : "s");
 }
 
-/* A point whose window the run was stopped in (@paused), or that lasted
- * well past @duration (no CPU for this process), measured that time too:
- * says so on standard error. */
+/* Below this share of the window on its CPU, a worker was kept off it. */
+#define WORKER_CPU_STARVED 0.9
+
+/*
+ * A point whose window the run was stopped in, or that lasted well past
+ * @duration (no CPU for this process), measured that time too; one where
+ * a worker ran for less of the window than WORKER_CPU_STARVED measured
+ * another thread's time on its CPU: says so on standard error, the first
+ * that applies (a stop or a run without CPU also stops the workers' CPU
+ * clocks).
+ */
 static void warn_if_disturbed(const struct bench_workload *w, const struct bench_variant *v,
-			      unsigned int n, bool processes, double seconds, double duration,
-			      bool paused)
+			      unsigned int n, bool processes, const struct topology *topo,
+			      const struct sample *s, double seconds, double duration)
 {
+	bool late = seconds - duration > fmax(0.5, duration / 4);
+	/* NAN compares false: not measured, not reported. */
+	bool starved = !w->waits && n <= topo->ncpus && s->worker_cpu_min < WORKER_CPU_STARVED;
+	unsigned int i = s->worker_cpu_min_index;
 	char point[160];
 
-	if (!paused && !(seconds - duration > fmax(0.5, duration / 4)))
+	if (!s->paused && !late && !starved)
 		return;
 	point_name(point, sizeof(point), w, v, n, processes);
 	progress_erase();
-	if (paused)
+	if (s->paused)
 		fprintf(stderr, "percpuref-bench: warning: %s: the run was stopped and continued "
 			"during this point's window; its time per operation counts the "
 			"pause\n", point);
-	else
+	else if (late)
 		fprintf(stderr, "percpuref-bench: warning: %s: the window lasted %.3g s instead "
 			"of %.3g s (the run got no CPU); its time per operation counts that\n",
 			point, seconds, duration);
+	else
+		fprintf(stderr, "percpuref-bench: warning: %s: worker %u (CPU %d) ran %.0f%% of "
+			"the window on its CPU (another thread ran there: the library's, or "
+			"another process's); its time per operation counts that\n", point, i,
+			topo->order[i % topo->ncpus], 100 * s->worker_cpu_min);
 }
 
 /* Kills the children not reaped yet and reaps them, waiting two seconds at
@@ -463,6 +484,15 @@ static void unwatch(struct watchdog *wd)
 	pthread_mutex_unlock(&wd->lock);
 }
 
+/* Each worker's CPU clock now, in @ns; false if one cannot be read. */
+static bool read_cpu_clocks(const clockid_t *clocks, unsigned int n, uint64_t *ns)
+{
+	for (unsigned int i = 0; i < n; i++)
+		if (!(ns[i] = bench_clock_ns(clocks[i])))
+			return false;
+	return true;
+}
+
 static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
 {
 	uint64_t sum = 0;
@@ -480,18 +510,21 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 				  double duration, double hang_limit, struct watchdog *wd,
 				  pthread_barrier_t *processes)
 {
-	struct sample s = { 0 };
+	struct sample s = { .worker_cpu_min = NAN };
 	struct bench_run run = { .workload = w, .variant = v, .nthreads = nthreads,
 				 .metrics = &s.metrics };
 	struct bench_thread *threads = bench_zalloc(nthreads * sizeof(*threads));
 	pthread_t *tids = calloc(nthreads, sizeof(*tids));
+	clockid_t *clocks = calloc(nthreads, sizeof(*clocks));
+	uint64_t *cpu0 = calloc(nthreads, sizeof(*cpu0)), *cpu1 = calloc(nthreads, sizeof(*cpu1));
+	bool clocks_read = true;
 	unsigned long continues0;
 	char point[160];
 	uint64_t ops0;
 	double t0;
 	int err;
 
-	if (!tids)
+	if (!tids || !clocks || !cpu0 || !cpu1)
 		bench_die("out of memory");
 	point_name(point, sizeof(point), w, v, nthreads, false);
 	if (w->setup) {
@@ -532,6 +565,7 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 		if (err)
 			bench_die("pthread_create (thread %u on CPU %d): %s", i, threads[i].cpu,
 				  strerror(err));
+		clocks_read &= !pthread_getcpuclockid(tids[i], &clocks[i]);
 	}
 	pthread_barrier_wait(&start_barrier);
 	/* The other processes are the parent's to wait for (its limit runs
@@ -546,13 +580,23 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 	continues0 = continues_so_far();
 	t0 = bench_seconds();
 	ops0 = snapshot(threads, nthreads);
+	clocks_read = clocks_read && read_cpu_clocks(clocks, nthreads, cpu0);
 	if (w->window_open)
 		w->window_open(&run);
 	sleep_until(t0 + duration);
 	s.seconds = bench_seconds() - t0;
 	s.ops = snapshot(threads, nthreads) - ops0;
+	clocks_read = clocks_read && read_cpu_clocks(clocks, nthreads, cpu1);
 	if (w->window_close)
 		w->window_close(&run);
+	for (unsigned int i = 0; clocks_read && i < nthreads; i++) {
+		double share = (double)(cpu1[i] - cpu0[i]) / (s.seconds * 1e9);
+
+		if (isfinite(share) && !(share >= s.worker_cpu_min)) {
+			s.worker_cpu_min = share;
+			s.worker_cpu_min_index = i;
+		}
+	}
 	s.paused = continues_so_far() != continues0;
 	continues_to(false);
 	__atomic_store_n(&run.stop, true, __ATOMIC_RELAXED);
@@ -572,6 +616,9 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 		w->teardown(&run);
 	}
 	unwatch(wd);
+	free(cpu1);
+	free(cpu0);
+	free(clocks);
 	free(tids);
 	free(threads);
 	return s;
@@ -587,7 +634,7 @@ struct sample measure(const struct bench_workload *w, const struct bench_variant
 	watchdog_start(&wd);
 	s = measure_with(w, v, nthreads, topo, duration, hang_limit, &wd, NULL);
 	watchdog_stop(&wd);
-	warn_if_disturbed(w, v, nthreads, false, s.seconds, duration, s.paused);
+	warn_if_disturbed(w, v, nthreads, false, topo, &s, s.seconds, duration);
 	return s;
 }
 
@@ -598,6 +645,7 @@ struct processes_shared {
 		uint64_t ops;
 		double seconds;
 		bool paused;
+		double worker_cpu;
 	} out[];			/* child i's one-thread sample */
 };
 
@@ -628,7 +676,7 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 	struct processes_shared *sh;
 	size_t size = sizeof(*sh) + nprocs * sizeof(sh->out[0]);
 	pthread_barrierattr_t attr;
-	struct sample s = { 0 };
+	struct sample s = { .worker_cpu_min = NAN };
 	pid_t *pids = calloc(nprocs, sizeof(*pids));
 	bool *reaped = calloc(nprocs, sizeof(*reaped));
 	pid_t parent = getpid();
@@ -682,6 +730,7 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 			sh->out[i].ops = mine.ops;
 			sh->out[i].seconds = mine.seconds;
 			sh->out[i].paused = mine.paused;
+			sh->out[i].worker_cpu = mine.worker_cpu_min;
 			_exit(0);
 		}
 	}
@@ -748,8 +797,12 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 		longest = fmax(longest, sh->out[i].seconds);
 		seconds += sh->out[i].seconds / nprocs;
 		s.paused |= sh->out[i].paused;
+		if (isfinite(sh->out[i].worker_cpu) && !(sh->out[i].worker_cpu >= s.worker_cpu_min)) {
+			s.worker_cpu_min = sh->out[i].worker_cpu;
+			s.worker_cpu_min_index = i;
+		}
 	}
-	warn_if_disturbed(w, v, nprocs, true, longest, duration, s.paused);
+	warn_if_disturbed(w, v, nprocs, true, topo, &s, longest, duration);
 	for (unsigned int i = 0; i < nprocs; i++)
 		s.ops += (uint64_t)llround(sh->out[i].ops * (seconds / sh->out[i].seconds));
 	s.seconds = seconds;

@@ -454,6 +454,7 @@ static const struct bench_workload switch_storm = {
 	.name = "switch-storm",
 	.help = "each thread cycles its own refs through init, kill, release, exit",
 	.op = "cycle",
+	.waits = true,		/* for its batches' releases */
 	.variants = storm_variants,
 	.options = storm_options,
 	.setup = storm_setup,
