@@ -14,7 +14,8 @@
 #      2 CPUs, CONFIG_SMP=y);
 #   6. builds every C file the series creates or changes with W=1 and
 #      sparse (C=2) in that x86_64 tree, and fails on a warning the
-#      unpatched source does not give (sparse-base.txt);
+#      unpatched source does not give (sparse-base.txt, compared line by
+#      line, not counted);
 #   7. boots that x86_64 kernel under qemu with 2 CPUs and the static init of
 #      kernel/boot/init.c, and fails if any of its checks fails.
 #
@@ -281,38 +282,60 @@ kunit_uml() { kunit uml "${uml_opts[@]}"; }
 
 kunit_x86() { kunit x86 "${x86_opts[@]}" --qemu_args='-smp 2'; }
 
-# sparse_counts: for each C file the series creates or changes, the
-# warnings (and errors) that W=1 and sparse (make C=2) print while
-# building its object in the x86_64 test kernel's tree: "FILE COUNT"
-# lines, each file's warnings in $build/sparse/FILE.log.
-sparse_counts() {
-	local f out log
-	for f in $(grep -h '^+++ b/.*\.c$' $(series) | sed 's|^+++ b/||' | sort -u); do
-		log=$build/sparse/$f.log
-		mkdir -p "$(dirname "$log")"
-		if ! out=$(make -C "$src" O="$build/x86" ARCH=x86_64 C=2 W=1 "${f%.c}.o" 2>&1); then
-			printf '%s\n' "$out" >"$log"
-			printf '%s build-failed\n' "$f"
-			continue
-		fi
-		{ grep -E '(warning|error):' <<<"$out" || true; } >"$log"
-		printf '%s %d\n' "$f" "$(wc -l <"$log")"
-	done
+# The C files the series creates or changes.
+series_c_files() {
+	local patches
+	patches=$(series)
+	[ -n "$patches" ] && grep -h '^+++ b/.*\.c$' $patches | sed 's|^+++ b/||' | LC_ALL=C sort -u
 }
 
-# W=1 and sparse over the series' C files: a file with more warnings than
-# the unpatched source gives (sparse-base.txt, counted with Debian 12's
-# sparse 0.6.4; a file not listed gives none) fails, and its log is shown.
+# sparse_warnings FILE: the warnings (and errors) that W=1 and sparse
+# (make C=2) give in the source's files while building FILE's object in the
+# x86_64 test kernel's tree, as "FILE: PATH: warning: TEXT" lines without
+# the line and column (a line the series moves keeps its warning), sorted;
+# the build's own output on standard error when it fails.
+sparse_warnings() {
+	local f=$1 out
+	out=$(make -C "$src" O="$build/x86" ARCH=x86_64 C=2 W=1 "${f%.c}.o" 2>&1) ||
+		{ printf '%s\n' "$out" >&2; return 1; }
+	{ grep -E "^$src/[^:]*:[0-9]+:[0-9]+: (warning|error):" <<<"$out" || true; } |
+		sed -E "s|^$src/([^:]*):[0-9]+:[0-9]+: |$f: \\1: |" | LC_ALL=C sort
+}
+
+# W=1 and sparse over the series' C files: a warning the unpatched source
+# does not give (kernel/sparse-base.txt, those of its files that give any,
+# with Debian 12's sparse 0.6.4), or one it gives more often, fails; a
+# warning the series removes does not hide one it adds.
 run_sparse() {
-	local f n base status=0
-	while read -r f n; do
-		base=$(awk -v f="$f" '$1 == f { print $2 }' "$here/sparse-base.txt")
-		printf 'sparse %s: %s warnings (unpatched %d)\n' "$f" "$n" "${base:-0}"
-		if ! [[ $n =~ ^[0-9]+$ ]] || [ "$n" -gt "${base:-0}" ]; then
-			sed 's/^/  /' "$build/sparse/$f.log"
+	local files f now base added status=0
+	files=$(series_c_files) || true
+	if [ -z "$files" ]; then
+		echo "sparse: no C file in the series"
+		return 1
+	fi
+	# The tree's own preparation once, outside any file's figures.
+	if ! make -s -C "$src" O="$build/x86" ARCH=x86_64 prepare >"$build/sparse.log" 2>&1; then
+		echo "sparse: make prepare failed (log: $build/sparse.log)"
+		return 1
+	fi
+	for f in $files; do
+		if ! now=$(sparse_warnings "$f" 2>"$build/sparse.log"); then
+			printf 'sparse %s: the build failed:\n' "$f"
+			tail -n 20 "$build/sparse.log" | sed 's/^/  /'
+			status=1
+			continue
+		fi
+		base=$(awk -v p="$f: " 'index($0, p) == 1' "$here/sparse-base.txt" | LC_ALL=C sort)
+		added=$(LC_ALL=C comm -23 <(printf '%s' "$now${now:+$'\n'}") \
+			<(printf '%s' "$base${base:+$'\n'}"))
+		printf 'sparse %s: %d warnings (unpatched %d)\n' "$f" \
+			"$(printf '%s' "$now${now:+$'\n'}" | wc -l)" \
+			"$(printf '%s' "$base${base:+$'\n'}" | wc -l)"
+		if [ -n "$added" ]; then
+			printf '%s\n' "$added" | sed 's/^/  new: /'
 			status=1
 		fi
-	done < <(sparse_counts)
+	done
 	return $status
 }
 

@@ -357,7 +357,7 @@ void report_table(FILE *out, const struct report *r)
 	const char *op = r->workload->op, *group = r->workload->group;
 	bool efficiency = !r->workload->no_efficiency, oversubscribed = false;
 	char fig_head[40], rate_head[32], cpus[4096], config[32];
-	int group_w = group_width(r), fig_w, rate_w, cpus_w = 4, config_w = 6, block_w;
+	int group_w = group_width(r), fig_w, rate_w, eff_w = 5, cpus_w = 4, config_w = 6, block_w;
 
 	/*
 	 * Per variant: ns/<op> and the total, or, for a workload with
@@ -372,7 +372,21 @@ void report_table(FILE *out, const struct report *r)
 	snprintf(rate_head, sizeof(rate_head), "M%ss/s", op);
 	fig_w = strlen(fig_head) > 8 ? (int)strlen(fig_head) : 8;
 	rate_w = strlen(rate_head) > 9 ? (int)strlen(rate_head) : 9;
-	block_w = fig_w + 1 + rate_w + (efficiency ? 6 : 0);
+	/*
+	 * Wide enough for every figure's whole part (print_figure() then
+	 * drops decimals that do not fit) and every eff: a 150 ms scan in ns
+	 * passed the 8-wide ns/scan column, and 54914% the 5-wide eff one.
+	 */
+	for (unsigned int i = 0; i < r->nthreads * r->nvariants; i++) {
+		const struct result *res = &r->results[i];
+		double fig = group ? per_group_rate(res) : res->ns_per_op;
+
+		if (isfinite(fig))
+			fig_w = fmax(fig_w, snprintf(NULL, 0, "%.0f", fig));
+		if (efficiency && isfinite(res->efficiency))
+			eff_w = fmax(eff_w, snprintf(NULL, 0, "%.0f%%", res->efficiency * 100));
+	}
+	block_w = fig_w + 1 + rate_w + (efficiency ? eff_w + 1 : 0);
 	for (unsigned int i = 0; i < r->nthreads; i++) {
 		topology_format_cpus(topo, r->threads[i] < topo->ncpus ? r->threads[i] : topo->ncpus,
 				     cpus, sizeof(cpus));
@@ -422,7 +436,7 @@ void report_table(FILE *out, const struct report *r)
 	for (unsigned int v = 0; v < r->nvariants; v++) {
 		fprintf(out, " %*s %*s", fig_w, fig_head, rate_w, rate_head);
 		if (efficiency)
-			fprintf(out, " %5s", "eff");
+			fprintf(out, " %*s", eff_w, "eff");
 		fprintf(out, " |");
 	}
 	fputc('\n', out);
@@ -453,9 +467,9 @@ void report_table(FILE *out, const struct report *r)
 			else
 				fprintf(out, " %*.1f", rate_w, res->ops_per_sec / 1e6);
 			if (efficiency && isfinite(res->efficiency))
-				fprintf(out, " %4.0f%%", res->efficiency * 100);
+				fprintf(out, " %*.0f%%", eff_w - 1, res->efficiency * 100);
 			else if (efficiency)
-				fprintf(out, " %5s", "-");
+				fprintf(out, " %*s", eff_w, "-");
 			fprintf(out, " |");
 		}
 		fputc('\n', out);

@@ -43,7 +43,7 @@
  */
 
 #define OLD	3
-#define NEW	1
+#define NEW	1	/* the mutants' tests look for "(held<=1)" */
 #define CHARGERS 3
 #define R	0
 #define X	1
