@@ -153,9 +153,10 @@ struct bench_workload {
 	/* Scaling efficiency does not apply (not comparable per thread). */
 	bool no_efficiency;
 	/*
-	 * Its threads block or sleep by design (wait for a release, a scan):
-	 * a worker with less CPU time than the window is no sign that
-	 * another thread took its CPU, and goes unreported.
+	 * Its threads block or sleep by design (wait for a release, a scan,
+	 * a fence's readers): a worker with less CPU time than the window is
+	 * no sign that another thread took its CPU, and goes unreported (the
+	 * harness then reads no worker's CPU clock).
 	 */
 	bool waits;
 

@@ -31,9 +31,10 @@
  * one fell in, or whose window closed well late (no CPU for the run),
  * gets a warning, since its time per operation counts that; so does a
  * point where a worker's CPU clock advanced by less than 90% of the
- * window (another thread ran on its CPU: the library's, another
- * process's), unless the workload's threads wait by design (->waits) or
- * the point has more threads than CPUs.
+ * window (another thread had its CPU, or it blocked: a thread's CPU clock
+ * cannot tell the two apart, and schedstat's run-queue delay, which can,
+ * reads 0 on kernels without schedstats), unless the workload's threads
+ * wait by design (->waits) or the point has more threads than CPUs.
  *
  * The workload's own figures (bench_report_metric()) go into the sample,
  * from setup() and teardown() only: run->metrics is NULL while the threads
@@ -232,9 +233,10 @@ static void warn_if_disturbed(const struct bench_workload *w, const struct bench
 			"of %.3g s (the run got no CPU); its time per operation counts that\n",
 			point, seconds, duration);
 	else
-		fprintf(stderr, "percpuref-bench: warning: %s: worker %u (CPU %d) ran %.0f%% of "
-			"the window on its CPU (another thread ran there: the library's, or "
-			"another process's); its time per operation counts that\n", point, i,
+		fprintf(stderr, "percpuref-bench: warning: %s: %s %u (CPU %d) ran %.0f%% of "
+			"the window (another thread had its CPU: the library's, the "
+			"workload's, another process's; or it blocked); its time per "
+			"operation counts that\n", point, processes ? "process" : "worker", i,
 			topo->order[i % topo->ncpus], 100 * s->worker_cpu_min);
 }
 
@@ -484,13 +486,14 @@ static void unwatch(struct watchdog *wd)
 	pthread_mutex_unlock(&wd->lock);
 }
 
-/* Each worker's CPU clock now, in @ns; false if one cannot be read. */
-static bool read_cpu_clocks(const clockid_t *clocks, unsigned int n, uint64_t *ns)
+/* Each worker's CPU clock now, in @ns; 0 for one that cannot be read
+ * (no clock id, or its thread gone: a worker past its thread_init and the
+ * barrier never reads 0). */
+static void read_cpu_clocks(const clockid_t *clocks, const bool *have, unsigned int n,
+			    uint64_t *ns)
 {
 	for (unsigned int i = 0; i < n; i++)
-		if (!(ns[i] = bench_clock_ns(clocks[i])))
-			return false;
-	return true;
+		ns[i] = have[i] ? bench_clock_ns(clocks[i]) : 0;
 }
 
 static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
@@ -517,14 +520,16 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 	pthread_t *tids = calloc(nthreads, sizeof(*tids));
 	clockid_t *clocks = calloc(nthreads, sizeof(*clocks));
 	uint64_t *cpu0 = calloc(nthreads, sizeof(*cpu0)), *cpu1 = calloc(nthreads, sizeof(*cpu1));
-	bool clocks_read = true;
+	bool *have_clock = calloc(nthreads, sizeof(*have_clock));
+	/* Only where a short share can mean a thief: see warn_if_disturbed(). */
+	bool watch_cpu = !w->waits && nthreads <= topo->ncpus;
 	unsigned long continues0;
 	char point[160];
 	uint64_t ops0;
 	double t0;
 	int err;
 
-	if (!tids || !clocks || !cpu0 || !cpu1)
+	if (!tids || !clocks || !cpu0 || !cpu1 || !have_clock)
 		bench_die("out of memory");
 	point_name(point, sizeof(point), w, v, nthreads, false);
 	if (w->setup) {
@@ -565,7 +570,7 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 		if (err)
 			bench_die("pthread_create (thread %u on CPU %d): %s", i, threads[i].cpu,
 				  strerror(err));
-		clocks_read &= !pthread_getcpuclockid(tids[i], &clocks[i]);
+		have_clock[i] = watch_cpu && !pthread_getcpuclockid(tids[i], &clocks[i]);
 	}
 	pthread_barrier_wait(&start_barrier);
 	/* The other processes are the parent's to wait for (its limit runs
@@ -580,19 +585,19 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 	continues0 = continues_so_far();
 	t0 = bench_seconds();
 	ops0 = snapshot(threads, nthreads);
-	clocks_read = clocks_read && read_cpu_clocks(clocks, nthreads, cpu0);
+	read_cpu_clocks(clocks, have_clock, nthreads, cpu0);
 	if (w->window_open)
 		w->window_open(&run);
 	sleep_until(t0 + duration);
 	s.seconds = bench_seconds() - t0;
 	s.ops = snapshot(threads, nthreads) - ops0;
-	clocks_read = clocks_read && read_cpu_clocks(clocks, nthreads, cpu1);
+	read_cpu_clocks(clocks, have_clock, nthreads, cpu1);
 	if (w->window_close)
 		w->window_close(&run);
-	for (unsigned int i = 0; clocks_read && i < nthreads; i++) {
+	for (unsigned int i = 0; i < nthreads; i++) {
 		double share = (double)(cpu1[i] - cpu0[i]) / (s.seconds * 1e9);
 
-		if (isfinite(share) && !(share >= s.worker_cpu_min)) {
+		if (cpu0[i] && cpu1[i] && !(share >= s.worker_cpu_min)) {
 			s.worker_cpu_min = share;
 			s.worker_cpu_min_index = i;
 		}
@@ -616,6 +621,7 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 		w->teardown(&run);
 	}
 	unwatch(wd);
+	free(have_clock);
 	free(cpu1);
 	free(cpu0);
 	free(clocks);

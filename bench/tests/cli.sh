@@ -1105,6 +1105,28 @@ else
 	sed 's/^/  /' "$tmp/json" "$tmp/table" | head -20
 	fails=$((fails + 1))
 fi
+# Every row's column bars stand where the header's do: managed-latency's
+# 20 ms a release, 20005389.53 ns, passed its 10-wide column, a 150 ms scan
+# (a loaded machine) the 8-wide ns/scan one, and 1024 threads' 54914% the
+# 5-wide eff one.  lined_up WHAT FILE: FILE holds a table on its own.
+lined_up() {
+	if "$python" -c '
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+head = [l for l in lines if l.startswith(("threads config", "containers "))][0]
+rows = [l for l in lines if l.split("|")[0].strip()[:1].isdigit() and "|" in l]
+bars = lambda l: [i for i, c in enumerate(l) if c == "|"]
+assert rows, lines
+for row in rows:
+    assert bars(row) == bars(head), (head, row)
+' "$2"; then
+		echo "ok: $1: the table's columns line up"
+	else
+		echo "FAIL: $1: a figure passes its column"
+		sed 's/^/  /' "$2" | head -14
+		fails=$((fails + 1))
+	fi
+}
 # A rate below one million a second reads as its value in the table's
 # M<op>s/s column, not 0.0 (managed-scan's 12,000 scans/s did).
 # Exit 3: no scan completed in the window (a loaded machine), not checked.
@@ -1129,28 +1151,6 @@ case $rc in
 	fails=$((fails + 1))
 	;;
 esac
-# Every row's column bars stand where the header's do: managed-latency's
-# 20 ms a release, 20005389.53 ns, passed its 10-wide column, a 150 ms scan
-# (a loaded machine) the 8-wide ns/scan one, and 1024 threads' 54914% the
-# 5-wide eff one.  lined_up WHAT FILE: FILE holds a table on its own.
-lined_up() {
-	if "$python" -c '
-import sys
-lines = open(sys.argv[1]).read().splitlines()
-head = [l for l in lines if l.startswith(("threads config", "containers "))][0]
-rows = [l for l in lines if l.split("|")[0].strip()[:1].isdigit() and "|" in l]
-bars = lambda l: [i for i, c in enumerate(l) if c == "|"]
-assert rows, lines
-for row in rows:
-    assert bars(row) == bars(head), (head, row)
-' "$2"; then
-		echo "ok: $1: the table's columns line up"
-	else
-		echo "FAIL: $1: a figure passes its column"
-		sed 's/^/  /' "$2" | head -14
-		fails=$((fails + 1))
-	fi
-}
 "$bench" managed-latency --threads 1 --duration 0.1 --variants faithful >"$tmp/table" 2>/dev/null
 lined_up "managed-latency" "$tmp/table"
 "$bench" signal1 --threads 1,1024 --oversubscribe --baseline 1024 --variants global \
@@ -1164,12 +1164,15 @@ cpu=$("$bench" --topology | sed -n 's/^placement: \([0-9]*\).*/\1/p')
 taskset -c "$cpu" sh -c 'while :; do :; done' &
 hog=$!
 "$bench" micro --threads 1 --variants private --duration 0.3 >/dev/null 2>"$tmp/err"
+"$bench" micro --processes --threads 1 --variants private --duration 0.3 >/dev/null 2>>"$tmp/err"
 kill "$hog"
 wait "$hog" 2>/dev/null
 "$bench" managed-latency --threads 1 --variants filtered --duration 0.1 >/dev/null 2>"$tmp/err2"
 if grep -q "^percpuref-bench: warning: micro private, 1 thread: worker 0 (CPU $cpu) ran [0-9]*% of the window" \
+	"$tmp/err" &&
+   grep -q "^percpuref-bench: warning: micro private, 1 process: process 0 (CPU $cpu) ran [0-9]*% of the window" \
 	"$tmp/err" && ! grep -q 'of the window' "$tmp/err2"; then
-	echo "ok: a worker kept off its CPU: warned; managed-latency's sleeps: not"
+	echo "ok: a worker kept off its CPU: warned, thread and process; managed-latency's sleeps: not"
 else
 	echo "FAIL: starved worker warning"
 	sed 's/^/  /' "$tmp/err" "$tmp/err2" | head -12

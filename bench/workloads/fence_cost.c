@@ -193,6 +193,9 @@ static const struct bench_workload fence_cost = {
 	.op = "pair",
 	.variants = fence_variants,
 	.no_efficiency = true,
+	/* Thread 0's fence waits for preempted readers (on the fallback it
+	 * yields, then sleeps). */
+	.waits = true,
 	.roles = true,
 	.setup = fence_setup,
 	.thread_init = fence_thread_init,
