@@ -302,6 +302,9 @@ sparse_warnings() {
 		sed -E "s|^$src/([^:]*):[0-9]+:[0-9]+: |$f: \\1: |" | LC_ALL=C sort
 }
 
+# lines TEXT: TEXT as lines, each ended by a newline; nothing when empty.
+lines() { [ -z "$1" ] || printf '%s\n' "$1"; }
+
 # W=1 and sparse over the series' C files: a warning the unpatched source
 # does not give (kernel/sparse-base.txt, those of its files that give any,
 # with Debian 12's sparse 0.6.4), or one it gives more often, fails; a
@@ -326,11 +329,9 @@ run_sparse() {
 			continue
 		fi
 		base=$(awk -v p="$f: " 'index($0, p) == 1' "$here/sparse-base.txt" | LC_ALL=C sort)
-		added=$(LC_ALL=C comm -23 <(printf '%s' "$now${now:+$'\n'}") \
-			<(printf '%s' "$base${base:+$'\n'}"))
-		printf 'sparse %s: %d warnings (unpatched %d)\n' "$f" \
-			"$(printf '%s' "$now${now:+$'\n'}" | wc -l)" \
-			"$(printf '%s' "$base${base:+$'\n'}" | wc -l)"
+		added=$(LC_ALL=C comm -23 <(lines "$now") <(lines "$base"))
+		printf 'sparse %s: %d warnings (unpatched %d)\n' "$f" "$(lines "$now" | wc -l)" \
+			"$(lines "$base" | wc -l)"
 		if [ -n "$added" ]; then
 			printf '%s\n' "$added" | sed 's/^/  new: /'
 			status=1

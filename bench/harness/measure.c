@@ -496,6 +496,16 @@ static void read_cpu_clocks(const clockid_t *clocks, const bool *have, unsigned 
 		ns[i] = have[i] ? bench_clock_ns(clocks[i]) : 0;
 }
 
+/* Worker (or process) @i had @share of the window on its CPU (NAN: not
+ * measured): kept in @s where it is the least so far. */
+static void note_worker_cpu(struct sample *s, unsigned int i, double share)
+{
+	if (isfinite(share) && !(share >= s->worker_cpu_min)) {
+		s->worker_cpu_min = share;
+		s->worker_cpu_min_index = i;
+	}
+}
+
 static uint64_t snapshot(const struct bench_thread *threads, unsigned int n)
 {
 	uint64_t sum = 0;
@@ -595,12 +605,9 @@ static struct sample measure_with(const struct bench_workload *w, const struct b
 	if (w->window_close)
 		w->window_close(&run);
 	for (unsigned int i = 0; i < nthreads; i++) {
-		double share = (double)(cpu1[i] - cpu0[i]) / (s.seconds * 1e9);
+		double ran_ns = cpu0[i] && cpu1[i] ? (double)(cpu1[i] - cpu0[i]) : NAN;
 
-		if (cpu0[i] && cpu1[i] && !(share >= s.worker_cpu_min)) {
-			s.worker_cpu_min = share;
-			s.worker_cpu_min_index = i;
-		}
+		note_worker_cpu(&s, i, ran_ns / (s.seconds * 1e9));
 	}
 	s.paused = continues_so_far() != continues0;
 	continues_to(false);
@@ -803,10 +810,7 @@ struct sample measure_processes(const struct bench_workload *w, const struct ben
 		longest = fmax(longest, sh->out[i].seconds);
 		seconds += sh->out[i].seconds / nprocs;
 		s.paused |= sh->out[i].paused;
-		if (isfinite(sh->out[i].worker_cpu) && !(sh->out[i].worker_cpu >= s.worker_cpu_min)) {
-			s.worker_cpu_min = sh->out[i].worker_cpu;
-			s.worker_cpu_min_index = i;
-		}
+		note_worker_cpu(&s, i, sh->out[i].worker_cpu);
 	}
 	warn_if_disturbed(w, v, nprocs, true, topo, &s, longest, duration);
 	for (unsigned int i = 0; i < nprocs; i++)
