@@ -71,7 +71,8 @@
  * before the batch that takes the last of "its" items were all pushed (so
  * counted) before that one, so nr_done cannot reach the target until that
  * batch has run: a waiter never returns early, and items still being pushed
- * only make it wait longer.
+ * only make it wait longer.  tests/model/deferred.pml (Model Q) checks it
+ * with the polling threads' queues, hand-overs and a second runner.
  *
  * Stopping (shutdown, exit()): the stopper waits for the items queued
  * before its call, then sets thread.stopping; the thread exits after the

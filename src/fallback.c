@@ -56,14 +56,27 @@
  * Counting the periods, rather than waiting for ctr to read zero, means a
  * thread that enters sections back to back cannot starve the fence.
  * Where membarrier is unavailable or refused at set-up (kernel < 4.14,
- * seccomp), readers store ctr with a sequentially consistent exchange and
- * the fence skips step 2: the same store-buffer argument in C11's single
- * total order of the sequentially consistent accesses (the mode-word
- * exchange and load, the ctr exchange and loads); correct, one locked
- * instruction dearer per call.  A membarrier refused after it was
- * registered (a seccomp filter installed later) switches readers to that
- * mode and fences the sections in flight by running on every CPU
- * (runtime.c), as the rseq fence does.
+ * seccomp), readers store ctr again with a sequentially consistent
+ * exchange and the fence skips step 2: the same store-buffer argument in
+ * C11's single total order of the sequentially consistent accesses (the
+ * ctr exchange and loads, the mode-word exchange and load); correct, one
+ * locked instruction dearer per call.
+ *
+ * The flip.  A membarrier refused after it was registered (a seccomp
+ * filter installed later) switches readers to that mode: the fence sets
+ * percpuref_readers_fence_needed (seq_cst), then runs on every CPU in
+ * turn (runtime.c, the migration fence), as the rseq fence does.  A
+ * reader reads the flag after its ctr store (fallback.h).  One that read
+ * it unset did so before the fencing thread reached its CPU, and the
+ * context switch there (or the one that took the reader off that CPU
+ * first) drained the store: this fence and every later one see the ctr.
+ * One that reads it set exchanges.  The reader once read the flag
+ * before the store: a reader preempted between the two by the migration
+ * itself made a plain store after it, which a later fence, issuing no
+ * barrier, could miss while the section's mode-word load passed it in
+ * the store buffer (tests/model/flip.pml, Model R, keeps that order as a
+ * mutant).  Where moving between CPUs is refused too, the sections in
+ * flight get runtime.c's 10 ms instead.
  *
  * Registration and the fence serialise on readers_lock: a thread that
  * registers after a fence took the lock sees the new mode word (the lock

@@ -99,20 +99,41 @@ percpuref_reader_add(const uintptr_t *mode_word, unsigned long delta)
 	 * Order the ctr store before the mode-word load.  Normally the
 	 * fence's membarrier(PRIVATE_EXPEDITED) makes a compiler barrier a
 	 * full barrier whenever it matters.  Without membarrier the store is
-	 * a sequentially consistent exchange, as are the mode-word load, the
-	 * switcher's mode-word exchange and the fence's ctr loads: in their
-	 * single total order either the fence sees this ctr or this section
-	 * sees the new mode word.  The mode-word load is sequentially
-	 * consistent either way (and acquire, pairing with the release
-	 * store that clears ATOMIC after zeroing the counters).
+	 * made again with a sequentially consistent exchange of the same
+	 * value: in C11's single total order of the sequentially consistent
+	 * operations (this exchange, the mode-word load, the switcher's
+	 * mode-word exchange, the fence's ctr loads) either the fence's ctr
+	 * load follows the exchange and reads it, or this section's
+	 * mode-word load follows the switcher's exchange and sees the new
+	 * word.  (An exchange, a locked instruction, rather than a seq_cst
+	 * thread fence: mfence made a pair 28 ns instead of 17 on the 2-vCPU
+	 * test machine.)  The mode-word load is sequentially consistent
+	 * either way (and acquire, pairing with the release store that
+	 * clears ATOMIC after zeroing the counters).
+	 *
+	 * The flag is read after the store, not before (liburcu-bp's
+	 * urcu_bp_smp_mb_slave() reads its own after the store too): a
+	 * membarrier refused mid-run sets the flag, then runs the fencing
+	 * thread on every CPU (fallback.c, "The flip").  A load that read
+	 * the flag unset came before that thread reached this thread's CPU,
+	 * so the store before it was drained by the context switch there;
+	 * one that reads it set exchanges.  Read before the store, an unset
+	 * flag sent a thread preempted between the two, by that very
+	 * migration, into a plain store that a later fence (flag set: no
+	 * barrier of its own) could miss in the store buffer while the
+	 * section's mode-word load passed it (tests/model/flip.pml).  The
+	 * compiler barrier keeps the store before the flag's load in the
+	 * code.  Relaxed flag load: the migration orders it, not its memory
+	 * order.  A signal handler between the store and the exchange
+	 * leaves ctr as it found it, so the exchange stores what is there.
 	 */
+	__atomic_store_n(ctr_slot, ctr, __ATOMIC_RELAXED);
+	percpuref_barrier();
 	if (percpuref_unlikely(__atomic_load_n(&percpuref_readers_fence_needed,
-					       __ATOMIC_RELAXED))) {
-		__atomic_exchange_n(ctr_slot, ctr, __ATOMIC_SEQ_CST);
-	} else {
-		__atomic_store_n(ctr_slot, ctr, __ATOMIC_RELAXED);
-		percpuref_barrier();
-	}
+					       __ATOMIC_RELAXED)))
+		/* Seq_cst: against the switcher's mode-word exchange and
+		 * the fence's ctr loads (above). */
+		(void)__atomic_exchange_n(ctr_slot, ctr, __ATOMIC_SEQ_CST);
 	word = __atomic_load_n(mode_word, __ATOMIC_SEQ_CST);
 	if (!(word & PERCPUREF_MODE_FLAGS)) {
 		percpuref_reader_unit_add(percpuref_counter_on(word, self->unit), delta);

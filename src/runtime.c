@@ -1357,9 +1357,16 @@ void percpuref_fence_without_membarrier(int err)
 	if (percpuref_fence_by_migration() < 0) {
 		/* Nothing left that aborts an rseq section elsewhere: send new
 		 * calls to the fallback and give sections in flight (a few
-		 * instructions) time to end.  Warned: exactness is at stake. */
-		percpuref_warn("percpuref_fence_readers", "cannot run on every CPU either (%s); "
-			       "per-CPU fast path disabled", strerror(errno));
+		 * instructions) time to end.  Warned: exactness is at stake.
+		 * A process on the fallback keeps its units: its readers
+		 * fence themselves from now on (fallback.c, "The flip"), and
+		 * only the sections in flight get the time. */
+		int move_err = errno;
+
+		percpuref_warn("percpuref_fence_readers", "cannot run on every CPU either (%s); %s",
+			       strerror(move_err),
+			       percpuref_readers_have_units() ? "sections in flight are given 10 ms"
+							      : "per-CPU fast path disabled");
 		percpuref_note_unfenced_adds();
 		switch_fast_path_off();
 		wait_for_sections_at_switch_off();
