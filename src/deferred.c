@@ -523,7 +523,10 @@ static void push_pending_list(struct percpuref_deferred *list)
 static void poller_hand_over(struct poller *p)
 {
 	/* Pushed under the lock: a fork (which takes it) finds the items on
-	 * one queue or the other, never in our hands. */
+	 * one queue or the other, never in our hands; and a barrier beside
+	 * us that finds the queue empty finds them counted in nr_queued
+	 * (review 158: pushed after the unlock, it read its target without
+	 * them and returned before they ran). */
 	pthread_mutex_lock(&p->lock);
 	push_pending_list(poller_take_all(p));
 	pthread_mutex_unlock(&p->lock);

@@ -1351,16 +1351,24 @@ static void switch_fast_path_off(void)
 void percpuref_fence_without_membarrier(int err)
 {
 	/* Relaxed: a flag; fences read it to skip the doomed syscall. */
+	/* The fallback's readers fence themselves once a fence of theirs
+	 * met the refusal (fallback.c, "The flip"): only that fence runs on
+	 * every CPU, for the sections in flight. */
 	if (!__atomic_exchange_n(&membarrier_refused, true, __ATOMIC_RELAXED))
-		percpuref_warn("percpuref_fence_readers", "membarrier refused (%s); fencing by "
-			       "running on every CPU from now on", strerror(err));
+		percpuref_warn("percpuref_fence_readers", "membarrier refused (%s); %s",
+			       strerror(err),
+			       percpuref_readers_have_units()
+				       ? "readers fence themselves from now on, and the "
+					 "sections in flight are fenced by running on every CPU"
+				       : "fencing by running on every CPU from now on");
 	if (percpuref_fence_by_migration() < 0) {
 		/* Nothing left that aborts an rseq section elsewhere: send new
 		 * calls to the fallback and give sections in flight (a few
 		 * instructions) time to end.  Warned: exactness is at stake.
 		 * A process on the fallback keeps its units: its readers
-		 * fence themselves from now on (fallback.c, "The flip"), and
-		 * only the sections in flight get the time. */
+		 * fence themselves once a fence of theirs met the refusal
+		 * (fallback.c, "The flip"), and only the sections in flight
+		 * get the time. */
 		int move_err = errno;
 
 		percpuref_warn("percpuref_fence_readers", "cannot run on every CPU either (%s); %s",
@@ -1410,11 +1418,27 @@ void percpuref_synchronize_rcu(void)
 	    sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) != 0) {
 		/* liburcu-bp would abort on its own membarrier.  Its readers
 		 * then take a full barrier; the migration fence orders those
-		 * that read the old setting, as the membarrier would have. */
+		 * that read the old setting, as the membarrier would have.
+		 * Under liburcu-bp's grace-period lock (urcu_bp_before_fork()
+		 * is what takes it, with its registry lock and every signal
+		 * blocked; rank URCU, before the migration's), so that no
+		 * grace period, the program's own or liburcu-bp's call_rcu
+		 * worker's, reads the flag as 0 before the migration has
+		 * reached the readers that read it as 1: such a grace period
+		 * issues only a full barrier of its own and could miss a
+		 * reader's ctr store still in its store buffer
+		 * (tests/model/flip.pml, -DURCU; up to 0.4.28 the flip held
+		 * no lock).  Checked again under the lock: another flip may
+		 * have been first. */
 		int err = errno;
 
-		__atomic_store_n(&urcu_bp_has_sys_membarrier, 0, __ATOMIC_SEQ_CST);
-		percpuref_fence_without_membarrier(err);
+		urcu_bp_before_fork();
+		/* Seq_cst store: before the migration's first move. */
+		if (__atomic_load_n(&urcu_bp_has_sys_membarrier, __ATOMIC_RELAXED)) {
+			__atomic_store_n(&urcu_bp_has_sys_membarrier, 0, __ATOMIC_SEQ_CST);
+			percpuref_fence_without_membarrier(err);
+		}
+		urcu_bp_after_fork_parent();
 	}
 	urcu_bp_synchronize_rcu();
 	percpuref_cancel_restore(cancel);

@@ -50,6 +50,24 @@
  *   every CPU: a section in flight with a buffered store is missed.
  *  -DMUTANT_NO_EXCHANGE: a reader that reads the flag set does not
  *   exchange: the store-buffer pattern, unfenced on the reader's side.
+ *
+ * -DURCU: the same flip of liburcu-bp's urcu_bp_has_sys_membarrier
+ * (runtime.c, percpuref_synchronize_rcu(); fence_needed stands for the
+ * flag's 0).  Its readers (urcu_bp_read_lock()) store their ctr, then
+ * read the flag and take a full barrier when it is 0: the users' steps
+ * above, with the exchange for that barrier, and the mode word for the
+ * pointer the updater unpublished.  The flipper (our reclaimer) sets the
+ * flag to 0 and runs on every CPU; a grace period on another thread (the
+ * program's own urcu_bp_synchronize_rcu(), liburcu-bp's call_rcu worker)
+ * takes rcu_gp_lock, reads the flag, runs membarrier if it is 1 (where it
+ * is refused liburcu-bp aborts: not modelled) and only a full barrier of
+ * its own if 0, and waits for the readers.  The flipper holds
+ * rcu_gp_lock across the flag store and the migration
+ * (urcu_bp_before_fork()), and stores only if the flag still reads 1
+ * under it.  Mutant: -DURCU -DMUTANT_FLIP_UNLOCKED (the code up to
+ * 0.4.28, review 158): a grace period that reads the flag 0 while the
+ * migration has not reached a reader that read it 1 misses that reader's
+ * buffered store.
  */
 
 #define NUSER	2
@@ -145,6 +163,7 @@ inline readers_fence()
 	!READER_BLOCKS(1, gp)
 }
 
+#ifndef URCU
 proctype fencer()
 {
 	readers_fence();	/* another ref's switch: it may flip */
@@ -155,6 +174,47 @@ proctype fencer()
 		assert(old_sections_ended)
 	}
 }
+#else
+bit gp_lock;			/* liburcu-bp's rcu_gp_lock */
+
+/* percpuref_synchronize_rcu()'s flip, once membarrier is refused. */
+proctype flipper()
+{
+	refused;
+#ifndef MUTANT_FLIP_UNLOCKED
+	atomic { !gp_lock -> gp_lock = 1 };		/* urcu_bp_before_fork() */
+#endif
+	if
+	:: !fence_needed ->
+		fence_needed = 1;			/* seq_cst store of 0 */
+		atomic { drain(0) };			/* on user 0's CPU */
+		atomic { drain(1) }			/* on user 1's CPU */
+	:: else -> skip
+	fi;
+#ifndef MUTANT_FLIP_UNLOCKED
+	gp_lock = 0					/* urcu_bp_after_fork_parent() */
+#endif
+}
+
+/* Another thread's urcu_bp_synchronize_rcu() after an unpublish. */
+proctype fencer()
+{
+	mode = 1;			/* rcu_assign_pointer(p, NULL) */
+	atomic { !gp_lock -> gp_lock = 1 };
+	gp = gp + NEST_MASK + 1;
+	if
+	:: !fence_needed -> atomic { drain(0); drain(1) }	/* membarrier */
+	:: else -> skip		/* its own full barrier only */
+	fi;
+	!READER_BLOCKS(0, gp);
+	!READER_BLOCKS(1, gp);
+	atomic {
+		old_sections_ended = !open_per_cpu[0] && !open_per_cpu[1];
+		assert(old_sections_ended);
+		gp_lock = 0
+	}
+}
+#endif
 
 /* A seccomp filter installed after set-up. */
 proctype sandbox()
@@ -170,6 +230,9 @@ init
 		run user(0);
 		run user(1);
 		run fencer();
+#ifdef URCU
+		run flipper();
+#endif
 		run sandbox()
 	}
 }
