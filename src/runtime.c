@@ -1350,16 +1350,16 @@ static void switch_fast_path_off(void)
 
 void percpuref_fence_without_membarrier(int err)
 {
-	/* Relaxed: a flag; fences read it to skip the doomed syscall. */
-	/* The fallback's readers fence themselves once a fence of theirs
-	 * met the refusal (fallback.c, "The flip"): only that fence runs on
-	 * every CPU, for the sections in flight. */
+	/* Relaxed: a flag; fences read it to skip the doomed syscall.  The
+	 * fallback's readers fence themselves once a fence of theirs met the
+	 * refusal (fallback.c, "The flip"): only that fence runs on every
+	 * CPU, for the sections in flight. */
 	if (!__atomic_exchange_n(&membarrier_refused, true, __ATOMIC_RELAXED))
 		percpuref_warn("percpuref_fence_readers", "membarrier refused (%s); %s",
 			       strerror(err),
 			       percpuref_readers_have_units()
-				       ? "readers fence themselves from now on, and the "
-					 "sections in flight are fenced by running on every CPU"
+				       ? "the readers fence themselves once a fence of theirs "
+					 "met it, which runs on every CPU for the sections in flight"
 				       : "fencing by running on every CPU from now on");
 	if (percpuref_fence_by_migration() < 0) {
 		/* Nothing left that aborts an rseq section elsewhere: send new
@@ -1419,26 +1419,20 @@ void percpuref_synchronize_rcu(void)
 		/* liburcu-bp would abort on its own membarrier.  Its readers
 		 * then take a full barrier; the migration fence orders those
 		 * that read the old setting, as the membarrier would have.
-		 * Under liburcu-bp's grace-period lock (urcu_bp_before_fork()
-		 * is what takes it, with its registry lock and every signal
-		 * blocked; rank URCU, before the migration's), so that no
-		 * grace period, the program's own or liburcu-bp's call_rcu
-		 * worker's, reads the flag as 0 before the migration has
-		 * reached the readers that read it as 1: such a grace period
-		 * issues only a full barrier of its own and could miss a
-		 * reader's ctr store still in its store buffer
-		 * (tests/model/flip.pml, -DURCU; up to 0.4.28 the flip held
-		 * no lock).  Checked again under the lock: another flip may
-		 * have been first. */
+		 * A grace period that is not ours (the program's own, or
+		 * liburcu-bp's call_rcu worker's) may read the new setting
+		 * before the migration has reached those readers and miss
+		 * one (tests/model/flip.pml, -DURCU; docs/percpu_ref.md,
+		 * "seccomp after start-up").  Holding liburcu-bp's locks
+		 * across the flip (urcu_bp_before_fork()) closes that window
+		 * but deadlocks: with its registry lock held, the warnings'
+		 * stderr, the migration's malloc and migration_lock wait for
+		 * threads whose first read-side section waits for that lock
+		 * (review 159). */
 		int err = errno;
 
-		urcu_bp_before_fork();
-		/* Seq_cst store: before the migration's first move. */
-		if (__atomic_load_n(&urcu_bp_has_sys_membarrier, __ATOMIC_RELAXED)) {
-			__atomic_store_n(&urcu_bp_has_sys_membarrier, 0, __ATOMIC_SEQ_CST);
-			percpuref_fence_without_membarrier(err);
-		}
-		urcu_bp_after_fork_parent();
+		__atomic_store_n(&urcu_bp_has_sys_membarrier, 0, __ATOMIC_SEQ_CST);
+		percpuref_fence_without_membarrier(err);
 	}
 	urcu_bp_synchronize_rcu();
 	percpuref_cancel_restore(cancel);

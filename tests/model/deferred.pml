@@ -52,6 +52,14 @@
  *   wait to run.
  *  -DMUTANT_TAKEN_AT_DONE: a poll counts its items taken only with its
  *   done count: B reads nr_taken without the batch it is running.
+ *  -DMUTANT_NO_WAIT_POLLED: B does not wait for the polls' batches
+ *   (wait_polled_batches()).
+ *
+ * -DLEAVE: P then stops polling (percpu_ref_poll_unregister(),
+ * poller_leave()): what is left on its queue goes onto the stack, pushed
+ * under its lock.  Mutant -DLEAVE -DMUTANT_LEAVE_UNLOCKED: pushed after
+ * the unlock, B's hand-over finds the queue empty and its target without
+ * them.
  */
 
 #define NITEMS	4
@@ -162,6 +170,9 @@ active proctype poller()
 {
 	bit rest[NITEMS];
 	byte k, n, polls = 0;
+#ifdef LEAVE
+	byte left[2];
+#endif
 
 	poller_queue(P0);
 	poller_queue(P1);
@@ -203,7 +214,29 @@ end:
 			n = 0
 		}
 	:: else -> break
-	od
+	od;
+#ifdef LEAVE
+	/* poller_leave(): the queue onto the stack, pushed under its lock */
+	atomic {
+		!poller_lock -> poller_lock = 1;
+		k = queue_len;
+		left[0] = queue[0];
+		left[1] = queue[1];
+		queue_len = 0
+	}
+#ifdef MUTANT_LEAVE_UNLOCKED
+	poller_lock = 0;
+#endif
+	if
+	:: k > 0 -> push_pending(left[0])
+	:: else -> skip
+	fi;
+	if
+	:: k > 1 -> push_pending(left[1])
+	:: else -> skip
+	fi;
+	atomic { poller_lock = 0; k = 0; left[0] = 0; left[1] = 0 }
+#endif
 }
 
 active proctype user()
@@ -292,9 +325,11 @@ active proctype barrier()
 	:: nr_done >= target -> break
 	:: nr_done < target && !stack_empty -> run_batch()
 	od;
+#ifndef MUTANT_NO_WAIT_POLLED
 	/* wait_polled_batches(): until P's nr_done reaches the nr_taken read */
 	atomic { !poller_lock -> target = nr_taken };
 	atomic { !poller_lock && poller_done >= target };
+#endif
 	atomic {
 		before_ran = 1;
 		for (i : 0 .. NITEMS - 1) {

@@ -61,13 +61,15 @@
  * program's own urcu_bp_synchronize_rcu(), liburcu-bp's call_rcu worker)
  * takes rcu_gp_lock, reads the flag, runs membarrier if it is 1 (where it
  * is refused liburcu-bp aborts: not modelled) and only a full barrier of
- * its own if 0, and waits for the readers.  The flipper holds
- * rcu_gp_lock across the flag store and the migration
- * (urcu_bp_before_fork()), and stores only if the flag still reads 1
- * under it.  Mutant: -DURCU -DMUTANT_FLIP_UNLOCKED (the code up to
- * 0.4.28, review 158): a grace period that reads the flag 0 while the
+ * its own if 0, and waits for the readers.  This configuration FAILS, and
+ * its test expects it to (a limitation, docs/percpu_ref.md, "seccomp
+ * after start-up"): a grace period that reads the flag 0 while the
  * migration has not reached a reader that read it 1 misses that reader's
- * buffered store.
+ * buffered store (review 158).  -DGP_LOCK, the flipper holding
+ * rcu_gp_lock across the store and the migration, passes; the library
+ * cannot do that: liburcu-bp takes that lock only with its registry lock
+ * (urcu_bp_before_fork()), and holding that one there deadlocked
+ * (review 159, test_hardening.c, finding 14).
  */
 
 #define NUSER	2
@@ -181,8 +183,8 @@ bit gp_lock;			/* liburcu-bp's rcu_gp_lock */
 proctype flipper()
 {
 	refused;
-#ifndef MUTANT_FLIP_UNLOCKED
-	atomic { !gp_lock -> gp_lock = 1 };		/* urcu_bp_before_fork() */
+#ifdef GP_LOCK
+	atomic { !gp_lock -> gp_lock = 1 };
 #endif
 	if
 	:: !fence_needed ->
@@ -191,8 +193,8 @@ proctype flipper()
 		atomic { drain(1) }			/* on user 1's CPU */
 	:: else -> skip
 	fi;
-#ifndef MUTANT_FLIP_UNLOCKED
-	gp_lock = 0					/* urcu_bp_after_fork_parent() */
+#ifdef GP_LOCK
+	gp_lock = 0
 #endif
 }
 

@@ -11,7 +11,8 @@
  * read-side section (7); membarrier refused by seccomp after start-up (8);
  * kill from the ref's own confirm callback (10); a put that dropped the
  * manager's reference (11); bad reclaimer settings (12); membarrier and
- * migration both refused (13).  Finding 9 (32-bit builds refused) is
+ * migration both refused (13); liburcu-bp switched to plain fences while a
+ * thread that holds stderr registers as its reader (14).  Finding 9 (32-bit builds refused) is
  * tests/compile/check_lp64.sh.
  *
  * Scenarios that can hang or die run in a child process with a deadline:
@@ -987,6 +988,62 @@ static int mode_seccomp(void)
 }
 
 /*
+ * ---- Finding 14: the switch of liburcu-bp to plain fences holds none of
+ * its locks (review 159). ----  Once membarrier is refused, the reclaimer's
+ * grace period (percpuref_synchronize_rcu()) sets liburcu-bp's flag to 0,
+ * warns and runs on every CPU.  Holding liburcu-bp's locks over that
+ * (urcu_bp_before_fork(): its registry lock among them) hung here: a
+ * logging thread holds stderr, then enters its first read-side section,
+ * whose registration waits for the registry lock, while the reclaimer
+ * waits for stderr to warn.
+ */
+extern int urcu_bp_has_sys_membarrier;	/* liburcu-bp's ABI */
+
+static void *stderr_holder(void *arg)
+{
+	(void)arg;
+	flockfile(stderr);
+	sleep_ms(300);
+	urcu_bp_read_lock();	/* this thread's first: it registers */
+	urcu_bp_read_unlock();
+	funlockfile(stderr);
+	return NULL;
+}
+
+/* Exit status 2: init failed; 3: no thread; 4: the release ran not once;
+ * 5: liburcu-bp still set to use membarrier; 77: it never was. */
+static int mode_seccomp_logger(void)
+{
+	static struct robj r;
+	pthread_t t;
+
+	if (percpu_rcuref_init(&r.ref, NULL, rcu_count_release, 0))
+		return 2;
+	/* The reclaimer running, before the filter. */
+	percpu_rcuref_get(&r.ref);
+	percpu_rcuref_kill(&r.ref);
+	percpu_rcuref_barrier();
+	/* Relaxed: liburcu-bp set it at its start-up, before ours. */
+	if (!__atomic_load_n(&urcu_bp_has_sys_membarrier, __ATOMIC_RELAXED) ||
+	    refuse_membarrier())
+		return 77;
+	if (pthread_create(&t, NULL, stderr_holder, NULL))
+		return 3;
+	sleep_ms(50);	/* it holds stderr now */
+	/* The last reference: an RCU release, whose grace period switches
+	 * liburcu-bp and warns. */
+	percpu_rcuref_put(&r.ref);
+	percpu_rcuref_barrier();
+	pthread_join(t, NULL);
+	if (__atomic_load_n(&r.releases, __ATOMIC_ACQUIRE) != 1)
+		return 4;
+	if (__atomic_load_n(&urcu_bp_has_sys_membarrier, __ATOMIC_RELAXED))
+		return 5;
+	percpu_rcuref_exit(&r.ref);
+	return 0;
+}
+
+/*
  * ---- Finding 13: neither membarrier nor migration (a sandbox that
  * refuses both after start-up). ----  The fence then disables the rseq
  * fast path and waits for sections in flight (runtime.c): the counts stay
@@ -1291,6 +1348,8 @@ int main(int argc, char **argv)
 			return mode_exit_in_reader();
 		if (!strcmp(argv[1], "--seccomp"))
 			return mode_seccomp();
+		if (!strcmp(argv[1], "--seccomp-logger"))
+			return mode_seccomp_logger();
 		if (!strcmp(argv[1], "--no-fence"))
 			return mode_no_fence(false);
 		if (!strcmp(argv[1], "--no-fence-fake-moves"))
@@ -1327,6 +1386,11 @@ int main(int argc, char **argv)
 		      "finding 8: cannot install a seccomp filter here",
 		      "8: membarrier refused after start-up: switches, kills, "
 		      "releases still exact, no abort");
+	child_verdict(run_mode_without_membarrier("--seccomp-logger"),
+		      "finding 14: cannot install a seccomp filter here, or liburcu-bp "
+		      "does not use membarrier",
+		      "14: liburcu-bp switched to plain fences while a thread holds stderr "
+		      "and then registers as its reader: no deadlock");
 	child_verdict(run_mode_without_membarrier("--no-fence"),
 		      "finding 13: cannot refuse membarrier and migration here",
 		      "13: membarrier and migration refused: the fast path goes, "
