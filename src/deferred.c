@@ -558,7 +558,10 @@ void percpuref_deferred_take_polled_item(struct percpuref_deferred *d)
 		*link = d->next;
 		if (p->tail == &d->next)
 			p->tail = link;
-		/* Under the lock, as every hand-over (fork). */
+		/* Under the lock, as every hand-over: a fork finds the item
+		 * on one queue or the other, and a barrier that finds it gone
+		 * finds it counted (tests/model/deferred.pml,
+		 * MUTANT_MOVE_UNLOCKED). */
 		push_pending(d);
 	}
 	pthread_mutex_unlock(&p->lock);
@@ -676,6 +679,7 @@ static void poller_leave(struct poller *p)
 	pthread_mutex_lock(&registry_lock);
 	pthread_mutex_lock(&p->lock);
 	list = poller_take_all(p);
+	/* Pushed under the lock, as every hand-over (poller_hand_over()). */
 	push_pending_list(list);
 	p->in_use = false;
 	pthread_mutex_unlock(&p->lock);

@@ -244,6 +244,8 @@ extern int urcu_bp_has_sys_membarrier;
 static pthread_once_t runtime_once = PTHREAD_ONCE_INIT;
 /* Set once membarrier was refused; fences migrate from then on. */
 static bool membarrier_refused;
+/* Set once a migration fence was refused too (warned once). */
+static bool migration_refused_warned;
 /* Set once a fence left adds in flight (internal.h). */
 static bool unfenced_adds;
 /*
@@ -1350,31 +1352,36 @@ static void switch_fast_path_off(void)
 
 void percpuref_fence_without_membarrier(int err)
 {
-	/* Relaxed: a flag; fences read it to skip the doomed syscall.  The
-	 * fallback's readers fence themselves once a fence of theirs met the
-	 * refusal (fallback.c, "The flip"): only that fence runs on every
-	 * CPU, for the sections in flight. */
+	/* Relaxed: set once at start-up; 0 only in a process without rseq,
+	 * or after a switch-off, which follows this function's first call. */
+	bool rseq = __atomic_load_n(&percpuref_rseq_offset, __ATOMIC_RELAXED) != 0;
+
+	/* Relaxed: a flag; fences read it to skip the doomed syscall.  With
+	 * rseq every fence runs on every CPU from now on.  Without, only
+	 * those that meet the refusal do, for the sections in flight: the
+	 * fallback readers' first fence to meet it (fallback.c, "The flip")
+	 * and liburcu-bp's switch (percpuref_synchronize_rcu()); the readers
+	 * of both fence themselves from then on. */
 	if (!__atomic_exchange_n(&membarrier_refused, true, __ATOMIC_RELAXED))
 		percpuref_warn("percpuref_fence_readers", "membarrier refused (%s); %s",
 			       strerror(err),
-			       percpuref_readers_have_units()
-				       ? "the readers fence themselves once a fence of theirs "
-					 "met it, which runs on every CPU for the sections in flight"
-				       : "fencing by running on every CPU from now on");
+			       rseq ? "fencing by running on every CPU from now on"
+				    : "the fences that meet it run on every CPU for the "
+				      "sections in flight, and readers fence themselves from then on");
 	if (percpuref_fence_by_migration() < 0) {
 		/* Nothing left that aborts an rseq section elsewhere: send new
 		 * calls to the fallback and give sections in flight (a few
-		 * instructions) time to end.  Warned: exactness is at stake.
-		 * A process on the fallback keeps its units: its readers
-		 * fence themselves once a fence of theirs met the refusal
-		 * (fallback.c, "The flip"), and only the sections in flight
-		 * get the time. */
+		 * instructions) time to end.  Warned once: exactness is at
+		 * stake.  Without rseq there is no fast path to switch off:
+		 * only the sections in flight get the time. */
 		int move_err = errno;
 
-		percpuref_warn("percpuref_fence_readers", "cannot run on every CPU either (%s); %s",
-			       strerror(move_err),
-			       percpuref_readers_have_units() ? "sections in flight are given 10 ms"
-							      : "per-CPU fast path disabled");
+		/* Relaxed: a warn-once flag, nothing read through it. */
+		if (!__atomic_exchange_n(&migration_refused_warned, true, __ATOMIC_RELAXED))
+			percpuref_warn("percpuref_fence_readers",
+				       "cannot run on every CPU either (%s); %s", strerror(move_err),
+				       rseq ? "per-CPU fast path disabled"
+					    : "sections in flight are given 10 ms");
 		percpuref_note_unfenced_adds();
 		switch_fast_path_off();
 		wait_for_sections_at_switch_off();

@@ -30,8 +30,10 @@
  * which starts at any point and may also run batches itself at any turn
  * of its wait (as where no thread can start; here T runs as well, so the
  * batch lock is what keeps their batches apart).  A batch runs its items
- * in any order (the C runs them oldest first).  Each shared access is one
- * step, a lock section's pushes one step each; memory is sequentially
+ * in any order (the C runs them oldest first).  A lock section that
+ * touches only what its lock guards is one step (Lipton's reduction, as
+ * in Model O); a push inside one, whose words the thread reads without
+ * the lock, is two (the count, then the CAS); memory is sequentially
  * consistent (the C's locks, the exchange's acquire and the CAS's release
  * order what the model's steps order).
  *

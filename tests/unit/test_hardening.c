@@ -11,9 +11,9 @@
  * read-side section (7); membarrier refused by seccomp after start-up (8);
  * kill from the ref's own confirm callback (10); a put that dropped the
  * manager's reference (11); bad reclaimer settings (12); membarrier and
- * migration both refused (13); liburcu-bp switched to plain fences while a
- * thread that holds stderr registers as its reader (14).  Finding 9 (32-bit builds refused) is
- * tests/compile/check_lp64.sh.
+ * migration both refused (13); liburcu-bp switched to plain fences
+ * while a thread that holds stderr registers as its reader (14).
+ * Finding 9 (32-bit builds refused) is tests/compile/check_lp64.sh.
  *
  * Scenarios that can hang or die run in a child process with a deadline:
  * re-executed with a mode argument (posix_spawn: works under every
@@ -999,19 +999,34 @@ static int mode_seccomp(void)
  */
 extern int urcu_bp_has_sys_membarrier;	/* liburcu-bp's ABI */
 
+static int stderr_held;		/* the holder has stderr */
+static int switch_unseen;	/* the holder gave up waiting for the switch */
+
+/* Holds stderr until the switch has begun (liburcu-bp's flag reads 0),
+ * then enters this thread's first read-side section, which registers it:
+ * a switch that held the registry lock and waited to warn hung here. */
 static void *stderr_holder(void *arg)
 {
+	int tries = 0;
+
 	(void)arg;
 	flockfile(stderr);
-	sleep_ms(300);
-	urcu_bp_read_lock();	/* this thread's first: it registers */
+	__atomic_store_n(&stderr_held, 1, __ATOMIC_SEQ_CST);
+	/* Seq_cst: the reclaimer's store of 0 is seq_cst. */
+	while (__atomic_load_n(&urcu_bp_has_sys_membarrier, __ATOMIC_SEQ_CST) && ++tries < 5000)
+		sleep_ms(1);
+	if (tries >= 5000)
+		__atomic_store_n(&switch_unseen, 1, __ATOMIC_SEQ_CST);
+	urcu_bp_read_lock();
 	urcu_bp_read_unlock();
 	funlockfile(stderr);
 	return NULL;
 }
 
 /* Exit status 2: init failed; 3: no thread; 4: the release ran not once;
- * 5: liburcu-bp still set to use membarrier; 77: it never was. */
+ * 5: liburcu-bp still set to use membarrier; 6: the switch did not begin
+ * while stderr was held (nothing tested); 77: no seccomp filter here, or
+ * liburcu-bp never used membarrier. */
 static int mode_seccomp_logger(void)
 {
 	static struct robj r;
@@ -1029,12 +1044,15 @@ static int mode_seccomp_logger(void)
 		return 77;
 	if (pthread_create(&t, NULL, stderr_holder, NULL))
 		return 3;
-	sleep_ms(50);	/* it holds stderr now */
+	while (!__atomic_load_n(&stderr_held, __ATOMIC_SEQ_CST))
+		sleep_ms(1);
 	/* The last reference: an RCU release, whose grace period switches
 	 * liburcu-bp and warns. */
 	percpu_rcuref_put(&r.ref);
 	percpu_rcuref_barrier();
 	pthread_join(t, NULL);
+	if (__atomic_load_n(&switch_unseen, __ATOMIC_SEQ_CST))
+		return 6;
 	if (__atomic_load_n(&r.releases, __ATOMIC_ACQUIRE) != 1)
 		return 4;
 	if (__atomic_load_n(&urcu_bp_has_sys_membarrier, __ATOMIC_RELAXED))
