@@ -27,13 +27,17 @@
  * holds for as long as it owns the unit.  When the mark reads orphaned,
  * the fence or a registration takes the unit back (before this, a fence
  * read the dead thread's TLS, and crashed if its stack was unmapped).  The
- * dead owner's adds stay in the counters, where they belong, and it left
- * no section open: a section ends before its get or put returns, and a
- * thread exits from none (short of pthread_exit() from a signal handler
- * that interrupted one).  Where marks never read orphaned (qemu-user,
- * outside glibc, ThreadSanitizer) such a thread's unit stays taken, and
- * later threads may find the units gone and count without one (a ref's
- * shared unit-less word, percpu_ref.c): slower, never wrong.  This is
+ * dead owner's adds stay in the counters, where they belong.  A section
+ * ends before its get or put returns, and a thread exits from none, short
+ * of a signal handler that interrupted one: its pthread_exit() runs the
+ * exit hook, which closes the section, but a raw exit leaves the section
+ * open for ever, so a fence reads the mark on every round of its wait for
+ * a reader, not only before it (up to 0.4.29 it waited for ever).  Where
+ * marks never read orphaned (qemu-user, outside glibc, ThreadSanitizer)
+ * such a thread's unit stays taken, and later threads may find the units
+ * gone and count without one (a ref's shared unit-less word,
+ * percpu_ref.c): slower, never wrong; a section left open there by a raw
+ * exit holds every later fence that finds readers.  This is
  * liburcu-bp's registry arena, which keeps its readers off the TLS for the
  * same reason, with the kernel rather than pthread_kill(tid, 0) telling
  * whether the owner lives.
@@ -332,13 +336,20 @@ static bool reader_blocks(struct unit_record *rec, unsigned long gp)
 	       ((ctr ^ gp) & ~PERCPUREF_READER_NEST_MASK);
 }
 
-/* Sections last a few instructions; a reader we wait for was preempted. */
+/*
+ * readers_lock.  Sections last a few instructions; a reader we wait for
+ * was preempted, or died in the section (a handler that interrupted it
+ * ended the thread by a raw exit, which runs no exit hook): then the
+ * section never ends, and the mark, read again on every round, tells it
+ * (its acquire load makes the dead owner's adds visible) and gives the
+ * unit back.
+ */
 static void wait_for_reader(struct unit_record *rec, unsigned long gp)
 {
 	unsigned int tries = 0;
 
 	/* Cancellation is off: percpuref_fence_readers(). */
-	while (reader_blocks(rec, gp)) {
+	while (!owner_died(rec) && reader_blocks(rec, gp)) {
 		if (++tries < 100)
 			sched_yield();
 		else
@@ -403,9 +414,7 @@ void percpuref_readers_fence(void)
 			percpuref_note_unfenced_adds();
 			continue;
 		}
-		/* A dead owner has no section open, and its unit comes back. */
-		if (!owner_died(rec))
-			wait_for_reader(rec, gp);
+		wait_for_reader(rec, gp);
 	}
 	pthread_mutex_unlock(&readers_lock);
 }

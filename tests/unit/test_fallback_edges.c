@@ -35,6 +35,9 @@
  *  - a fence covers only what was stamped before it started (its ticket
  *    is taken first): a stamp taken while a switch's fence waits for a
  *    held section is not covered when that fence ends, and is by the next.
+ *  - a unit's owner dies inside a section (its handler leaves by a raw
+ *    exit: no exit hook runs) while a fence waits for it: the fence must
+ *    end, and the unit come back.  Up to 0.4.29 it waited for ever.
  *  - a handler inside a section puts the last reference of a ref, whose
  *    @release waits for the section to end, and waits while another
  *    thread reinits the ref, takes a reference and kills it; the handler's
@@ -433,6 +436,8 @@ static int case_handler_fork(void)
  */
 static struct percpu_ref first_switched, second_switched;
 static int hold_caught, hold_released;	/* atomic */
+/* Atomic: the released handler ends its thread by a raw exit, section open. */
+static int hold_exits;
 static int fork_calling, fork_done, second_calling, second_done;	/* atomic */
 static pid_t forker_tid, second_tid;	/* set before the *_calling flags */
 static pid_t waiting_fork_child;
@@ -445,6 +450,9 @@ static void on_signal_hold(int sig)
 	__atomic_store_n(&hold_caught, 1, __ATOMIC_SEQ_CST);
 	while (!__atomic_load_n(&hold_released, __ATOMIC_SEQ_CST))
 		sched_yield();
+	/* No exit hook, no unwinding: only the kernel sees the thread go. */
+	if (__atomic_load_n(&hold_exits, __ATOMIC_SEQ_CST))
+		syscall(SYS_exit, 0);
 }
 
 static bool hold_done(void)
@@ -611,6 +619,66 @@ static int case_fence_ticket(void)
 	percpu_ref_exit(&first_switched);
 	percpu_ref_exit(&second_switched);
 	percpu_ref_exit(&ref);
+	return 0;
+}
+
+/*
+ * The owner of a unit dies inside a section while a fence waits for it:
+ * its handler leaves by a raw exit, so no exit hook closes the section or
+ * gives the unit back, and only the kernel's notice of the owner's death
+ * (the robust mark) tells the fence the section will never end.  Up to
+ * 0.4.29 the fence read the mark once, before its wait, and then waited
+ * for ever.  Exit status 2: init failed; 3: no thread; 6: no signal landed
+ * in a section; 7: the switch never began waiting, or ended while the
+ * section was open; 8: it never ended; 9: the unit was not given back.
+ */
+static int switcher_calling, switcher_done;	/* atomic */
+static pid_t switcher_tid;	/* set before switcher_calling */
+
+static void *dying_section_switcher(void *arg)
+{
+	(void)arg;
+	switcher_tid = (pid_t)syscall(SYS_gettid);
+	__atomic_store_n(&switcher_calling, 1, __ATOMIC_SEQ_CST);
+	percpu_ref_switch_to_atomic_sync(&first_switched);
+	__atomic_store_n(&switcher_done, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static int case_owner_dies_in_section(void)
+{
+	unsigned int registered;
+	pthread_t holder, switcher;
+	bool waited, ended;
+	int ret;
+
+	child_deadline(30);
+	__atomic_store_n(&hold_exits, 1, __ATOMIC_SEQ_CST);
+	ret = start_holding_a_section(&holder);
+	if (ret >= 0)
+		return ret;
+	registered = percpuref_readers_registered();
+	if (pthread_create(&switcher, NULL, dying_section_switcher, NULL))
+		return 3;
+	/* Asleep in the fence's wait for the holder's section (the switch
+	 * is under way once the mode word reads atomic). */
+	waited = wait_flag(&switcher_calling) && POLL_UNTIL(is_atomic(&first_switched)) &&
+		 wait_until_sleeping(switcher_tid);
+	ended = __atomic_load_n(&switcher_done, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&hold_released, 1, __ATOMIC_SEQ_CST);
+	pthread_join(holder, NULL);	/* the kernel clears its thread id */
+	if (!waited || ended)
+		return 7;
+	if (!wait_flag(&switcher_done))
+		return 8;
+	pthread_join(switcher, NULL);
+	if (percpuref_readers_registered() != registered - 1) {
+		fprintf(stderr, "# %u readers registered, want %u\n",
+			percpuref_readers_registered(), registered - 1);
+		return 9;
+	}
+	percpu_ref_exit(&first_switched);
+	percpu_ref_exit(&second_switched);
 	return 0;
 }
 
@@ -873,6 +941,8 @@ int main(int argc, char **argv)
 		return case_fork_waits_first();
 	if (argc > 1 && !strcmp(argv[1], "fence-ticket"))
 		return case_fence_ticket();
+	if (argc > 1 && !strcmp(argv[1], "owner-dies-in-section"))
+		return case_owner_dies_in_section();
 	if (argc > 1 && !strcmp(argv[1], "handler-release-rezero"))
 		return case_handler_release_pending(PENDING_REZERO);
 	if (argc > 1 && !strcmp(argv[1], "handler-release-rezero-outside"))
@@ -910,6 +980,13 @@ int main(int argc, char **argv)
 			  "a fork waiting for a sync switch goes before switches started meanwhile");
 	in_a_section_case("fence-ticket", "a fence covers only what was stamped before it "
 					  "started, the next one the rest");
+	/* Marks tell a dead owner only on glibc, with a robust-futex list. */
+	if (!PERCPUREF_ROBUST_MARKS || !robust_list_walked())
+		skip("a unit's owner dies in a section a fence waits for: no robust marks here");
+	else
+		in_a_section_case("owner-dies-in-section",
+				  "a unit's owner dies in a section a fence waits for: the fence "
+				  "ends, the unit comes back");
 	if (UNDER_TSAN) {
 		skip("a deferred release's ref zeroed again: ThreadSanitizer runs no handler there");
 		skip("a deferred release's ref zeroed again elsewhere: ThreadSanitizer runs no "
