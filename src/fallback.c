@@ -37,7 +37,8 @@
  * such a thread's unit stays taken, and later threads may find the units
  * gone and count without one (a ref's shared unit-less word,
  * percpu_ref.c): slower, never wrong; a section left open there by a raw
- * exit holds every later fence that finds readers.  This is
+ * exit holds every fence that finds readers, the one waiting and every
+ * later one.  This is
  * liburcu-bp's registry arena, which keeps its readers off the TLS for the
  * same reason, with the kernel rather than pthread_kill(tid, 0) telling
  * whether the owner lives.

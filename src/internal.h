@@ -818,7 +818,8 @@ PERCPUREF_API unsigned int percpuref_test_library_threads_listed(void);
  */
 PERCPUREF_API int percpuref_fence_by_migration(void);
 
-/* Sleeps @us microseconds (a pause while waiting for another thread). */
+/* Sleeps @us microseconds, signals or not (a pause while waiting for
+ * another thread; errno kept). */
 void percpuref_sleep_us(unsigned long us);
 /* One step of a wait for another thread that is usually done within
  * microseconds but may take milliseconds: the first 64 tries yield the

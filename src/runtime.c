@@ -54,12 +54,16 @@
  * Where moving between CPUs is refused too, nothing can abort a section any
  * more: the fence switches the fast path off (new sections see no unit and
  * take the slow path) and gives the sections in flight, a few instructions
- * each, 10 ms from its publish to end; every fence that finds the fast path
- * off before those 10 ms are up waits for them too
- * (percpuref_fence_readers()), not only the one that switched it off, and
- * first for any switch-off between its publish and its stamp of the end
- * (switch_fast_path_off(); a fork child, which has no such thread, resets
- * their count).
+ * each, 10 ms from its publish to end (a sequence reads the unit bound, or
+ * on aarch64 the area's place, again inside its critical section, so a
+ * thread stopped before the section began, which nothing restarts, cannot
+ * commit after; this_cpu.h), a sleep that signals do not cut short;
+ * every fence that finds the fast path off before those 10 ms are up
+ * waits for them too (percpuref_fence_readers()), not only the one that
+ * switched it off, and first for any switch-off between its publish and
+ * its stamp of the end (switch_fast_path_off(); a fork child, which has
+ * no such thread, resets their count).  tests/model/switchoff.pml, Model
+ * S, checks the handshake.
  *
  * Work that must wait for a fence runs on the library's own callback thread
  * (deferred.c), or on a polling thread that queued it, which looks later
@@ -1795,8 +1799,16 @@ void percpuref_stop_thread(struct percpuref_thread *t, pthread_mutex_t *lock,
 void percpuref_sleep_us(unsigned long us)
 {
 	struct timespec pause = { (time_t)(us / 1000000), (long)(us % 1000000) * 1000 };
+	int saved_errno = errno;
 
-	nanosleep(&pause, NULL);
+	/* A signal handled meanwhile ends nanosleep() early (EINTR; never
+	 * restarted, SA_RESTART or not): the rest, until it is slept.  The
+	 * wait for the sections in flight at a switch-off is one sleep, and
+	 * a 1 ms interval timer cut it to 1 ms (test_hardening
+	 * --no-fence-signal).  errno kept: fences run in signal handlers. */
+	while (nanosleep(&pause, &pause) != 0 && errno == EINTR)
+		;
+	errno = saved_errno;
 }
 
 void percpuref_yield_or_nap(unsigned long tries)

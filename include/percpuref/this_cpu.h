@@ -173,9 +173,11 @@ extern PERCPUREF_API unsigned int percpuref_nr_cpu_units;
  * percpuref_this_cpu_add_after_setup() relies on its caller's mode word
  * having been written after set-up.  On the AMD guest the pair is bound by
  * loads, not by instructions (docs/percpu_ref.md, "Where the time goes"):
- * this word saves two of the six loads of each get and put.  Written with the two
- * variables (runtime.c): relaxed before the first counter exists, seq_cst
- * when a running process turns the fast path off.
+ * this word saved two of the six loads of each get and put (since 0.4.30
+ * its units are read again inside the critical section: the sequence
+ * below).  Written with the two variables (runtime.c): relaxed before the
+ * first counter exists, seq_cst when a running process turns the fast path
+ * off.
  */
 extern PERCPUREF_API uint64_t percpuref_this_cpu_params;
 
@@ -245,31 +247,38 @@ static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
 	".popsection\n\t"
 
 /*
- * The x86-64 sequence: four loads (the params word, cpu_id, the mode word,
- * the counter) and two stores (rseq_cs, the counter).  The area is addressed
- * %fs-relative, so the thread pointer is not loaded; a delta known at compile
- * time is an immediate (a put's too: percpu_ref.h, PERCPU_REF_NET_BITS).
- * The commit addresses the counter through one register: addressed
- * (base, index) it made a get+put cost 4.9-5.4 ns on a 16-core Intel
- * Xeon, 2.9 ns through one register, and the same either way on AMD
- * (docs/lent-16core.md).  @before_store: "" or a test that
- * leaves for no_unit when the params word allows no unit (shrq sets ZF),
- * before the rseq_cs store: until the runtime is set up the word is 0, and
- * %fs:8 is then glibc's DTV pointer.  Used inside __percpuref_this_cpu_add()
- * only.
+ * The x86-64 sequence: five loads (the area's offset from the params word,
+ * cpu_id, the params word's units, the mode word, the counter) and two
+ * stores (rseq_cs, the counter).  The area is addressed %fs-relative, so
+ * the thread pointer is not loaded; a delta known at compile time is an
+ * immediate (a put's too: percpu_ref.h, PERCPU_REF_NET_BITS).  The units
+ * are read again inside the critical section, after label 1: a thread
+ * stopped between the first read and label 1 (a preemption or a signal
+ * there aborts nothing) comes back with the old word, and a switch-off of
+ * the fast path (runtime.c), which gives the sections in flight 10 ms,
+ * covers only sections that a stop restarts (up to 0.4.29 the units were
+ * the first read's, and such a thread committed whenever it ran again:
+ * review 162, tests/model/switchoff.pml).  The commit addresses the
+ * counter through one register: addressed (base, index) it made a get+put
+ * cost 4.9-5.4 ns on a 16-core Intel Xeon, 2.9 ns through one register,
+ * and the same either way on AMD (docs/lent-16core.md).  @load_offset:
+ * the area's offset into %rcx.  After set-up the word's low half alone
+ * (never 0, runtime.c); before, the whole word, leaving for no_unit when
+ * it allows no unit (shrq sets ZF), before the rseq_cs store: until the
+ * runtime is set up the word is 0, and %fs:8 is then glibc's DTV pointer
+ * (one load of the word: halves read apart could pair an offset of 0 with
+ * a unit count published meanwhile).  Used inside
+ * __percpuref_this_cpu_add() only.
  */
-#define PERCPUREF_X86_64_THIS_CPU_ADD(before_store)			\
+#define PERCPUREF_X86_64_THIS_CPU_ADD(load_offset)			\
 		__asm__ __volatile__ goto(				\
 			PERCPUREF_RSEQ_CS_DESCRIPTOR			\
-			"movq %[params], %%rdx\n\t"			\
-			"movslq %%edx, %%rcx\n\t"			\
-			"shrq $32, %%rdx\n\t"				\
-			before_store					\
+			load_offset					\
 			"leaq 3b(%%rip), %%rax\n\t"			\
 			"movq %%rax, %%fs:%c[rseq_cs](%%rcx)\n\t"	\
 			"1:\n\t"					\
 			"movl %%fs:%c[cpu_id](%%rcx), %%eax\n\t"	\
-			"cmpl %%edx, %%eax\n\t"				\
+			"cmpl %[units], %%eax\n\t"			\
 			"jae %l[no_unit]\n\t"				\
 			"movq %[word], %%rcx\n\t"			\
 			"testq %[flags], %%rcx\n\t"			\
@@ -280,6 +289,7 @@ static inline struct percpuref_rseq_area *percpuref_this_rseq_area(void)
 			PERCPUREF_X86_64_RSEQ_COMMIT_AND_ABORT		\
 			:						\
 			: [params] "m"(percpuref_this_cpu_params),	\
+			  [units] "m"(((const uint32_t *)&percpuref_this_cpu_params)[1]), \
 			  [rseq_cs] "i"(offsetof(struct percpuref_rseq_area, rseq_cs)), \
 			  [cpu_id] "i"(offsetof(struct percpuref_rseq_area, cpu_id)), \
 			  [word] "m"(*mode_word), [delta] "er"(delta),	\
@@ -333,16 +343,22 @@ __percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta, bool a
 		 */
 #if defined(__x86_64__)
 		if (after_setup)
-			PERCPUREF_X86_64_THIS_CPU_ADD("");
+			PERCPUREF_X86_64_THIS_CPU_ADD("movslq %[params], %%rcx\n\t");
 		else
-			PERCPUREF_X86_64_THIS_CPU_ADD("jz %l[no_unit]\n\t");
+			PERCPUREF_X86_64_THIS_CPU_ADD("movq %[params], %%rdx\n\t"
+						      "movslq %%edx, %%rcx\n\t"
+						      "shrq $32, %%rdx\n\t"
+						      "jz %l[no_unit]\n\t");
 #else
 		/*
 		 * aarch64, after librseq's rseq-arm64.h.  The counter's address
 		 * depends on the mode word just loaded, so the add cannot see
 		 * counters older than the word (the release store that clears
 		 * ATOMIC zeroed them first): address dependency, no barrier.
-		 * The commit is the str.
+		 * The commit is the str.  The offset is read again after
+		 * label 1, as x86-64 reads its units: a thread stopped before
+		 * label 1 aborts nothing, and must not commit after a
+		 * switch-off of the fast path that it slept through.
 		 */
 		__asm__ __volatile__ goto(
 			PERCPUREF_RSEQ_CS_DESCRIPTOR
@@ -350,6 +366,8 @@ __percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta, bool a
 			"add x16, x16, :lo12:3b\n\t"
 			"str x16, [%[rs], #8]\n\t"
 			"1:\n\t"
+			"ldr x17, [%[offset]]\n\t"
+			"cbz x17, %l[no_unit]\n\t"
 			"ldr w17, [%[rs], #4]\n\t"
 			"cmp w17, %w[units]\n\t"
 			"b.hs %l[no_unit]\n\t"
@@ -369,6 +387,7 @@ __percpuref_this_cpu_add(const uintptr_t *mode_word, unsigned long delta, bool a
 			:
 			: [rs] "r"(rs), [word] "r"(mode_word), [delta] "r"(delta),
 			  [units] "r"(percpuref_nr_cpu_units),
+			  [offset] "r"(&percpuref_rseq_offset),
 			  [flags] "i"(PERCPUREF_MODE_FLAGS),
 			  [shift] "i"(PERCPUREF_UNIT_SHIFT)
 			  PERCPUREF_ARM64_STRIDE_OPERAND

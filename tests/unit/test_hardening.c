@@ -35,8 +35,10 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -1220,6 +1222,166 @@ static int mode_no_fence_overlap(unsigned long stamp_delay_us)
 }
 
 /*
+ * The switching fence's own 10 ms with an interval timer firing every
+ * millisecond on its thread: up to 0.4.29 the wait was one nanosleep(),
+ * which a handled signal ends early (EINTR; never restarted, SA_RESTART
+ * or not), and the fence returned after about 1 ms while a section that
+ * read the fast path as on could still add (review 162, Model S's
+ * -DSIGNAL).  A profiler's SIGPROF does the same.
+ */
+static void on_alarm(int sig)
+{
+	(void)sig;
+}
+
+static int mode_no_fence_signal(void)
+{
+	struct itimerval every_ms = { { 0, 1000 }, { 0, 1000 } }, off = { { 0, 0 }, { 0, 0 } };
+	uint64_t started, ended;
+	struct sigaction sa;
+
+	if (!rseq_then_no_fence())
+		return 77;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_alarm;
+	sa.sa_flags = SA_RESTART;
+	if (sigaction(SIGALRM, &sa, NULL) || setitimer(ITIMER_REAL, &every_ms, NULL))
+		return 1;
+	started = percpuref_monotonic_ns();
+	percpuref_fence_readers();	/* switches the fast path off, and waits */
+	ended = percpuref_monotonic_ns();
+	setitimer(ITIMER_REAL, &off, NULL);
+	if (percpuref_rseq_offset)
+		return 2;
+	if (ended < started + 10 * 1000 * 1000) {
+		fprintf(stderr, "the switching fence ended %.3f ms after it began\n",
+			(double)(ended - started) / 1e6);
+		return 3;
+	}
+	return 0;
+}
+
+/*
+ * A thread stopped between its sequence's read of the params word and
+ * label 1, where a preemption or a signal aborts nothing: up to 0.4.29 it
+ * kept the units it had read and, run again after a switch-off of the
+ * fast path and its 10 ms, added to a per-CPU copy (4 runs of 4, 30 to
+ * 79 ms after the switch-off), where a later switch's fence, finding the
+ * 10 ms past, waited for nothing (review 162, Model S's -DPREEMPT).  The
+ * units are now read again after label 1.  Here a handler parks the
+ * thread on the sequence's lea or rseq_cs store, found from the
+ * descriptors of the sequences inlined in this program (the asm is
+ * verbatim, so the two instructions are 7 and 5 bytes long), until the
+ * fast path is off, its wait done and a second fence run: the per-CPU
+ * copies must not change once it goes on.  x86-64 only.
+ */
+#if defined(__x86_64__)
+struct rseq_descriptor {
+	uint32_t version, flags;
+	uint64_t start_ip, post_commit_offset, abort_ip;
+};
+extern const struct rseq_descriptor __start___rseq_cs[] __attribute__((weak));
+extern const struct rseq_descriptor __stop___rseq_cs[] __attribute__((weak));
+
+static struct object stalled;
+static int stall_caught, stall_released, stall_stop;	/* atomic */
+
+static bool before_label_1(uint64_t ip)
+{
+	const struct rseq_descriptor *d;
+
+	for (d = __start___rseq_cs; d && d < __stop___rseq_cs; d++)
+		if (ip == d->start_ip - 12 || ip == d->start_ip - 5)
+			return true;
+	return false;
+}
+
+static void park_before_label_1(int sig, siginfo_t *si, void *context)
+{
+	ucontext_t *uc = context;
+
+	(void)sig;
+	(void)si;
+	if (__atomic_load_n(&stall_caught, __ATOMIC_SEQ_CST) ||
+	    !before_label_1((uint64_t)uc->uc_mcontext.gregs[REG_RIP]))
+		return;
+	__atomic_store_n(&stall_caught, 1, __ATOMIC_SEQ_CST);
+	while (!__atomic_load_n(&stall_released, __ATOMIC_SEQ_CST))
+		;
+}
+
+static void *get_put_until_stopped(void *arg)
+{
+	(void)arg;
+	while (!__atomic_load_n(&stall_stop, __ATOMIC_RELAXED)) {
+		percpu_ref_get(&stalled.ref);
+		percpu_ref_put(&stalled.ref);
+	}
+	return NULL;
+}
+
+static unsigned long stalled_copies(void)
+{
+	uintptr_t cpu0 = stalled.ref.percpu_count_ptr & ~(uintptr_t)__PERCPU_REF_ATOMIC_DEAD;
+	unsigned long sum = 0;
+
+	for (unsigned int cpu = 0; cpu < percpuref_nr_units(); cpu++)
+		sum += __atomic_load_n(percpuref_counter_on(cpu0, cpu), __ATOMIC_RELAXED);
+	return sum;
+}
+
+static int mode_no_fence_before_label_1(void)
+{
+	struct timespec pause = { 0, 200 * 1000 };
+	unsigned long before, after;
+	struct sigaction sa;
+	pthread_t worker;
+	int tries;
+
+	/* ThreadSanitizer runs handlers at its own points, never inside a
+	 * sequence. */
+	if (UNDER_TSAN || &__start___rseq_cs[0] == &__stop___rseq_cs[0] || !rseq_then_no_fence())
+		return 77;
+	if (percpu_ref_init(&stalled.ref, obj_release, 0))
+		return 1;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = park_before_label_1;
+	sa.sa_flags = SA_SIGINFO | SA_RESTART;
+	if (sigaction(SIGUSR1, &sa, NULL) ||
+	    pthread_create(&worker, NULL, get_put_until_stopped, NULL))
+		return 1;
+	for (tries = 0; !__atomic_load_n(&stall_caught, __ATOMIC_SEQ_CST) && tries < 20000;
+	     tries++) {
+		pthread_kill(worker, SIGUSR1);
+		nanosleep(&pause, NULL);
+	}
+	if (!__atomic_load_n(&stall_caught, __ATOMIC_SEQ_CST)) {
+		__atomic_store_n(&stall_stop, 1, __ATOMIC_RELAXED);
+		pthread_join(worker, NULL);
+		fprintf(stderr, "no signal landed before label 1 in %d tries\n", tries);
+		return 77;
+	}
+	percpuref_fence_readers();	/* switches the fast path off, waits 10 ms */
+	if (percpuref_rseq_offset)
+		return 2;
+	percpuref_fence_readers();	/* finds the 10 ms past: waits for nothing */
+	before = stalled_copies();
+	__atomic_store_n(&stall_stop, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&stall_released, 1, __ATOMIC_SEQ_CST);
+	pthread_join(worker, NULL);
+	after = stalled_copies();
+	fprintf(stderr, "caught after %d signals; the per-CPU copies changed by %ld after the "
+		"switch-off\n", tries, (long)(after - before));
+	return after != before ? 3 : 0;
+}
+#else
+static int mode_no_fence_before_label_1(void)
+{
+	return 77;
+}
+#endif
+
+/*
  * A fork while another thread is between its switch-off's publish and its
  * stamp: the child has no such thread, and its fences must not wait for
  * that stamp (they did, for ever, before the child's count was reset).
@@ -1378,6 +1540,10 @@ int main(int argc, char **argv)
 			return mode_no_fence_overlap(20000);
 		if (!strcmp(argv[1], "--no-fence-fork"))
 			return mode_no_fence_fork();
+		if (!strcmp(argv[1], "--no-fence-signal"))
+			return mode_no_fence_signal();
+		if (!strcmp(argv[1], "--no-fence-before-label-1"))
+			return mode_no_fence_before_label_1();
 		if (!strcmp(argv[1], "--print-interval"))
 			return mode_print_interval();
 		return 2;
@@ -1427,6 +1593,14 @@ int main(int argc, char **argv)
 	child_verdict(run_mode_without_membarrier("--no-fence-fork"),
 		      "finding 13: cannot refuse membarrier and migration here",
 		      "13: a fork child of a process mid-switch-off does not wait for its stamp");
+	child_verdict(run_mode_without_membarrier("--no-fence-signal"),
+		      "finding 13: cannot refuse membarrier and migration here",
+		      "13: signals on the switching fence's thread do not cut its wait short");
+	child_verdict(run_mode_without_membarrier("--no-fence-before-label-1"),
+		      "finding 13: cannot refuse membarrier and migration here, not x86-64, or "
+		      "no signal landed before a sequence's label 1",
+		      "13: a thread stopped before its sequence's label 1 does not add to a "
+		      "per-CPU copy after the switch-off");
 	test_kill_from_confirm();
 	test_dropped_manager_ref();
 	test_settings();
