@@ -1191,15 +1191,17 @@ static bool ref_usable(struct percpu_ref *ref, const char *caller)
 
 static bool is_managed(struct percpu_ref *ref)
 {
-	/* Relaxed: written under the switch lock, which callers hold, except
-	 * __percpu_ref_release() (see there). */
+	/* Relaxed: written under the switch lock, which callers hold
+	 * (__percpu_ref_release_life() reads it without, with acquire). */
 	return __atomic_load_n(&ref->data->managed, __ATOMIC_RELAXED);
 }
 
 static void set_managed(struct percpu_ref *ref, bool managed)
 {
-	/* Relaxed: the switch lock orders it for every reader that matters. */
-	__atomic_store_n(&ref->data->managed, managed, __ATOMIC_RELAXED);
+	/* Release: __percpu_ref_release_life() reads it without the switch
+	 * lock, and must then see the resurrections made under that lock
+	 * before; every other reader holds the lock. */
+	__atomic_store_n(&ref->data->managed, managed, __ATOMIC_RELEASE);
 }
 
 /*
@@ -1418,6 +1420,10 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 	 * manager's own again; relaxed like any get (the count may be zero
 	 * here: reinit). */
 	__atomic_fetch_add(&ref->data->count, is_managed(ref) ? 2 : 1, __ATOMIC_RELAXED);
+	/* Release: after the add, for a put that loads it before its
+	 * subtract (__percpu_ref_atomic_put()): one that reads this value
+	 * subtracts after the add, so its zero is of the new life. */
+	__atomic_store_n(&ref->data->lives, ref->data->lives + 1, __ATOMIC_RELEASE);
 	switch_mode_locked(ref, ref->data->force_atomic, NULL, __func__);
 	push = is_managed(ref) && list_node(ref);
 	unlock_switch(ref);
@@ -2158,9 +2164,8 @@ PERCPUREF_API bool __percpu_ref_tryget_slow(struct percpu_ref *ref, unsigned lon
 
 PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long nr)
 {
-	if (!slow_percpu_add(ref, nr * PERCPU_REF_PUT_DELTA, "percpu_ref_put") &&
-	    __percpu_ref_atomic_sub_and_test(ref, nr))
-		__percpu_ref_release(ref);
+	if (!slow_percpu_add(ref, nr * PERCPU_REF_PUT_DELTA, "percpu_ref_put"))
+		__percpu_ref_atomic_put(ref, nr);
 }
 
 /*
@@ -2207,19 +2212,32 @@ PERCPUREF_API void __percpu_ref_put_sliced(struct percpu_ref *ref, unsigned long
 {
 	if (has_no_data(ref, "percpu_ref_put") || too_many(ref, nr, "percpu_ref_put", true))
 		return;
-	if (__percpu_ref_atomic_sub_and_test(ref, nr))
-		__percpu_ref_release(ref);
+	__percpu_ref_atomic_put(ref, nr);
 }
 
-PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
+/*
+ * A put took @ref to zero; @life: data->lives as it loaded it before its
+ * subtract (__percpu_ref_atomic_put()).  Only the reclaimer takes a
+ * managed ref to zero (the manager's reference is dropped only together
+ * with the last one), so a put that reaches zero on a managed ref dropped
+ * a reference it did not have: pinned, never released.  Unless the ref
+ * was resurrected since that zero (the count reads zero, so a reinit may
+ * come at once) and then made managed: the zero is of the ref's life
+ * before, and runs its @release, as the zero before any reinit does
+ * ("Releases in signal handlers", above).  Up to 0.4.29 that zero read as
+ * a dropped manager's reference: its @release never ran and the revived
+ * ref was pinned for good (review 163, tests/model/voided.pml,
+ * tests/unit/test_put_revive.c).  A misusing put that loaded @life before
+ * a resurrection and reached zero after it runs @release instead of being
+ * pinned: misuse racing a reinit, not told apart.
+ */
+PERCPUREF_API void __percpu_ref_release_life(struct percpu_ref *ref, unsigned long life)
 {
-	/*
-	 * Only the reclaimer takes a managed ref to zero (the manager's
-	 * reference is dropped only together with the last one), so a user
-	 * put that got here dropped a reference it did not have.  Reading
-	 * @managed is safe: nobody else can release the ref meanwhile.
-	 */
-	if (is_managed(ref)) {
+	/* Acquire: pairs with set_managed()'s release, under the switch lock
+	 * that a resurrection before it held too, so a resurrection before
+	 * the switch to managed shows in @lives (relaxed, ordered so). */
+	if (__atomic_load_n(&ref->data->managed, __ATOMIC_ACQUIRE) &&
+	    __atomic_load_n(&ref->data->lives, __ATOMIC_RELAXED) == life) {
 		pin_dropped_manager_ref(ref);
 		return;
 	}
@@ -2231,6 +2249,15 @@ PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
 		defer_handler_release(ref);
 	else
 		run_release(ref, ref->data->release);
+}
+
+/* The release of binaries built before 0.4.30, which do not pass @life:
+ * read here, after the zero, so a resurrection in between still reads as
+ * the present life for them. */
+PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref)
+{
+	/* Acquire: as in __percpu_ref_atomic_put(). */
+	__percpu_ref_release_life(ref, __atomic_load_n(&ref->data->lives, __ATOMIC_ACQUIRE));
 }
 
 PERCPUREF_API void __percpu_ref_count_misuse(struct percpu_ref *ref, unsigned long old,

@@ -166,6 +166,14 @@ struct percpu_ref_data {
 	bool allow_reinit;
 	bool managed;			  /* the reclaimer holds a reference */
 	struct percpu_ref *ref;
+	/*
+	 * Resurrections so far (a reinit is one), stored (release) after the
+	 * resurrection's count add; a put loads it (acquire) before its
+	 * subtract, so a put whose zero came before a resurrection hands the
+	 * older value to __percpu_ref_release_life(), which then knows the
+	 * zero was not of the ref's present life (since 0.4.30).
+	 */
+	unsigned long lives;
 };
 
 struct percpu_ref {
@@ -449,6 +457,7 @@ PERCPUREF_API void __percpu_ref_put_slow(struct percpu_ref *ref, unsigned long n
 PERCPUREF_API void __percpu_ref_count_misuse(struct percpu_ref *ref, unsigned long old,
 					     unsigned long nr, bool get);
 PERCPUREF_API void __percpu_ref_release(struct percpu_ref *ref);
+PERCPUREF_API void __percpu_ref_release_life(struct percpu_ref *ref, unsigned long life);
 /* More than PERCPU_REF_PERCPU_MAX_NR at once, on the atomic count (named
  * for the slices they once cut; the names stay for binaries built before). */
 PERCPUREF_API void __percpu_ref_get_sliced(struct percpu_ref *ref, unsigned long nr);
@@ -493,6 +502,23 @@ static inline bool __percpu_ref_atomic_sub_and_test(struct percpu_ref *ref, unsi
 	if (percpuref_unlikely(old - nr >= PERCPU_REF_UNDERFLOW_ZONE))
 		__percpu_ref_count_misuse(ref, old, nr, false);
 	return false;
+}
+
+/*
+ * A put on the atomic count; the one that reaches zero releases, telling
+ * __percpu_ref_release_life() which life of the ref it put: a ref revived
+ * and switched to managed between this zero and that call would otherwise
+ * read as a managed ref whose manager's reference a put dropped, and this
+ * zero's @release was lost (up to 0.4.29; review 163).  Acquire: pairs
+ * with the resurrection's release store, after its count add, so a put
+ * that loads the new value subtracts after that add, not before.
+ */
+static inline void __percpu_ref_atomic_put(struct percpu_ref *ref, unsigned long nr)
+{
+	unsigned long life = __atomic_load_n(&ref->data->lives, __ATOMIC_ACQUIRE);
+
+	if (__percpu_ref_atomic_sub_and_test(ref, nr))
+		__percpu_ref_release_life(ref, life);
 }
 
 /* Adds one reference unless the count is zero (the kernel's add_unless),
@@ -640,8 +666,8 @@ static inline void percpu_ref_put_many(struct percpu_ref *ref, unsigned long nr)
 		return;
 	if (r != PERCPUREF_THIS_CPU_FLAGGED || percpuref_unlikely(!ref->data))
 		__percpu_ref_put_slow(ref, nr);
-	else if (__percpu_ref_atomic_sub_and_test(ref, nr))
-		__percpu_ref_release(ref);
+	else
+		__percpu_ref_atomic_put(ref, nr);
 }
 
 /* percpu_ref_put - drop one reference; see percpu_ref_put_many(). */

@@ -72,6 +72,12 @@ if ! objdump -T "$libdir/libpercpuref.so" | grep -q ' PERCPUREF_0\.4\.26 *percpu
   echo "not ok - percpuref_fence_method is not PERCPUREF_0.4.26, or the consumer does not need it" >&2
   exit 1
 fi
+# 0.4.30's release entry, which every inline put calls.
+if ! objdump -T "$libdir/libpercpuref.so" | grep -q ' PERCPUREF_0\.4\.30 *__percpu_ref_release_life$' ||
+   ! objdump -p "$stage/consumer" | grep -q 'PERCPUREF_0\.4\.30$'; then
+  echo "not ok - __percpu_ref_release_life is not PERCPUREF_0.4.30, or the consumer does not need it" >&2
+  exit 1
+fi
 echo "ok - symbol versions: every symbol PERCPUREF_${version%.*}(.N), needed by the consumer"
 # The headers' version is the build's.
 header_version=$(printf '#include <percpuref/percpu_ref.h>\nPERCPUREF_VERSION_MAJOR.PERCPUREF_VERSION_MINOR.PERCPUREF_VERSION_PATCH\n' |
