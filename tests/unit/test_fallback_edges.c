@@ -440,8 +440,29 @@ static int hold_caught, hold_released;	/* atomic */
 static struct signaller hold_signaller;	/* the holder's */
 /* Atomic: the released handler ends its thread by a raw exit, section open. */
 static int hold_exits;
-static int fork_calling, fork_done, second_calling, second_done;	/* atomic */
-static pid_t forker_tid, second_tid;	/* set before the *_calling flags */
+static int fork_calling, fork_done;	/* atomic */
+static pid_t forker_tid;	/* set before fork_calling */
+
+/* A synchronous switch of @ref on a thread of its own, which says when it
+ * calls (its thread id set first) and when the switch returned. */
+struct watched_switch {
+	struct percpu_ref *ref;
+	pid_t tid;
+	int calling, done;	/* atomic */
+};
+
+static void *watched_switcher(void *arg)
+{
+	struct watched_switch *w = arg;
+
+	w->tid = (pid_t)syscall(SYS_gettid);
+	__atomic_store_n(&w->calling, 1, __ATOMIC_SEQ_CST);
+	percpu_ref_switch_to_atomic_sync(w->ref);
+	__atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static struct watched_switch second_switch = { .ref = &second_switched };
 static pid_t waiting_fork_child;
 
 static void on_signal_hold(int sig)
@@ -487,16 +508,6 @@ static void *waiting_forker(void *arg)
 	if (waiting_fork_child == 0)
 		_exit(0);
 	__atomic_store_n(&fork_done, 1, __ATOMIC_SEQ_CST);
-	return NULL;
-}
-
-static void *second_switcher(void *arg)
-{
-	(void)arg;
-	second_tid = (pid_t)syscall(SYS_gettid);
-	__atomic_store_n(&second_calling, 1, __ATOMIC_SEQ_CST);
-	percpu_ref_switch_to_atomic_sync(&second_switched);
-	__atomic_store_n(&second_done, 1, __ATOMIC_SEQ_CST);
 	return NULL;
 }
 
@@ -551,11 +562,11 @@ static int case_fork_waits_first(void)
 	/* Asleep in the fork: in its wait for the first switch (nothing
 	 * else blocks it; a fork that went by would show in fork_done). */
 	fork_asleep = wait_flag(&fork_calling) && wait_until_sleeping(forker_tid);
-	if (pthread_create(&second, NULL, second_switcher, NULL))
+	if (pthread_create(&second, NULL, watched_switcher, &second_switch))
 		return 3;
 	/* Asleep in its switch: waiting for the fork, or, begun, for the
 	 * holder's section in its fence.  The verdicts wait for the joins. */
-	second_asleep = wait_flag(&second_calling) && wait_until_sleeping(second_tid);
+	second_asleep = wait_flag(&second_switch.calling) && wait_until_sleeping(second_switch.tid);
 	second_began = is_atomic(&second_switched);
 	fork_ended = __atomic_load_n(&fork_done, __ATOMIC_SEQ_CST);
 	__atomic_store_n(&hold_released, 1, __ATOMIC_SEQ_CST);
@@ -572,7 +583,7 @@ static int case_fork_waits_first(void)
 		return 12;
 	if (!second_asleep)
 		return 14;
-	if (!__atomic_load_n(&second_done, __ATOMIC_SEQ_CST) || !is_atomic(&second_switched))
+	if (!__atomic_load_n(&second_switch.done, __ATOMIC_SEQ_CST) || !is_atomic(&second_switched))
 		return 13;
 	percpu_ref_exit(&first_switched);
 	percpu_ref_exit(&second_switched);
@@ -633,18 +644,7 @@ static int case_fence_ticket(void)
  * in a section; 7: the switch never began waiting, or ended while the
  * section was open; 8: it never ended; 9: the unit was not given back.
  */
-static int switcher_calling, switcher_done;	/* atomic */
-static pid_t switcher_tid;	/* set before switcher_calling */
-
-static void *dying_section_switcher(void *arg)
-{
-	(void)arg;
-	switcher_tid = (pid_t)syscall(SYS_gettid);
-	__atomic_store_n(&switcher_calling, 1, __ATOMIC_SEQ_CST);
-	percpu_ref_switch_to_atomic_sync(&first_switched);
-	__atomic_store_n(&switcher_done, 1, __ATOMIC_SEQ_CST);
-	return NULL;
-}
+static struct watched_switch dying_switch = { .ref = &first_switched };
 
 static int case_owner_dies_in_section(void)
 {
@@ -659,13 +659,13 @@ static int case_owner_dies_in_section(void)
 	if (ret >= 0)
 		return ret;
 	registered = percpuref_readers_registered();
-	if (pthread_create(&switcher, NULL, dying_section_switcher, NULL))
+	if (pthread_create(&switcher, NULL, watched_switcher, &dying_switch))
 		return 3;
 	/* Asleep in the fence's wait for the holder's section (the switch
 	 * is under way once the mode word reads atomic). */
-	waited = wait_flag(&switcher_calling) && POLL_UNTIL(is_atomic(&first_switched)) &&
-		 wait_until_sleeping(switcher_tid);
-	ended = __atomic_load_n(&switcher_done, __ATOMIC_SEQ_CST);
+	waited = wait_flag(&dying_switch.calling) && POLL_UNTIL(is_atomic(&first_switched)) &&
+		 wait_until_sleeping(dying_switch.tid);
+	ended = __atomic_load_n(&dying_switch.done, __ATOMIC_SEQ_CST);
 	/* The holder's signaller, which its raw exit leaves running: its
 	 * pthread_kill() of a joined thread would be undefined. */
 	signaller_stop(&hold_signaller);
@@ -673,7 +673,7 @@ static int case_owner_dies_in_section(void)
 	pthread_join(holder, NULL);	/* the kernel clears its thread id */
 	if (!waited || ended)
 		return 7;
-	if (!wait_flag(&switcher_done))
+	if (!wait_flag(&dying_switch.done))
 		return 8;
 	pthread_join(switcher, NULL);
 	if (percpuref_readers_registered() != registered - 1) {
@@ -997,12 +997,14 @@ int main(int argc, char **argv)
 	in_a_section_case("handler-release-rezero",
 			  "a ref zeroed again while its handler's release waits: two releases");
 	in_a_section_case("handler-release-rezero-outside",
-			  "zeroed again by another thread's put: released there at once, then here");
+			  "zeroed again by another thread's put: released there at once, then "
+			  "here");
 	in_a_section_case("handler-release-rezero-handler",
 			  "zeroed again by another thread's handler in its section: both released "
 			  "here");
 	in_a_section_case("handler-release-exited",
-			  "a ref exited while its handler's release waits: no release, no stale read");
+			  "a ref exited while its handler's release waits: no release, no stale "
+			  "read");
 	in_a_section_case("handler-release-managed-exited",
 			  "a ref managed and exited while its handler's release waits: freed once");
 	return done_testing();

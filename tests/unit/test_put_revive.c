@@ -76,7 +76,8 @@ int main(void)
 	pthread_t thread;
 	bool reached;
 
-	if (percpu_ref_init(&victim, on_release, PERCPU_REF_INIT_ATOMIC | PERCPU_REF_ALLOW_REINIT)) {
+	if (percpu_ref_init(&victim, on_release,
+			    PERCPU_REF_INIT_ATOMIC | PERCPU_REF_ALLOW_REINIT)) {
 		ok(0, "init");
 		return done_testing();
 	}
