@@ -58,8 +58,10 @@
  * the stage itself).  Fork, RCU readers, the pinned-node path and the
  * list order (owed.pml) are not modelled.  SPIN's
  * interleaving is sequentially consistent; every variable here is written
- * under the lock or by one atomic RMW, but for the put's relaxed read of
- * the managed flag.
+ * under the lock or by one atomic RMW, and the put's unlocked reads of
+ * lives and of the managed flag are ordered by the acquire and release
+ * pairs percpu_ref.h (__percpu_ref_atomic_put()) and
+ * __percpu_ref_release_life() name, which give what SC gives here.
  *
  * Asserted.  The impl is never touched after it is freed nor freed twice;
  * a release begins (the step that commits to it: a put's managed test, a
@@ -300,12 +302,12 @@ inline put(t, inh)
 #endif
 	if
 	:: z ->
-		/* managed (acquire), then lives, no lock */
+		m = managed;	/* acquire, no lock */
 		if
 #ifdef MUTANT_NO_LIFE
-		:: managed ->
+		:: m ->
 #else
-		:: managed && lives == life ->
+		:: m && lives == life ->	/* then lives, relaxed */
 #endif
 			/* pin_dropped_manager_ref(): this zero's release
 			 * never runs (a correct user's put never gets
@@ -354,7 +356,7 @@ inline unstage()
 proctype H()
 {
 	byte old, left, life;
-	bit z, ex;
+	bit z, ex, m;
 
 	put(0, 1);	/* in its handler, inside its section */
 	if
@@ -449,7 +451,7 @@ inline exit_ref()
 proctype U()
 {
 	byte old, left, n, life;
-	bit z, ex, recl;
+	bit z, ex, recl, m;
 
 	do
 	:: n < OPS ->
