@@ -38,10 +38,9 @@
  * gone and count without one (a ref's shared unit-less word,
  * percpu_ref.c): slower, never wrong; a section left open there by a raw
  * exit holds every fence that finds readers, the one waiting and every
- * later one.  This is
- * liburcu-bp's registry arena, which keeps its readers off the TLS for the
- * same reason, with the kernel rather than pthread_kill(tid, 0) telling
- * whether the owner lives.
+ * later one.  This is liburcu-bp's registry arena, which keeps its readers
+ * off the TLS for the same reason, with the kernel rather than
+ * pthread_kill(tid, 0) telling whether the owner lives.
  *
  * The section.  Enter stores the grace-period counter into the thread's
  * ctr (nesting bits 1), a compiler barrier, then the mode word is loaded;

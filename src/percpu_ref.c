@@ -89,6 +89,12 @@
  * kernel covers that with RCU-freed objects; the CAS needs nothing: no user
  * put can reach zero on a managed ref, and one that does dropped the
  * manager's reference (misuse: warned, count pinned, never released).
+ * But a put reads the managed flag only after its zero, and a reinit may
+ * come at once (the count reads zero) and a switch to managed after it:
+ * so the put loads data->lives (acquire) before its subtract, a
+ * resurrection stores lives + 1 (release) after its add, and a zero whose
+ * lives no longer match is of an earlier life and runs its @release
+ * (__percpu_ref_release_life(); tests/model/voided.pml).
  * The reclaimer owns a node while it is linked or its release is pending
  * (mstate): an exit meanwhile only marks it exited, and the reclaimer frees
  * it; a linked one without taking its switch lock, on an acquire load of
