@@ -31,6 +31,11 @@
  * counts what a fork child never frees.  Tests take fewer rounds. */
 #define UNDER_VALGRIND (getenv("PERCPUREF_VALGRIND") != NULL)
 
+/* Under an emulator (a cross build's tests under qemu-user set
+ * PERCPUREF_TEST_EMULATOR: run_mode_env() below runs children with it). */
+#define UNDER_EMULATOR \
+	(getenv("PERCPUREF_TEST_EMULATOR") && *getenv("PERCPUREF_TEST_EMULATOR"))
+
 /* Under ASan, or valgrind: neither keeps the library's spare impls, whose
  * reuse some tests check. */
 static inline bool under_memory_checker(void)

@@ -81,9 +81,7 @@ static inline int refuse_membarrier(void)
  */
 static inline int run_mode_without_membarrier(const char *mode)
 {
-	const char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
-
-	return emulator && *emulator ? 77 : run_mode(mode);
+	return UNDER_EMULATOR ? 77 : run_mode(mode);
 }
 
 /*

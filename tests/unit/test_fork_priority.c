@@ -73,8 +73,7 @@ int main(void)
 	cpu_set_t one;
 	int i, err, failed_children = 0;
 
-	if (UNDER_VALGRIND || (getenv("PERCPUREF_TEST_EMULATOR") &&
-			       *getenv("PERCPUREF_TEST_EMULATOR"))) {
+	if (UNDER_VALGRIND || UNDER_EMULATOR) {
 		ok(1, "skipped under valgrind or an emulator: scheduling is theirs");
 		return done_testing();
 	}

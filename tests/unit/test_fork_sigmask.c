@@ -148,7 +148,7 @@ int main(void)
 	}
 	/* qemu-user: /proc/self/task lists the emulator's own threads too,
 	 * and SigBlk there is the host's mask, not the emulated one. */
-	if (getenv("PERCPUREF_TEST_EMULATOR") && *getenv("PERCPUREF_TEST_EMULATOR")) {
+	if (UNDER_EMULATOR) {
 		ok(1, "skipped under an emulator: its threads and masks are the host's");
 		return done_testing();
 	}

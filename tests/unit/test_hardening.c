@@ -1347,12 +1347,9 @@ static void *get_put_until_stopped(void *arg)
 
 static unsigned long stalled_copies(void)
 {
-	uintptr_t cpu0 = stalled.ref.percpu_count_ptr & ~(uintptr_t)__PERCPU_REF_ATOMIC_DEAD;
-	unsigned long sum = 0;
-
-	for (unsigned int cpu = 0; cpu < percpuref_nr_units(); cpu++)
-		sum += __atomic_load_n(percpuref_counter_on(cpu0, cpu), __ATOMIC_RELAXED);
-	return sum;
+	return percpuref_counter_sum(stalled.ref.percpu_count_ptr &
+					     ~(uintptr_t)__PERCPU_REF_ATOMIC_DEAD,
+				     percpuref_nr_units());
 }
 
 static int mode_no_fence_before_label_1(void)

@@ -59,7 +59,6 @@
  * busy loops, and past 20 s twice in CI beside the kernel's build, the
  * main thread found in pthread_create() each time.
  */
-#define UNDER_EMULATOR (getenv("PERCPUREF_TEST_EMULATOR") && *getenv("PERCPUREF_TEST_EMULATOR"))
 #define CHILD_DEADLINE_S (UNDER_TSAN ? 90 : UNDER_EMULATOR ? 60 : 20)
 #define DEADLINE_S (120 + 3 * CHILD_DEADLINE_S)
 #define CHILD_NOT_RELEASED 2
