@@ -73,8 +73,8 @@ if ! objdump -T "$libdir/libpercpuref.so" | grep -q ' PERCPUREF_0\.4\.26 *percpu
   exit 1
 fi
 # 0.4.30's release entry, which every inline put calls.
-if ! objdump -T "$libdir/libpercpuref.so" | grep -q ' PERCPUREF_0\.4\.30 *__percpu_ref_release_life$' ||
-   ! objdump -p "$stage/consumer" | grep -q 'PERCPUREF_0\.4\.30$'; then
+if ! grep -q ' PERCPUREF_0\.4\.30 *__percpu_ref_release_life$' <<<"$(objdump -T "$libdir/libpercpuref.so")" ||
+   ! grep -q 'PERCPUREF_0\.4\.30$' <<<"$(objdump -p "$stage/consumer")"; then
   echo "not ok - __percpu_ref_release_life is not PERCPUREF_0.4.30, or the consumer does not need it" >&2
   exit 1
 fi
