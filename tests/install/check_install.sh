@@ -67,8 +67,8 @@ if ! grep -q "PERCPUREF_${version%.*}\b" <<<"$(objdump -p "$stage/consumer")"; t
 fi
 # A function a later 0.4.x added carries that release's node, which the
 # consumer (it calls one) then needs: an older library is refused.
-if ! objdump -T "$libdir/libpercpuref.so" | grep -q ' PERCPUREF_0\.4\.26 *percpuref_fence_method$' ||
-   ! objdump -p "$stage/consumer" | grep -q 'PERCPUREF_0\.4\.26$'; then
+if ! grep -q ' PERCPUREF_0\.4\.26 *percpuref_fence_method$' <<<"$(objdump -T "$libdir/libpercpuref.so")" ||
+   ! grep -q 'PERCPUREF_0\.4\.26$' <<<"$(objdump -p "$stage/consumer")"; then
   echo "not ok - percpuref_fence_method is not PERCPUREF_0.4.26, or the consumer does not need it" >&2
   exit 1
 fi

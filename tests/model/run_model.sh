@@ -72,9 +72,9 @@ if [ "$expect" = pass ] && [ "$errors" = 0 ]; then
 elif [ "$expect" = fail ] && [ "$errors" != 0 ]; then
   # Show the counterexample: what the mutant breaks.
   "$spin" "$@" -t "$name.pml" 2>&1 | grep -E "assertion|violated" | head -n3 || true
-  if [ -n "$violation" ] && ! grep -E '^pan:[0-9]+: ' pan.log | grep -qF -- "$violation"; then
+  if [ -n "$violation" ] && ! grep -E '^pan:[0-9]+: ' pan.log | grep -F -- "$violation" >/dev/null; then
     ./pan -m200000 -c0 -e >pan-all.log 2>&1 || true
-    if ! grep -E '^pan:[0-9]+: ' pan-all.log | grep -qF -- "$violation"; then
+    if ! grep -E '^pan:[0-9]+: ' pan-all.log | grep -F -- "$violation" >/dev/null; then
       grep -E '^pan:[0-9]+: ' pan-all.log | sed 's/^pan:[0-9]*: //; s/ (at depth [0-9]*)//' |
         sort | uniq -c | head -n 10
       echo "$label: FAILED (no violation \"$violation\", $summary)"
