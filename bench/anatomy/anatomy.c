@@ -5,7 +5,7 @@
  * per-CPU add (a lower bound, not a counter) to the library's sequence before
  * and after the change that made it cheaper.
  *
- *   percpuref-anatomy [--pairs N (1..1e9)] [--rounds R (1..100)]
+ *   percpuref-anatomy [--pairs N (1..1000000000)] [--rounds R (1..100)]
  *
  * Each variant runs N get+put pairs on one real percpu_ref counter (its
  * mode word, its per-CPU units), pinned to the first usable CPU; the time is
@@ -290,8 +290,8 @@ static long parse_positive(const char *flag, const char *s, long max)
 }
 
 #define USAGE                                                                              \
-	"usage: percpuref-anatomy [--pairs N (1..1e9, default 2e7)] [--rounds R (1..100, "  \
-	"default 7)]\n"
+	"usage: percpuref-anatomy [--pairs N (1..1000000000, default 20000000)] "           \
+	"[--rounds R (1..100, default 7)]\n"
 
 /* 0 once standard output took the results, else 1 (a full disk, a
  * closed pipe), saying so. */
@@ -325,7 +325,12 @@ int main(int argc, char **argv)
 			rounds_given = true;
 		} else {
 			/* Unknown, missing its value, or given twice. */
-			fprintf(stderr, "percpuref-anatomy: bad argument '%s'\n%s", argv[i], USAGE);
+			fprintf(stderr, "percpuref-anatomy: bad argument '%s'%s\n%s", argv[i],
+				(!strcmp(argv[i], "--pairs") && pairs_given) ||
+				(!strcmp(argv[i], "--rounds") && rounds_given) ? " (given twice)" :
+				i + 1 == argc && (!strcmp(argv[i], "--pairs") ||
+						  !strcmp(argv[i], "--rounds")) ? " (no value)" : "",
+				USAGE);
 			return 2;
 		}
 	}
