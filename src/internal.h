@@ -187,9 +187,16 @@ static inline void percpuref_cancel_restore(int old)
  */
 void percpuref_synchronize_rcu(void);
 
+/* Whether this thread is inside a liburcu-bp read-side section; unlike
+ * urcu_bp_read_ongoing(), registers nothing (runtime.c). */
+bool percpuref_rcu_read_ongoing(void);
+
 /* Runtime set-up: rseq/membarrier detection, CPU count, fork handlers.
  * Idempotent and thread-safe; every slow path that may be first calls it. */
 void percpuref_runtime_init(void);
+/* Whether the library's fork handlers are registered, trying again if
+ * pthread_atfork() refused them (warned); no ref is made without them. */
+bool percpuref_fork_handlers_registered(void);
 
 /* Number of per-CPU units: every CPU id the kernel may report is below it. */
 unsigned int percpuref_nr_units(void);

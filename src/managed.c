@@ -633,7 +633,7 @@ int percpuref_managed_may_wait(const char *fn)
 		return -EDEADLK;
 	}
 	/* The reclaimer's grace periods would wait for the caller's section. */
-	if (urcu_bp_read_ongoing()) {
+	if (percpuref_rcu_read_ongoing()) {
 		percpuref_warn(fn, "called inside an RCU read-side section; would wait for "
 			       "itself");
 		return -EDEADLK;

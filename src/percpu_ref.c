@@ -147,8 +147,8 @@
  * Misuse never corrupts the count: a count pushed below zero or a get on a
  * released ref pins the count at PERCPU_REF_SATURATED (the object leaks,
  * release never runs twice); kill twice, resurrect of a live ref, reinit of a
- * non-zero ref and switching a ref created without ALLOW_REINIT back to
- * per-CPU mode warn and do nothing.
+ * non-zero ref, and switching back to per-CPU mode a ref created without
+ * ALLOW_REINIT or one released at zero in atomic mode, warn and do nothing.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -756,6 +756,9 @@ PERCPUREF_API int percpu_ref_init(struct percpu_ref *ref, percpu_ref_func_t *rel
 				    PERCPU_REF_ALLOW_REINIT | PERCPU_REF_REL_MANAGED))
 		return -EINVAL;
 
+	/* A fork child of a process without them may wait for ever. */
+	if (!percpuref_fork_handlers_registered())
+		return -ENOMEM;
 	cpu0 = percpuref_counter_alloc();
 	if (!cpu0)
 		return -ENOMEM;
@@ -1130,6 +1133,20 @@ static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 	if (!ref->data->allow_reinit || !cpu0) {
 		percpuref_warn(caller, "ref %p was created without PERCPU_REF_ALLOW_REINIT; "
 			       "stays atomic", (void *)ref);
+		return;
+	}
+	/*
+	 * Atomic, not dead, at zero: a put took it there and ran (or runs)
+	 * @release.  Per-CPU, a tryget could not fail, and a switch to managed
+	 * would take the manager's reference on a released object.  Relaxed:
+	 * a caller that holds no reference races that put anyway (misuse);
+	 * this catches the call made after it.  The lock's callers other than
+	 * the user's switch hold a reference here (manage_locked()'s tryget,
+	 * the reclaimer's manager's reference).
+	 */
+	if (!__atomic_load_n(&ref->data->count, __ATOMIC_RELAXED)) {
+		percpuref_warn(caller, "ref %p count is zero (released); stays atomic",
+			       (void *)ref);
 		return;
 	}
 	/* Relaxed: published by the release store below.  The per-CPU words

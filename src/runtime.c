@@ -162,6 +162,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <urcu/tls-compat.h>
+
 #include "fallback.h"
 #include "internal.h"
 #include "percpuref/this_cpu.h"
@@ -555,7 +557,7 @@ void percpuref_backlog_wait(struct percpuref_backlog *b, unsigned long queued)
 	int cancel;
 
 	if (percpuref_library_thread || callbacks_running || percpuref_in_confirm() ||
-	    percpuref_holds_batch_lock() || urcu_bp_read_ongoing())
+	    percpuref_holds_batch_lock() || percpuref_rcu_read_ongoing())
 		return;
 	cancel = percpuref_cancel_disable();
 	start = percpuref_monotonic_ns();
@@ -773,6 +775,11 @@ bool percpuref_in_confirm(void)
 	return batch_pins != 0;
 }
 
+/* Whether pthread_atfork() took fork_prepare() and the others
+ * (percpuref_fork_handlers_registered()). */
+enum { FORK_HANDLERS_NONE, FORK_HANDLERS_REGISTERING, FORK_HANDLERS_REGISTERED };
+static int fork_handlers;
+
 static void fork_prepare(void)
 {
 	unsigned int rank;
@@ -789,7 +796,7 @@ static void fork_prepare(void)
 	 * may only exec or _exit too.
 	 */
 	fork_skipped_ranks = batch_ranks_held ? BATCH_RANKS : 0;
-	if (urcu_bp_read_ongoing())
+	if (percpuref_rcu_read_ongoing())
 		fork_skipped_ranks |= 1u << PERCPUREF_RANK_SCAN | 1u << PERCPUREF_RANK_URCU;
 	/*
 	 * A fork from a signal handler that interrupted a get or put of this
@@ -842,6 +849,9 @@ static void fork_child(void)
 	 * Relaxed: the child has one thread here; any other starts after
 	 * this store (pthread_create()). */
 	__atomic_store_n(&fork_generation, fork_generation + 1, __ATOMIC_RELAXED);
+	/* This handler runs, so the handlers are registered, whatever the
+	 * parent's registering thread had stored yet.  Relaxed: one thread. */
+	__atomic_store_n(&fork_handlers, FORK_HANDLERS_REGISTERED, __ATOMIC_RELAXED);
 
 	/* Re-register for the child's mm; harmless if it was inherited. */
 	if (percpuref_rseq_offset && !membarrier_refused && !membarrier_rseq_register())
@@ -1086,12 +1096,51 @@ static const struct percpuref_fork_hooks library_threads_fork_hooks = {
 	.child = library_threads_fork_child,
 };
 
+/*
+ * pthread_atfork() can fail (ENOMEM, its only error).  Up to 0.4.30 the
+ * library went on without its fork handlers, silently, and a fork child
+ * waited for ever for the parent's callback thread.  Now no ref is made
+ * before they are registered: the load tries, and while refused each
+ * percpu_ref_init() tries again (percpuref_fork_handlers_registered()) and
+ * fails with -ENOMEM.  One registration at a time, without a lock a fork
+ * could leave taken: a caller that finds another one registering fails
+ * too (only after a refusal at load).  A fork child whose handlers ran
+ * reads them registered (fork_child()); one forked before they were, none
+ * of whose handlers ran, keeps the state it was forked with, and one
+ * forked amid a registration fails for good, as it must without them.
+ * tests/unit/test_atfork_refused.c.
+ */
+
+bool percpuref_fork_handlers_registered(void)
+{
+	int state = FORK_HANDLERS_NONE;
+	int err;
+
+	/* Acquire: pairs with the release store below; nothing is read
+	 * under it but the answer. */
+	if (__atomic_load_n(&fork_handlers, __ATOMIC_ACQUIRE) == FORK_HANDLERS_REGISTERED)
+		return true;
+	/* Claims the one registration.  Acquire, as the load above, for a
+	 * failure that reads REGISTERED (the store below publishes). */
+	if (!__atomic_compare_exchange_n(&fork_handlers, &state, FORK_HANDLERS_REGISTERING, false,
+					 __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE))
+		return state == FORK_HANDLERS_REGISTERED;
+	err = pthread_atfork(fork_prepare, fork_parent, fork_child);
+	if (err)
+		percpuref_warn(NULL, "pthread_atfork refused (%s): no ref can be made until "
+			       "the fork handlers are registered", strerror(err));
+	/* Release: the registration before the answer. */
+	__atomic_store_n(&fork_handlers, err ? FORK_HANDLERS_NONE : FORK_HANDLERS_REGISTERED,
+			 __ATOMIC_RELEASE);
+	return !err;
+}
+
 static __attribute__((constructor)) void runtime_register(void)
 {
 	percpuref_register_fork_hooks(&urcu_fork_hooks);
 	percpuref_register_fork_hooks(&migration_fork_hooks);
 	percpuref_register_fork_hooks(&library_threads_fork_hooks);
-	pthread_atfork(fork_prepare, fork_parent, fork_child);
+	(void)percpuref_fork_handlers_registered();
 }
 
 /*
@@ -1111,7 +1160,7 @@ static __attribute__((destructor)) void runtime_at_exit(void)
 {
 	unsigned int rank;
 
-	if (percpuref_library_thread || urcu_bp_read_ongoing())
+	if (percpuref_library_thread || percpuref_rcu_read_ongoing())
 		return;
 	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
 		if (exit_hooks[rank])
@@ -1412,6 +1461,27 @@ PERCPUREF_API bool percpuref_unfenced_adds_possible(void)
 	 * the switch lock, this thread) orders the flag with it
 	 * (internal.h). */
 	return __atomic_load_n(&unfenced_adds, __ATOMIC_RELAXED);
+}
+
+/*
+ * urcu_bp_read_ongoing() registers a thread liburcu-bp does not know,
+ * which allocates and blocks signals, and liburcu-bp aborts the process
+ * where either fails: the checks before a wait (a flush, a barrier, a
+ * fork, the exit) ended in SIGABRT where memory ran out, on threads that
+ * never read under RCU (tests/unit/test_urcu_unregistered.c).  A thread
+ * liburcu-bp never registered is in no read-side section: its reader
+ * pointer, liburcu-bp's exported TLS that its inline read_lock() tests
+ * (urcu/static/urcu-bp.h), is NULL.  Declared here: the rest of that
+ * header is for _LGPL_SOURCE builds.
+ */
+struct urcu_bp_reader;
+extern DECLARE_URCU_TLS(struct urcu_bp_reader *, urcu_bp_reader);
+
+bool percpuref_rcu_read_ongoing(void)
+{
+	/* Plain load: the thread's own variable, written by its own
+	 * registration. */
+	return URCU_TLS(urcu_bp_reader) && urcu_bp_read_ongoing();
 }
 
 /*

@@ -21,8 +21,11 @@
  * was never given back, and the fence later read its freed TLS.  A key
  * set from a key destructor has its own destructor run in the next round
  * (PTHREAD_DESTRUCTOR_ITERATIONS); glibc leaks the 32-byte node of the
- * late registration (tests/valgrind.supp, tests/lsan.supp).  Where the C
- * library lacks the function (musl) the key alone runs them.  The handle
+ * late registration (tests/valgrind.supp, tests/lsan.supp).  glibc 2.36
+ * and later end the process when that registration cannot allocate its
+ * record (as for any C++ thread_local destructor; docs/percpu_ref.md, "Out
+ * of memory").  Where the C library lacks the function (musl) the key
+ * alone runs them.  The handle
  * is this library's __dso_handle, which keeps a dlopen()ed library mapped
  * until every thread that registered here has run its hooks.  A fork
  * child's thread keeps its hooks with the rest of its TLS.

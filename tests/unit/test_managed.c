@@ -356,6 +356,21 @@ static void test_transitions(void)
 	ok(!o.ref.data->managed && percpuref_warning_count() - warned == 1,
 	   "warned, nothing changed");
 	percpu_ref_exit(&o.ref);
+
+	/* Released at zero in atomic mode by a put, not killed: it stays
+	 * atomic.  Per-CPU, the switch to managed's tryget would not fail. */
+	memset(&o, 0, sizeof(o));
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_INIT_ATOMIC);
+	percpu_ref_put(&o.ref);
+	ok(releases_of(&o) == 1, "A: the put to zero released it");
+	warned = percpuref_warning_count();
+	percpu_ref_switch_to_percpu(&o.ref);
+	ok((o.ref.percpu_count_ptr & __PERCPU_REF_ATOMIC) && held(&o.ref) == 0 &&
+	   percpuref_warning_count() - warned == 1,
+	   "A with count 0, not dead -> percpu: warned, stays A at 0");
+	is(percpu_ref_switch_to_managed(&o.ref), -EINVAL, "and -> managed: -EINVAL");
+	ok(releases_of(&o) == 1 && !o.ref.data->managed, "nothing released it again");
+	percpu_ref_exit(&o.ref);
 	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
 		   PERCPU_REF_SCAN_BATCHED);
 }

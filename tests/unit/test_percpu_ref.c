@@ -322,6 +322,23 @@ static void test_misuse(void)
 	ok(is_atomic(&ref), "and the ref stays atomic");
 	percpu_ref_exit(&ref);
 
+	/* switch_to_percpu of a released ref: its count reached zero in
+	 * atomic mode, not killed, and its @release ran.  Per-CPU, a tryget
+	 * cannot fail, so a switch to managed after it would have taken the
+	 * manager's reference on a released object; both are refused. */
+	reset();
+	percpu_ref_init(&ref, count_release, PERCPU_REF_INIT_ATOMIC | PERCPU_REF_ALLOW_REINIT);
+	percpu_ref_put(&ref);
+	is(releases, 1, "a put to zero in atomic mode releases");
+	warned = percpuref_warning_count();
+	percpu_ref_switch_to_percpu(&ref);
+	ok(percpuref_warning_count() == warned + 1, "switch_to_percpu of a released ref warns");
+	ok(is_atomic(&ref) && percpu_ref_is_zero(&ref), "and the ref stays atomic, at zero");
+	ok(!percpu_ref_tryget(&ref), "so a tryget still fails");
+	is(percpu_ref_switch_to_managed(&ref), -EINVAL, "and a switch to managed is refused");
+	is(releases, 1, "and nothing released it again");
+	percpu_ref_exit(&ref);
+
 	/* Calls on an exited ref. */
 	warned = percpuref_warning_count();
 	percpu_ref_kill(&ref);

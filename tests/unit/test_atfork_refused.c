@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_atfork_refused.c - pthread_atfork() refused (ENOMEM, its only
+ * error) when the library registers its fork handlers at load.  Up to
+ * 0.4.30 nothing looked at its answer: the process went on without the
+ * handlers, silently, and a fork child whose parent had started the
+ * library's callback thread found it "running", queued its kill's switch
+ * for it and waited in percpu_ref_barrier() for ever (a review's probe).
+ * Now no ref can be made until the handlers are registered: each
+ * percpu_ref_init() tries again, and while refused returns -ENOMEM with a
+ * warning.
+ *
+ * Linked with --wrap=pthread_atfork (tests/CMakeLists.txt): the library's
+ * registration comes here, and the first two are refused (the load's and
+ * the first init's).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "child.h"
+#include "internal.h"
+#include "percpuref/percpu_ref.h"
+#include "tap.h"
+
+/* Only the library calls it in this program; the load's call comes before
+ * any constructor could set a counter, so the counts start here. */
+static int refusals_left = 2;
+static int registrations_tried;
+
+int __real_pthread_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void));
+int __wrap_pthread_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void))
+{
+	registrations_tried++;
+	if (refusals_left > 0) {
+		refusals_left--;
+		return ENOMEM;
+	}
+	return __real_pthread_atfork(prepare, parent, child);
+}
+
+static int releases;
+
+static void count_release(struct percpu_ref *r)
+{
+	(void)r;
+	__atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
+}
+
+/* Kill @ref and wait for its release: through the callback thread. */
+static bool released_after_kill(struct percpu_ref *ref)
+{
+	int before = __atomic_load_n(&releases, __ATOMIC_RELAXED);
+
+	percpu_ref_kill(ref);
+	return percpu_ref_barrier() == 0 &&
+	       __atomic_load_n(&releases, __ATOMIC_RELAXED) == before + 1;
+}
+
+/* The child: the parent's callback thread is gone, and the fork handlers
+ * must have told the library so. */
+static int fork_child(void)
+{
+	struct percpu_ref ref;
+
+	child_deadline(20);
+	if (percpuref_fork_generation() != 1)
+		return 10;
+	if (percpu_ref_init(&ref, count_release, 0))
+		return 11;
+	if (!released_after_kill(&ref))
+		return 12;
+	percpu_ref_exit(&ref);
+	return 0;
+}
+
+int main(void)
+{
+	struct percpu_ref ref;
+	unsigned long warned;
+	const char *untestable;
+	pid_t pid;
+
+	is(registrations_tried, 1, "load: the fork handlers' registration was tried once");
+	is(percpuref_warning_count(), 1UL, "and its refusal warned");
+
+	/* The runtime's set-up first: what it may warn of (a refused
+	 * membarrier under qemu-user) is not this test's. */
+	(void)percpuref_fast_path();
+	warned = percpuref_warning_count();
+	is(percpu_ref_init(&ref, count_release, 0), -ENOMEM,
+	   "init while the registration is refused: -ENOMEM");
+	ok(percpuref_warning_count() == warned + 1 && registrations_tried == 2,
+	   "tried again, warned again");
+	ok(percpu_ref_is_dying(&ref) && !percpu_ref_tryget(&ref),
+	   "and left the ref as a refused init does");
+
+	is(percpu_ref_init(&ref, count_release, 0), 0, "init once it is accepted: 0");
+	ok(released_after_kill(&ref), "the ref works (its kill released it)");
+	percpu_ref_exit(&ref);
+	is(percpu_ref_init(&ref, count_release, 0), 0, "a later init: 0");
+	is(registrations_tried, 3, "and registered nothing again");
+
+	untestable = fork_children_untestable();
+	if (untestable) {
+		skip("the fork child: %s", untestable);
+	} else {
+		pid = fork();
+		if (pid == 0)
+			_exit(fork_child());
+		is(wait_child(pid), 0, "a fork child's ref is released by its kill "
+		   "(generation 1; before, its barrier waited for ever)");
+	}
+	ok(released_after_kill(&ref), "and the parent's too");
+	percpu_ref_exit(&ref);
+	return done_testing();
+}
