@@ -51,9 +51,12 @@
  * smp_acquire__after_ctrl_dep()), pairing with the release of every other
  * put, so the destructor sees all their accesses.
  *
- * Misuse is reported with one line on stderr: saturation once per object
- * (by the get that crosses RCUREF_MAXREF), an imbalanced put on a dead
- * count once per process (a dead count carries no room to remember it).
+ * Misuse is reported with one line on stderr: saturation by each get that
+ * crosses RCUREF_MAXREF (once per object, unless a put takes the count
+ * back below it before the crossing get has pinned it and another get
+ * crosses: tests/model/rcuref_zones.pml's CHECK_SAT_REPORT_ONCE), an
+ * imbalanced put on a dead count once per
+ * process (a dead count carries no room to remember it).
  *
  * One deviation from the kernel: both slow paths get the value the fast
  * path's atomic returned instead of re-reading the count; the kernel made
