@@ -536,6 +536,11 @@ PERCPUREF_API void percpuref_test_switch_off_stamp_delay(unsigned long us);
 /* Test hook: the reclaimer's filter reads every ref in use (its collects
  * differ), as it does one got and put on another CPU throughout them. */
 PERCPUREF_API void percpuref_test_filter_sees_use(bool on);
+/* Called by the managed check between its read of a ref's count and its
+ * compare-and-swap (percpuref_managed_finish(), switch lock held), where
+ * a test makes puts land; NULL in programs.  Not exported: the tests link
+ * the static library. */
+extern void (*percpuref_test_finish_window)(struct percpu_ref *ref);
 /* Test hook: every @every-th add to a ref's unit-less word (0: none)
  * yields its CPU between its read of the mode word and its
  * compare-and-swap, the window in which a switch may fold the word

@@ -1678,11 +1678,14 @@ enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *n
 	return MANAGED_CHECK;
 }
 
+void (*percpuref_test_finish_window)(struct percpu_ref *ref);
+
 bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *others)
 {
 	struct percpu_ref_impl *impl = impl_of_node(node);
 	struct percpu_ref *ref = impl->data.ref;
 	unsigned long last = 2;	/* the manager's and the switch's */
+	void (*finish_window)(struct percpu_ref *ref);
 	unsigned long count;
 	bool released;
 
@@ -1710,6 +1713,9 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 		return false;
 	}
 	*others = count - last;
+	finish_window = __atomic_load_n(&percpuref_test_finish_window, __ATOMIC_RELAXED);
+	if (finish_window)
+		finish_window(ref);
 	/*
 	 * Drop both references only if no other is left.  Acquire on success:
 	 * pairs with the acq_rel decrement of every user put made in atomic
@@ -1723,9 +1729,28 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 		set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
 		impl->mstate = MNODE_RELEASING;
 	} else {
-		/* The switch's reference; the manager's keeps it above zero. */
-		__atomic_fetch_sub(&ref->data->count, 1, __ATOMIC_RELAXED);
-		switch_to_percpu_locked(ref, "percpuref_reclaimer");
+		/*
+		 * The switch's reference; the manager's keeps it above zero,
+		 * unless puts between the read above and the compare-and-swap
+		 * dropped that one too (a put too many): then the count reads
+		 * zero, or below it, and the ref is pinned as above.  Taken
+		 * per-CPU at zero it read as released (switch_to_percpu_locked()
+		 * refuses it since 0.4.31, which left a managed ref atomic at
+		 * zero, and the next pass's fold took it below zero; review
+		 * 169).  Relaxed: the value only chooses the pin.
+		 */
+		count = __atomic_sub_fetch(&ref->data->count, 1, __ATOMIC_RELAXED);
+		if (count == 0 || count >= PERCPU_REF_UNDERFLOW_ZONE) {
+			/* Below zero: the put that went there warned. */
+			if (count == 0)
+				pin_dropped_manager_ref(ref);
+			else
+				pin_count(ref);
+			impl->pinned = true;
+			*others = ULONG_MAX;
+		} else {
+			switch_to_percpu_locked(ref, "percpuref_reclaimer");
+		}
 	}
 	ref->data->confirm_switch = NULL;
 	switch_ended(ref);

@@ -1099,18 +1099,20 @@ static const struct percpuref_fork_hooks library_threads_fork_hooks = {
 /*
  * pthread_atfork() can fail (ENOMEM, its only error).  Up to 0.4.30 the
  * library went on without its fork handlers, silently, and a fork child
- * waited for ever for the parent's callback thread.  Now no ref is made
- * before they are registered: the load tries, and while refused each
- * percpu_ref_init() tries again (percpuref_fork_handlers_registered()) and
- * fails with -ENOMEM.  One registration at a time, without a lock a fork
- * could leave taken: a caller that finds another one registering fails
- * too (only after a refusal at load).  A fork child whose handlers ran
+ * waited for ever for the parent's callback thread.  Now neither a ref
+ * nor a library thread is made before they are registered: the load
+ * tries, and while refused each percpu_ref_init() and each thread start
+ * tries again; the init fails with -ENOMEM, and the start as a refused
+ * pthread_create() does (its work done by whoever waits for it: a flush
+ * with no ref started the reclaimer, a review found).  One registration
+ * at a time, without a lock a fork could leave taken: a caller that finds
+ * another one registering fails too, warned (only after a refusal at
+ * load).  A fork child whose handlers ran
  * reads them registered (fork_child()); one forked before they were, none
  * of whose handlers ran, keeps the state it was forked with, and one
  * forked amid a registration fails for good, as it must without them.
  * tests/unit/test_atfork_refused.c.
  */
-
 bool percpuref_fork_handlers_registered(void)
 {
 	int state = FORK_HANDLERS_NONE;
@@ -1123,8 +1125,13 @@ bool percpuref_fork_handlers_registered(void)
 	/* Claims the one registration.  Acquire, as the load above, for a
 	 * failure that reads REGISTERED (the store below publishes). */
 	if (!__atomic_compare_exchange_n(&fork_handlers, &state, FORK_HANDLERS_REGISTERING, false,
-					 __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE))
-		return state == FORK_HANDLERS_REGISTERED;
+					 __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE)) {
+		if (state == FORK_HANDLERS_REGISTERED)
+			return true;
+		percpuref_warn(NULL, "the fork handlers, refused at load, are being registered "
+			       "by another thread: try again");
+		return false;
+	}
 	err = pthread_atfork(fork_prepare, fork_parent, fork_child);
 	if (err)
 		percpuref_warn(NULL, "pthread_atfork refused (%s): no ref can be made until "
@@ -1767,9 +1774,13 @@ bool percpuref_start_thread(struct percpuref_thread *t, void *(*fn)(void *), con
 			sigdelset(&blocked, sig);
 	pthread_sigmask(SIG_SETMASK, &blocked, &creators);
 	/* A start the fault hook refuses fails as one without memory for
-	 * its stack does (internal.h). */
+	 * its stack does (internal.h).  So does one while the fork handlers
+	 * are refused: a fork child would wait for this thread for ever
+	 * (percpuref_fork_handlers_registered()); the work is done by those
+	 * who wait for it, as when thread starts are refused. */
 	err = percpuref_fault_should_fail() ? EAGAIN
-					    : pthread_create(&t->id, NULL, library_thread_main, t);
+	      : !percpuref_fork_handlers_registered() ? ENOMEM
+	      : pthread_create(&t->id, NULL, library_thread_main, t);
 	pthread_sigmask(SIG_SETMASK, &creators, NULL);
 	if (err) {
 		if (!t->start_refused)

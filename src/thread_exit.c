@@ -25,9 +25,9 @@
  * and later end the process when that registration cannot allocate its
  * record (as for any C++ thread_local destructor; docs/percpu_ref.md, "Out
  * of memory").  Where the C library lacks the function (musl) the key
- * alone runs them.  The handle
- * is this library's __dso_handle, which keeps a dlopen()ed library mapped
- * until every thread that registered here has run its hooks.  A fork
+ * alone runs them.  The handle is this library's __dso_handle, which
+ * keeps a dlopen()ed library mapped until every thread that registered
+ * here has run its hooks.  A fork
  * child's thread keeps its hooks with the rest of its TLS.
  *
  * The key does not outlive the library: it is deleted when the library is

@@ -55,8 +55,8 @@
  * crosses RCUREF_MAXREF (once per object, unless a put takes the count
  * back below it before the crossing get has pinned it and another get
  * crosses: tests/model/rcuref_zones.pml's CHECK_SAT_REPORT_ONCE), an
- * imbalanced put on a dead count once per
- * process (a dead count carries no room to remember it).
+ * imbalanced put on a dead count once per process (a dead count carries
+ * no room to remember it).
  *
  * One deviation from the kernel: both slow paths get the value the fast
  * path's atomic returned instead of re-reading the count; the kernel made

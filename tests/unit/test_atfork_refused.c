@@ -6,13 +6,17 @@
  * handlers, silently, and a fork child whose parent had started the
  * library's callback thread found it "running", queued its kill's switch
  * for it and waited in percpu_ref_barrier() for ever (a review's probe).
- * Now no ref can be made until the handlers are registered: each
- * percpu_ref_init() tries again, and while refused returns -ENOMEM with a
- * warning.
+ * Now no ref and no library thread can be made until the handlers are
+ * registered: each percpu_ref_init() tries again, and while refused
+ * returns -ENOMEM with a warning; each thread start tries again too, and
+ * while refused fails as a refused pthread_create() does, its work done
+ * by whoever waits for it (a flush with no ref made started the
+ * reclaimer, whose fork child's flush then waited for it for ever: a
+ * review's probe).
  *
  * Linked with --wrap=pthread_atfork (tests/CMakeLists.txt): the library's
- * registration comes here, and the first two are refused (the load's and
- * the first init's).
+ * registration comes here, and the first three are refused (the load's,
+ * the flush's thread start's and the first init's).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,12 +27,13 @@
 
 #include "child.h"
 #include "internal.h"
+#include "percpuref/managed.h"
 #include "percpuref/percpu_ref.h"
 #include "tap.h"
 
 /* Only the library calls it in this program; the load's call comes before
  * any constructor could set a counter, so the counts start here. */
-static int refusals_left = 2;
+static int refusals_left = 3;
 static int registrations_tried;
 
 int __real_pthread_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void));
@@ -69,6 +74,8 @@ static int fork_child(void)
 	child_deadline(20);
 	if (percpuref_fork_generation() != 1)
 		return 10;
+	if (percpu_ref_managed_flush())
+		return 13;
 	if (percpu_ref_init(&ref, count_release, 0))
 		return 11;
 	if (!released_after_kill(&ref))
@@ -91,9 +98,14 @@ int main(void)
 	 * membarrier under qemu-user) is not this test's. */
 	(void)percpuref_fast_path();
 	warned = percpuref_warning_count();
+	is(percpu_ref_managed_flush(), 0, "a flush while the registration is refused: 0");
+	ok(registrations_tried == 2 && percpuref_warning_count() > warned,
+	   "its reclaimer's start tried again, refused (warned), and it scanned itself");
+
+	warned = percpuref_warning_count();
 	is(percpu_ref_init(&ref, count_release, 0), -ENOMEM,
 	   "init while the registration is refused: -ENOMEM");
-	ok(percpuref_warning_count() == warned + 1 && registrations_tried == 2,
+	ok(percpuref_warning_count() == warned + 1 && registrations_tried == 3,
 	   "tried again, warned again");
 	ok(percpu_ref_is_dying(&ref) && !percpu_ref_tryget(&ref),
 	   "and left the ref as a refused init does");
@@ -102,7 +114,7 @@ int main(void)
 	ok(released_after_kill(&ref), "the ref works (its kill released it)");
 	percpu_ref_exit(&ref);
 	is(percpu_ref_init(&ref, count_release, 0), 0, "a later init: 0");
-	is(registrations_tried, 3, "and registered nothing again");
+	is(registrations_tried, 4, "and registered nothing again");
 
 	untestable = fork_children_untestable();
 	if (untestable) {
@@ -111,8 +123,8 @@ int main(void)
 		pid = fork();
 		if (pid == 0)
 			_exit(fork_child());
-		is(wait_child(pid), 0, "a fork child's ref is released by its kill "
-		   "(generation 1; before, its barrier waited for ever)");
+		is(wait_child(pid), 0, "a fork child's flush returns and its ref is released by "
+		   "its kill (generation 1; before, its barrier or flush waited for ever)");
 	}
 	ok(released_after_kill(&ref), "and the parent's too");
 	percpu_ref_exit(&ref);

@@ -1458,6 +1458,57 @@ static void test_misuse(void)
 }
 
 /*
+ * Puts that land between the check's read of the count and its
+ * compare-and-swap, the holder's and one too many (the manager's): the
+ * swap fails, and dropping the switch's reference takes the count to zero.
+ * The ref must be pinned then, warned, and never released.  It was made
+ * per-CPU at zero, and since 0.4.31's refusal of a per-CPU switch at zero
+ * left atomic there, after which the next pass's fold, without a switch's
+ * reference, took the count below zero, unwarned (review 169).
+ */
+static struct percpu_ref *window_ref;
+static int window_puts;
+
+static void puts_in_finish_window(struct percpu_ref *ref)
+{
+	if (ref != window_ref)
+		return;
+	for (; window_puts > 0; window_puts--)
+		percpu_ref_put(ref);
+}
+
+static void test_puts_in_finish_window(void)
+{
+	struct object o = { 0 };
+	unsigned long warned;
+
+	/* Every ref checked: the filter would skip one held besides the
+	 * manager, as this one is at the pass's start. */
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MAX_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_BATCHED);
+	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED);
+	window_ref = &o.ref;
+	window_puts = 2;
+	percpuref_test_finish_window = puts_in_finish_window;
+	warned = percpuref_warning_count();
+	percpu_ref_managed_flush();
+	percpuref_test_finish_window = NULL;
+	is(window_puts, 0, "the check ran with two puts in its window");
+	ok(o.ref.data->count == PERCPU_REF_SATURATED && (o.ref.percpu_count_ptr & __PERCPU_REF_ATOMIC),
+	   "the count pinned, atomic (count %#lx)", o.ref.data->count);
+	is(percpuref_warning_count() - warned, 1UL, "warned once");
+	percpu_ref_managed_flush();
+	percpu_ref_managed_flush();
+	ok(o.ref.data->count == PERCPU_REF_SATURATED && releases_of(&o) == 0,
+	   "and so it stays, never released, through the next passes (count %#lx)",
+	   o.ref.data->count);
+	is(percpuref_warning_count() - warned, 1UL, "warned nothing more");
+	percpu_ref_exit(&o.ref);
+	set_config(PERCPU_REF_MANAGED_INTERVAL_MS, PERCPU_REF_MANAGED_MAX_PER_SCAN,
+		   PERCPU_REF_SCAN_BATCHED);
+}
+
+/*
  * A pass whose marker cannot be allocated: the flush fails with -ENOMEM and
  * the reclaimer goes back to its interval.  It retried at once, back to
  * back while the flush's target stood, so the flush hung for as long as
@@ -2048,6 +2099,7 @@ int main(int argc, char **argv)
 	test_reinit_before_release();
 	test_mode_calls_vs_manage();
 	test_misuse();
+	test_puts_in_finish_window();
 	test_flush_no_memory();
 	test_scans_back_off_while_memory_short();
 	test_early_pass_backs_off_while_memory_short();
