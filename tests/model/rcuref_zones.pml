@@ -48,12 +48,13 @@
  * once per object": fails (two gets can each cross MAXREF).
  * Mutants: -DMUTANT_PUT_REREAD: the put slow path re-reads the count,
  * as the kernel did before 6.15 ("rcuref: Plug slowpath race in
- * rcuref_put_slowpath()"), with its "if (cnt > MAXREF)" guard on the
- * saturation pin: a put that dropped the last reference re-reads after a
- * revival, a put and that put's DEAD, and warns of an imbalanced put that
- * was not one (the only violation pan -c0 -e finds for it).  -DMUTANT_STORE_DEAD: the last put stores DEAD
- * instead of its cmpxchg: it kills a revived count (release with a
- * reference held).  -DMUTANT_NO_DEAD_PIN: a failed get does not reset the
+ * rcuref_put()"), with its "if (cnt > MAXREF)" guard on the saturation
+ * pin: a put that dropped the last reference re-reads after a revival, a
+ * put and that put's DEAD, and warns of an imbalanced put that was not
+ * one (false_imbalance, the only violation pan -c0 -e finds for it).
+ * -DMUTANT_STORE_DEAD: the last put stores DEAD instead of its cmpxchg:
+ * it kills a revived count (get_after_release, a release with a reference
+ * held).  -DMUTANT_NO_DEAD_PIN: a failed get does not reset the
  * count to DEAD: failed gets walk it out of the dead zone, a get revives
  * it after the release.  -DMUTANT_SAT_GET_FAILS: a get in the saturation
  * zone fails.  -DMUTANT_NO_PUT_PIN: a put in the saturation zone does not

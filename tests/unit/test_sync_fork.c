@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_sync_fork.c - forks amid synchronous switches (src/percpu_ref.c, lock_for_sync_switch(),
- * sync_switch_fork_lock/unlock/child(); tests/model/syncfork.pml).
+ * test_sync_fork.c - forks amid synchronous switches (src/percpu_ref.c,
+ * lock_for_sync_switch(), sync_switch_fork_lock/unlock/child();
+ * tests/model/syncfork.pml, Model V).
  *
  * 1 (storm): SWITCHERS threads switch refs of their own to atomic
  *   synchronously and back without pause, all on one stripe's neighbours
