@@ -257,14 +257,32 @@ static __attribute__((constructor)) void child_deadline_load_backtrace(void)
 }
 #endif
 
+/* This process's timer: a fork child has none of its parent's. */
+static pid_t child_deadline_timer_pid;
+static timer_t child_deadline_timer;
+
+/* Arms this process's timer (if it has one) and alarm for @seconds from
+ * now.  child_deadline() calls it; a child that is slow, not hung, calls
+ * it again as long as it shows progress, to push its deadline back (the
+ * stack printer still aimed at the thread that set it). */
+static inline void child_deadline_rearm(unsigned int seconds)
+{
+	struct itimerspec when;
+
+	memset(&when, 0, sizeof(when));
+	if (seconds > 1)
+		when.it_value.tv_sec = seconds - 1;
+	else
+		when.it_value.tv_nsec = 500 * 1000 * 1000;
+	if (child_deadline_timer_pid == getpid())
+		timer_settime(child_deadline_timer, 0, &when, NULL);
+	alarm(seconds);
+}
+
 static inline void child_deadline(unsigned int seconds)
 {
-	/* This process's timer: a fork child has none of its parent's. */
-	static pid_t timer_pid;
-	static timer_t timer;
 	struct sigaction print;
 	struct sigevent to_this_thread;
-	struct itimerspec when;
 
 	/* Fields one by one: C++ includes this file too. */
 	memset(&print, 0, sizeof(print));
@@ -278,18 +296,12 @@ static inline void child_deadline(unsigned int seconds)
 #else
 	to_this_thread._sigev_un._tid = gettid();
 #endif
-	memset(&when, 0, sizeof(when));
-	if (timer_pid == getpid())
-		timer_delete(timer);
-	timer_pid = timer_create(CLOCK_MONOTONIC, &to_this_thread, &timer) ? 0 : getpid();
-	if (seconds > 1)
-		when.it_value.tv_sec = seconds - 1;
-	else
-		when.it_value.tv_nsec = 500 * 1000 * 1000;
+	if (child_deadline_timer_pid == getpid())
+		timer_delete(child_deadline_timer);
+	child_deadline_timer_pid = timer_create(CLOCK_MONOTONIC, &to_this_thread,
+						&child_deadline_timer) ? 0 : getpid();
 	sigaction(SIGURG, &print, NULL);
-	if (timer_pid)
-		timer_settime(timer, 0, &when, NULL);
-	alarm(seconds);
+	child_deadline_rearm(seconds);
 }
 
 #endif

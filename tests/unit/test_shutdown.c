@@ -57,7 +57,8 @@
  * clone, and a revive child starts the callback thread 95 (killed) to 215
  * (percpu_rcuref) times: 0.2 and 3.5 s there idle, up to 4.5 s under two
  * busy loops, and past 20 s twice in CI beside the kernel's build, the
- * main thread found in pthread_create() each time.
+ * main thread found in pthread_create() each time; its deadline now
+ * follows its progress (deadline_follows_revivals()).
  */
 #define CHILD_DEADLINE_S (UNDER_TSAN ? 90 : UNDER_EMULATOR ? 60 : 20)
 #define DEADLINE_S (120 + 3 * CHILD_DEADLINE_S)
@@ -265,11 +266,40 @@ static void revive_rcuref(struct percpu_rcuref *ref)
 	percpu_rcuref_kill(ref);
 }
 
+/*
+ * A revive child's deadline follows its revivals: pushed back while they
+ * rise, it ends a child that made none for CHILD_DEADLINE_S.  Under
+ * qemu-user such a child is slow, not hung: every thread start waits for
+ * the emulator to set the new host thread up, and with sixteen busy
+ * threads on its CPU a child took 43 s, new revivals coming all along; a
+ * 20 s deadline then reproduced CI's two failures, stacks and all (a
+ * review, 0.4.31).  A shutdown that never stopped reviving would still
+ * end at the parent's deadline.
+ */
+static void *deadline_follows_revivals(void *unused)
+{
+	unsigned long seen = 0, now;
+
+	(void)unused;
+	for (;;) {
+		sleep(1);
+		now = __atomic_load_n(&revivals, __ATOMIC_SEQ_CST);
+		if (now != seen) {
+			seen = now;
+			child_deadline_rearm(CHILD_DEADLINE_S);
+		}
+	}
+	return NULL;
+}
+
 static int revive_child(const char *kind)
 {
 	unsigned long before;
+	pthread_t watcher;
 
 	child_deadline(CHILD_DEADLINE_S);
+	if (pthread_create(&watcher, NULL, deadline_follows_revivals, NULL))
+		return 1;
 	revive_kind = kind;
 	if (!strcmp(kind, "rcuref")) {
 		if (percpu_rcuref_init(&reviving_rcu, NULL, revive_rcuref, PERCPU_REF_ALLOW_REINIT))
