@@ -1713,7 +1713,9 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 		return false;
 	}
 	*others = count - last;
-	finish_window = __atomic_load_n(&percpuref_test_finish_window, __ATOMIC_RELAXED);
+	/* Acquire: pairs with the test's release store of the hook, so
+	 * the hook finds what the test set up for it. */
+	finish_window = __atomic_load_n(&percpuref_test_finish_window, __ATOMIC_ACQUIRE);
 	if (finish_window)
 		finish_window(ref);
 	/*

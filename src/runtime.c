@@ -775,10 +775,12 @@ bool percpuref_in_confirm(void)
 	return batch_pins != 0;
 }
 
-/* Whether pthread_atfork() took fork_prepare() and the others
- * (percpuref_fork_handlers_registered()). */
-enum { FORK_HANDLERS_NONE, FORK_HANDLERS_REGISTERING, FORK_HANDLERS_REGISTERED };
+/* Whether pthread_atfork() took fork_prepare() and the others: 0 not
+ * yet, FORK_HANDLERS_REGISTERED, or the pid of the process one of whose
+ * threads is registering them (percpuref_fork_handlers_registered()). */
+#define FORK_HANDLERS_REGISTERED (-1)
 static int fork_handlers;
+static bool fork_handlers_refusal_warned;
 
 static void fork_prepare(void)
 {
@@ -1104,41 +1106,44 @@ static const struct percpuref_fork_hooks library_threads_fork_hooks = {
  * tries, and while refused each percpu_ref_init() and each thread start
  * tries again; the init fails with -ENOMEM, and the start as a refused
  * pthread_create() does (its work done by whoever waits for it: a flush
- * with no ref started the reclaimer, a review found).  One registration
- * at a time, without a lock a fork could leave taken: a caller that finds
- * another one registering fails too, warned (only after a refusal at
- * load).  A fork child whose handlers ran
- * reads them registered (fork_child()); one forked before they were, none
- * of whose handlers ran, keeps the state it was forked with, and one
- * forked amid a registration fails for good, as it must without them.
- * tests/unit/test_atfork_refused.c.
+ * with no ref started the reclaimer, a review found).  The refusal is
+ * warned once.  One registration at a time, without a lock a fork could
+ * leave taken: a caller that finds another thread registering fails too
+ * (only after a refusal at load).  The claim is the claiming process's
+ * pid: a fork child that inherited a claim its parent's thread held,
+ * which has no such thread, takes it over (a review found such a child
+ * refused for ever).  A fork child whose handlers ran reads them
+ * registered (fork_child()).  tests/unit/test_atfork_refused.c.
  */
 bool percpuref_fork_handlers_registered(void)
 {
-	int state = FORK_HANDLERS_NONE;
-	int err;
+	int self, state, err;
 
 	/* Acquire: pairs with the release store below; nothing is read
 	 * under it but the answer. */
-	if (__atomic_load_n(&fork_handlers, __ATOMIC_ACQUIRE) == FORK_HANDLERS_REGISTERED)
+	state = __atomic_load_n(&fork_handlers, __ATOMIC_ACQUIRE);
+	if (state == FORK_HANDLERS_REGISTERED)
 		return true;
-	/* Claims the one registration.  Acquire, as the load above, for a
-	 * failure that reads REGISTERED (the store below publishes). */
-	if (!__atomic_compare_exchange_n(&fork_handlers, &state, FORK_HANDLERS_REGISTERING, false,
-					 __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE)) {
+	self = getpid();
+	do {
 		if (state == FORK_HANDLERS_REGISTERED)
 			return true;
-		percpuref_warn(NULL, "the fork handlers, refused at load, are being registered "
-			       "by another thread: try again");
-		return false;
-	}
+		/* Another thread of this process registers them. */
+		if (state == self)
+			return false;
+		/* Claims the one registration: unclaimed, or claimed in the
+		 * parent of this fork child.  Acquire, as the load above, for
+		 * a failure that reads them registered. */
+	} while (!__atomic_compare_exchange_n(&fork_handlers, &state, self, false,
+					      __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE));
 	err = pthread_atfork(fork_prepare, fork_parent, fork_child);
-	if (err)
-		percpuref_warn(NULL, "pthread_atfork refused (%s): no ref can be made until "
-			       "the fork handlers are registered", strerror(err));
+	/* Relaxed: one warning, whichever thread gives it. */
+	if (err && !__atomic_exchange_n(&fork_handlers_refusal_warned, true, __ATOMIC_RELAXED))
+		percpuref_warn(NULL, "pthread_atfork refused (%s): no ref or library thread "
+			       "can be made until the fork handlers are registered (each init "
+			       "and thread start tries again)", strerror(err));
 	/* Release: the registration before the answer. */
-	__atomic_store_n(&fork_handlers, err ? FORK_HANDLERS_NONE : FORK_HANDLERS_REGISTERED,
-			 __ATOMIC_RELEASE);
+	__atomic_store_n(&fork_handlers, err ? 0 : FORK_HANDLERS_REGISTERED, __ATOMIC_RELEASE);
 	return !err;
 }
 

@@ -1489,10 +1489,12 @@ static void test_puts_in_finish_window(void)
 	percpu_ref_init(&o.ref, obj_release, PERCPU_REF_REL_MANAGED);
 	window_ref = &o.ref;
 	window_puts = 2;
-	percpuref_test_finish_window = puts_in_finish_window;
+	/* Release: the two above before the hook (the check's acquire);
+	 * a scan of the reclaimer's own may run meanwhile. */
+	__atomic_store_n(&percpuref_test_finish_window, puts_in_finish_window, __ATOMIC_RELEASE);
 	warned = percpuref_warning_count();
 	percpu_ref_managed_flush();
-	percpuref_test_finish_window = NULL;
+	__atomic_store_n(&percpuref_test_finish_window, NULL, __ATOMIC_RELAXED);
 	is(window_puts, 0, "the check ran with two puts in its window");
 	ok(o.ref.data->count == PERCPU_REF_SATURATED && (o.ref.percpu_count_ptr & __PERCPU_REF_ATOMIC),
 	   "the count pinned, atomic (count %#lx)", o.ref.data->count);
