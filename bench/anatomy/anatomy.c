@@ -324,13 +324,14 @@ int main(int argc, char **argv)
 			rounds = parse_positive("--rounds", argv[++i], 100);
 			rounds_given = true;
 		} else {
-			/* Unknown, missing its value, or given twice. */
+			/* Unknown, or a flag of ours given twice, or else missing
+			 * its value (the only other way here). */
+			bool pairs_flag = !strcmp(argv[i], "--pairs");
+			bool ours = pairs_flag || !strcmp(argv[i], "--rounds");
+			bool twice = pairs_flag ? pairs_given : rounds_given;
+
 			fprintf(stderr, "percpuref-anatomy: bad argument '%s'%s\n%s", argv[i],
-				(!strcmp(argv[i], "--pairs") && pairs_given) ||
-				(!strcmp(argv[i], "--rounds") && rounds_given) ? " (given twice)" :
-				i + 1 == argc && (!strcmp(argv[i], "--pairs") ||
-						  !strcmp(argv[i], "--rounds")) ? " (no value)" : "",
-				USAGE);
+				!ours ? "" : twice ? " (given twice)" : " (no value)", USAGE);
 			return 2;
 		}
 	}
