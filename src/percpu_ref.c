@@ -1123,6 +1123,8 @@ static bool start_atomic_switch(struct percpu_ref *ref, percpu_ref_func_t *confi
 	return true;
 }
 
+static void percpu_again_locked(struct percpu_ref *ref, uintptr_t cpu0);
+
 /* Lock held, no switch in flight, ref atomic and not dead. */
 static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 {
@@ -1149,11 +1151,19 @@ static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 			       (void *)ref);
 		return;
 	}
-	/* Relaxed: published by the release store below.  The per-CPU words
-	 * are zero: cleared by the fold that made the ref atomic (no switch
-	 * is in flight), or never written (created atomic, or dead); unless
-	 * a fence let an add through (internal.h). */
+	/* Relaxed: published by the release store below. */
 	__atomic_fetch_add(&ref->data->count, PERCPU_COUNT_BIAS, __ATOMIC_RELAXED);
+	percpu_again_locked(ref, cpu0);
+}
+
+/*
+ * The rest of a switch to per-CPU mode, the bias added already.  The
+ * per-CPU words are zero: cleared by the fold that made the ref atomic (no
+ * switch is in flight), or never written (created atomic, or dead); unless
+ * a fence let an add through (internal.h).
+ */
+static void percpu_again_locked(struct percpu_ref *ref, uintptr_t cpu0)
+{
 	if (percpuref_unfenced_adds_possible())
 		percpuref_counter_clear(cpu0, percpuref_nr_units());
 	/* Reopened.  Relaxed: published by the release store below, which
@@ -1733,25 +1743,43 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 	} else {
 		/*
 		 * The switch's reference; the manager's keeps it above zero,
-		 * unless puts between the read above and the compare-and-swap
-		 * dropped that one too (a put too many): then the count reads
-		 * zero, or below it, and the ref is pinned as above.  Taken
+		 * unless puts since the read above dropped that one too (a
+		 * put too many): then the count reads 1 (the switch's alone),
+		 * zero or below it, and the ref is pinned as above.  Taken
 		 * per-CPU at zero it read as released (switch_to_percpu_locked()
 		 * refuses it since 0.4.31, which left a managed ref atomic at
 		 * zero, and the next pass's fold took it below zero; review
 		 * 169).  Relaxed: the value only chooses the pin.
 		 */
-		count = __atomic_sub_fetch(&ref->data->count, 1, __ATOMIC_RELAXED);
-		if (count == 0 || count >= PERCPU_REF_UNDERFLOW_ZONE) {
-			/* Below zero: the put that went there warned. */
-			if (count == 0)
+		count = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
+		/*
+		 * The switch's reference and the bias back in one
+		 * compare-and-swap, from a count the manager's reference
+		 * still keeps above zero: 0.4.31's subtract and then
+		 * switch_to_percpu_locked()'s add left a window in which a
+		 * put too many took the atomic count to zero and pinned it,
+		 * and the add then made that pin a biased count (per-CPU,
+		 * never pinned again), or the switch, reading zero, left the
+		 * ref atomic and unmarked for the next pass's fold to
+		 * unbias (tests/model/toomany.pml, CODE_0_4_31).  Relaxed:
+		 * the release store of the mode word publishes the bias.
+		 */
+		while (count > 1 && count < PERCPU_REF_UNDERFLOW_ZONE &&
+		       !__atomic_compare_exchange_n(&ref->data->count, &count,
+						    count - 1 + PERCPU_COUNT_BIAS, true,
+						    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			;
+		if (count <= 1 || count >= PERCPU_REF_UNDERFLOW_ZONE) {
+			/* 1: the switch's alone.  0 or below: the put that
+			 * went there warned (or is about to). */
+			if (count == 1)
 				pin_dropped_manager_ref(ref);
 			else
 				pin_count(ref);
 			impl->pinned = true;
 			*others = ULONG_MAX;
 		} else {
-			switch_to_percpu_locked(ref, "percpuref_reclaimer");
+			percpu_again_locked(ref, counter_of(ref));
 		}
 	}
 	ref->data->confirm_switch = NULL;
