@@ -626,19 +626,31 @@ PERCPUREF_API unsigned long percpuref_rcu_stalls(void)
 	return percpuref_backlog_stalls(&rcu_backlog);
 }
 
+/* Why the caller may not wait for the reclaimer, or NULL. */
+static const char *why_no_wait(void)
+{
+	if (percpuref_on_library_thread() || percpuref_holds_batch_lock())
+		return "called from a callback; would wait for itself";
+	/* The reclaimer's grace periods would wait for the caller's section. */
+	if (percpuref_rcu_read_ongoing())
+		return "called inside an RCU read-side section; would wait for itself";
+	return NULL;
+}
+
 int percpuref_managed_may_wait(const char *fn)
 {
-	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
-		percpuref_warn(fn, "called from a callback; would wait for itself");
-		return -EDEADLK;
-	}
-	/* The reclaimer's grace periods would wait for the caller's section. */
-	if (percpuref_rcu_read_ongoing()) {
-		percpuref_warn(fn, "called inside an RCU read-side section; would wait for "
-			       "itself");
-		return -EDEADLK;
-	}
-	return 0;
+	const char *why = why_no_wait();
+
+	if (!why)
+		return 0;
+	percpuref_warn(fn, "%s", why);
+	return -EDEADLK;
+}
+
+void percpuref_wait_rcu_at_exit(void)
+{
+	if (percpuref_exit_began() && !why_no_wait())
+		percpuref_wait_rcu();
 }
 
 /* The scanner's.  Runs the @release of every ref in scan_released, taking
@@ -743,8 +755,9 @@ static void warn_held(struct percpuref_mnode *node, unsigned long others, uint64
  * nodes are chained on *@released (through their next pointers: they are
  * off the list).  Returns the refs looked at; *@switched and *@skipped
  * split them; *@end is set when the walk reached the bottom of the list.
+ * @at_exit: percpuref_managed_finish()'s.
  */
-static unsigned long check_chunk(unsigned long limit, bool filter,
+static unsigned long check_chunk(unsigned long limit, bool filter, bool at_exit,
 				 struct percpuref_mnode **released, unsigned long *switched,
 				 unsigned long *skipped, bool *end)
 {
@@ -823,7 +836,7 @@ static unsigned long check_chunk(unsigned long limit, bool filter,
 			continue;
 		}
 		stripe = percpuref_managed_lock_node(node);
-		if (percpuref_managed_finish(node, &others)) {
+		if (percpuref_managed_finish(node, &others, at_exit)) {
 			prev->next = node->next;
 			node->next = *released;
 			*released = node;
@@ -849,12 +862,16 @@ static bool scan_once(bool unlimited)
 	unsigned long checked = 0, fences = 0, nreleased = 0, limit, max;
 	unsigned long switched, skipped, nswitched = 0, nskipped = 0;
 	enum percpu_ref_scan_strategy strategy;
+	/* A pass after exit began (the exit's own, from its exit handler,
+	 * or a later one) checks every ref exactly, one fence for all: a
+	 * held ref leaves management there (percpuref_managed_finish()). */
+	bool at_exit = percpuref_exit_began();
 	bool end = false;
 	uint64_t start, elapsed;
 
 	pthread_mutex_lock(&managed_lock);
 	max = unlimited ? 0 : config.max_per_scan;
-	strategy = config.strategy;
+	strategy = at_exit ? PERCPU_REF_SCAN_BATCHED : config.strategy;
 	pthread_mutex_unlock(&managed_lock);
 
 	percpuref_batch_begin(&scan);
@@ -930,8 +947,8 @@ static bool scan_once(bool unlimited)
 	}
 	while (!end && (!max || checked < max)) {
 		limit = strategy == PERCPU_REF_SCAN_FAITHFUL ? 1 : max ? max - checked : ULONG_MAX;
-		checked += check_chunk(limit, strategy == PERCPU_REF_SCAN_FILTERED, &released,
-				       &switched, &skipped, &end);
+		checked += check_chunk(limit, strategy == PERCPU_REF_SCAN_FILTERED, at_exit,
+				       &released, &switched, &skipped, &end);
 		nswitched += switched;
 		nskipped += skipped;
 		fences += switched != 0;

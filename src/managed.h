@@ -86,6 +86,10 @@ int percpuref_managed_may_wait(const char *fn);
  * calling thread while no thread can start.  The caller checked
  * percpuref_managed_may_wait(). */
 void percpuref_wait_rcu(void);
+/* After exit began (percpuref_exit_began()), where the caller may wait
+ * (percpuref_managed_may_wait() would say 0; nothing is warned):
+ * percpuref_wait_rcu().  Otherwise nothing. */
+void percpuref_wait_rcu_at_exit(void);
 /* Paced waits that found the reclaimer's RCU queue stalled (tests). */
 PERCPUREF_API unsigned long percpuref_rcu_stalls(void);
 /* TSAN only: read-side unlocks release here, grace periods acquire. */
@@ -119,8 +123,12 @@ enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *n
  * node must be unlinked, then percpuref_managed_release() called without
  * the lock); false when the ref went back to per-CPU mode, with
  * *@others = the references held besides the manager's at the check, or
- * when it was pinned (a put too many, warned), with *@others = ULONG_MAX. */
-bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *others);
+ * when it was pinned (a put too many, warned), with *@others = ULONG_MAX.
+ * With @at_exit (a pass after exit began) a ref held besides the manager
+ * is no longer managed: killed, the manager's reference its initial one,
+ * so its last holder's put releases it (*@others = ULONG_MAX), or true
+ * when the holders let go meanwhile. */
+bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *others, bool at_exit);
 /* Lets go of the node's impl; the last holder of an exited ref puts it on
  * @spares (no lock taken: the caller gives them, percpuref_spares_give()). */
 void percpuref_managed_free(struct percpuref_mnode *node, struct percpuref_spares *spares);

@@ -169,6 +169,9 @@ static void zero(struct percpu_ref *ref)
 	 * before the grace period. */
 	__atomic_fetch_or(&st->phase, RCUREF_QUEUED, __ATOMIC_RELAXED);
 	percpuref_call_after_rcu(&st->rcu_work, after_grace_period);
+	/* After exit began, @release before the put that got here returns,
+	 * where this thread may wait (as percpu_ref's kill: runtime.c). */
+	percpuref_wait_rcu_at_exit();
 }
 
 PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_func_t *unpublish,
@@ -272,6 +275,9 @@ PERCPUREF_API void percpu_rcuref_kill(struct percpu_rcuref *ref)
 {
 	percpu_ref_kill(&ref->ref);
 	percpuref_rcu_pace();
+	/* After exit began, the kill waited for its switch, which queued the
+	 * release, if it reached zero, on the callback thread: wait for it. */
+	percpuref_wait_rcu_at_exit();
 }
 
 PERCPUREF_API int percpu_rcuref_switch_to_managed(struct percpu_rcuref *ref)

@@ -1408,6 +1408,13 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 		run_kill_confirm_at_once(ref, confirm_now);
 	percpu_ref_put(ref);	/* the initial reference */
 	percpuref_deferred_pace();
+	/* After exit() ran our exit handler, the switch and the @release it
+	 * leads to are done before the kill returns, where the caller may
+	 * wait (-EDEADLK otherwise, quietly: left to our threads, as
+	 * before): what runs then are static destructors, which destroy what
+	 * a @release run later on our thread may use (review 171). */
+	if (percpuref_exit_began())
+		(void)percpuref_wait_deferred();
 }
 
 PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
@@ -1690,7 +1697,44 @@ enum percpuref_managed_verdict percpuref_managed_begin(struct percpuref_mnode *n
 
 void (*percpuref_test_finish_window)(struct percpu_ref *ref);
 
-bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *others)
+/*
+ * The exit's check found @ref held besides the manager (its compare-and-
+ * swap failed): atomic, the switch's reference and the manager's in the
+ * count.  Rather than per-CPU and managed again, where its last holder's
+ * put would leave it for a pass that comes after the static destructors
+ * (the library's last exit hook), it becomes what a kill makes of an
+ * unmanaged ref: no longer managed, DEAD, the manager's reference its
+ * initial one, dropped with the switch's.  Its last holder's put then
+ * releases it on that holder's thread, inside the static destructor that
+ * lets go of it.  True when that is done; *@released when the holders let
+ * go meanwhile and this drop reached zero.  False, nothing done, for a
+ * count a put too many left at 1 or below (the caller pins it).  Lock held.
+ */
+static bool unmanage_held_at_exit(struct percpu_ref *ref, bool *released)
+{
+	/* Relaxed: only chooses the pin, as in percpuref_managed_finish(). */
+	unsigned long count = __atomic_load_n(&ref->data->count, __ATOMIC_RELAXED);
+
+	if (count < 2 || count >= PERCPU_REF_UNDERFLOW_ZONE)
+		return false;
+	/* Both before the drop: a put that reaches zero after it reads the
+	 * ref unmanaged (its acquire of @managed, through the count's
+	 * read-modify-writes from this release) and releases it. */
+	set_managed(ref, false);
+	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
+	/* Acq_rel: release for the put above; acquire when it reaches zero,
+	 * pairing with the holders' puts as the compare-and-swap does. */
+	count = __atomic_sub_fetch(&ref->data->count, 2, __ATOMIC_ACQ_REL);
+	*released = count == 0;
+	/* Below zero: a put too many came since the load. */
+	if (count >= PERCPU_REF_UNDERFLOW_ZONE) {
+		pin_dropped_manager_ref(ref);
+		impl_of(ref->data)->pinned = true;
+	}
+	return true;
+}
+
+bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *others, bool at_exit)
 {
 	struct percpu_ref_impl *impl = impl_of_node(node);
 	struct percpu_ref *ref = impl->data.ref;
@@ -1740,6 +1784,11 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 	if (released) {
 		set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
 		impl->mstate = MNODE_RELEASING;
+	} else if (at_exit && unmanage_held_at_exit(ref, &released)) {
+		/* No held warning: nobody is waiting for the reclaimer now. */
+		*others = ULONG_MAX;
+		if (released)
+			impl->mstate = MNODE_RELEASING;
 	} else {
 		/*
 		 * The switch's reference; the manager's keeps it above zero,

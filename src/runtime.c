@@ -1156,6 +1156,21 @@ static __attribute__((constructor)) void runtime_register(void)
 }
 
 /*
+ * Set by the first run of runtime_at_exit(), and never cleared: from then
+ * on the process is leaving, and what remains of its exit (static
+ * destructors of objects older than our first use, atexit() handlers
+ * registered before it, other threads still running) finishes its own
+ * work (percpuref_exit_began()).
+ */
+static bool exit_began;
+
+bool percpuref_exit_began(void)
+{
+	/* Relaxed: see runtime_at_exit(). */
+	return __atomic_load_n(&exit_began, __ATOMIC_RELAXED);
+}
+
+/*
  * Process exit: the modules' exit hooks, unless waiting for our threads
  * would hang (see percpuref_register_exit_hook()).  Run twice: registered
  * with atexit() at the library's first use, so that exit() runs them
@@ -1172,6 +1187,10 @@ static __attribute__((destructor)) void runtime_at_exit(void)
 {
 	unsigned int rank;
 
+	/* Relaxed: read by this thread, in the static destructors and
+	 * atexit() handlers that run after this one; another thread that
+	 * reads it late only leaves its work to our threads, as before. */
+	__atomic_store_n(&exit_began, true, __ATOMIC_RELAXED);
 	if (percpuref_library_thread || percpuref_rcu_read_ongoing())
 		return;
 	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)

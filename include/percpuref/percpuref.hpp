@@ -427,7 +427,10 @@ private:
  * period on the reclaimer thread (percpu_rcuref_barrier() waits for it,
  * percpu_ref_barrier() does not); at exit()
  * the library finishes it before the static objects built before its
- * first use are destroyed (percpuref_shutdown()).
+ * first use are destroyed (percpuref_shutdown()).  A static owner built
+ * before that use (every namespace-scope one: constant-initialised) is
+ * destroyed after it: since 0.4.32 its kill then waits for the release,
+ * and a static ref_ptr's last put releases a managed object there too.
  */
 template <class T> class owner {
 public:
