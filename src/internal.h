@@ -194,14 +194,15 @@ bool percpuref_rcu_read_ongoing(void);
 /*
  * percpuref_exit_began - whether exit() has run the library's exit handler
  * (runtime.c), which it does before the destructors of the static objects
- * built before the library's first use.  What those destructors, and the
- * atexit() handlers registered before it, kill or let go of is finished on
- * their own thread from then on, where it may wait: a kill waits for its
- * switch, a percpu_rcuref release for its grace period, and the exit's
- * managed check leaves no held ref managed (docs/percpu_ref.md, "At
- * process exit").
+ * built before the library's first use: the managed passes from then on
+ * leave no held ref managed.  percpuref_exiting_thread - whether the
+ * calling thread is the one that ran it, and may wait (no batch held, no
+ * RCU read-side section): its kills and percpu_rcuref releases finish on
+ * it, those of the static destructors and of the atexit() handlers
+ * registered before that use (docs/percpu_ref.md, "At process exit").
  */
 bool percpuref_exit_began(void);
+bool percpuref_exiting_thread(void);
 
 /* Runtime set-up: rseq/membarrier detection, CPU count, fork handlers.
  * Idempotent and thread-safe; every slow path that may be first calls it. */

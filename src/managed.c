@@ -626,31 +626,19 @@ PERCPUREF_API unsigned long percpuref_rcu_stalls(void)
 	return percpuref_backlog_stalls(&rcu_backlog);
 }
 
-/* Why the caller may not wait for the reclaimer, or NULL. */
-static const char *why_no_wait(void)
-{
-	if (percpuref_on_library_thread() || percpuref_holds_batch_lock())
-		return "called from a callback; would wait for itself";
-	/* The reclaimer's grace periods would wait for the caller's section. */
-	if (percpuref_rcu_read_ongoing())
-		return "called inside an RCU read-side section; would wait for itself";
-	return NULL;
-}
-
 int percpuref_managed_may_wait(const char *fn)
 {
-	const char *why = why_no_wait();
-
-	if (!why)
-		return 0;
-	percpuref_warn(fn, "%s", why);
-	return -EDEADLK;
-}
-
-void percpuref_wait_rcu_at_exit(void)
-{
-	if (percpuref_exit_began() && !why_no_wait())
-		percpuref_wait_rcu();
+	if (percpuref_on_library_thread() || percpuref_holds_batch_lock()) {
+		percpuref_warn(fn, "called from a callback; would wait for itself");
+		return -EDEADLK;
+	}
+	/* The reclaimer's grace periods would wait for the caller's section. */
+	if (percpuref_rcu_read_ongoing()) {
+		percpuref_warn(fn, "called inside an RCU read-side section; would wait for "
+			       "itself");
+		return -EDEADLK;
+	}
+	return 0;
 }
 
 /* The scanner's.  Runs the @release of every ref in scan_released, taking

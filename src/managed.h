@@ -86,10 +86,6 @@ int percpuref_managed_may_wait(const char *fn);
  * calling thread while no thread can start.  The caller checked
  * percpuref_managed_may_wait(). */
 void percpuref_wait_rcu(void);
-/* After exit began (percpuref_exit_began()), where the caller may wait
- * (percpuref_managed_may_wait() would say 0; nothing is warned):
- * percpuref_wait_rcu().  Otherwise nothing. */
-void percpuref_wait_rcu_at_exit(void);
 /* Paced waits that found the reclaimer's RCU queue stalled (tests). */
 PERCPUREF_API unsigned long percpuref_rcu_stalls(void);
 /* TSAN only: read-side unlocks release here, grace periods acquire. */

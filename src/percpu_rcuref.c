@@ -100,6 +100,23 @@ static void free_exited_state(struct percpu_rcuref_state *st)
 	free(st);
 }
 
+/*
+ * The grace period after @unpublish has ended: false when an exit came
+ * meanwhile (st freed here, no @release), else @release is due.  Acq_rel,
+ * against percpu_rcuref_exit()'s fetch_or: whichever comes second frees
+ * st, after the other's last use of it (its write of readers_hold
+ * included).  From here on an exit frees st at once (from @release, or
+ * racing it), so the caller read what it needs of st before.
+ */
+static bool release_due(struct percpu_rcuref_state *st)
+{
+	if (__atomic_exchange_n(&st->phase, 0, __ATOMIC_ACQ_REL) & RCUREF_EXITED) {
+		free_exited_state(st);
+		return false;
+	}
+	return true;
+}
+
 static void after_grace_period(struct percpuref_deferred *work)
 {
 	struct percpu_rcuref_state *st =
@@ -107,14 +124,8 @@ static void after_grace_period(struct percpuref_deferred *work)
 	percpu_rcuref_func_t *release = st->release;
 	struct percpu_rcuref *owner = st->owner;
 
-	/* Acq_rel, against percpu_rcuref_exit()'s fetch_or: whichever comes
-	 * second frees st, after the other's last use of it (its write of
-	 * readers_hold included).  From here on an exit frees st at once
-	 * (from @release, or racing it). */
-	if (__atomic_exchange_n(&st->phase, 0, __ATOMIC_ACQ_REL) & RCUREF_EXITED) {
-		free_exited_state(st);
+	if (!release_due(st))
 		return;
-	}
 	/* With the RCU batch's lock released, as every @release run by a
 	 * batch (percpu_ref.c, run_release()). */
 	percpuref_batch_pause();
@@ -122,6 +133,31 @@ static void after_grace_period(struct percpuref_deferred *work)
 	/* As after every callback (percpu_ref.c, run_callback()). */
 	percpuref_prepare_unload();
 	percpuref_batch_resume();
+}
+
+/*
+ * On the thread that runs the exit, after our exit handler (a static
+ * destructor, an atexit() handler registered before our first use): the
+ * grace period and @release here, before the put or kill that reached
+ * zero returns.  Queued, @release ran on the reclaimer after the static
+ * objects older than our first use were destroyed (review 171); and a
+ * wait for the whole queue would wait for other refs' releases, one of
+ * which may take a lock this thread holds (review 174).  This thread is
+ * in no read-side section and holds no batch (percpuref_exiting_thread()).
+ */
+static void release_here_at_exit(struct percpu_rcuref_state *st)
+{
+	percpu_rcuref_func_t *release = st->release;
+	struct percpu_rcuref *owner = st->owner;
+
+	percpuref_synchronize_rcu();
+	/* For TSAN: pairs with the release in percpu_rcuref_read_unlock(),
+	 * as after every batch's grace period (managed.c). */
+	percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
+	if (!release_due(st))
+		return;
+	release(owner);
+	percpuref_prepare_unload();
 }
 
 static void zero(struct percpu_ref *ref)
@@ -168,10 +204,10 @@ static void zero(struct percpu_ref *ref)
 	 * the pipeline either way); the queue's mutex orders @unpublish
 	 * before the grace period. */
 	__atomic_fetch_or(&st->phase, RCUREF_QUEUED, __ATOMIC_RELAXED);
-	percpuref_call_after_rcu(&st->rcu_work, after_grace_period);
-	/* After exit began, @release before the put that got here returns,
-	 * where this thread may wait (as percpu_ref's kill: runtime.c). */
-	percpuref_wait_rcu_at_exit();
+	if (percpuref_exiting_thread())
+		release_here_at_exit(st);
+	else
+		percpuref_call_after_rcu(&st->rcu_work, after_grace_period);
 }
 
 PERCPUREF_API int percpu_rcuref_init(struct percpu_rcuref *ref, percpu_rcuref_func_t *unpublish,
@@ -275,9 +311,6 @@ PERCPUREF_API void percpu_rcuref_kill(struct percpu_rcuref *ref)
 {
 	percpu_ref_kill(&ref->ref);
 	percpuref_rcu_pace();
-	/* After exit began, the kill waited for its switch, which queued the
-	 * release, if it reached zero, on the callback thread: wait for it. */
-	percpuref_wait_rcu_at_exit();
 }
 
 PERCPUREF_API int percpu_rcuref_switch_to_managed(struct percpu_rcuref *ref)

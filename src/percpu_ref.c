@@ -595,6 +595,15 @@ enum mnode_state {
 	MNODE_RELEASING,	/* unlinked, release pending: likewise */
 };
 
+/* A ref the exit's check took from management while held
+ * (unmanage_held_at_exit()), for the teardown written before the exit
+ * began: switch_to_unmanaged then kill.  Switch lock. */
+enum exit_unmanaged {
+	EXIT_UNMANAGED_NONE,
+	EXIT_UNMANAGED_UNMANAGE_OWED,	/* switch_to_unmanaged: 0, quietly */
+	EXIT_UNMANAGED_KILL_OWED,	/* then kill: puts the caller's reference */
+};
+
 struct percpu_ref_impl {
 	union {
 		/* On one thread's handler_releases (or handler_releases_to_run)
@@ -615,6 +624,7 @@ struct percpu_ref_impl {
 	bool exited;			/* exit ran while the reclaimer owned it */
 	bool release_voided;		/* revived while its release was pending */
 	bool pinned;			/* manager's reference put by a user: leaked */
+	enum exit_unmanaged exit_unmanaged; /* by the exit's check, held then */
 	bool async_switch;		/* the switch in flight is the callback thread's */
 	/* The process (process_generation) where a switch's put took the
 	 * count to zero and the release it calls has not begun
@@ -1333,12 +1343,17 @@ static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref
 	}
 }
 
-PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
+/*
+ * The switch to atomic mode on the calling thread: the fence, the fold and
+ * a @release the switch's reference was the last of run here.  Lock held
+ * (lock_unmanaged()), released on return.  @sticky: force_atomic, as
+ * percpu_ref_switch_to_atomic_sync() sets it (the ref stays atomic after a
+ * reinit); an exit's kill leaves it as it was.
+ */
+static void switch_to_atomic_here(struct percpu_ref *ref, bool sticky)
 {
 	percpu_ref_func_t *release;
 
-	if (!lock_unmanaged(ref, __func__))
-		return;
 	switch (lock_for_sync_switch(ref)) {
 	case SYNC_SWITCH_UNUSABLE:
 		return;
@@ -1346,17 +1361,18 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 		if (finishing_switch_of == ref)
 			/* Its own confirm: atomic and folded already, as for
 			 * switch_to_atomic there (test_hardening.c, finding 10). */
-			ref->data->force_atomic = true;
+			ref->data->force_atomic |= sticky;
 		else
-			percpuref_warn(__func__, "ref %p switched from a callback while its switch "
-				       "is in flight; ignored", (void *)ref);
+			percpuref_warn("percpu_ref_switch_to_atomic_sync",
+				       "ref %p switched from a callback while its switch is in "
+				       "flight; ignored", (void *)ref);
 		unlock_switch(ref);
 		return;
 	case SYNC_SWITCH_READY:
 		break;
 	}
-	ref->data->force_atomic = true;
-	if (!start_atomic_switch(ref, NULL, false, __func__)) {
+	ref->data->force_atomic |= sticky;
+	if (!start_atomic_switch(ref, NULL, false, "percpu_ref_switch_to_atomic_sync")) {
 		pthread_rwlock_unlock(&sync_switch_lock);
 		unlock_switch(ref);
 		return;
@@ -1368,6 +1384,36 @@ PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 	pthread_rwlock_unlock(&sync_switch_lock);
 	if (release)
 		run_release(ref, release);
+}
+
+PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
+{
+	if (lock_unmanaged(ref, __func__))
+		switch_to_atomic_here(ref, true);
+}
+
+/*
+ * A kill on the thread that runs the exit, after our exit handler (a
+ * static destructor, an atexit() handler registered before our first use):
+ * the ref goes atomic here first, so that the kill queues nothing and its
+ * confirm and the @release its put may lead to run on this thread before
+ * it returns.  Queued, they ran on the callback thread after the static
+ * objects older than our first use were destroyed (review 171); and a
+ * wait for the callback thread would wait for every other ref's queued
+ * callbacks too, one of which may take a lock this thread holds (review
+ * 174).  Only a per-CPU, unmanaged, live ref: the kill itself warns about
+ * the others, and finds an atomic one ready.
+ */
+static void atomic_first_at_exit(struct percpu_ref *ref)
+{
+	if (!ref || !ref->data)
+		return;
+	lock_switch(ref);
+	if (is_managed(ref) || (mode_word(ref) & (__PERCPU_REF_ATOMIC | __PERCPU_REF_DEAD))) {
+		unlock_switch(ref);
+		return;
+	}
+	switch_to_atomic_here(ref, false);
 }
 
 PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
@@ -1383,6 +1429,8 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 {
 	percpu_ref_func_t *confirm_now;
 
+	if (percpuref_exiting_thread())
+		atomic_first_at_exit(ref);
 	if (!lock_unmanaged(ref, __func__))
 		return;
 	/* Refused means nothing done: no DEAD, no put (but see
@@ -1396,6 +1444,17 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 		return;
 	}
 	if (mode_word(ref) & __PERCPU_REF_DEAD) {
+		/* A teardown of a managed ref that the exit's check overtook:
+		 * atomic and dead already, the caller's reference its initial
+		 * one (unmanage_held_at_exit()). */
+		if (impl_of(ref->data)->exit_unmanaged == EXIT_UNMANAGED_KILL_OWED) {
+			impl_of(ref->data)->exit_unmanaged = EXIT_UNMANAGED_NONE;
+			unlock_switch(ref);
+			if (confirm_kill)
+				run_kill_confirm_at_once(ref, confirm_kill);
+			percpu_ref_put(ref);
+			return;
+		}
 		unlock_switch(ref);
 		percpuref_warn(__func__, "called more than once on ref %p; ignored", (void *)ref);
 		return;
@@ -1408,13 +1467,6 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 		run_kill_confirm_at_once(ref, confirm_now);
 	percpu_ref_put(ref);	/* the initial reference */
 	percpuref_deferred_pace();
-	/* After exit() ran our exit handler, the switch and the @release it
-	 * leads to are done before the kill returns, where the caller may
-	 * wait (-EDEADLK otherwise, quietly: left to our threads, as
-	 * before): what runs then are static destructors, which destroy what
-	 * a @release run later on our thread may use (review 171). */
-	if (percpuref_exit_began())
-		(void)percpuref_wait_deferred();
 }
 
 PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
@@ -1451,6 +1503,7 @@ PERCPUREF_API void percpu_ref_resurrect(struct percpu_ref *ref)
 		return;
 	}
 	set_mode_word(ref, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_DEAD);
+	impl_of(ref->data)->exit_unmanaged = EXIT_UNMANAGED_NONE;
 	percpuref_note_revival(&impl_of(ref->data)->revivals);
 	/* Released by a scan whose @release has yet to run: it never will,
 	 * whatever becomes of the ref meanwhile (percpuref_managed_release()). */
@@ -1567,13 +1620,19 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref)
 		return -EINVAL;
 	lock_switch(ref);
 	/* A check in flight ends with the ref per-CPU or released. */
-	if (wait_switch_done(ref) == SWITCH_REF_EXITED)
+	if (wait_switch_done(ref) == SWITCH_REF_EXITED) {
 		why = "ref was exited meanwhile";
-	else if (!is_managed(ref))
+	} else if (impl_of(ref->data)->exit_unmanaged == EXIT_UNMANAGED_UNMANAGE_OWED) {
+		/* The exit's check did it, and dropped the manager's
+		 * reference (unmanage_held_at_exit()). */
+		impl_of(ref->data)->exit_unmanaged = EXIT_UNMANAGED_KILL_OWED;
+		unlock_switch(ref);
+		return 0;
+	} else if (!is_managed(ref)) {
 		why = "ref is not managed";
-	else if (mode_word(ref) & __PERCPU_REF_DEAD)
+	} else if (mode_word(ref) & __PERCPU_REF_DEAD) {
 		why = "ref was released by the reclaimer";
-	else {
+	} else {
 		set_managed(ref, false);
 		/* Off its stage, or the reclaimer unlinks the node. */
 		unstage_node(impl_of(ref->data));
@@ -1706,9 +1765,13 @@ void (*percpuref_test_finish_window)(struct percpu_ref *ref);
  * unmanaged ref: no longer managed, DEAD, the manager's reference its
  * initial one, dropped with the switch's.  Its last holder's put then
  * releases it on that holder's thread, inside the static destructor that
- * lets go of it.  True when that is done; *@released when the holders let
- * go meanwhile and this drop reached zero.  False, nothing done, for a
- * count a put too many left at 1 or below (the caller pins it).  Lock held.
+ * lets go of it, and its @release may reinit it, as a managed ref's may.
+ * A teardown written for a managed ref, switch_to_unmanaged() then kill,
+ * still drops the caller's reference: the first returns 0 quietly, the
+ * second puts it (review 174).  True when that is done; *@released when
+ * the holders let go meanwhile and this drop reached zero.  False, nothing
+ * done, for a count a put too many left at 1 or below (the caller pins
+ * it).  Lock held.
  */
 static bool unmanage_held_at_exit(struct percpu_ref *ref, bool *released)
 {
@@ -1717,11 +1780,14 @@ static bool unmanage_held_at_exit(struct percpu_ref *ref, bool *released)
 
 	if (count < 2 || count >= PERCPU_REF_UNDERFLOW_ZONE)
 		return false;
-	/* Both before the drop: a put that reaches zero after it reads the
-	 * ref unmanaged (its acquire of @managed, through the count's
-	 * read-modify-writes from this release) and releases it. */
+	/* Before the drop: a put that reaches zero after it reads the ref
+	 * unmanaged (its acquire of @managed, through the count's
+	 * read-modify-writes from this release) and releases it; and its
+	 * @release finds it dead, as every released ref is
+	 * (tests/model/exitconv.pml: MUTANT_SUB_FIRST, MUTANT_DEAD_AFTER). */
 	set_managed(ref, false);
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
+	impl_of(ref->data)->exit_unmanaged = EXIT_UNMANAGED_UNMANAGE_OWED;
 	/* Acq_rel: release for the put above; acquire when it reaches zero,
 	 * pairing with the holders' puts as the compare-and-swap does. */
 	count = __atomic_sub_fetch(&ref->data->count, 2, __ATOMIC_ACQ_REL);

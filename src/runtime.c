@@ -842,6 +842,29 @@ PERCPUREF_API unsigned long percpuref_fork_generation(void)
 	return __atomic_load_n(&fork_generation, __ATOMIC_RELAXED);
 }
 
+/*
+ * Set by the first run of runtime_at_exit() that runs the exit hooks (not
+ * one on a library thread, inside a batch or an RCU read-side section:
+ * nothing may wait for the exiting thread there), never cleared but in a
+ * fork child of another thread (review 174).  exiting_here: on the thread
+ * that ran it, which goes on to the static destructors and the atexit()
+ * handlers registered before our first use (percpuref_exit_began(),
+ * percpuref_exiting_thread()).
+ */
+static bool exit_began;
+static __thread bool exiting_here;
+
+bool percpuref_exit_began(void)
+{
+	/* Relaxed: see runtime_at_exit(). */
+	return __atomic_load_n(&exit_began, __ATOMIC_RELAXED);
+}
+
+bool percpuref_exiting_thread(void)
+{
+	return exiting_here && !percpuref_holds_batch_lock() && !percpuref_rcu_read_ongoing();
+}
+
 static void fork_child(void)
 {
 	unsigned int rank;
@@ -854,6 +877,9 @@ static void fork_child(void)
 	/* This handler runs, so the handlers are registered, whatever the
 	 * parent's registering thread had stored yet.  Relaxed: one thread. */
 	__atomic_store_n(&fork_handlers, FORK_HANDLERS_REGISTERED, __ATOMIC_RELAXED);
+	/* A child of a thread that does not run the exit is no exit's: it
+	 * runs on (review 174).  Relaxed: one thread. */
+	__atomic_store_n(&exit_began, exiting_here, __ATOMIC_RELAXED);
 
 	/* Re-register for the child's mm; harmless if it was inherited. */
 	if (percpuref_rseq_offset && !membarrier_refused && !membarrier_rseq_register())
@@ -1156,21 +1182,6 @@ static __attribute__((constructor)) void runtime_register(void)
 }
 
 /*
- * Set by the first run of runtime_at_exit(), and never cleared: from then
- * on the process is leaving, and what remains of its exit (static
- * destructors of objects older than our first use, atexit() handlers
- * registered before it, other threads still running) finishes its own
- * work (percpuref_exit_began()).
- */
-static bool exit_began;
-
-bool percpuref_exit_began(void)
-{
-	/* Relaxed: see runtime_at_exit(). */
-	return __atomic_load_n(&exit_began, __ATOMIC_RELAXED);
-}
-
-/*
  * Process exit: the modules' exit hooks, unless waiting for our threads
  * would hang (see percpuref_register_exit_hook()).  Run twice: registered
  * with atexit() at the library's first use, so that exit() runs them
@@ -1187,12 +1198,17 @@ static __attribute__((destructor)) void runtime_at_exit(void)
 {
 	unsigned int rank;
 
-	/* Relaxed: read by this thread, in the static destructors and
-	 * atexit() handlers that run after this one; another thread that
-	 * reads it late only leaves its work to our threads, as before. */
-	__atomic_store_n(&exit_began, true, __ATOMIC_RELAXED);
 	if (percpuref_library_thread || percpuref_rcu_read_ongoing())
 		return;
+	/* Not from a callback that a poll or a wait runs: its batch stays
+	 * held, and a thread that waits on it would wait for the exit (review
+	 * 174).  Relaxed: read by this thread, and by the scans after it
+	 * (ordered by the scan lock when they are this thread's, a hint for
+	 * the reclaimer's: a scan that reads it late converts nothing). */
+	if (!percpuref_holds_batch_lock()) {
+		exiting_here = true;
+		__atomic_store_n(&exit_began, true, __ATOMIC_RELAXED);
+	}
 	for (rank = PERCPUREF_NR_RANKS; rank-- > 0;)
 		if (exit_hooks[rank])
 			exit_hooks[rank]();

@@ -332,11 +332,12 @@ PERCPUREF_API int percpu_ref_switch_to_unmanaged(struct percpu_ref *ref);
  * objects built before the library's first use (an atexit() handler
  * registered then), and once more after all of them: exit() called
  * holding a lock that a pending @release takes waits for ever.  After
- * that handler (0.4.32) a kill waits for its switch and @release, a
- * percpu_rcuref release for its grace period, and the handler's pass
- * kills the managed refs still held, the manager's reference their
- * initial one, so their last put releases them (docs/percpu_ref.md, "At
- * process exit").  Not from a callback on one of the
+ * that handler (0.4.32), on the thread that runs the exit, a kill switches
+ * its ref on that thread and a percpu_rcuref waits for its own grace
+ * period, so their callbacks run before the call returns; and the
+ * handler's pass kills the managed refs still held, the manager's
+ * reference their initial one, so their last put releases them
+ * (docs/percpu_ref.md, "At process exit").  Not from a callback on one of the
  * library's threads, nor from shutdown, nor from a callback that a poll or
  * a wait running the queued work itself runs, nor inside an RCU read-side
  * section, where it would wait for itself (warned, does nothing).

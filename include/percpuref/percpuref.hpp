@@ -429,8 +429,9 @@ private:
  * the library finishes it before the static objects built before its
  * first use are destroyed (percpuref_shutdown()).  A static owner built
  * before that use (every namespace-scope one: constant-initialised) is
- * destroyed after it: since 0.4.32 its kill then waits for the release,
- * and a static ref_ptr's last put releases a managed object there too.
+ * destroyed after it: since 0.4.32 its kill then runs the release before
+ * it returns, and a static ref_ptr's last put releases a managed object
+ * there too (docs/percpu_ref.md, "At process exit").
  */
 template <class T> class owner {
 public:

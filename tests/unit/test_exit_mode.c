@@ -8,20 +8,31 @@
  * kill or let go of used to be finished later, on the library's threads or
  * in its ELF destructor, after they had destroyed what a @release may use
  * (review 171: a C++ static owner's ~T wrote into a destroyed global).
- * Now a kill waits for its switch and @release, a percpu_rcuref release
- * for its grace period, and a managed ref still held when the handler
- * runs is no longer managed (killed, the manager's reference its initial
- * one), so its last holder's put releases it, on that holder's thread.
+ * Now, on the thread that runs the exit, a kill makes the ref atomic
+ * first and a percpu_rcuref waits for its grace period, so confirm,
+ * @unpublish and @release run before the call returns; and the handler's
+ * managed pass takes a ref still held from management (killed, the
+ * manager's reference its initial one), so its last holder's put releases
+ * it, on that holder's thread.
  *
  * Each scenario is a child process: its main() registers a handler of its
  * own first, then makes the library's first call; that handler, run after
- * the library's, does the scenario's kill or put and checks at once
- * (exit status 10 + the check's number when one fails).  A shutdown
- * called by the program, not exit, still leaves held managed refs managed.
+ * the library's, does the scenario's calls and checks at once (exit
+ * status 10 + the check's number when one fails, 20 when a thread that
+ * should have gone on is still blocked after 3 s).  Review 174's cases:
+ * a kill or put under a lock must not wait for another ref's callbacks
+ * that take it (on the exiting thread or another); the teardown of a
+ * managed ref (unmanage, then kill) still works; a child forked by another
+ * thread during the exit, and an exit() called from a callback, change
+ * nothing; refs in use by other threads through the handler are each
+ * released once.  A shutdown called by the program, not exit, still leaves
+ * held managed refs managed.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -32,10 +43,40 @@
 #include "percpuref/percpu_ref.h"
 #include "tap.h"
 
-static struct percpu_ref ref;
-static struct percpu_rcuref rcuref;
+static struct percpu_ref ref, other;
+static struct percpu_rcuref rcuref, rcu_other;
 static int released, unpublished;	/* atomic */
 static pthread_t released_on;
+
+static void set(int *flag)
+{
+	__atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
+}
+
+static bool is_set(int *flag)
+{
+	return __atomic_load_n(flag, __ATOMIC_SEQ_CST);
+}
+
+/* Whether @flag was set within @ms. */
+static bool wait_for_ms(int *flag, int ms)
+{
+	for (int i = 0; i < ms && !is_set(flag); i++)
+		usleep(1000);
+	return is_set(flag);
+}
+
+static int nr_released(void)
+{
+	return __atomic_load_n(&released, __ATOMIC_SEQ_CST);
+}
+
+/* In a handler: the scenario failed its check @n. */
+static void check(bool cond, int n)
+{
+	if (!cond)
+		_exit(10 + n);
+}
 
 static void count_release(struct percpu_ref *r)
 {
@@ -56,23 +97,12 @@ static void count_unpublish(struct percpu_rcuref *r)
 	__atomic_fetch_add(&unpublished, 1, __ATOMIC_SEQ_CST);
 }
 
-static int nr_released(void)
-{
-	return __atomic_load_n(&released, __ATOMIC_SEQ_CST);
-}
-
-/* In a handler: the scenario failed its check @n. */
-static void check(bool cond, int n)
-{
-	if (!cond)
-		_exit(10 + n);
-}
-
 static void late_kill(void)
 {
 	check(nr_released() == 0, 0);
 	percpu_ref_kill(&ref);
 	check(nr_released() == 1, 1);
+	check(pthread_equal(released_on, pthread_self()), 2);
 }
 
 static void late_kill_rcu(void)
@@ -111,35 +141,299 @@ static void late_idle_managed(void)
 	check(nr_released() == 1, 1);
 }
 
+/* A held managed ref's teardown as written before the exit: unmanage, then kill. */
+static void late_unmanage_kill(void)
+{
+	check(percpu_ref_switch_to_unmanaged(&ref) == 0, 1);
+	check(nr_released() == 0, 2);
+	percpu_ref_kill(&ref);	/* our reference: the initial one now */
+	check(nr_released() == 1, 3);
+}
+
+/*
+ * The cross cases.  One thread holds lock L and kills ref (or puts
+ * rcuref's last reference), whose callbacks take no lock; just before,
+ * another kills other (rcu_other), whose confirm (@release) takes L and
+ * waits for it on a library thread.  The first must not wait for that:
+ * the first build of 0.4.32 waited for every callback queued, and the
+ * thread, then exit(), hung (review 174).  @here: the thread that runs the
+ * exit holds L, as a static destructor would; else a thread still running.
+ */
+static pthread_mutex_t lock_l = PTHREAD_MUTEX_INITIALIZER;
+static int go, l_held, other_killed, done;	/* atomic */
+static bool rcu_mode, here;
+
+static void take_l(void)
+{
+	pthread_mutex_lock(&lock_l);
+	pthread_mutex_unlock(&lock_l);
+}
+
+static void confirm_takes_l(struct percpu_ref *r)
+{
+	(void)r;
+	take_l();
+}
+
+static void rcu_release_takes_l(struct percpu_rcuref *r)
+{
+	(void)r;
+	take_l();
+}
+
+static void *kill_other(void *arg)
+{
+	(void)arg;
+	while (!is_set(&go) || !is_set(&l_held))
+		usleep(1000);
+	if (rcu_mode)
+		percpu_rcuref_kill(&rcu_other);
+	else
+		percpu_ref_kill_and_confirm(&other, confirm_takes_l);
+	set(&other_killed);
+	return NULL;
+}
+
+static void kill_under_l(void)
+{
+	pthread_mutex_lock(&lock_l);
+	set(&l_held);
+	while (!is_set(&other_killed))
+		usleep(1000);
+	usleep(100 * 1000);	/* other's callback under way, waiting for L */
+	if (rcu_mode)
+		percpu_rcuref_put(&rcuref);	/* the last reference */
+	else
+		percpu_ref_kill(&ref);
+	pthread_mutex_unlock(&lock_l);
+	set(&done);
+}
+
+static void *kill_under_l_thread(void *arg)
+{
+	(void)arg;
+	while (!is_set(&go))
+		usleep(1000);
+	kill_under_l();
+	return NULL;
+}
+
+static void late_cross(void)
+{
+	set(&go);
+	if (here) {
+		kill_under_l();
+		check(nr_released() == 1, 1);
+	}
+	if (!wait_for_ms(&done, 3000))
+		_exit(20);
+}
+
+/*
+ * A child forked while exit() runs, by a thread that does not run it, is
+ * no exit's and runs on: its managed refs stay managed (it inherited the
+ * exit's flag in the first build, review 174).
+ */
+static int fork_go, fork_status = -1;	/* atomic */
+
+static void *forker(void *arg)
+{
+	pid_t pid;
+
+	(void)arg;
+	while (!is_set(&fork_go))
+		usleep(1000);
+	pid = fork();
+	if (pid == 0) {
+		if (percpu_ref_init(&other, count_release, PERCPU_REF_REL_MANAGED))
+			_exit(4);
+		percpu_ref_managed_flush();
+		check(!percpu_ref_is_dying(&other), 1);
+		check(percpu_ref_tryget_live(&other), 2);
+		check(percpu_ref_switch_to_unmanaged(&other) == 0, 3);
+		_exit(0);
+	}
+	__atomic_store_n(&fork_status, pid < 0 ? 5 : wait_child(pid), __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static void late_fork_other(void)
+{
+	set(&fork_go);
+	for (int i = 0; i < 5000 && __atomic_load_n(&fork_status, __ATOMIC_SEQ_CST) < 0; i++)
+		usleep(1000);
+	_exit(__atomic_load_n(&fork_status, __ATOMIC_SEQ_CST));
+}
+
+/*
+ * exit() from a confirm callback, on the callback thread: the library's
+ * handler does nothing there, and marks no exit.  A handler registered
+ * before the first use asks a worker to finish and waits for it; the
+ * worker's kill must not wait for the callback thread, which is in exit()
+ * (the first build marked the exit even so, review 174).
+ */
+static int flush_asked, worker_done;	/* atomic */
+
+static void confirm_exits(struct percpu_ref *r)
+{
+	(void)r;
+	exit(0);
+}
+
+static void *flush_worker(void *arg)
+{
+	(void)arg;
+	while (!is_set(&flush_asked))
+		usleep(1000);
+	percpu_ref_kill(&other);
+	set(&worker_done);
+	return NULL;
+}
+
+static void late_flush(void)
+{
+	set(&flush_asked);
+	if (!wait_for_ms(&worker_done, 3000))
+		_exit(20);
+}
+
+/*
+ * Managed refs held by their creators and used by workers (tryget,
+ * tryget_live, get) while the handler's pass takes them from management;
+ * the late handler drops the creators' references, stops the workers:
+ * each ref released exactly once, by whichever put was its last.
+ */
+#define STRESS_REFS 64
+#define STRESS_WORKERS 3
+static struct percpu_ref stress_ref[STRESS_REFS];
+static int stress_released[STRESS_REFS];	/* atomic */
+static int stop;				/* atomic */
+static pthread_t workers[STRESS_WORKERS];
+
+static void stress_release(struct percpu_ref *r)
+{
+	__atomic_fetch_add(&stress_released[r - stress_ref], 1, __ATOMIC_SEQ_CST);
+}
+
+static void *stress_worker(void *arg)
+{
+	unsigned int seed = (unsigned int)(uintptr_t)arg;
+
+	while (!is_set(&stop)) {
+		struct percpu_ref *r = &stress_ref[rand_r(&seed) % STRESS_REFS];
+
+		if (rand_r(&seed) % 2 ? percpu_ref_tryget_live(r) : percpu_ref_tryget(r)) {
+			percpu_ref_get(r);
+			if (rand_r(&seed) % 4 == 0)
+				sched_yield();
+			percpu_ref_put(r);
+			percpu_ref_put(r);
+		}
+	}
+	return NULL;
+}
+
+static void late_stress(void)
+{
+	for (int i = 0; i < STRESS_REFS; i++)
+		percpu_ref_put(&stress_ref[i]);	/* the creator's */
+	set(&stop);
+	for (int i = 0; i < STRESS_WORKERS; i++)
+		pthread_join(workers[i], NULL);
+	for (int i = 0; i < STRESS_REFS; i++)
+		check(__atomic_load_n(&stress_released[i], __ATOMIC_SEQ_CST) == 1, 1);
+}
+
+static int setup_cross(void)
+{
+	pthread_t t;
+
+	if (rcu_mode) {
+		/* rcuref: killed now, one reference left for the put. */
+		if (percpu_rcuref_init(&rcuref, NULL, count_rcu_release, 0) ||
+		    percpu_rcuref_init(&rcu_other, NULL, rcu_release_takes_l, 0))
+			return 4;
+		percpu_rcuref_get(&rcuref);
+		percpu_rcuref_kill(&rcuref);
+		percpu_ref_barrier();
+	} else if (percpu_ref_init(&ref, count_release, 0) ||
+		   percpu_ref_init(&other, count_release, 0)) {
+		return 4;
+	}
+	if (pthread_create(&t, NULL, kill_other, NULL) ||
+	    (!here && pthread_create(&t, NULL, kill_under_l_thread, NULL)))
+		return 5;
+	return 0;
+}
+
 static int scenario(const char *mode)
 {
-	void (*late)(void);
+	static const struct {
+		const char *mode;
+		void (*late)(void);
+	} scenarios[] = {
+		{ "--kill", late_kill },
+		{ "--kill-rcu", late_kill_rcu },
+		{ "--managed-put", late_managed_put },
+		{ "--managed-put-rcu", late_managed_put_rcu },
+		{ "--idle-managed", late_idle_managed },
+		{ "--unmanage-kill", late_unmanage_kill },
+		{ "--cross-kill", late_cross },
+		{ "--cross-kill-here", late_cross },
+		{ "--cross-rcu", late_cross },
+		{ "--cross-rcu-here", late_cross },
+		{ "--fork-other", late_fork_other },
+		{ "--exit-from-callback", late_flush },
+		{ "--stress", late_stress },
+	};
+	void (*late)(void) = NULL;
+	pthread_t t;
+	size_t i;
 
-	if (!strcmp(mode, "--kill"))
-		late = late_kill;
-	else if (!strcmp(mode, "--kill-rcu"))
-		late = late_kill_rcu;
-	else if (!strcmp(mode, "--managed-put"))
-		late = late_managed_put;
-	else if (!strcmp(mode, "--managed-put-rcu"))
-		late = late_managed_put_rcu;
-	else if (!strcmp(mode, "--idle-managed"))
-		late = late_idle_managed;
-	else
+	for (i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++)
+		if (!strcmp(mode, scenarios[i].mode))
+			late = scenarios[i].late;
+	if (!late)
 		return 2;
+	child_deadline(10);
 	/* Before the library's first use: runs after its exit handler. */
 	if (atexit(late))
 		return 3;
-	if (late == late_kill_rcu || late == late_managed_put_rcu) {
-		if (percpu_rcuref_init(&rcuref, count_unpublish, count_rcu_release,
-				       late == late_managed_put_rcu ? PERCPU_REF_REL_MANAGED : 0))
-			return 4;
-	} else if (percpu_ref_init(&ref, count_release,
-				   late == late_kill ? 0 : PERCPU_REF_REL_MANAGED)) {
-		return 4;
+	if (late == late_cross) {
+		rcu_mode = strstr(mode, "rcu") != NULL;
+		here = strstr(mode, "here") != NULL;
+		return setup_cross();
 	}
+	if (late == late_kill_rcu || late == late_managed_put_rcu)
+		return percpu_rcuref_init(&rcuref, count_unpublish, count_rcu_release,
+					  late == late_managed_put_rcu ? PERCPU_REF_REL_MANAGED : 0)
+		       ? 4 : 0;
+	if (late == late_stress) {
+		for (i = 0; i < STRESS_REFS; i++)
+			if (percpu_ref_init(&stress_ref[i], stress_release, PERCPU_REF_REL_MANAGED))
+				return 4;
+		for (i = 0; i < STRESS_WORKERS; i++)
+			if (pthread_create(&workers[i], NULL, stress_worker, (void *)(i + 1)))
+				return 5;
+		usleep(20 * 1000);
+		return 0;
+	}
+	if (percpu_ref_init(&ref, count_release,
+			    late == late_managed_put || late == late_idle_managed ||
+			    late == late_unmanage_kill ? PERCPU_REF_REL_MANAGED : 0))
+		return 4;
 	if (late == late_idle_managed)
 		percpu_ref_put(&ref);	/* the manager's alone */
+	if (late == late_fork_other && pthread_create(&t, NULL, forker, NULL))
+		return 5;
+	if (late == late_flush) {
+		if (percpu_ref_init(&other, count_release, 0) ||
+		    pthread_create(&t, NULL, flush_worker, NULL))
+			return 5;
+		/* Per-CPU: the confirm runs on the callback thread. */
+		percpu_ref_kill_and_confirm(&ref, confirm_exits);
+		pause();
+	}
 	return 0;
 }
 
@@ -148,7 +442,8 @@ int main(int argc, char **argv)
 	if (argc > 1)
 		return scenario(argv[1]);
 
-	is(run_mode("--kill"), 0, "after the exit handler: a kill returns with its @release run");
+	is(run_mode("--kill"), 0,
+	   "after the exit handler: a kill returns with its @release run, on its thread");
 	is(run_mode("--kill-rcu"), 0,
 	   "after the exit handler: a percpu_rcuref kill returns with @unpublish and @release run");
 	is(run_mode("--managed-put"), 0,
@@ -158,6 +453,24 @@ int main(int argc, char **argv)
 	   "after the exit handler: likewise a managed percpu_rcuref, its grace period waited for");
 	is(run_mode("--idle-managed"), 0,
 	   "the exit handler released the managed ref nobody held, as before");
+	is(run_mode("--unmanage-kill"), 0,
+	   "after the exit handler: unmanage then kill of a held managed ref releases it, "
+	   "no warning");
+	is(run_mode("--cross-kill-here"), 0,
+	   "the exiting thread's kill under a lock waits for no other ref's callback");
+	is(run_mode("--cross-kill"), 0, "likewise a kill by a thread still running");
+	is(run_mode("--cross-rcu-here"), 0,
+	   "the exiting thread's percpu_rcuref put under a lock waits for no other ref's release");
+	is(run_mode("--cross-rcu"), 0, "likewise a put by a thread still running");
+	if (fork_children_untestable())
+		skip("fork during the exit: %s", fork_children_untestable());
+	else
+		is(run_mode("--fork-other"), 0,
+		   "a child forked during the exit by another thread keeps its managed refs managed");
+	is(run_mode("--exit-from-callback"), 0,
+	   "exit() from a callback marks no exit: a worker's kill waits for nothing");
+	is(run_mode("--stress"), 0,
+	   "managed refs in use by workers through the exit: each released once");
 
 	/* Not at exit: a shutdown leaves a held managed ref managed. */
 	percpu_ref_init(&ref, count_release, PERCPU_REF_REL_MANAGED);
