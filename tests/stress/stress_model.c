@@ -627,36 +627,52 @@ static void one_op(int me, unsigned int *seed)
 
 /* ---- end of phase: everything dropped, every life ended and checked ---- */
 
+/* Whether slot @s still has its initial reference to drop. */
+static bool initial_held(const bool *skip, int s)
+{
+	struct slot *sl = &slots[s];
+
+	return !(skip && skip[s]) && sl->live && !ld(&sl->released_done) && ld(&sl->init_held);
+}
+
+/* Drops slot @s's initial reference: a managed ref's put, else a kill,
+ * with a confirm callback unless @plain (@where names the caller). */
+static void drop_initial(int s, bool plain, const char *where)
+{
+	struct slot *sl = &slots[s];
+
+	st(&sl->init_held, 0);
+	hist(sl, -1, where);
+	if (!sl->managed && percpu_ref_is_dying(&sl->ref)) {
+		FAIL("slot %d (%s): %s: model says live and not killed, library says dying "
+		     "(life %lu)", s, kind_name[sl->kind], where, ldl(&sl->life));
+		hist_print(sl);
+	}
+	if (sl->managed) {
+		percpu_ref_put(&sl->ref);
+		return;
+	}
+	sl->killed = true;
+	if (plain) {
+		percpu_ref_kill(&sl->ref);
+		return;
+	}
+	__atomic_add_fetch(&sl->confirm_req, 1, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&sl->kill_epoch, ldl(&sl->epoch), __ATOMIC_SEQ_CST);
+	percpu_ref_kill_and_confirm(&sl->ref, on_confirm_kill);
+	__atomic_add_fetch(&sl->confirm_issued, 1, __ATOMIC_SEQ_CST);
+}
+
 /* Drops the initial reference of every live slot. */
 static void drop_initials(const bool *skip, unsigned int *seed)
 {
 	int s;
 
 	for (s = 0; s < NR_SLOTS; s++) {
-		struct slot *sl = &slots[s];
-
-		if ((skip && skip[s]) || !sl->live || ld(&sl->released_done) || !ld(&sl->init_held))
+		if (!initial_held(skip, s))
 			continue;
 		allocating_begin();
-		st(&sl->init_held, 0);
-		hist(sl, -1, "phase_drop");
-		if (!sl->managed && percpu_ref_is_dying(&sl->ref)) {
-			FAIL("slot %d (%s): phase drop: model says live and not killed, library says "
-			     "dying (life %lu)", s, kind_name[sl->kind], ldl(&sl->life));
-			hist_print(sl);
-		}
-		if (sl->managed) {
-			percpu_ref_put(&sl->ref);
-		} else if (rnd(seed) % 2) {
-			sl->killed = true;
-			percpu_ref_kill(&sl->ref);
-		} else {
-			sl->killed = true;
-			__atomic_add_fetch(&sl->confirm_req, 1, __ATOMIC_SEQ_CST);
-			__atomic_store_n(&sl->kill_epoch, ldl(&sl->epoch), __ATOMIC_SEQ_CST);
-			percpu_ref_kill_and_confirm(&sl->ref, on_confirm_kill);
-		__atomic_add_fetch(&sl->confirm_issued, 1, __ATOMIC_SEQ_CST);
-		}
+		drop_initial(s, rnd(seed) % 2, "phase drop");
 		allocating_end();
 	}
 }
@@ -826,28 +842,11 @@ static int child_main(int me, unsigned int seed)
 			}
 		}
 	}
-	/* drop_initials() for the slots not skipped */
-	for (s = 0; s < NR_SLOTS; s++) {
-		struct slot *sl = &slots[s];
-
-		if (skip[s] || !sl->live || ld(&sl->released_done) || !ld(&sl->init_held))
-			continue;
-		st(&sl->init_held, 0);
-		if (!sl->managed && percpu_ref_is_dying(&sl->ref)) {
-			FAIL("slot %d (%s): child drop: model says live and not killed, library says "
-			     "dying (life %lu)", s, kind_name[sl->kind], ldl(&sl->life));
-			hist_print(sl);
-		}
-		if (sl->managed) {
-			percpu_ref_put(&sl->ref);
-		} else {
-			sl->killed = true;
-			__atomic_add_fetch(&sl->confirm_req, 1, __ATOMIC_SEQ_CST);
-			__atomic_store_n(&sl->kill_epoch, ldl(&sl->epoch), __ATOMIC_SEQ_CST);
-			percpu_ref_kill_and_confirm(&sl->ref, on_confirm_kill);
-		__atomic_add_fetch(&sl->confirm_issued, 1, __ATOMIC_SEQ_CST);
-		}
-	}
+	/* drop_initials(), without the fork gate: a child never forks
+	 * while it runs, and inherits the gate as the fork left it. */
+	for (s = 0; s < NR_SLOTS; s++)
+		if (initial_held(skip, s))
+			drop_initial(s, false, "child drop");
 	wait_all_released();
 	check_released(skip, cut, &cuts);
 	for (t = 0; t < 2; t++)
