@@ -47,7 +47,9 @@
  * `static percpu_ref *counter(T &)` (or percpu_rcuref *).
  *
  * Errors: init and switch failures throw std::system_error with the
- * library's errno value (std::bad_alloc for ENOMEM); built without
+ * library's errno value (std::bad_alloc for ENOMEM, which the init also
+ * returns, warned, when pthread_atfork() refused the library's fork
+ * handlers); built without
  * exceptions (-fno-exceptions), they abort.  Memory ordering is
  * the C API's: a put releases, the put (or reclaimer) that frees acquires.
  */
@@ -178,6 +180,12 @@ using base_t = std::conditional_t<std::is_same_v<typename T::counter_type, percp
 struct access {
 	template <class T> static int init(T *obj, unsigned int flags) noexcept
 	{
+		/* Said first: the cast below failed with a message about the
+		 * cast alone (review 171). */
+		static_assert(std::is_base_of_v<base_t<T>, T>,
+			      "T must derive from refcounted<T> or rcu_refcounted<T> itself: the "
+			      "release deletes the class the base names, so a class derived "
+			      "from a counted one would be freed as its base");
 		return static_cast<base_t<T> *>(obj)->init(flags);
 	}
 	/* owner<T>'s private constructor, for make_owner: owner befriends

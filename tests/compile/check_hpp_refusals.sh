@@ -47,6 +47,16 @@ private:
 	void unpublish() noexcept {}
 };
 auto p = percpuref::make_managed<entry>();'
+# A class derived from a counted one: the release would delete it as its
+# base (its destructor never run); the cast's own error named no reason.
+check refused "derived from a counted class" "" '
+struct base : percpuref::refcounted<base> {};
+struct derived : base {};
+auto o = percpuref::make_owner<derived>();' "T must derive from refcounted<T> or rcu_refcounted<T> itself"
+check refused "derived from an rcu-counted class" "" '
+struct base : percpuref::rcu_refcounted<base> {};
+struct derived : base {};
+auto p = percpuref::make_managed<derived>();' "T must derive from refcounted<T> or rcu_refcounted<T> itself"
 check accepted "no unpublish" "" '
 struct entry : percpuref::rcu_refcounted<entry> {};
 auto p = percpuref::make_managed<entry>();'

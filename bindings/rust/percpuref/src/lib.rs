@@ -516,7 +516,8 @@ impl<T: Send + Sync + 'static> PcArc<T> {
     /// no `PcArc` is left: at the scan that reaches it (a scan every 5 s
     /// checks up to 100 values by default, so with N managed values one
     /// may wait up to N / 100 scans), or at [`flush_managed`].  The
-    /// returned `PcArc` is the creator's reference.
+    /// returned `PcArc` is the creator's reference.  Fails as
+    /// [`Owner::new`] does.
     pub fn new_managed(value: T) -> Result<PcArc<T>, Error> {
         // Atomic until managed: the failure path below is an exact put.
         let inner = allocate(value, sys::PERCPU_REF_INIT_ATOMIC)?;
@@ -624,9 +625,10 @@ unsafe impl<T: Send + Sync + 'static> Sync for Owner<T> {}
 impl<T: Send + Sync + 'static> Owner<T> {
     /// Allocates the value with a per-CPU count holding the owner's
     /// initial reference.  Fails (ENOMEM) when the per-CPU counter or the
-    /// C library's data for it cannot be allocated (the value is then
-    /// dropped); the `Box` holding the value aborts on allocation failure,
-    /// as everywhere in std.
+    /// C library's data for it cannot be allocated, or when
+    /// `pthread_atfork()` refused the C library's fork handlers, warned on
+    /// stderr (the value is then dropped); the `Box` holding the value
+    /// aborts on allocation failure, as everywhere in std.
     pub fn new(value: T) -> Result<Owner<T>, Error> {
         Ok(Owner { inner: allocate(value, 0)?, _owns: PhantomData })
     }
