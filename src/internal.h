@@ -109,6 +109,9 @@ struct percpuref_batch {
 #define PERCPUREF_BATCH_INIT(r)                                                    \
 	{ PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, (r) }
 void percpuref_batch_begin(struct percpuref_batch *b);
+/* begin() unless another runner has the role (running, or paused in a
+ * @release): false then, nothing held. */
+bool percpuref_batch_try_begin(struct percpuref_batch *b);
 void percpuref_batch_end(struct percpuref_batch *b);
 void percpuref_batch_fork_prepare(struct percpuref_batch *b);
 void percpuref_batch_fork_parent(struct percpuref_batch *b);

@@ -612,6 +612,19 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 	pthread_mutex_unlock(&managed_lock);
 }
 
+bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferred_fn fn)
+{
+	if (!percpuref_batch_try_begin(&scan))
+		return false;
+	percpuref_synchronize_rcu();
+	/* For TSAN: pairs with the release in percpu_rcuref_read_unlock(),
+	 * as in run_rcu_batch(). */
+	percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
+	fn(d);
+	percpuref_batch_end(&scan);
+	return true;
+}
+
 void percpuref_rcu_pace(void)
 {
 	/* Relaxed: a hint, compared with the items run. */

@@ -74,6 +74,16 @@ void percpuref_managed_exited(void);
  * started after this call (percpu_rcuref's deferred release).
  */
 void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_fn fn);
+/*
+ * @fn(@d) after a grace period, on the calling thread, as an RCU batch of
+ * the reclaimer's runs it: with the scan lock's role, so that no other
+ * callback of the reclaimer's runs meanwhile (percpu_rcuref.h lets those
+ * exit a ref between its zero and its @release).  Only when no scan or RCU
+ * batch has the role now: false, nothing done, otherwise (waiting for it
+ * could wait for a callback that waits for a lock the caller holds).  The
+ * caller is in no read-side section and holds no batch.
+ */
+bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferred_fn fn);
 /* percpu_rcuref_kill()'s, as it returns: waits while more than the
  * callback backlog's limit of such items wait for the reclaimer, as a kill
  * waits for the callback thread (deferred.c, "Backlog"). */

@@ -100,23 +100,6 @@ static void free_exited_state(struct percpu_rcuref_state *st)
 	free(st);
 }
 
-/*
- * The grace period after @unpublish has ended: false when an exit came
- * meanwhile (st freed here, no @release), else @release is due.  Acq_rel,
- * against percpu_rcuref_exit()'s fetch_or: whichever comes second frees
- * st, after the other's last use of it (its write of readers_hold
- * included).  From here on an exit frees st at once (from @release, or
- * racing it), so the caller read what it needs of st before.
- */
-static bool release_due(struct percpu_rcuref_state *st)
-{
-	if (__atomic_exchange_n(&st->phase, 0, __ATOMIC_ACQ_REL) & RCUREF_EXITED) {
-		free_exited_state(st);
-		return false;
-	}
-	return true;
-}
-
 static void after_grace_period(struct percpuref_deferred *work)
 {
 	struct percpu_rcuref_state *st =
@@ -124,8 +107,14 @@ static void after_grace_period(struct percpuref_deferred *work)
 	percpu_rcuref_func_t *release = st->release;
 	struct percpu_rcuref *owner = st->owner;
 
-	if (!release_due(st))
+	/* Acq_rel, against percpu_rcuref_exit()'s fetch_or: whichever comes
+	 * second frees st, after the other's last use of it (its write of
+	 * readers_hold included).  From here on an exit frees st at once
+	 * (from @release, or racing it). */
+	if (__atomic_exchange_n(&st->phase, 0, __ATOMIC_ACQ_REL) & RCUREF_EXITED) {
+		free_exited_state(st);
 		return;
+	}
 	/* With the RCU batch's lock released, as every @release run by a
 	 * batch (percpu_ref.c, run_release()). */
 	percpuref_batch_pause();
@@ -133,31 +122,6 @@ static void after_grace_period(struct percpuref_deferred *work)
 	/* As after every callback (percpu_ref.c, run_callback()). */
 	percpuref_prepare_unload();
 	percpuref_batch_resume();
-}
-
-/*
- * On the thread that runs the exit, after our exit handler (a static
- * destructor, an atexit() handler registered before our first use): the
- * grace period and @release here, before the put or kill that reached
- * zero returns.  Queued, @release ran on the reclaimer after the static
- * objects older than our first use were destroyed (review 171); and a
- * wait for the whole queue would wait for other refs' releases, one of
- * which may take a lock this thread holds (review 174).  This thread is
- * in no read-side section and holds no batch (percpuref_exiting_thread()).
- */
-static void release_here_at_exit(struct percpu_rcuref_state *st)
-{
-	percpu_rcuref_func_t *release = st->release;
-	struct percpu_rcuref *owner = st->owner;
-
-	percpuref_synchronize_rcu();
-	/* For TSAN: pairs with the release in percpu_rcuref_read_unlock(),
-	 * as after every batch's grace period (managed.c). */
-	percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
-	if (!release_due(st))
-		return;
-	release(owner);
-	percpuref_prepare_unload();
 }
 
 static void zero(struct percpu_ref *ref)
@@ -204,9 +168,20 @@ static void zero(struct percpu_ref *ref)
 	 * the pipeline either way); the queue's mutex orders @unpublish
 	 * before the grace period. */
 	__atomic_fetch_or(&st->phase, RCUREF_QUEUED, __ATOMIC_RELAXED);
-	if (percpuref_exiting_thread())
-		release_here_at_exit(st);
-	else
+	/*
+	 * On the thread that runs the exit, after our exit handler (a static
+	 * destructor, an atexit() handler registered before our first use):
+	 * the grace period and @release here, before the put or kill that
+	 * reached zero returns.  Queued, @release ran on the reclaimer after
+	 * the static objects older than our first use were destroyed (review
+	 * 171).  Only while no callback of the reclaimer's runs: those may
+	 * exit this ref meanwhile, which a @release run beside them would
+	 * race (review 175); and waiting for them could wait for one that
+	 * waits for a lock this thread holds (review 174): then queued, as
+	 * before.
+	 */
+	if (!percpuref_exiting_thread() ||
+	    !percpuref_run_after_rcu_here(&st->rcu_work, after_grace_period))
 		percpuref_call_after_rcu(&st->rcu_work, after_grace_period);
 }
 

@@ -1320,9 +1320,10 @@ enum sync_switch_lock_outcome {
  * Switch lock held: waits until no switch is in flight and read-locks
  * sync_switch_lock, which ranks before the switch locks, so is only tried
  * here; when a fork waits for it or holds it, steps back (unlocked) until
- * the fork is done, and starts over.
+ * the fork is done, and starts over (@caller: the call that relocks).
  */
-static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref)
+static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref,
+							  const char *caller)
 {
 	for (;;) {
 		/* Never SWITCH_REF_EXITED: lock_unmanaged() waited. */
@@ -1338,7 +1339,7 @@ static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref
 		/* Held by the fork until it is done. */
 		pthread_mutex_lock(&sync_switch_fork_gate);
 		pthread_mutex_unlock(&sync_switch_fork_gate);
-		if (!lock_unmanaged(ref, "percpu_ref_switch_to_atomic_sync"))
+		if (!lock_unmanaged(ref, caller))
 			return SYNC_SWITCH_UNUSABLE;
 	}
 }
@@ -1348,13 +1349,14 @@ static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref
  * a @release the switch's reference was the last of run here.  Lock held
  * (lock_unmanaged()), released on return.  @sticky: force_atomic, as
  * percpu_ref_switch_to_atomic_sync() sets it (the ref stays atomic after a
- * reinit); an exit's kill leaves it as it was.
+ * reinit); an exit's kill leaves it as it was.  @caller: the call to name
+ * in warnings.
  */
-static void switch_to_atomic_here(struct percpu_ref *ref, bool sticky)
+static void switch_to_atomic_here(struct percpu_ref *ref, bool sticky, const char *caller)
 {
 	percpu_ref_func_t *release;
 
-	switch (lock_for_sync_switch(ref)) {
+	switch (lock_for_sync_switch(ref, caller)) {
 	case SYNC_SWITCH_UNUSABLE:
 		return;
 	case SYNC_SWITCH_IN_FLIGHT:
@@ -1363,16 +1365,15 @@ static void switch_to_atomic_here(struct percpu_ref *ref, bool sticky)
 			 * switch_to_atomic there (test_hardening.c, finding 10). */
 			ref->data->force_atomic |= sticky;
 		else
-			percpuref_warn("percpu_ref_switch_to_atomic_sync",
-				       "ref %p switched from a callback while its switch is in "
-				       "flight; ignored", (void *)ref);
+			percpuref_warn(caller, "ref %p switched from a callback while its switch "
+				       "is in flight; ignored", (void *)ref);
 		unlock_switch(ref);
 		return;
 	case SYNC_SWITCH_READY:
 		break;
 	}
 	ref->data->force_atomic |= sticky;
-	if (!start_atomic_switch(ref, NULL, false, "percpu_ref_switch_to_atomic_sync")) {
+	if (!start_atomic_switch(ref, NULL, false, caller)) {
 		pthread_rwlock_unlock(&sync_switch_lock);
 		unlock_switch(ref);
 		return;
@@ -1389,7 +1390,7 @@ static void switch_to_atomic_here(struct percpu_ref *ref, bool sticky)
 PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 {
 	if (lock_unmanaged(ref, __func__))
-		switch_to_atomic_here(ref, true);
+		switch_to_atomic_here(ref, true, __func__);
 }
 
 /*
@@ -1413,7 +1414,7 @@ static void atomic_first_at_exit(struct percpu_ref *ref)
 		unlock_switch(ref);
 		return;
 	}
-	switch_to_atomic_here(ref, false);
+	switch_to_atomic_here(ref, false, "percpu_ref_kill_and_confirm");
 }
 
 PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
@@ -1853,8 +1854,11 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 	} else if (at_exit && unmanage_held_at_exit(ref, &released)) {
 		/* No held warning: nobody is waiting for the reclaimer now. */
 		*others = ULONG_MAX;
-		if (released)
+		if (released) {
+			/* Released by the pass: no teardown is owed. */
+			impl->exit_unmanaged = EXIT_UNMANAGED_NONE;
 			impl->mstate = MNODE_RELEASING;
+		}
 	} else {
 		/*
 		 * The switch's reference; the manager's keeps it above zero,

@@ -699,6 +699,17 @@ void percpuref_batch_begin(struct percpuref_batch *b)
 	b->running = true;
 }
 
+bool percpuref_batch_try_begin(struct percpuref_batch *b)
+{
+	batch_lock(b->rank, &b->lock);
+	if (b->running) {
+		batch_unlock(b->rank, &b->lock);
+		return false;
+	}
+	b->running = true;
+	return true;
+}
+
 void percpuref_batch_end(struct percpuref_batch *b)
 {
 	b->running = false;
@@ -852,7 +863,7 @@ PERCPUREF_API unsigned long percpuref_fork_generation(void)
  * percpuref_exiting_thread()).
  */
 static bool exit_began;
-static __thread bool exiting_here;
+static __thread bool exiting_here __attribute__((tls_model("initial-exec")));
 
 bool percpuref_exit_began(void)
 {

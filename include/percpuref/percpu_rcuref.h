@@ -13,7 +13,10 @@
  * period that starts after @unpublish returned and calls @release on the
  * reclaimer thread (or on the thread of a percpuref_shutdown(), which exit()
  * runs too, or of a barrier or flush that runs the queue itself because no
- * thread can start): no reader can still hold a pointer it found before, so
+ * thread can start, or, after exit() ran the library's exit handler, on
+ * the exiting thread that reached zero, while the reclaimer runs no
+ * callback: docs/percpu_ref.md, "At process exit"; one @release at a time
+ * in every case): no reader can still hold a pointer it found before, so
  * @release may percpu_rcuref_exit() and free the object.
  *
  * RCU flavour: liburcu-bp (link with liburcu-bp; pkg-config percpuref pulls
