@@ -109,7 +109,18 @@
  * exited so is skipped: its object may be gone).  A put that dropped the
  * manager's reference is found by the check (count 1 after the fold):
  * warned once, the ref stays atomic with a saturated count, and the next
- * pass unlinks it for good (pinned).
+ * pass unlinks it for good (pinned).  A failed check goes back to per-CPU
+ * mode with one CAS that drops the switch's reference and adds the bias,
+ * from a count the manager's reference keeps above zero: a put too many
+ * can land in no step between (tests/model/toomany.pml).  A check after
+ * exit() ran the library's exit handler does not go back: a held ref
+ * becomes a killed, unmanaged one (the managed flag cleared and DEAD set
+ * before the subtract of the manager's and the switch's references, so a
+ * holder's put that then reaches zero reads it unmanaged, through the
+ * count's release sequence, and releases it: tests/model/exitconv.pml).
+ * On the thread that runs the exit a kill switches its ref synchronously
+ * first, so it leaves nothing to the callback thread (docs/percpu_ref.md,
+ * "At process exit").
  *
  * Releases in signal handlers.  A get or put may run in a signal handler
  * (docs/percpu_ref.md, "Signal handlers"), and its put may reach zero.  On
