@@ -1144,7 +1144,26 @@ static bool start_atomic_switch(struct percpu_ref *ref, percpu_ref_func_t *confi
 	return true;
 }
 
-static void percpu_again_locked(struct percpu_ref *ref, uintptr_t cpu0);
+/*
+ * The rest of a switch to per-CPU mode, the bias added already.  The
+ * per-CPU words are zero: cleared by the fold that made the ref atomic (no
+ * switch is in flight), or never written (created atomic, or dead); unless
+ * a fence let an add through (internal.h).
+ */
+static void percpu_again_locked(struct percpu_ref *ref, uintptr_t cpu0)
+{
+	if (percpuref_unfenced_adds_possible())
+		percpuref_counter_clear(cpu0, percpuref_nr_units());
+	/* Reopened.  Relaxed: published by the release store below, which
+	 * unitless_add()'s acquire load of the mode word pairs with; an add
+	 * that lands on it now belongs to the new period, whose fold takes
+	 * it (the exchange reads the latest value). */
+	__atomic_store_n(&impl_of(ref->data)->unitless_word, 0, __ATOMIC_RELAXED);
+	/* Release: a reader that sees ATOMIC clear sees the bias and the zeroed
+	 * counters (pairs with the acquire/TSO load of the mode word). */
+	__atomic_store_n(&ref->percpu_count_ptr, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_ATOMIC,
+			 __ATOMIC_RELEASE);
+}
 
 /* Lock held, no switch in flight, ref atomic and not dead. */
 static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
@@ -1177,26 +1196,6 @@ static void switch_to_percpu_locked(struct percpu_ref *ref, const char *caller)
 	percpu_again_locked(ref, cpu0);
 }
 
-/*
- * The rest of a switch to per-CPU mode, the bias added already.  The
- * per-CPU words are zero: cleared by the fold that made the ref atomic (no
- * switch is in flight), or never written (created atomic, or dead); unless
- * a fence let an add through (internal.h).
- */
-static void percpu_again_locked(struct percpu_ref *ref, uintptr_t cpu0)
-{
-	if (percpuref_unfenced_adds_possible())
-		percpuref_counter_clear(cpu0, percpuref_nr_units());
-	/* Reopened.  Relaxed: published by the release store below, which
-	 * unitless_add()'s acquire load of the mode word pairs with; an add
-	 * that lands on it now belongs to the new period, whose fold takes
-	 * it (the exchange reads the latest value). */
-	__atomic_store_n(&impl_of(ref->data)->unitless_word, 0, __ATOMIC_RELAXED);
-	/* Release: a reader that sees ATOMIC clear sees the bias and the zeroed
-	 * counters (pairs with the acquire/TSO load of the mode word). */
-	__atomic_store_n(&ref->percpu_count_ptr, mode_word(ref) & ~(uintptr_t)__PERCPU_REF_ATOMIC,
-			 __ATOMIC_RELEASE);
-}
 
 /*
  * The kernel's __percpu_ref_switch_mode(): wait for a switch in flight, set
@@ -1799,11 +1798,15 @@ static bool unmanage_held_at_exit(struct percpu_ref *ref, bool *released)
 	 * (tests/model/exitconv.pml: MUTANT_SUB_FIRST, MUTANT_DEAD_AFTER). */
 	set_managed(ref, false);
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
-	impl_of(ref->data)->exit_unmanaged = EXIT_UNMANAGED_UNMANAGE_OWED;
 	/* Acq_rel: release for the put above; acquire when it reaches zero,
 	 * pairing with the holders' puts as the compare-and-swap does. */
 	count = __atomic_sub_fetch(&ref->data->count, 2, __ATOMIC_ACQ_REL);
 	*released = count == 0;
+	/* Released here: no teardown is owed.  After the drop is soon enough:
+	 * a holder's @release that unmanages or reinits the ref takes this
+	 * lock first. */
+	if (!*released)
+		impl_of(ref->data)->exit_unmanaged = EXIT_UNMANAGED_UNMANAGE_OWED;
 	/* Below zero: a put too many came since the load. */
 	if (count >= PERCPU_REF_UNDERFLOW_ZONE) {
 		pin_dropped_manager_ref(ref);
@@ -1865,11 +1868,8 @@ bool percpuref_managed_finish(struct percpuref_mnode *node, unsigned long *other
 	} else if (at_exit && unmanage_held_at_exit(ref, &released)) {
 		/* No held warning: nobody is waiting for the reclaimer now. */
 		*others = ULONG_MAX;
-		if (released) {
-			/* Released by the pass: no teardown is owed. */
-			impl->exit_unmanaged = EXIT_UNMANAGED_NONE;
+		if (released)
 			impl->mstate = MNODE_RELEASING;
-		}
 	} else {
 		/*
 		 * The switch's reference; the manager's keeps it above zero,
