@@ -63,6 +63,12 @@ static bool is_set(int *flag)
 	return __atomic_load_n(flag, __ATOMIC_SEQ_CST);
 }
 
+static void wait_for(int *flag)
+{
+	while (!is_set(flag))
+		usleep(1000);
+}
+
 /* Whether @flag was set within @ms. */
 static bool wait_for_ms(int *flag, int ms)
 {
@@ -189,8 +195,8 @@ static void rcu_release_takes_l(struct percpu_rcuref *r)
 static void *kill_other(void *arg)
 {
 	(void)arg;
-	while (!is_set(&go) || !is_set(&l_held))
-		usleep(1000);
+	wait_for(&go);
+	wait_for(&l_held);
 	if (rcu_mode)
 		percpu_rcuref_kill(&rcu_other);
 	else
@@ -203,8 +209,7 @@ static void kill_under_l(void)
 {
 	pthread_mutex_lock(&lock_l);
 	set(&l_held);
-	while (!is_set(&other_killed))
-		usleep(1000);
+	wait_for(&other_killed);
 	usleep(100 * 1000);	/* other's callback under way, waiting for L */
 	if (rcu_mode)
 		percpu_rcuref_put(&rcuref);	/* the last reference */
@@ -217,8 +222,7 @@ static void kill_under_l(void)
 static void *kill_under_l_thread(void *arg)
 {
 	(void)arg;
-	while (!is_set(&go))
-		usleep(1000);
+	wait_for(&go);
 	kill_under_l();
 	return NULL;
 }
@@ -249,8 +253,7 @@ static void *forker(void *arg)
 	pid_t pid;
 
 	(void)arg;
-	while (!is_set(&fork_go))
-		usleep(1000);
+	wait_for(&fork_go);
 	pid = fork();
 	if (pid == 0) {
 		if (percpu_ref_init(&other, count_release, PERCPU_REF_REL_MANAGED))
@@ -291,8 +294,7 @@ static void confirm_exits(struct percpu_ref *r)
 static void *flush_worker(void *arg)
 {
 	(void)arg;
-	while (!is_set(&flush_asked))
-		usleep(1000);
+	wait_for(&flush_asked);
 	percpu_ref_kill(&other);
 	set(&worker_done);
 	return NULL;
@@ -346,8 +348,7 @@ static void parent_release(struct percpu_rcuref *r)
 static void *kill_parent(void *arg)
 {
 	(void)arg;
-	while (!is_set(&child_releasing))
-		usleep(1000);
+	wait_for(&child_releasing);
 	percpu_rcuref_kill(&parent->ref);	/* not the exiting thread's */
 	return NULL;
 }
