@@ -614,14 +614,21 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 
 bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferred_fn fn)
 {
-	if (!percpuref_batch_try_begin(&scan))
+	/* Nested: a @release that an outer call runs here, with the role
+	 * held (paused around it), let go of another percpu_rcuref. */
+	bool nested = percpuref_exit_role_depth != 0;
+
+	if (!nested && !percpuref_batch_try_begin(&scan))
 		return false;
+	percpuref_exit_role_depth++;
 	percpuref_synchronize_rcu();
 	/* For TSAN: pairs with the release in percpu_rcuref_read_unlock(),
 	 * as in run_rcu_batch(). */
 	percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
 	fn(d);
-	percpuref_batch_end(&scan);
+	percpuref_exit_role_depth--;
+	if (!nested)
+		percpuref_batch_end(&scan);
 	return true;
 }
 

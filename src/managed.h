@@ -81,7 +81,9 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
  * exit a ref between its zero and its @release).  Only when no scan or RCU
  * batch has the role now: false, nothing done, otherwise (waiting for it
  * could wait for a callback that waits for a lock the caller holds).  The
- * caller is in no read-side section and holds no batch.
+ * caller is in no read-side section and holds no batch, unless this role,
+ * taken by such a call whose @release it runs (percpuref_exit_role_depth):
+ * then nested in it, without taking it again.
  */
 bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferred_fn fn);
 /* percpu_rcuref_kill()'s, as it returns: waits while more than the

@@ -612,7 +612,8 @@ enum mnode_state {
 enum exit_unmanaged {
 	EXIT_UNMANAGED_NONE,
 	EXIT_UNMANAGED_UNMANAGE_OWED,	/* switch_to_unmanaged: 0, quietly */
-	EXIT_UNMANAGED_KILL_OWED,	/* then kill: puts the caller's reference */
+	EXIT_UNMANAGED_KILL_OWED,	/* then kill: puts the caller's reference;
+					 * or switch_to_managed: 0, UNMANAGE_OWED */
 };
 
 struct percpu_ref_impl {
@@ -1355,40 +1356,16 @@ static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref
 }
 
 /*
- * The switch to atomic mode on the calling thread: the fence, the fold and
- * a @release the switch's reference was the last of run here.  Lock held
- * (lock_unmanaged()), released on return.  @sticky: force_atomic, as
- * percpu_ref_switch_to_atomic_sync() sets it (the ref stays atomic after a
- * reinit); an exit's kill leaves it as it was.  @caller: the call to name
- * in warnings.
+ * sync_switch_lock held, a switch to atomic started (start_atomic_switch(),
+ * not @async) and the switch lock dropped since: the rest of it on the
+ * calling thread, the fence, the fold, its confirm and a @release the
+ * switch's reference was the last of.  sync_switch_lock released on
+ * return.
  */
-static void switch_to_atomic_here(struct percpu_ref *ref, bool sticky, const char *caller)
+static void finish_switch_here(struct percpu_ref *ref)
 {
 	percpu_ref_func_t *release;
 
-	switch (lock_for_sync_switch(ref, caller)) {
-	case SYNC_SWITCH_UNUSABLE:
-		return;
-	case SYNC_SWITCH_IN_FLIGHT:
-		if (finishing_switch_of == ref)
-			/* Its own confirm: atomic and folded already, as for
-			 * switch_to_atomic there (test_hardening.c, finding 10). */
-			ref->data->force_atomic |= sticky;
-		else
-			percpuref_warn(caller, "ref %p switched from a callback while its switch "
-				       "is in flight; ignored", (void *)ref);
-		unlock_switch(ref);
-		return;
-	case SYNC_SWITCH_READY:
-		break;
-	}
-	ref->data->force_atomic |= sticky;
-	if (!start_atomic_switch(ref, NULL, false, caller)) {
-		pthread_rwlock_unlock(&sync_switch_lock);
-		unlock_switch(ref);
-		return;
-	}
-	unlock_switch(ref);
 	percpuref_fence_readers();
 	release = finish_atomic_switch(ref);
 	/* Before @release, which may switch another ref synchronously. */
@@ -1399,32 +1376,90 @@ static void switch_to_atomic_here(struct percpu_ref *ref, bool sticky, const cha
 
 PERCPUREF_API void percpu_ref_switch_to_atomic_sync(struct percpu_ref *ref)
 {
-	if (lock_unmanaged(ref, __func__))
-		switch_to_atomic_here(ref, true, __func__);
+	if (!lock_unmanaged(ref, __func__))
+		return;
+	switch (lock_for_sync_switch(ref, __func__)) {
+	case SYNC_SWITCH_UNUSABLE:
+		return;
+	case SYNC_SWITCH_IN_FLIGHT:
+		if (finishing_switch_of == ref)
+			/* Its own confirm: atomic and folded already, as for
+			 * switch_to_atomic there (test_hardening.c, finding 10). */
+			ref->data->force_atomic = true;
+		else
+			percpuref_warn(__func__, "ref %p switched from a callback while its switch "
+				       "is in flight; ignored", (void *)ref);
+		unlock_switch(ref);
+		return;
+	case SYNC_SWITCH_READY:
+		break;
+	}
+	ref->data->force_atomic = true;
+	if (!start_atomic_switch(ref, NULL, false, __func__)) {
+		pthread_rwlock_unlock(&sync_switch_lock);
+		unlock_switch(ref);
+		return;
+	}
+	unlock_switch(ref);
+	finish_switch_here(ref);
+}
+
+/* Lock held: a ref that an exit's kill switches here (kill_here_at_exit()). */
+static bool percpu_live_unmanaged(struct percpu_ref *ref)
+{
+	return !is_managed(ref) &&
+	       !(mode_word(ref) & (__PERCPU_REF_ATOMIC | __PERCPU_REF_DEAD));
 }
 
 /*
  * A kill on the thread that runs the exit, after our exit handler (a
- * static destructor, an atexit() handler registered before our first use):
- * the ref goes atomic here first, so that the kill queues nothing and its
- * confirm and the @release its put may lead to run on this thread before
- * it returns.  Queued, they ran on the callback thread after the static
- * objects older than our first use were destroyed (review 171); and a
- * wait for the callback thread would wait for every other ref's queued
- * callbacks too, one of which may take a lock this thread holds (review
- * 174).  Only a per-CPU, unmanaged, live ref: the kill itself warns about
- * the others, and finds an atomic one ready.
+ * static destructor, an atexit() handler registered before our first use),
+ * done here in full: the DEAD flag and the start of the switch to atomic
+ * under one hold of the switch lock, then, on this thread, the put of the
+ * initial reference (the switch's keeps the count up until the fold, as
+ * in any kill), the fence, the fold and @confirm_kill, so that the
+ * confirm and the @release the last put leads to run before it returns.  Queued,
+ * they ran on the callback thread after the static objects older than our
+ * first use were destroyed (review 171); a wait for the callback thread
+ * would wait for every other ref's queued callbacks too, one of which may
+ * take a lock this thread holds (review 174); and a switch to atomic
+ * apart from the kill let another thread's switch back to per-CPU land
+ * between them (review 175).  Only a per-CPU, unmanaged, live ref: false
+ * otherwise (the kill itself then warns about the others, and finds an
+ * atomic one ready); true when it killed the ref, or refused the call
+ * with a warning (exited or made managed meanwhile).
  */
-static void atomic_first_at_exit(struct percpu_ref *ref)
+static bool kill_here_at_exit(struct percpu_ref *ref, percpu_ref_func_t *confirm_kill)
 {
 	if (!ref || !ref->data)
-		return;
+		return false;
 	lock_switch(ref);
-	if (is_managed(ref) || (mode_word(ref) & (__PERCPU_REF_ATOMIC | __PERCPU_REF_DEAD))) {
+	if (!percpu_live_unmanaged(ref)) {
 		unlock_switch(ref);
-		return;
+		return false;
 	}
-	switch_to_atomic_here(ref, false, "percpu_ref_kill_and_confirm");
+	switch (lock_for_sync_switch(ref, "percpu_ref_kill_and_confirm")) {
+	case SYNC_SWITCH_UNUSABLE:
+		return true;
+	case SYNC_SWITCH_IN_FLIGHT:
+		unlock_switch(ref);
+		return false;
+	case SYNC_SWITCH_READY:
+		break;
+	}
+	/* Stepped back at the fork gate: anything may have happened. */
+	if (!percpu_live_unmanaged(ref)) {
+		pthread_rwlock_unlock(&sync_switch_lock);
+		unlock_switch(ref);
+		return false;
+	}
+	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
+	/* Per-CPU: it starts. */
+	start_atomic_switch(ref, confirm_kill, false, "percpu_ref_kill_and_confirm");
+	unlock_switch(ref);
+	percpu_ref_put(ref);	/* the initial reference */
+	finish_switch_here(ref);
+	return true;
 }
 
 PERCPUREF_API void percpu_ref_switch_to_percpu(struct percpu_ref *ref)
@@ -1440,8 +1475,8 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 {
 	percpu_ref_func_t *confirm_now;
 
-	if (percpuref_exiting_thread())
-		atomic_first_at_exit(ref);
+	if (percpuref_exiting_thread() && kill_here_at_exit(ref, confirm_kill))
+		return;
 	if (!lock_unmanaged(ref, __func__))
 		return;
 	/* Refused means nothing done: no DEAD, no put (but see
@@ -1607,7 +1642,15 @@ PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
 		why = "ref was exited meanwhile";
 	else if (is_managed(ref) && !(mode_word(ref) & __PERCPU_REF_DEAD))
 		why = "already managed", ret = -EALREADY;
-	else if (mode_word(ref) & __PERCPU_REF_DEAD)
+	else if (impl_of(ref->data)->exit_unmanaged == EXIT_UNMANAGED_KILL_OWED) {
+		/* Managed again after the unmanage that the exit's check
+		 * answered quietly: the manager's reference is the one that
+		 * check dropped already, so the ref stays as the check left
+		 * it, and its holders' last put releases it (the next
+		 * unmanage answers quietly again; review 177). */
+		impl_of(ref->data)->exit_unmanaged = EXIT_UNMANAGED_UNMANAGE_OWED;
+		ret = 0;
+	} else if (mode_word(ref) & __PERCPU_REF_DEAD)
 		why = "ref is dead (killed or released); reinit it first";
 	else if (!ref->data->allow_reinit)
 		why = "ref was created without PERCPU_REF_ALLOW_REINIT";
@@ -1776,10 +1819,11 @@ void (*percpuref_test_finish_window)(struct percpu_ref *ref);
  * unmanaged ref: no longer managed, DEAD, the manager's reference its
  * initial one, dropped with the switch's.  Its last holder's put then
  * releases it on that holder's thread, inside the static destructor that
- * lets go of it, and its @release may reinit it, as a managed ref's may.
- * A teardown written for a managed ref, switch_to_unmanaged() then kill,
- * still drops the caller's reference: the first returns 0 quietly, the
- * second puts it (review 174).  True when that is done; *@released when
+ * lets go of it (its @release may reinit it: unmanaged, live until a
+ * kill).  A teardown written for a managed ref, switch_to_unmanaged() then
+ * kill, still drops the caller's reference: the first returns 0 quietly,
+ * the second puts it (review 174); switch_to_managed() after the first
+ * answers 0 too, and leaves the ref so (review 177).  True when that is done; *@released when
  * the holders let go meanwhile and this drop reached zero.  False, nothing
  * done, for a count a put too many left at 1 or below (the caller pins
  * it).  Lock held.

@@ -871,9 +871,18 @@ bool percpuref_exit_began(void)
 	return __atomic_load_n(&exit_began, __ATOMIC_RELAXED);
 }
 
+__thread unsigned int percpuref_exit_role_depth __attribute__((tls_model("initial-exec")));
+
+/* No batch lock held, or only the scan batch that this thread's exit took
+ * for a percpu_rcuref's @release (percpuref_run_after_rcu_here()), paused
+ * around that @release: what the @release kills or lets go of is the
+ * exit's too (review 177: it was queued, for after the older globals). */
 bool percpuref_exiting_thread(void)
 {
-	return exiting_here && !percpuref_holds_batch_lock() && !percpuref_rcu_read_ongoing();
+	return exiting_here && !percpuref_rcu_read_ongoing() &&
+	       (!percpuref_holds_batch_lock() ||
+		(percpuref_exit_role_depth && !batch_pins &&
+		 batch_ranks_held == 1u << PERCPUREF_RANK_SCAN));
 }
 
 static void fork_child(void)

@@ -16,7 +16,7 @@
 
 #define PERCPUREF_VERSION_MAJOR 0
 #define PERCPUREF_VERSION_MINOR 4
-#define PERCPUREF_VERSION_PATCH 32
+#define PERCPUREF_VERSION_PATCH 33
 #define PERCPUREF_VERSION_OF(major, minor, patch) (((major) << 16) | ((minor) << 8) | (patch))
 #define PERCPUREF_VERSION_NUMBER                                              \
 	PERCPUREF_VERSION_OF(PERCPUREF_VERSION_MAJOR, PERCPUREF_VERSION_MINOR, \

@@ -8,8 +8,9 @@
  * kill or let go of used to be finished later, on the library's threads or
  * in its ELF destructor, after they had destroyed what a @release may use
  * (review 171: a C++ static owner's ~T wrote into a destroyed global).
- * Now, on the thread that runs the exit, a kill makes the ref atomic
- * first and a percpu_rcuref waits for its grace period, so confirm,
+ * Now, on the thread that runs the exit, a kill switches the ref to
+ * atomic mode there (0.4.33: under the hold that marks it dead), and a
+ * percpu_rcuref waits for its grace period, so confirm,
  * @unpublish and @release run before the call returns (a percpu_rcuref's
  * only while the reclaimer runs no callback, whose exits it would race:
  * queued otherwise, as before); and the handler's
@@ -40,6 +41,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "child.h"
@@ -50,7 +52,7 @@
 
 static struct percpu_ref ref, other;
 static struct percpu_rcuref rcuref, rcu_other;
-static int released, unpublished;	/* atomic */
+static int released, unpublished, stop;	/* atomic */
 static pthread_t released_on;
 
 static void set(int *flag)
@@ -121,6 +123,122 @@ static void late_kill_rcu(void)
 	percpu_rcuref_kill(&rcuref);
 	check(__atomic_load_n(&unpublished, __ATOMIC_SEQ_CST) == 1, 1);
 	check(nr_released() == 1, 2);
+}
+
+/*
+ * A kill on the exiting thread while another thread switches the ref back
+ * to per-CPU mode (legal: a dead ref stays as it is): its confirm and
+ * @release still run before it returns, on its thread.  0.4.32 made the
+ * ref atomic, dropped the switch lock, then killed: a switch back to
+ * per-CPU in between sent the kill's confirm and @release to the callback
+ * thread (review 175; it failed here in 20 runs of 20).  The racer calls as soon as the
+ * count loses its bias, which the fold does under the lock, so that it
+ * waits for that lock, not for the end of a switch in flight (a futex
+ * wake, later than the killer's relock).
+ */
+#define RACE_ROUNDS 2000
+#define RACE_MS 1000
+static int confirmed, racing;	/* atomic */
+static pthread_t confirmed_on;
+
+static void count_confirm(struct percpu_ref *r)
+{
+	(void)r;
+	confirmed_on = pthread_self();
+	set(&confirmed);
+}
+
+static void *switch_back_to_percpu(void *arg)
+{
+	(void)arg;
+	set(&racing);
+	while (!is_set(&stop))
+		/* Relaxed: only when to try; the switch lock orders the rest. */
+		if (__atomic_load_n(&ref.data->count, __ATOMIC_RELAXED) < PERCPU_COUNT_BIAS)
+			percpu_ref_switch_to_percpu(&ref);
+	return NULL;
+}
+
+static long ms_since(const struct timespec *start)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (now.tv_sec - start->tv_sec) * 1000 + (now.tv_nsec - start->tv_nsec) / 1000000;
+}
+
+/* Its rounds for RACE_MS at most (slow under valgrind and a loaded CPU). */
+static void late_kill_racing_switch(void)
+{
+	struct timespec start;
+
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (int round = 0; round < RACE_ROUNDS && ms_since(&start) < RACE_MS; round++) {
+		pthread_t racer;
+
+		__atomic_store_n(&stop, 0, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&confirmed, 0, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&racing, 0, __ATOMIC_SEQ_CST);
+		if (round)
+			check(!percpu_ref_init(&ref, count_release, PERCPU_REF_ALLOW_REINIT), 0);
+		check(!pthread_create(&racer, NULL, switch_back_to_percpu, NULL), 1);
+		while (!is_set(&racing))
+			sched_yield();
+		percpu_ref_kill_and_confirm(&ref, count_confirm);
+		check(is_set(&confirmed) && pthread_equal(confirmed_on, pthread_self()), 2);
+		check(nr_released() == round + 1 && pthread_equal(released_on, pthread_self()), 3);
+		set(&stop);
+		pthread_join(racer, NULL);
+		percpu_ref_exit(&ref);
+	}
+}
+
+/*
+ * A percpu_rcuref's @release run on the exiting thread lets go of the
+ * refs its object holds, a percpu_ref and a percpu_rcuref: their
+ * callbacks run before the parent's kill returns too.  0.4.32 queued
+ * them (inside that @release the thread held the reclaimer's role, so it
+ * read as no exit's), to run after the older globals were destroyed
+ * (review 177; a C++ static owner of such an object: heap-use-after-free).
+ */
+static struct percpu_ref nested_ref;
+static struct percpu_rcuref nested_rcu;
+
+static void parent_drops_children(struct percpu_rcuref *r)
+{
+	(void)r;
+	percpu_ref_kill(&nested_ref);
+	percpu_rcuref_kill(&nested_rcu);
+	__atomic_fetch_add(&released, 1, __ATOMIC_SEQ_CST);
+}
+
+static void late_nested_teardown(void)
+{
+	percpu_rcuref_kill(&rcuref);
+	/* The parent, its percpu_ref child (on this thread), its rcuref child. */
+	check(nr_released() == 3, 1);
+	check(pthread_equal(released_on, pthread_self()), 2);
+}
+
+/*
+ * A held managed ref taken from management by the exit, cycled as a
+ * managed ref may be (unmanage, read it atomic, back to per-CPU, manage
+ * again) before its holder lets go: each call answers 0 without a
+ * warning, and the holder's put releases it, once, on its thread.
+ * 0.4.32 refused the switch back to managed (dead), warning (review 177).
+ */
+static void late_remanage(void)
+{
+	for (int cycle = 0; cycle < 2; cycle++) {
+		check(percpu_ref_switch_to_unmanaged(&ref) == 0, 1);
+		percpu_ref_switch_to_atomic_sync(&ref);
+		percpu_ref_switch_to_percpu(&ref);
+		check(percpu_ref_switch_to_managed(&ref) == 0, 2);
+	}
+	check(nr_released() == 0, 3);
+	percpu_ref_put(&ref);
+	check(nr_released() == 1, 4);
+	check(pthread_equal(released_on, pthread_self()), 5);
 }
 
 static void late_managed_put(void)
@@ -369,7 +487,6 @@ static void late_kill_child(void)
 #define STRESS_WORKERS 3
 static struct percpu_ref stress_ref[STRESS_REFS];
 static int stress_released[STRESS_REFS];	/* atomic */
-static int stop;				/* atomic */
 static pthread_t workers[STRESS_WORKERS];
 
 static void stress_release(struct percpu_ref *r)
@@ -443,6 +560,9 @@ static int scenario(const char *mode)
 	} scenarios[] = {
 		{ "--kill", late_kill },
 		{ "--kill-rcu", late_kill_rcu },
+		{ "--kill-racing-switch", late_kill_racing_switch },
+		{ "--nested-teardown", late_nested_teardown },
+		{ "--remanage", late_remanage },
 		{ "--managed-put", late_managed_put },
 		{ "--managed-put-rcu", late_managed_put_rcu },
 		{ "--idle-managed", late_idle_managed },
@@ -494,9 +614,16 @@ static int scenario(const char *mode)
 		usleep(20 * 1000);
 		return 0;
 	}
+	if (late == late_nested_teardown)
+		return percpu_rcuref_init(&rcuref, NULL, parent_drops_children, 0) ||
+		       percpu_ref_init(&nested_ref, count_release, 0) ||
+		       percpu_rcuref_init(&nested_rcu, NULL, count_rcu_release, 0) ? 4 : 0;
+	if (late == late_kill_racing_switch)
+		return percpu_ref_init(&ref, count_release, PERCPU_REF_ALLOW_REINIT) ? 4 : 0;
 	if (percpu_ref_init(&ref, count_release,
 			    late == late_managed_put || late == late_idle_managed ||
-			    late == late_unmanage_kill ? PERCPU_REF_REL_MANAGED : 0))
+			    late == late_unmanage_kill || late == late_remanage
+			    ? PERCPU_REF_REL_MANAGED : 0))
 		return 4;
 	if (late == late_idle_managed)
 		percpu_ref_put(&ref);	/* the manager's alone */
@@ -520,6 +647,15 @@ int main(int argc, char **argv)
 
 	is(run_mode("--kill"), 0,
 	   "after the exit handler: a kill returns with its @release run, on its thread");
+	is(run_mode("--kill-racing-switch"), 0,
+	   "after the exit handler: a kill racing another thread's switch back to per-CPU still "
+	   "returns with its confirm and @release run, on its thread");
+	is(run_mode("--nested-teardown"), 0,
+	   "after the exit handler: what a percpu_rcuref's @release run there lets go of is "
+	   "released before its kill returns");
+	is(run_mode("--remanage"), 0,
+	   "after the exit handler: a held managed ref taken from management cycles "
+	   "unmanaged and managed without a warning; its holder's put releases it");
 	is(run_mode("--kill-rcu"), 0,
 	   "after the exit handler: a percpu_rcuref kill returns with @unpublish and @release run");
 	is(run_mode("--managed-put"), 0,
