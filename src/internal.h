@@ -206,10 +206,10 @@ bool percpuref_rcu_read_ongoing(void);
  */
 bool percpuref_exit_began(void);
 bool percpuref_exiting_thread(void);
-/* How deep this thread is in percpu_rcuref @release runs that its exit
- * does itself with the reclaimer's role (managed.c), which
+/* Whether this thread's exit holds the reclaimer's role to run percpu_rcuref
+ * @releases itself (managed.c, percpuref_run_after_rcu_here()), which
  * percpuref_exiting_thread() accepts in place of no batch lock. */
-extern __thread unsigned int percpuref_exit_role_depth __attribute__((tls_model("initial-exec")));
+extern __thread bool percpuref_exit_rcu_role __attribute__((tls_model("initial-exec")));
 
 /* Runtime set-up: rseq/membarrier detection, CPU count, fork handlers.
  * Idempotent and thread-safe; every slow path that may be first calls it. */

@@ -612,23 +612,49 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 	pthread_mutex_unlock(&managed_lock);
 }
 
+/* The items that the @releases run by percpuref_run_after_rcu_here() let
+ * go of, on this thread, for its loop to run next. */
+static __thread struct percpuref_deferred *here_head, **here_tail;
+
 bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferred_fn fn)
 {
-	/* Nested: a @release that an outer call runs here, with the role
-	 * held (paused around it), let go of another percpu_rcuref. */
-	bool nested = percpuref_exit_role_depth != 0;
-
-	if (!nested && !percpuref_batch_try_begin(&scan))
+	d->fn = fn;
+	d->next = NULL;
+	/*
+	 * Nested: a @release that the loop below runs, with the role held
+	 * (paused around it), let go of another percpu_rcuref.  Its turn
+	 * comes when that @release has returned, not on its stack: a chain
+	 * of objects, each @release letting go of the next, recursed a link
+	 * deeper each, and overflowed the stack (review 178: 50,000 links,
+	 * the main thread's 8 MiB).
+	 */
+	if (percpuref_exit_rcu_role) {
+		*here_tail = d;
+		here_tail = &d->next;
+		return true;
+	}
+	if (!percpuref_batch_try_begin(&scan))
 		return false;
-	percpuref_exit_role_depth++;
-	percpuref_synchronize_rcu();
-	/* For TSAN: pairs with the release in percpu_rcuref_read_unlock(),
-	 * as in run_rcu_batch(). */
-	percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
-	fn(d);
-	percpuref_exit_role_depth--;
-	if (!nested)
-		percpuref_batch_end(&scan);
+	percpuref_exit_rcu_role = true;
+	here_head = d;
+	here_tail = &d->next;
+	/* One grace period for the items queued by the round before. */
+	while ((d = here_head)) {
+		here_head = NULL;
+		here_tail = &here_head;
+		percpuref_synchronize_rcu();
+		/* For TSAN: pairs with the release in
+		 * percpu_rcuref_read_unlock(), as in run_rcu_batch(). */
+		percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
+		while (d) {
+			struct percpuref_deferred *next = d->next;
+
+			d->fn(d);
+			d = next;
+		}
+	}
+	percpuref_exit_rcu_role = false;
+	percpuref_batch_end(&scan);
 	return true;
 }
 

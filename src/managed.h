@@ -82,8 +82,8 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
  * batch has the role now: false, nothing done, otherwise (waiting for it
  * could wait for a callback that waits for a lock the caller holds).  The
  * caller is in no read-side section and holds no batch, unless this role,
- * taken by such a call whose @release it runs (percpuref_exit_role_depth):
- * then nested in it, without taking it again.
+ * taken by such a call whose @release it runs (percpuref_exit_rcu_role):
+ * then @fn(@d) runs after that @release returns, before that call does.
  */
 bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferred_fn fn);
 /* percpu_rcuref_kill()'s, as it returns: waits while more than the

@@ -1356,11 +1356,11 @@ static enum sync_switch_lock_outcome lock_for_sync_switch(struct percpu_ref *ref
 }
 
 /*
- * sync_switch_lock held, a switch to atomic started (start_atomic_switch(),
- * not @async) and the switch lock dropped since: the rest of it on the
- * calling thread, the fence, the fold, its confirm and a @release the
- * switch's reference was the last of.  sync_switch_lock released on
- * return.
+ * sync_switch_lock held, a switch to atomic started without a confirm
+ * (start_atomic_switch(), not @async: no callback runs while that lock is
+ * held) and the switch lock dropped since: the rest of it on the calling
+ * thread, the fence, the fold and a @release the switch's reference was
+ * the last of.  sync_switch_lock released on return.
  */
 static void finish_switch_here(struct percpu_ref *ref)
 {
@@ -1415,19 +1415,19 @@ static bool percpu_live_unmanaged(struct percpu_ref *ref)
  * A kill on the thread that runs the exit, after our exit handler (a
  * static destructor, an atexit() handler registered before our first use),
  * done here in full: the DEAD flag and the start of the switch to atomic
- * under one hold of the switch lock, then, on this thread, the put of the
- * initial reference (the switch's keeps the count up until the fold, as
- * in any kill), the fence, the fold and @confirm_kill, so that the
- * confirm and the @release the last put leads to run before it returns.  Queued,
- * they ran on the callback thread after the static objects older than our
- * first use were destroyed (review 171); a wait for the callback thread
- * would wait for every other ref's queued callbacks too, one of which may
- * take a lock this thread holds (review 174); and a switch to atomic
- * apart from the kill let another thread's switch back to per-CPU land
- * between them (review 175).  Only a per-CPU, unmanaged, live ref: false
- * otherwise (the kill itself then warns about the others, and finds an
- * atomic one ready); true when it killed the ref, or refused the call
- * with a warning (exited or made managed meanwhile).
+ * under one hold of the switch lock, then, on this thread, the fence and
+ * the fold, @confirm_kill, and the put of the initial reference, so that
+ * the confirm and the @release that put may lead to run before it
+ * returns.  Queued, they ran on the callback thread after the static
+ * objects older than our first use were destroyed (review 171); a wait
+ * for the callback thread would wait for every other ref's queued
+ * callbacks too, one of which may take a lock this thread holds (review
+ * 174); and a switch to atomic apart from the kill let another thread's
+ * switch back to per-CPU land between them (review 175).  Only a per-CPU,
+ * unmanaged, live ref: false otherwise (the kill itself then warns about
+ * the others, and finds an atomic one ready); true when it killed the
+ * ref, or refused the call with a warning (exited or made managed
+ * meanwhile).
  */
 static bool kill_here_at_exit(struct percpu_ref *ref, percpu_ref_func_t *confirm_kill)
 {
@@ -1454,11 +1454,17 @@ static bool kill_here_at_exit(struct percpu_ref *ref, percpu_ref_func_t *confirm
 		return false;
 	}
 	set_mode_word(ref, mode_word(ref) | __PERCPU_REF_DEAD);
-	/* Per-CPU: it starts. */
-	start_atomic_switch(ref, confirm_kill, false, "percpu_ref_kill_and_confirm");
+	/* Per-CPU: it starts.  Without the confirm, which would run with
+	 * sync_switch_lock read-held: a fork it makes or waits for would
+	 * wait for this thread (review 178: the first build of 0.4.33 hung
+	 * so).  At once after the switch instead, as a kill of an atomic ref
+	 * runs it, before the put. */
+	start_atomic_switch(ref, NULL, false, "percpu_ref_kill_and_confirm");
 	unlock_switch(ref);
+	finish_switch_here(ref);	/* never releases: the initial ref is held */
+	if (confirm_kill)
+		run_kill_confirm_at_once(ref, confirm_kill);
 	percpu_ref_put(ref);	/* the initial reference */
-	finish_switch_here(ref);
 	return true;
 }
 
@@ -1640,15 +1646,19 @@ PERCPUREF_API int percpu_ref_switch_to_managed(struct percpu_ref *ref)
 		why = "called from a callback while the ref's switch is in flight";
 	else if (wait == SWITCH_REF_EXITED)
 		why = "ref was exited meanwhile";
-	else if (is_managed(ref) && !(mode_word(ref) & __PERCPU_REF_DEAD))
+	else if ((is_managed(ref) && !(mode_word(ref) & __PERCPU_REF_DEAD)) ||
+		 /* Converted by the exit's check: managed to its holders. */
+		 impl_of(ref->data)->exit_unmanaged == EXIT_UNMANAGED_UNMANAGE_OWED)
 		why = "already managed", ret = -EALREADY;
 	else if (impl_of(ref->data)->exit_unmanaged == EXIT_UNMANAGED_KILL_OWED) {
 		/* Managed again after the unmanage that the exit's check
 		 * answered quietly: the manager's reference is the one that
 		 * check dropped already, so the ref stays as the check left
 		 * it, and its holders' last put releases it (the next
-		 * unmanage answers quietly again; review 177). */
+		 * unmanage answers quietly again; review 177).  Per-CPU after
+		 * a reinit, as manage_locked() leaves a ref (review 178). */
 		impl_of(ref->data)->exit_unmanaged = EXIT_UNMANAGED_UNMANAGE_OWED;
+		ref->data->force_atomic = false;
 		ret = 0;
 	} else if (mode_word(ref) & __PERCPU_REF_DEAD)
 		why = "ref is dead (killed or released); reinit it first";

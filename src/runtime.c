@@ -871,17 +871,18 @@ bool percpuref_exit_began(void)
 	return __atomic_load_n(&exit_began, __ATOMIC_RELAXED);
 }
 
-__thread unsigned int percpuref_exit_role_depth __attribute__((tls_model("initial-exec")));
+__thread bool percpuref_exit_rcu_role __attribute__((tls_model("initial-exec")));
 
 /* No batch lock held, or only the scan batch that this thread's exit took
  * for a percpu_rcuref's @release (percpuref_run_after_rcu_here()), paused
  * around that @release: what the @release kills or lets go of is the
- * exit's too (review 177: it was queued, for after the older globals). */
+ * exit's too, and so is what a confirm it runs (pinned) lets go of
+ * (reviews 177 and 178: queued, for after the older globals). */
 bool percpuref_exiting_thread(void)
 {
 	return exiting_here && !percpuref_rcu_read_ongoing() &&
 	       (!percpuref_holds_batch_lock() ||
-		(percpuref_exit_role_depth && !batch_pins &&
+		(percpuref_exit_rcu_role &&
 		 batch_ranks_held == 1u << PERCPUREF_RANK_SCAN));
 }
 

@@ -34,6 +34,8 @@
  * held managed refs managed.
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
@@ -45,6 +47,7 @@
 #include <unistd.h>
 
 #include "child.h"
+#include "internal.h"
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
@@ -227,6 +230,21 @@ static void late_nested_teardown(void)
  * warning, and the holder's put releases it, once, on its thread.
  * 0.4.32 refused the switch back to managed (dead), warning (review 177).
  */
+/* percpu_ref_switch_to_managed(), whose one warning goes to /dev/null. */
+static int switch_to_managed_quietly(struct percpu_ref *r)
+{
+	unsigned long warned = percpuref_warning_count();
+	int saved = dup(STDERR_FILENO), null = open("/dev/null", O_WRONLY), ret;
+
+	check(saved >= 0 && null >= 0 && dup2(null, STDERR_FILENO) >= 0, 7);
+	ret = percpu_ref_switch_to_managed(r);
+	check(dup2(saved, STDERR_FILENO) >= 0, 8);
+	close(saved);
+	close(null);
+	check(percpuref_warning_count() == warned + 1, 9);
+	return ret;
+}
+
 static void late_remanage(void)
 {
 	for (int cycle = 0; cycle < 2; cycle++) {
@@ -236,9 +254,124 @@ static void late_remanage(void)
 		check(percpu_ref_switch_to_managed(&ref) == 0, 2);
 	}
 	check(nr_released() == 0, 3);
+	/* Managed again, as far as its holders can tell: a second switch is
+	 * refused as on any managed ref (warned; its line kept from ctest's
+	 * eyes, which fail the test on any). */
+	check(switch_to_managed_quietly(&ref) == -EALREADY, 6);
 	percpu_ref_put(&ref);
 	check(nr_released() == 1, 4);
 	check(pthread_equal(released_on, pthread_self()), 5);
+}
+
+/*
+ * A kill's confirm on the exiting thread that forks (a callback may: the
+ * child only _exits): the first build of 0.4.33 ran that confirm inside
+ * the kill's switch, holding the lock a fork takes for writing, and the
+ * fork waited for its own thread (review 178: exit() hung, 3 runs of 3).
+ */
+static void confirm_forks(struct percpu_ref *r)
+{
+	pid_t pid;
+
+	(void)r;
+	pid = fork();
+	if (pid == 0)
+		_exit(0);
+	check(pid > 0 && wait_child(pid) == 0, 1);
+	set(&confirmed);
+}
+
+static void late_fork_in_confirm(void)
+{
+	percpu_ref_kill_and_confirm(&ref, confirm_forks);
+	check(is_set(&confirmed) && nr_released() == 1, 2);
+}
+
+/*
+ * A confirm run inside such a @release (a kill of the object's child with
+ * a confirm that lets go of a third ref): that third ref is released
+ * before the parent's kill returns too (review 178: 0.4.32 and the first
+ * build of 0.4.33 queued it, the confirm being pinned).
+ */
+static struct percpu_rcuref third;
+
+static void confirm_kills_third(struct percpu_ref *r)
+{
+	(void)r;
+	percpu_rcuref_kill(&third);
+}
+
+static void parent_kills_child_confirmed(struct percpu_rcuref *r)
+{
+	(void)r;
+	percpu_ref_kill_and_confirm(&nested_ref, confirm_kills_third);
+}
+
+static void late_confirm_in_nested(void)
+{
+	percpu_rcuref_kill(&rcuref);
+	/* The child and the third. */
+	check(nr_released() == 2, 1);
+}
+
+/*
+ * A chain of percpu_rcurefs, each @release killing the next, torn down by
+ * an exit() called on a thread with a small stack: each link is released
+ * after the one before has returned, not inside it (review 178: the first
+ * build of 0.4.33 recursed, a link deeper each, and 50,000 links
+ * overflowed the main thread's 8 MiB stack).
+ */
+#define CHAIN_LINKS 5000
+#define CHAIN_STACK (256 * 1024)
+
+struct link {
+	struct percpu_rcuref ref;
+	struct link *next;
+};
+
+static struct link *chain;
+
+static void link_release(struct percpu_rcuref *r)
+{
+	struct link *l = (struct link *)r;
+
+	if (l->next)
+		percpu_rcuref_kill(&l->next->ref);
+	percpu_rcuref_exit(r);
+	free(l);
+	__atomic_fetch_add(&released, 1, __ATOMIC_SEQ_CST);
+}
+
+static void late_chain(void)
+{
+	percpu_rcuref_kill(&chain->ref);
+	check(nr_released() == CHAIN_LINKS, 1);
+}
+
+static void *exit_on_small_stack(void *arg)
+{
+	(void)arg;
+	exit(0);
+}
+
+static int setup_chain(void)
+{
+	pthread_attr_t attr;
+	pthread_t t;
+
+	for (int i = 0; i < CHAIN_LINKS; i++) {
+		struct link *l = calloc(1, sizeof(*l));
+
+		if (!l || percpu_rcuref_init(&l->ref, NULL, link_release, 0))
+			return 4;
+		l->next = chain;
+		chain = l;
+	}
+	if (pthread_attr_init(&attr) || pthread_attr_setstacksize(&attr, CHAIN_STACK) ||
+	    pthread_create(&t, &attr, exit_on_small_stack, NULL))
+		return 5;
+	pause();
+	return 0;
 }
 
 static void late_managed_put(void)
@@ -563,6 +696,9 @@ static int scenario(const char *mode)
 		{ "--kill-racing-switch", late_kill_racing_switch },
 		{ "--nested-teardown", late_nested_teardown },
 		{ "--remanage", late_remanage },
+		{ "--fork-in-confirm", late_fork_in_confirm },
+		{ "--confirm-in-nested", late_confirm_in_nested },
+		{ "--rcu-chain", late_chain },
 		{ "--managed-put", late_managed_put },
 		{ "--managed-put-rcu", late_managed_put_rcu },
 		{ "--idle-managed", late_idle_managed },
@@ -614,6 +750,12 @@ static int scenario(const char *mode)
 		usleep(20 * 1000);
 		return 0;
 	}
+	if (late == late_chain)
+		return setup_chain();
+	if (late == late_confirm_in_nested)
+		return percpu_rcuref_init(&rcuref, NULL, parent_kills_child_confirmed, 0) ||
+		       percpu_ref_init(&nested_ref, count_release, 0) ||
+		       percpu_rcuref_init(&third, NULL, count_rcu_release, 0) ? 4 : 0;
 	if (late == late_nested_teardown)
 		return percpu_rcuref_init(&rcuref, NULL, parent_drops_children, 0) ||
 		       percpu_ref_init(&nested_ref, count_release, 0) ||
@@ -656,6 +798,17 @@ int main(int argc, char **argv)
 	is(run_mode("--remanage"), 0,
 	   "after the exit handler: a held managed ref taken from management cycles "
 	   "unmanaged and managed without a warning; its holder's put releases it");
+	if (fork_children_untestable())
+		skip("fork in a confirm at exit: %s", fork_children_untestable());
+	else
+		is(run_mode("--fork-in-confirm"), 0,
+		   "after the exit handler: a kill's confirm that forks does not hang the exit");
+	is(run_mode("--confirm-in-nested"), 0,
+	   "after the exit handler: what a confirm inside a percpu_rcuref's @release lets go of "
+	   "is released before the outer kill returns");
+	is(run_mode("--rcu-chain"), 0,
+	   "after the exit handler: a chain of 5,000 percpu_rcurefs torn down on a 256 KiB "
+	   "stack, each link released once");
 	is(run_mode("--kill-rcu"), 0,
 	   "after the exit handler: a percpu_rcuref kill returns with @unpublish and @release run");
 	is(run_mode("--managed-put"), 0,
