@@ -98,6 +98,14 @@
  * its own reclaimer if the parent had one, so managed refs keep being
  * released in the child.
  *
+ * At process exit the thread that runs it takes the scanner's role for a
+ * percpu_rcuref that reaches zero there, when nobody holds it
+ * (percpuref_run_after_rcu_here()): a grace period and the @release on
+ * that thread, so that they run before the older static objects are
+ * destroyed; what those @releases let go of waits on a list of that
+ * thread's and runs in the next round, after the @release returned (a
+ * chain of them would otherwise deepen the stack a link each).
+ *
  * Giving way.  When the next scan is due the moment one ends (interval 0,
  * or scans longer than the interval) and no flush waits for a pass, the
  * thread calls sched_yield() before scanning again, holding no lock: where

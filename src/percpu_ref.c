@@ -118,9 +118,10 @@
  * before the subtract of the manager's and the switch's references, so a
  * holder's put that then reaches zero reads it unmanaged, through the
  * count's release sequence, and releases it: tests/model/exitconv.pml).
- * On the thread that runs the exit a kill switches its ref synchronously
- * first, so it leaves nothing to the callback thread (docs/percpu_ref.md,
- * "At process exit").
+ * On the thread that runs the exit a kill is synchronous: DEAD set under
+ * the hold that starts its switch, the fence and fold there, then its
+ * confirm and its put, so it leaves nothing to the callback thread
+ * (docs/percpu_ref.md, "At process exit").
  *
  * Releases in signal handlers.  A get or put may run in a signal handler
  * (docs/percpu_ref.md, "Signal handlers"), and its put may reach zero.  On
