@@ -102,9 +102,10 @@
  * percpu_rcuref that reaches zero there, when nobody holds it
  * (percpuref_run_after_rcu_here()): a grace period and the @release on
  * that thread, so that they run before the older static objects are
- * destroyed; what those @releases let go of waits on a list of that
- * thread's and runs in the next round, after the @release returned (a
- * chain of them would otherwise deepen the stack a link each).
+ * destroyed; what those @releases let go of waits on a list (here_head,
+ * guarded by the role) and runs in the next round, after the @release
+ * returned (a chain of them would otherwise deepen the stack a link
+ * each), where a fork child of another thread finds it too.
  *
  * Giving way.  When the next scan is due the moment one ends (interval 0,
  * or scans longer than the interval) and no flush waits for a pass, the
@@ -620,9 +621,12 @@ void percpuref_call_after_rcu(struct percpuref_deferred *d, percpuref_deferred_f
 	pthread_mutex_unlock(&managed_lock);
 }
 
-/* The items that the @releases run by percpuref_run_after_rcu_here() let
- * go of, on this thread, for its loop to run next. */
-static __thread struct percpuref_deferred *here_head, **here_tail;
+/* The exiting thread's percpuref_run_after_rcu_here(), holding the scan
+ * role (which guards them): the items its round has yet to run
+ * (here_rest), and those the @releases it runs let go of, for its next
+ * round (here_head).  Not on its stack: a fork by another thread while a
+ * @release is paused finds them (managed_fork_child(); review 179). */
+static struct percpuref_deferred *here_head, **here_tail = &here_head, *here_rest;
 
 bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferred_fn fn)
 {
@@ -647,19 +651,15 @@ bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferr
 	here_head = d;
 	here_tail = &d->next;
 	/* One grace period for the items queued by the round before. */
-	while ((d = here_head)) {
+	while ((here_rest = here_head)) {
 		here_head = NULL;
 		here_tail = &here_head;
 		percpuref_synchronize_rcu();
 		/* For TSAN: pairs with the release in
 		 * percpu_rcuref_read_unlock(), as in run_rcu_batch(). */
 		percpuref_tsan_acquire(&percpuref_rcu_tsan_sync);
-		while (d) {
-			struct percpuref_deferred *next = d->next;
-
-			d->fn(d);
-			d = next;
-		}
+		/* Off here_rest before it runs: a fork child finds the rest. */
+		percpuref_deferred_run(&here_rest, NULL);
 	}
 	percpuref_exit_rcu_role = false;
 	percpuref_batch_end(&scan);
@@ -1423,6 +1423,25 @@ static void managed_fork_child(void)
 	if (scan_releasing && percpuref_batch_fork_took(&scan)) {
 		scan_cut = scan_releasing;
 		scan_releasing = NULL;
+	}
+	/* Likewise what an exiting thread's percpuref_run_after_rcu_here()
+	 * had left, when another thread forked (that thread is not here):
+	 * before the RCU items not started, its own having come first.  The
+	 * exiting thread's own fork (from a @release) keeps them, and its
+	 * loop goes on here. */
+	if (percpuref_batch_fork_took(&scan) && (here_rest || here_head)) {
+		struct percpuref_deferred **tail = &here_rest;
+
+		while (*tail)
+			tail = &(*tail)->next;
+		*tail = here_head;
+		/* Walked, not here_tail: a @release may have been appending. */
+		while (*tail)
+			tail = &(*tail)->next;
+		*tail = rcu_rest;
+		rcu_rest = here_rest;
+		here_rest = here_head = NULL;
+		here_tail = &here_head;
 	}
 	if (rcu_rest) {
 		struct percpuref_deferred *last = rcu_rest;

@@ -113,9 +113,12 @@ PERCPUREF_API void percpu_rcuref_read_unlock(void);
  * returned.
  * 0, or -EDEADLK (warned) on one of the library's threads (its callbacks),
  * from shutdown, from a callback that a poll or a wait running the queue
- * itself runs, or inside a read-side section (it would wait for itself); a
- * callback run by a put on the putter's own thread may call it.  While the library's threads cannot start, it
- * runs their queues, grace period and callbacks, on the calling thread.
+ * itself runs, from a @release that the thread running exit() runs in the
+ * reclaimer's place (docs/percpu_ref.md, "At process exit"), or inside a
+ * read-side section (it would wait for itself); a callback run by a put
+ * on the putter's own thread otherwise may call it.  While the library's
+ * threads cannot start, it runs their queues, grace period and callbacks,
+ * on the calling thread.
  */
 PERCPUREF_API int percpu_rcuref_barrier(void);
 

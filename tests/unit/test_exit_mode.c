@@ -374,6 +374,50 @@ static int setup_chain(void)
 	return 0;
 }
 
+/*
+ * Another thread forks while a @release run there lets go of two more
+ * percpu_rcurefs, which wait for the exiting thread's next round: the
+ * child, which that thread is not in, releases them (its reclaimer runs
+ * them; review 179: the first build of that round kept them on the
+ * exiting thread's own list, which the child lacks, and lost them).
+ */
+static struct percpu_rcuref loop_b, loop_c;
+static int loop_forked, loop_fork_go, loop_child_status = -1;	/* atomic */
+
+static void parent_kills_two_then_waits(struct percpu_rcuref *r)
+{
+	(void)r;
+	percpu_rcuref_kill(&loop_b);
+	percpu_rcuref_kill(&loop_c);
+	set(&loop_fork_go);
+	wait_for(&loop_forked);
+}
+
+static void *fork_in_loop(void *arg)
+{
+	pid_t pid;
+
+	(void)arg;
+	wait_for(&loop_fork_go);
+	pid = fork();
+	if (pid == 0) {
+		/* Whichever thread forked, the two are this child's to release. */
+		if (percpu_rcuref_barrier())
+			_exit(1);
+		_exit(nr_released() == 2 ? 0 : 2);
+	}
+	__atomic_store_n(&loop_child_status, pid < 0 ? 3 : wait_child(pid), __ATOMIC_SEQ_CST);
+	set(&loop_forked);
+	return NULL;
+}
+
+static void late_fork_in_loop(void)
+{
+	percpu_rcuref_kill(&rcuref);
+	check(__atomic_load_n(&loop_child_status, __ATOMIC_SEQ_CST) == 0, 1);
+	check(nr_released() == 2, 2);
+}
+
 static void late_managed_put(void)
 {
 	/* Held by us alone now, no longer managed: a kill's state. */
@@ -699,6 +743,7 @@ static int scenario(const char *mode)
 		{ "--fork-in-confirm", late_fork_in_confirm },
 		{ "--confirm-in-nested", late_confirm_in_nested },
 		{ "--rcu-chain", late_chain },
+		{ "--fork-in-loop", late_fork_in_loop },
 		{ "--managed-put", late_managed_put },
 		{ "--managed-put-rcu", late_managed_put_rcu },
 		{ "--idle-managed", late_idle_managed },
@@ -752,6 +797,11 @@ static int scenario(const char *mode)
 	}
 	if (late == late_chain)
 		return setup_chain();
+	if (late == late_fork_in_loop)
+		return percpu_rcuref_init(&rcuref, NULL, parent_kills_two_then_waits, 0) ||
+		       percpu_rcuref_init(&loop_b, NULL, count_rcu_release, 0) ||
+		       percpu_rcuref_init(&loop_c, NULL, count_rcu_release, 0) ||
+		       start_detached(fork_in_loop) ? 4 : 0;
 	if (late == late_confirm_in_nested)
 		return percpu_rcuref_init(&rcuref, NULL, parent_kills_child_confirmed, 0) ||
 		       percpu_ref_init(&nested_ref, count_release, 0) ||
@@ -803,6 +853,12 @@ int main(int argc, char **argv)
 	else
 		is(run_mode("--fork-in-confirm"), 0,
 		   "after the exit handler: a kill's confirm that forks does not hang the exit");
+	if (fork_children_untestable())
+		skip("fork during the exit's releases: %s", fork_children_untestable());
+	else
+		is(run_mode("--fork-in-loop"), 0,
+		   "after the exit handler: a child forked by another thread while a @release run "
+		   "there lets go of percpu_rcurefs releases them");
 	is(run_mode("--confirm-in-nested"), 0,
 	   "after the exit handler: what a confirm inside a percpu_rcuref's @release lets go of "
 	   "is released before the outer kill returns");
