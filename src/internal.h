@@ -147,6 +147,11 @@ void percpuref_batch_unpin(void);
 /* Inside a confirm callback (pinned): a poll there would run a @release
  * that cannot pause its batch lock. */
 bool percpuref_in_confirm(void);
+/* For a batch begun inside a confirm, which guards no batch lock of its
+ * own (managed.c's exit loop): the pins set aside, so that the batch
+ * pauses around its @releases, then given back. */
+unsigned int percpuref_batch_pins_take(void);
+void percpuref_batch_pins_restore(unsigned int pins);
 
 /* True on a thread started by percpuref_start_thread(). */
 extern __thread bool percpuref_library_thread __attribute__((tls_model("initial-exec")));

@@ -630,6 +630,8 @@ static struct percpuref_deferred *here_head, **here_tail = &here_head, *here_res
 
 bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferred_fn fn)
 {
+	unsigned int pins;
+
 	d->fn = fn;
 	d->next = NULL;
 	/*
@@ -647,6 +649,12 @@ bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferr
 	}
 	if (!percpuref_batch_try_begin(&scan))
 		return false;
+	/* Called inside a confirm (pinned, no batch held: a kill's confirm
+	 * that let go of a percpu_rcuref): the pins guard no batch lock of
+	 * ours, and would keep the scan lock held through each @release
+	 * (percpuref_batch_pause()), so that a fork waited for it, and a
+	 * @release waiting for that fork hung the exit (review 180). */
+	pins = percpuref_batch_pins_take();
 	percpuref_exit_rcu_role = true;
 	here_head = d;
 	here_tail = &d->next;
@@ -662,6 +670,7 @@ bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferr
 		percpuref_deferred_run(&here_rest, NULL);
 	}
 	percpuref_exit_rcu_role = false;
+	percpuref_batch_pins_restore(pins);
 	percpuref_batch_end(&scan);
 	return true;
 }

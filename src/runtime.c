@@ -776,6 +776,19 @@ void percpuref_batch_unpin(void)
 	batch_pins--;
 }
 
+unsigned int percpuref_batch_pins_take(void)
+{
+	unsigned int pins = batch_pins;
+
+	batch_pins = 0;
+	return pins;
+}
+
+void percpuref_batch_pins_restore(unsigned int pins)
+{
+	batch_pins = pins;
+}
+
 bool percpuref_holds_batch_lock(void)
 {
 	return batch_ranks_held != 0;

@@ -418,6 +418,23 @@ static void late_fork_in_loop(void)
 	check(nr_released() == 2, 2);
 }
 
+/* The same reached from a kill's confirm (pinned): the @release that waits
+ * for the fork ran with the reclaimer's lock kept (a pinned thread's
+ * pause keeps it), which the fork waits for: exit() hung (review 180). */
+static void confirm_kills_parent(struct percpu_ref *r)
+{
+	(void)r;
+	percpu_rcuref_kill(&rcuref);
+}
+
+static void late_fork_in_loop_confirm(void)
+{
+	percpu_ref_kill_and_confirm(&ref, confirm_kills_parent);
+	check(__atomic_load_n(&loop_child_status, __ATOMIC_SEQ_CST) == 0, 1);
+	/* loop_b, loop_c and ref. */
+	check(nr_released() == 3, 2);
+}
+
 static void late_managed_put(void)
 {
 	/* Held by us alone now, no longer managed: a kill's state. */
@@ -744,6 +761,7 @@ static int scenario(const char *mode)
 		{ "--confirm-in-nested", late_confirm_in_nested },
 		{ "--rcu-chain", late_chain },
 		{ "--fork-in-loop", late_fork_in_loop },
+		{ "--fork-in-loop-confirm", late_fork_in_loop_confirm },
 		{ "--managed-put", late_managed_put },
 		{ "--managed-put-rcu", late_managed_put_rcu },
 		{ "--idle-managed", late_idle_managed },
@@ -797,7 +815,10 @@ static int scenario(const char *mode)
 	}
 	if (late == late_chain)
 		return setup_chain();
-	if (late == late_fork_in_loop)
+	if (late == late_fork_in_loop_confirm &&
+	    percpu_ref_init(&ref, count_release, 0))
+		return 4;
+	if (late == late_fork_in_loop || late == late_fork_in_loop_confirm)
 		return percpu_rcuref_init(&rcuref, NULL, parent_kills_two_then_waits, 0) ||
 		       percpu_rcuref_init(&loop_b, NULL, count_rcu_release, 0) ||
 		       percpu_rcuref_init(&loop_c, NULL, count_rcu_release, 0) ||
@@ -856,9 +877,13 @@ int main(int argc, char **argv)
 	if (fork_children_untestable())
 		skip("fork during the exit's releases: %s", fork_children_untestable());
 	else
+	{
 		is(run_mode("--fork-in-loop"), 0,
 		   "after the exit handler: a child forked by another thread while a @release run "
 		   "there lets go of percpu_rcurefs releases them");
+		is(run_mode("--fork-in-loop-confirm"), 0,
+		   "likewise from a kill's confirm: the fork does not wait for that @release");
+	}
 	is(run_mode("--confirm-in-nested"), 0,
 	   "after the exit handler: what a confirm inside a percpu_rcuref's @release lets go of "
 	   "is released before the outer kill returns");
