@@ -643,7 +643,10 @@ bool percpuref_run_after_rcu_here(struct percpuref_deferred *d, percpuref_deferr
 	 * the main thread's 8 MiB).
 	 */
 	if (percpuref_exit_rcu_role) {
-		*here_tail = d;
+		/* Release: the scan lock is not held here (paused), so
+		 * another thread's fork may copy the list meanwhile, and its
+		 * child must find @d whole once linked (review 181). */
+		__atomic_store_n(here_tail, d, __ATOMIC_RELEASE);
 		here_tail = &d->next;
 		return true;
 	}
