@@ -590,6 +590,16 @@ static void run_kill_confirm_at_once(struct percpu_ref *ref, percpu_ref_func_t *
 	percpuref_cancel_restore(cancel);
 }
 
+/* The end of every kill: @confirm at once where the ref was atomic, its
+ * switch done (NULL where the switch still to finish runs it, or none was
+ * given), then the put of the initial reference. */
+static void confirm_and_put_initial(struct percpu_ref *ref, percpu_ref_func_t *confirm)
+{
+	if (confirm)
+		run_kill_confirm_at_once(ref, confirm);
+	percpu_ref_put(ref);	/* the initial reference */
+}
+
 static bool confirming_kill_of(const struct percpu_ref *ref)
 {
 	const struct kill_confirm *frame;
@@ -1463,9 +1473,7 @@ static bool kill_here_at_exit(struct percpu_ref *ref, percpu_ref_func_t *confirm
 	start_atomic_switch(ref, NULL, false, "percpu_ref_kill_and_confirm");
 	unlock_switch(ref);
 	finish_switch_here(ref);	/* never releases: the initial ref is held */
-	if (confirm_kill)
-		run_kill_confirm_at_once(ref, confirm_kill);
-	percpu_ref_put(ref);	/* the initial reference */
+	confirm_and_put_initial(ref, confirm_kill);
 	return true;
 }
 
@@ -1503,9 +1511,7 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 		if (impl_of(ref->data)->exit_unmanaged == EXIT_UNMANAGED_KILL_OWED) {
 			impl_of(ref->data)->exit_unmanaged = EXIT_UNMANAGED_NONE;
 			unlock_switch(ref);
-			if (confirm_kill)
-				run_kill_confirm_at_once(ref, confirm_kill);
-			percpu_ref_put(ref);
+			confirm_and_put_initial(ref, confirm_kill);
 			return;
 		}
 		unlock_switch(ref);
@@ -1516,9 +1522,7 @@ PERCPUREF_API void percpu_ref_kill_and_confirm(struct percpu_ref *ref,
 	confirm_now = switch_mode_locked(ref, ref->data->force_atomic, confirm_kill, __func__);
 	unlock_switch(ref);
 	percpuref_deferred_wake_owed();
-	if (confirm_now)
-		run_kill_confirm_at_once(ref, confirm_now);
-	percpu_ref_put(ref);	/* the initial reference */
+	confirm_and_put_initial(ref, confirm_now);
 	percpuref_deferred_pace();
 }
 
