@@ -24,14 +24,12 @@
  * 2); a failing seed is printed, and runs alone with --seed=N.
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,6 +37,7 @@
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
+#include "rnd.h"
 #include "tap.h"
 
 #define MAXN 400
@@ -76,7 +75,7 @@ static pthread_t exit_thread;
 static int in_call, teardown_started, stop; /* atomic */
 static int reader_released;	/* atomic: a reader's put may have released */
 static int readers_putting;	/* atomic: readers inside such a put */
-static unsigned long long rng;
+static unsigned int rng;	/* the seed's sequence (rnd.h) */
 static int nreaders, do_fork;
 static unsigned long long seed0;
 static pthread_t readers[2], forker;
@@ -84,10 +83,10 @@ static int ack[3];
 static int fork_status = -1;
 static const char *where = "";
 
-static unsigned rnd(unsigned n)
+/* One of 0 .. @n - 1 from the seed's sequence. */
+static unsigned pick(unsigned n)
 {
-	rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-	return (unsigned)(rng >> 33) % n;
+	return rnd(&rng) % n;
 }
 
 static void dump_chain(int id)
@@ -262,14 +261,13 @@ static void check_subtree(int id, int root)
 
 static void *reader(void *arg)
 {
-	unsigned long long s = (uintptr_t)arg * 7919 + 1;
+	unsigned int s = (unsigned int)((uintptr_t)arg * 7919 + 1);
 	int me = (int)((uintptr_t)arg % 3);
 	while (!__atomic_load_n(&stop, __ATOMIC_SEQ_CST)) {
 		/* ack: no hold of an earlier iteration is still in flight */
 		int ts = __atomic_load_n(&teardown_started, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&ack[me], ts, __ATOMIC_SEQ_CST);
-		s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-		int i = (int)((s >> 33) % (unsigned)N);
+		int i = (int)(rnd(&s) % (unsigned)N);
 		if (R[i].kind != K_RCU)
 			continue;
 		percpu_rcuref_read_lock();
@@ -278,7 +276,7 @@ static void *reader(void *arg)
 			__atomic_store_n(&R[i].touched, 1, __ATOMIC_SEQ_CST);
 		if (o && percpu_rcuref_tryget(&o->rc)) {
 			percpu_rcuref_read_unlock();
-			if (s & 0x100)
+			if (rnd(&s) & 1)
 				sched_yield();
 			/* Counted while it may release and not yet say so. */
 			__atomic_add_fetch(&readers_putting, 1, __ATOMIC_SEQ_CST);
@@ -301,7 +299,7 @@ static void *fork_thread(void *arg)
 	while (!__atomic_load_n(&teardown_started, __ATOMIC_SEQ_CST) &&
 	       !__atomic_load_n(&stop, __ATOMIC_SEQ_CST))
 		sched_yield();
-	usleep(rnd(200));
+	usleep(pick(200));
 	pid_t pid = fork();
 	if (pid == 0) {
 		alarm(10);
@@ -311,10 +309,7 @@ static void *fork_thread(void *arg)
 	}
 	if (pid < 0)
 		return NULL;
-	int st;
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
-	fork_status = st;
+	fork_status = wait_child(pid);
 	return NULL;
 }
 
@@ -364,33 +359,33 @@ static int seed_main(unsigned long long seed)
 {
 	child_deadline(20);
 	seed0 = seed;
-	rng = seed * 2654435761ULL + 12345;
+	rng = (unsigned int)(seed * 2654435761ULL + 12345);
 	atexit(late_handler); /* before the library's first use */
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
-	N = 1 + rnd(seed & 1 ? 40 : 200);
+	N = 1 + pick(seed & 1 ? 40 : 200);
 	nroots = 0;
 	for (int i = 0; i < N; i++) {
 		struct rec *r = &R[i];
-		r->kind = rnd(2) ? K_RCU : K_REF;
-		r->managed = rnd(3) == 0;
-		r->reinit = rnd(3) == 0;
-		r->atomic = !r->managed && rnd(6) == 0;
+		r->kind = pick(2) ? K_RCU : K_REF;
+		r->managed = pick(3) == 0;
+		r->reinit = pick(3) == 0;
+		r->atomic = !r->managed && pick(6) == 0;
 		r->parent = -1;
 		/* choose owner */
-		if (i == 0 || rnd(5) == 0) {
+		if (i == 0 || pick(5) == 0) {
 			roots[nroots++] = i;
 		} else {
-			int p = rnd(i);
+			int p = pick(i);
 			/* attach as confirm-child when p is a killed percpu_ref with room */
 			int tries = 0;
 			while ((R[p].nchild >= MAXC && R[p].nconf >= MAXC) && tries++ < 10)
-				p = rnd(i);
+				p = pick(i);
 			if (R[p].nchild >= MAXC && R[p].nconf >= MAXC) {
 				roots[nroots++] = i;
 			} else {
 				r->parent = p;
-				if (R[p].kind == K_REF && !R[p].managed && R[p].nconf < MAXC && rnd(2))
+				if (R[p].kind == K_REF && !R[p].managed && R[p].nconf < MAXC && pick(2))
 					R[p].conf[R[p].nconf++] = i, r->via_confirm = 1;
 				else if (R[p].nchild < MAXC)
 					R[p].child[R[p].nchild++] = i;
@@ -403,24 +398,24 @@ static int seed_main(unsigned long long seed)
 	for (int i = 0; i < N; i++) {
 		struct rec *r = &R[i];
 		if (r->managed) {
-			if (r->nconf || rnd(3) == 0)
+			if (r->nconf || pick(3) == 0)
 				r->how = LG_UNMANAGE_KILL;
 			else
 				r->how = LG_PUT_MANAGED;
 		} else if (r->kind == K_REF) {
 			if (r->nconf)
-				r->how = rnd(3) ? LG_KILL_CONFIRM : LG_KILL_THEN_PUT;
+				r->how = pick(3) ? LG_KILL_CONFIRM : LG_KILL_THEN_PUT;
 			else
-				r->how = rnd(3) ? LG_KILL : LG_KILL_THEN_PUT;
+				r->how = pick(3) ? LG_KILL : LG_KILL_THEN_PUT;
 		} else {
-			r->how = rnd(3) ? LG_KILL : LG_KILL_THEN_PUT;
+			r->how = pick(3) ? LG_KILL : LG_KILL_THEN_PUT;
 		}
 		if (r->how == LG_KILL_THEN_PUT)
 			r->extra = 1;
 	}
 	/* Shuffle child orders. */
 	for (int i = 0; i < nroots; i++) {
-		int j = i + rnd(nroots - i), t = roots[i];
+		int j = i + pick(nroots - i), t = roots[i];
 		roots[i] = roots[j], roots[j] = t;
 	}
 	for (int i = 0; i < N; i++) {
@@ -452,16 +447,16 @@ static int seed_main(unsigned long long seed)
 		if (r->kind == K_RCU)
 			__atomic_store_n(&pub[i], o, __ATOMIC_SEQ_CST);
 	}
-	nreaders = rnd(3);
-	do_fork = rnd(3) == 0 && !fork_children_untestable();
+	nreaders = pick(3);
+	do_fork = pick(3) == 0 && !fork_children_untestable();
 	for (int i = 0; i < nreaders; i++)
 		if (pthread_create(&readers[i], NULL, reader, (void *)(uintptr_t)(seed * 3 + i)))
 			_exit(2);
 	if (do_fork && pthread_create(&forker, NULL, fork_thread, NULL))
 		_exit(2);
-	if (rnd(2))
+	if (pick(2))
 		percpu_ref_managed_flush();
-	usleep(rnd(3000));
+	usleep(pick(3000));
 	return 0;
 }
 

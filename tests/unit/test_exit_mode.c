@@ -43,7 +43,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "child.h"
@@ -162,21 +161,12 @@ static void *switch_back_to_percpu(void *arg)
 	return NULL;
 }
 
-static long ms_since(const struct timespec *start)
-{
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (now.tv_sec - start->tv_sec) * 1000 + (now.tv_nsec - start->tv_nsec) / 1000000;
-}
-
 /* Its rounds for RACE_MS at most (slow under valgrind and a loaded CPU). */
 static void late_kill_racing_switch(void)
 {
-	struct timespec start;
+	uint64_t end = now_ns() + RACE_MS * 1000000ull;
 
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	for (int round = 0; round < RACE_ROUNDS && ms_since(&start) < RACE_MS; round++) {
+	for (int round = 0; round < RACE_ROUNDS && now_ns() < end; round++) {
 		pthread_t racer;
 
 		__atomic_store_n(&stop, 0, __ATOMIC_SEQ_CST);
