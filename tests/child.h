@@ -85,6 +85,33 @@ static inline int wait_child(pid_t pid)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/*
+ * waitpid(@pid, @status, 0) for at most @seconds; then the child is killed
+ * with SIGKILL, reaped, and *@overdue set (false otherwise).  For a child
+ * whose own deadline (an alarm) might not end it: under qemu-user a
+ * process stuck inside the emulator takes no signal but SIGKILL, which
+ * the kernel delivers itself (fork_gate.h: the lock it got stuck on).
+ * Returns waitpid()'s result.
+ */
+static inline pid_t waitpid_within(pid_t pid, int *status, unsigned int seconds, bool *overdue)
+{
+	const struct timespec ten_ms = { 0, 10 * 1000 * 1000 };
+	unsigned long waited_ms = 0;
+	pid_t got;
+
+	*overdue = false;
+	while ((got = waitpid(pid, status, WNOHANG)) == 0) {
+		if (waited_ms >= seconds * 1000UL) {
+			*overdue = true;
+			kill(pid, SIGKILL);
+			return waitpid(pid, status, 0);
+		}
+		nanosleep(&ten_ms, NULL);
+		waited_ms += 10;
+	}
+	return got;
+}
+
 /* Re-executes this test in @mode with the environment @envp; its exit
  * status (see wait_child()). */
 static inline int run_mode_env(const char *mode, char **envp)

@@ -36,7 +36,9 @@
  *     percpuref_shutdown() and exit()/_exit().
  * Under ThreadSanitizer no fork (no threads in a threaded process's child:
  * tests/child.h).  Under ASan the fork gate (fork_gate.h) keeps forks out of
- * the workers' library calls other than get/put/tryget.
+ * the workers' library calls other than get/put/tryget; under qemu-user,
+ * out of their percpuref_shutdown() calls (a fork while a thread exits
+ * leaves the emulator's child stuck: fork_gate.h).
  *
  * Usage: stress_model [SEED [SECONDS [THREADS]]]; STRESS_SEED and
  * STRESS_SECONDS too.  Any percpuref warning on stderr is a failure as well
@@ -68,6 +70,9 @@
 #define NR_SLOTS 8
 #define OPS_PER_PHASE 400
 #define CHILD_DEADLINE_S 20
+/* The parent kills a child its alarm did not end this long after
+ * (waitpid_within(), tests/child.h), and fails. */
+#define CHILD_GRACE_S 40
 /* A fork may cut the @release a library thread runs (one each: the callback
  * thread's for kills, the reclaimer's for managed refs), and one of each
  * kind per thread inside percpuref_shutdown() (cur_slot -2), which runs
@@ -544,16 +549,24 @@ out:
 static void op_barrier(int me, unsigned int *seed)
 {
 	long want[NR_SLOTS];
+	unsigned int choice;
 	int s, err;
 
 	busy(me, GLOBAL_CALL);
 	for (s = 0; s < NR_SLOTS; s++)
 		want[s] = __atomic_load_n(&slots[s].confirm_issued, __ATOMIC_SEQ_CST);
-	allocating_begin();
-	switch (rnd(seed) % 8) {
-	case 0:
+	choice = rnd(seed) % 8;
+	if (choice == 0) {
+		/* It ends the library's threads: under qemu-user, never
+		 * while another thread forks (fork_gate.h). */
+		thread_ending_begin();
 		percpuref_shutdown();
-		break;
+		thread_ending_end();
+		busy(me, -1);
+		return;
+	}
+	allocating_begin();
+	switch (choice) {
 	case 1:
 	case 2:
 	case 3:
@@ -871,6 +884,7 @@ static int child_main(int me, unsigned int seed)
 static void do_fork(int me, unsigned int *seed)
 {
 	unsigned int child_seed = rnd(seed);
+	bool overdue;
 	int status;
 	pid_t pid;
 
@@ -896,8 +910,13 @@ static void do_fork(int me, unsigned int *seed)
 		return;
 	}
 	__atomic_add_fetch(&forks, 1, __ATOMIC_SEQ_CST);
-	if (waitpid(pid, &status, 0) != pid) {
+	if (waitpid_within(pid, &status, CHILD_DEADLINE_S + CHILD_GRACE_S, &overdue) != pid) {
 		FAIL("waitpid: %s", strerror(errno));
+		return;
+	}
+	if (overdue) {
+		FAIL("child of thread %d (seed %u) still running %d s after its deadline: killed",
+		     me, child_seed, CHILD_GRACE_S);
 		return;
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) >= 100) {
