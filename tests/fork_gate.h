@@ -13,7 +13,7 @@
  *
  * Under an emulator (a cross build's tests under qemu-user, which set
  * PERCPUREF_TEST_EMULATOR): calls that end threads, percpuref_shutdown()
- * (stress_model.c), bracketed by thread_ending_begin() and
+ * (stress_model.c, stress_fork.c), bracketed by thread_ending_begin() and
  * thread_ending_end().  qemu-user 7.2 (Debian 12's) holds a lock of its
  * own, clone_lock, while a thread starts and while one exits, and its
  * fork does not take it: a fork that lands while another thread exits
@@ -22,28 +22,38 @@
  * even the child's own alarm() ends it.  CI's stress_model hung so (its
  * child's library start-up, after a worker's fork met another worker's
  * percpuref_shutdown()); the child's only thread was found waiting on a
- * mutex in qemu's data, called from its clone emulation.  On Linux itself
- * no lock outlives the fork this way, so the native tests race forks
- * against shutdowns as before.  Thread starts need no gate: the library's
- * fork hooks wait until a thread it started runs its code, which under
- * qemu comes after the emulator let go of the lock.
+ * mutex in qemu's data, called from its clone emulation.  A join is no
+ * proof that the lock is free: qemu wakes the joiner before its exiting
+ * thread lets go of it.  So under the emulator thread_ending_end() starts
+ * a thread that waits for ever (fork_gate_settle()): that start takes the
+ * lock, after the exits the call joined let go of it, and no thread of
+ * the test ends near the fork.  On Linux itself no lock outlives a fork
+ * this way, and the native tests race forks against shutdowns as before.
+ * The library's own thread starts need no gate: its fork hooks wait until
+ * a thread it started runs its code, which under qemu comes after the
+ * emulator let go of the lock.  Threads a test starts or ends itself are
+ * that test's to keep from its forks (stress_rcuref_switch.c,
+ * stress_exit_teardown.c).
  *
- * Either way, a call is active, or a fork is coming (new calls wait, the
- * forker waits for the active ones).  Atomics and yields, no futex: the
- * fork child inherits the gate closed, and its own reclaimer may wait on
- * it before the main thread opens it there; a pthread rwlock kept the
- * marks of the parent's waiters, and a thread waiting on one before the
- * child reinitialised it waited for ever.  Sequentially consistent: each
- * side's store, then its load of the other side's (a Dekker pair).  A
- * thread inside one bracket enters no other (it would wait for a forker
+ * Either way, a call is active, or forks are coming (new calls wait, each
+ * forker waits for the active ones; the forkers are counted, as several
+ * threads may fork at once).  Atomics and yields, no futex: the fork child
+ * inherits the gate closed, and its own reclaimer may wait on it before
+ * the main thread opens it there (fork_end_child()); a pthread rwlock kept
+ * the marks of the parent's waiters, and a thread waiting on one before
+ * the child reinitialised it waited for ever.  Sequentially consistent:
+ * each side's store, then its load of the other side's (a Dekker pair).
+ * A thread inside one bracket enters no other (it would wait for a forker
  * that waits for it).  Where neither applies each call does nothing.
  */
 #ifndef PERCPUREF_TESTS_FORK_GATE_H
 #define PERCPUREF_TESTS_FORK_GATE_H
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FORK_GATE_ALLOCATIONS 1
@@ -53,10 +63,8 @@
 
 static unsigned int gate_forking, gate_active;
 
-/* Whether the gate keeps forks from thread ends: under an emulator, or
- * under ASan (where it closes against allocations, and a thread's end
- * frees).  Relaxed: every thread computes the same answer. */
-static inline bool fork_gate_thread_ends(void)
+/* Under an emulator.  Relaxed: every thread computes the same answer. */
+static inline bool fork_gate_emulated(void)
 {
 	static int cached = -1;
 	int on = __atomic_load_n(&cached, __ATOMIC_RELAXED);
@@ -64,10 +72,18 @@ static inline bool fork_gate_thread_ends(void)
 	if (on < 0) {
 		const char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
 
-		on = FORK_GATE_ALLOCATIONS || (emulator && *emulator);
+		on = emulator && *emulator;
 		__atomic_store_n(&cached, on, __ATOMIC_RELAXED);
 	}
 	return on;
+}
+
+/* Whether the gate keeps forks from thread ends: under an emulator, or
+ * under ASan (where it closes against allocations, and a thread's end
+ * frees). */
+static inline bool fork_gate_thread_ends(void)
+{
+	return FORK_GATE_ALLOCATIONS || fork_gate_emulated();
 }
 
 static inline void fork_gate_enter(void)
@@ -106,22 +122,54 @@ static inline void thread_ending_begin(void)
 		fork_gate_enter();
 }
 
+static inline void *fork_gate_parked(void *unused)
+{
+	(void)unused;
+	for (;;)
+		pause();
+	return NULL;	/* not reached; GCC 12 asks for it */
+}
+
+/* Under the emulator: returns once every thread that ended before the
+ * call has let go of qemu's clone lock (a start takes it).  The started
+ * thread never ends, lest its own end hold the lock. */
+static inline void fork_gate_settle(void)
+{
+	pthread_t parked;
+
+	if (pthread_create(&parked, NULL, fork_gate_parked, NULL) == 0)
+		pthread_detach(parked);
+	else
+		usleep(20 * 1000);	/* no thread to spare: a margin, no proof */
+}
+
 static inline void thread_ending_end(void)
 {
-	if (fork_gate_thread_ends())
-		fork_gate_leave();
+	if (!fork_gate_thread_ends())
+		return;
+	if (fork_gate_emulated())
+		fork_gate_settle();
+	fork_gate_leave();
 }
 
 static inline void fork_begin(void)
 {
 	if (!fork_gate_thread_ends())
 		return;
-	__atomic_store_n(&gate_forking, 1, __ATOMIC_SEQ_CST);
+	__atomic_fetch_add(&gate_forking, 1, __ATOMIC_SEQ_CST);
 	while (__atomic_load_n(&gate_active, __ATOMIC_SEQ_CST))
 		sched_yield();
 }
 
+/* The parent's, after its fork(). */
 static inline void fork_end(void)
+{
+	if (fork_gate_thread_ends())
+		__atomic_fetch_sub(&gate_forking, 1, __ATOMIC_SEQ_CST);
+}
+
+/* The child's: it has no other forker, whatever the parent counted. */
+static inline void fork_end_child(void)
 {
 	if (fork_gate_thread_ends())
 		__atomic_store_n(&gate_forking, 0, __ATOMIC_SEQ_CST);

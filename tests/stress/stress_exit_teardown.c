@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "child.h"
+#include "fork_gate.h"
 #include "percpuref/managed.h"
 #include "percpuref/percpu_rcuref.h"
 #include "percpuref/percpu_ref.h"
@@ -300,6 +301,10 @@ static void *fork_thread(void *arg)
 	       !__atomic_load_n(&stop, __ATOMIC_SEQ_CST))
 		sched_yield();
 	usleep(pick(200));
+	/* Under qemu-user: after the library's exit handler's joins let
+	 * go of the emulator's lock (tests/fork_gate.h). */
+	if (UNDER_EMULATOR)
+		fork_gate_settle();
 	pid_t pid = fork();
 	if (pid == 0) {
 		alarm(10);
@@ -309,7 +314,16 @@ static void *fork_thread(void *arg)
 	}
 	if (pid < 0)
 		return NULL;
-	fork_status = wait_child(pid);
+	/* A child its alarm did not end is killed 30 s after it. */
+	int status;
+	bool overdue;
+
+	if (waitpid_within(pid, &status, 40, &overdue) != pid)
+		fork_status = -1;
+	else if (overdue)
+		fork_status = -2;
+	else
+		fork_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 	return NULL;
 }
 
@@ -341,7 +355,10 @@ static void late_handler(void)
 		if (!UNDER_EMULATOR)
 			pthread_join(forker, NULL);
 		if (fork_status != 0)
-			fail(8, "fork child status %d %d", fork_status, 0);
+			fail(8, fork_status == -2 ? "fork child still running 30 s after its alarm: "
+						    "killed (%d %d)"
+						  : "fork child status %d %d",
+			     fork_status, 0);
 	}
 	/* Excused ones may have gone to the library threads: wait for them. */
 	/* chains alternate between the two queues: one round per level */

@@ -80,6 +80,9 @@
 #define RCU_SLOTS 8
 #define WORKERS 8	/* main()'s fns[]: worker threads */
 #define CHILD_DEADLINE_S 20
+/* The parent kills a child its alarm did not end this long after
+ * (waitpid_within(), tests/child.h), and fails. */
+#define CHILD_GRACE_S 40
 
 static int stop;			/* atomic */
 static unsigned long kills, kill_releases;	/* atomic: per-CPU refs */
@@ -425,7 +428,7 @@ static int fork_once(unsigned int *seed, int round)
 {
 	struct own o;
 	int held = 1 + (int)(rnd(seed) % 5), i, status, ret = 0;
-	bool drained = rnd(seed) % 2;
+	bool drained = rnd(seed) % 2, overdue;
 	pid_t pid;
 
 	memset(&o, 0, sizeof(o));
@@ -438,7 +441,9 @@ static int fork_once(unsigned int *seed, int round)
 	/* Every other round the library's threads stop, and the workers start
 	 * them again while the fork may come. */
 	if (drained) {
+		thread_ending_begin();	/* under qemu-user: fork_gate.h */
 		percpuref_shutdown();
+		thread_ending_end();
 		usleep(rnd(seed) % 200);
 	} else {
 		usleep(rnd(seed) % 3000);
@@ -449,12 +454,17 @@ static int fork_once(unsigned int *seed, int round)
 	pid = fork();
 	if (pid == 0) {
 		/* The child's @release that frees takes the gate too. */
-		fork_end();
+		fork_end_child();
 		_exit(child_checks(&o, held, drained));
 	}
 	fork_end();
-	if (pid < 0 || waitpid(pid, &status, 0) != pid) {
+	if (pid < 0 ||
+	    waitpid_within(pid, &status, CHILD_DEADLINE_S + CHILD_GRACE_S, &overdue) != pid) {
 		ret = -1;
+	} else if (overdue) {
+		printf("# round %d: child still running %d s after its deadline: killed\n", round,
+		       CHILD_GRACE_S);
+		ret = 1;
 	} else if (!WIFEXITED(status) || WEXITSTATUS(status)) {
 		printf("# round %d: child %s %d\n", round,
 		       WIFEXITED(status) ? "failed check" : "killed by signal",

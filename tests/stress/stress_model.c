@@ -896,7 +896,7 @@ static void do_fork(int me, unsigned int *seed)
 	if (pid == 0) {
 		int rc;
 
-		fork_end();
+		fork_end_child();
 		rc = child_main(me, child_seed);
 		if (getenv("STRESS_DEBUG"))
 			fprintf(stderr, "child %d: rc %d failures %d\n", getpid(), rc, ld(&failures));

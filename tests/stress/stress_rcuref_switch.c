@@ -61,6 +61,9 @@
 #define MAX_HELD 4
 #define MAGIC 0xfeedf00dUL
 #define CHILD_DEADLINE_S 30
+/* The parent kills a child its alarm did not end this long after
+ * (waitpid_within(), tests/child.h), and fails. */
+#define CHILD_GRACE_S 40
 
 struct obj {
 	struct percpu_rcuref ref;
@@ -124,6 +127,12 @@ static void all_del(struct obj *o)
 
 static int nthreads = 3;
 static int stop, in_child;
+/* Under qemu-user a fork while another thread starts or ends leaves the
+ * emulator's child stuck (tests/fork_gate.h): the workers start stepping
+ * once every thread is made (go), wait for each other before they end
+ * (workers_done), and the config thread ends after them (conf_stop). */
+static int go, conf_stop;
+static pthread_barrier_t workers_done;
 static long errors, created, unpublished, released, exited_count;
 static long lookups, hits, mode_calls, forks, confirms_asked, confirms_run;
 static long sw_managed, sw_unmanaged, sw_atomic, sw_percpu, kills;
@@ -394,13 +403,14 @@ static void child_run(struct hold *mine, unsigned int seed);
 static void do_fork(struct hold *mine, unsigned int *seed)
 {
 	unsigned int child_seed = rnd(seed);
+	bool overdue;
 	int status;
 	pid_t pid;
 
 	fork_begin();
 	pid = fork();
 	if (pid == 0) {
-		fork_end();
+		fork_end_child();
 		child_run(mine, child_seed);	/* does not return */
 	}
 	fork_end();
@@ -409,8 +419,11 @@ static void do_fork(struct hold *mine, unsigned int *seed)
 		return;
 	}
 	inc(&forks);
-	if (waitpid(pid, &status, 0) != pid)
+	if (waitpid_within(pid, &status, CHILD_DEADLINE_S + CHILD_GRACE_S, &overdue) != pid)
 		FAIL("waitpid: %s", strerror(errno));
+	else if (overdue)
+		FAIL("child %d still running %d s after its deadline: killed", (int)pid,
+		     CHILD_GRACE_S);
 	else if (!WIFEXITED(status) || WEXITSTATUS(status))
 		FAIL("child %d: %s %d", (int)pid, WIFEXITED(status) ? "exit" : "signal",
 		     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
@@ -484,9 +497,12 @@ static void *worker(void *arg)
 	struct hold mine[SLOTS] = { { 0 } };
 
 	me = a->me;
+	while (!ld(&go))
+		sched_yield();
 	while (!ld(&stop))
 		step(mine, &a->seed, true);
 	drop_all(mine);
+	pthread_barrier_wait(&workers_done);
 	return NULL;
 }
 
@@ -495,7 +511,9 @@ static void *configurer(void *arg)
 	unsigned int seed = *(unsigned int *)arg;
 	static const unsigned long intervals[] = { 0, 0, 1, 3 };
 
-	while (!ld(&stop)) {
+	while (!ld(&go))
+		sched_yield();
+	while (!ld(&conf_stop)) {
 		struct percpu_ref_managed_config c = {
 			intervals[rnd(&seed) % 4], rnd(&seed) % 3,
 			(enum percpu_ref_scan_strategy)(rnd(&seed) % 3)
@@ -667,6 +685,7 @@ int main(int argc, char **argv)
 	for (i = 0; i < SLOTS; i++)
 		pthread_mutex_init(&slots[i].mu, NULL);
 	conf_seed = seed ^ 0x5555;
+	pthread_barrier_init(&workers_done, NULL, (unsigned int)nthreads);
 	if (pthread_create(&conf, NULL, configurer, &conf_seed)) {
 		fprintf(stderr, "pthread_create failed\n");
 		return 1;
@@ -682,11 +701,14 @@ int main(int argc, char **argv)
 	/* A worker's index: main holds references only in finish(), after
 	 * the workers are joined. */
 	me = MAX_THREADS - 1;
+	st(&go, 1);
 	usleep((useconds_t)(seconds * 1e6));
 	st(&stop, 1);
 	for (i = 0; i < nthreads; i++)
 		pthread_join(threads[i], NULL);
+	st(&conf_stop, 1);
 	pthread_join(conf, NULL);
+	pthread_barrier_destroy(&workers_done);
 	finish(&seed);
 	if (ld(&released) + ld(&exited_count) != ld(&created))
 		dump_objs();
