@@ -86,28 +86,35 @@ static inline int wait_child(pid_t pid)
 }
 
 /*
- * waitpid(@pid, @status, 0) for at most @seconds; then the child is killed
- * with SIGKILL, reaped, and *@overdue set (false otherwise).  For a child
- * whose own deadline (an alarm) might not end it: under qemu-user a
- * process stuck inside the emulator takes no signal but SIGKILL, which
- * the kernel delivers itself (fork_gate.h: the lock it got stuck on).
- * Returns waitpid()'s result.
+ * waitpid(@pid, @status, 0) for at most @seconds (CLOCK_MONOTONIC); then
+ * the child is killed with SIGKILL, reaped, and *@overdue set (false
+ * otherwise).  For a child whose own deadline (an alarm) might not end it:
+ * under qemu-user a process stuck inside the emulator takes no signal but
+ * SIGKILL, which the kernel delivers itself (fork_gate.h: the lock it got
+ * stuck on).  Polled, from 1 ms up to 8 ms between looks.  Returns
+ * waitpid()'s result.
  */
 static inline pid_t waitpid_within(pid_t pid, int *status, unsigned int seconds, bool *overdue)
 {
-	const struct timespec ten_ms = { 0, 10 * 1000 * 1000 };
-	unsigned long waited_ms = 0;
+	struct timespec now, nap = { 0, 1000 * 1000 };
+	time_t end;
 	pid_t got;
 
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	end = now.tv_sec + (time_t)seconds;
 	*overdue = false;
 	while ((got = waitpid(pid, status, WNOHANG)) == 0) {
-		if (waited_ms >= seconds * 1000UL) {
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec >= end) {
 			*overdue = true;
 			kill(pid, SIGKILL);
-			return waitpid(pid, status, 0);
+			while ((got = waitpid(pid, status, 0)) < 0 && errno == EINTR)
+				;
+			return got;
 		}
-		nanosleep(&ten_ms, NULL);
-		waited_ms += 10;
+		nanosleep(&nap, NULL);
+		if (nap.tv_nsec < 8 * 1000 * 1000)
+			nap.tv_nsec *= 2;
 	}
 	return got;
 }

@@ -25,10 +25,11 @@
  * mutex in qemu's data, called from its clone emulation.  A join is no
  * proof that the lock is free: qemu wakes the joiner before its exiting
  * thread lets go of it.  So under the emulator thread_ending_end() starts
- * a thread that waits for ever (fork_gate_settle()): that start takes the
- * lock, after the exits the call joined let go of it, and no thread of
- * the test ends near the fork.  On Linux itself no lock outlives a fork
- * this way, and the native tests race forks against shutdowns as before.
+ * a thread that waits for ever, and waits until it runs
+ * (fork_gate_settle()): that start takes the lock, after the exits the
+ * call joined let go of it, and no thread of the test ends near the
+ * fork.  On Linux itself no lock outlives a fork this way, and the native
+ * tests race forks against shutdowns as before.
  * The library's own thread starts need no gate: its fork hooks wait until
  * a thread it started runs its code, which under qemu comes after the
  * emulator let go of the lock.  Threads a test starts or ends itself are
@@ -122,25 +123,36 @@ static inline void thread_ending_begin(void)
 		fork_gate_enter();
 }
 
+/* Set by each parked thread once it runs the test's code. */
+static unsigned int fork_gate_parked_running;
+
 static inline void *fork_gate_parked(void *unused)
 {
 	(void)unused;
+	/* Seq_cst: read by fork_gate_settle() (a count, nothing else). */
+	__atomic_fetch_add(&fork_gate_parked_running, 1, __ATOMIC_SEQ_CST);
 	for (;;)
 		pause();
 	return NULL;	/* not reached; GCC 12 asks for it */
 }
 
 /* Under the emulator: returns once every thread that ended before the
- * call has let go of qemu's clone lock (a start takes it).  The started
- * thread never ends, lest its own end hold the lock. */
+ * call has let go of qemu's clone lock.  A thread start takes that lock
+ * in the creating thread, then once more in the new thread before it runs
+ * any of the test's code: so the wait is for the new thread to run.  The
+ * started thread never ends, lest its own end hold the lock. */
 static inline void fork_gate_settle(void)
 {
+	unsigned int running = __atomic_load_n(&fork_gate_parked_running, __ATOMIC_SEQ_CST);
 	pthread_t parked;
 
-	if (pthread_create(&parked, NULL, fork_gate_parked, NULL) == 0)
+	if (pthread_create(&parked, NULL, fork_gate_parked, NULL) == 0) {
 		pthread_detach(parked);
-	else
+		while (__atomic_load_n(&fork_gate_parked_running, __ATOMIC_SEQ_CST) == running)
+			sched_yield();
+	} else {
 		usleep(20 * 1000);	/* no thread to spare: a margin, no proof */
+	}
 }
 
 static inline void thread_ending_end(void)

@@ -303,8 +303,11 @@ static void *fork_thread(void *arg)
 	usleep(pick(200));
 	/* Under qemu-user: after the library's exit handler's joins let
 	 * go of the emulator's lock (tests/fork_gate.h). */
-	if (UNDER_EMULATOR)
+	if (fork_gate_emulated())
 		fork_gate_settle();
+	/* This process's own deadline after the child's, so that it is
+	 * here to kill a child its alarm did not end. */
+	child_deadline_rearm(25);
 	pid_t pid = fork();
 	if (pid == 0) {
 		alarm(10);
@@ -314,11 +317,11 @@ static void *fork_thread(void *arg)
 	}
 	if (pid < 0)
 		return NULL;
-	/* A child its alarm did not end is killed 30 s after it. */
+	/* A child its alarm did not end is killed 2 s after it. */
 	int status;
 	bool overdue;
 
-	if (waitpid_within(pid, &status, 40, &overdue) != pid)
+	if (waitpid_within(pid, &status, 12, &overdue) != pid)
 		fork_status = -1;
 	else if (overdue)
 		fork_status = -2;
@@ -343,19 +346,20 @@ static void late_handler(void)
 		check_subtree(id, id);
 	}
 	where = "after join";
-	/* Under qemu-user the fork comes before any reader ends: a fork
-	 * while a thread exits leaves the emulator's child stuck
-	 * (fork_gate.h).  Natively the readers' ends race it. */
-	if (do_fork && UNDER_EMULATOR)
+	/* Under qemu-user (and ASan) the fork comes before any reader
+	 * ends: a fork while a thread exits leaves the emulator's child
+	 * stuck, and ASan's on an allocator lock (fork_gate.h).  Natively
+	 * the readers' ends race it. */
+	if (do_fork && fork_gate_thread_ends())
 		pthread_join(forker, NULL);
 	__atomic_store_n(&stop, 1, __ATOMIC_SEQ_CST);
 	for (int i = 0; i < nreaders; i++)
 		pthread_join(readers[i], NULL);
 	if (do_fork) {
-		if (!UNDER_EMULATOR)
+		if (!fork_gate_thread_ends())
 			pthread_join(forker, NULL);
 		if (fork_status != 0)
-			fail(8, fork_status == -2 ? "fork child still running 30 s after its alarm: "
+			fail(8, fork_status == -2 ? "fork child still running 2 s after its alarm: "
 						    "killed (%d %d)"
 						  : "fork child status %d %d",
 			     fork_status, 0);

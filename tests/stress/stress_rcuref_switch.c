@@ -128,11 +128,22 @@ static void all_del(struct obj *o)
 static int nthreads = 3;
 static int stop, in_child;
 /* Under qemu-user a fork while another thread starts or ends leaves the
- * emulator's child stuck (tests/fork_gate.h): the workers start stepping
- * once every thread is made (go), wait for each other before they end
- * (workers_done), and the config thread ends after them (conf_stop). */
-static int go, conf_stop;
+ * emulator's child stuck, and under ASan a thread's start and end
+ * allocate (tests/fork_gate.h): there (keep_apart) the workers start
+ * stepping once every thread runs (threads_running, go), wait for each
+ * other before they end (workers_done), and the config thread ends after
+ * them (conf_stop).  Natively the forks race the starts and ends. */
+static bool keep_apart;
+static int threads_running, go, conf_stop;
 static pthread_barrier_t workers_done;
+
+/* A thread's start: once all run, under keep_apart. */
+static void wait_for_go(void)
+{
+	__atomic_add_fetch(&threads_running, 1, __ATOMIC_SEQ_CST);
+	while (!__atomic_load_n(&go, __ATOMIC_SEQ_CST))
+		sched_yield();
+}
 static long errors, created, unpublished, released, exited_count;
 static long lookups, hits, mode_calls, forks, confirms_asked, confirms_run;
 static long sw_managed, sw_unmanaged, sw_atomic, sw_percpu, kills;
@@ -497,12 +508,12 @@ static void *worker(void *arg)
 	struct hold mine[SLOTS] = { { 0 } };
 
 	me = a->me;
-	while (!ld(&go))
-		sched_yield();
+	wait_for_go();
 	while (!ld(&stop))
 		step(mine, &a->seed, true);
 	drop_all(mine);
-	pthread_barrier_wait(&workers_done);
+	if (keep_apart)
+		pthread_barrier_wait(&workers_done);
 	return NULL;
 }
 
@@ -511,8 +522,7 @@ static void *configurer(void *arg)
 	unsigned int seed = *(unsigned int *)arg;
 	static const unsigned long intervals[] = { 0, 0, 1, 3 };
 
-	while (!ld(&go))
-		sched_yield();
+	wait_for_go();
 	while (!ld(&conf_stop)) {
 		struct percpu_ref_managed_config c = {
 			intervals[rnd(&seed) % 4], rnd(&seed) % 3,
@@ -685,7 +695,11 @@ int main(int argc, char **argv)
 	for (i = 0; i < SLOTS; i++)
 		pthread_mutex_init(&slots[i].mu, NULL);
 	conf_seed = seed ^ 0x5555;
-	pthread_barrier_init(&workers_done, NULL, (unsigned int)nthreads);
+	keep_apart = fork_gate_thread_ends();
+	if (keep_apart)
+		pthread_barrier_init(&workers_done, NULL, (unsigned int)nthreads);
+	else
+		st(&go, 1);
 	if (pthread_create(&conf, NULL, configurer, &conf_seed)) {
 		fprintf(stderr, "pthread_create failed\n");
 		return 1;
@@ -701,14 +715,19 @@ int main(int argc, char **argv)
 	/* A worker's index: main holds references only in finish(), after
 	 * the workers are joined. */
 	me = MAX_THREADS - 1;
+	while (ld(&threads_running) < nthreads + 1)
+		sched_yield();
 	st(&go, 1);
 	usleep((useconds_t)(seconds * 1e6));
 	st(&stop, 1);
+	if (!keep_apart)
+		st(&conf_stop, 1);
 	for (i = 0; i < nthreads; i++)
 		pthread_join(threads[i], NULL);
 	st(&conf_stop, 1);
 	pthread_join(conf, NULL);
-	pthread_barrier_destroy(&workers_done);
+	if (keep_apart)
+		pthread_barrier_destroy(&workers_done);
 	finish(&seed);
 	if (ld(&released) + ld(&exited_count) != ld(&created))
 		dump_objs();
