@@ -75,14 +75,20 @@ static inline const char *fork_children_untestable(void)
 #define CHILD_BACKTRACE 0
 #endif
 
-/* Exit status of a child: its code, or 128 + the signal that ended it. */
+/* A wait status as one number: the code, or 128 + the signal that ended it. */
+static inline int child_exit_code(int status)
+{
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Exit status of a child (child_exit_code()). */
 static inline int wait_child(pid_t pid)
 {
 	int status;
 
 	if (pid <= 0 || waitpid(pid, &status, 0) != pid)
 		return -1;
-	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	return child_exit_code(status);
 }
 
 /*
@@ -92,8 +98,10 @@ static inline int wait_child(pid_t pid)
  * under qemu-user a process stuck inside the emulator takes no signal but
  * SIGKILL, which the kernel delivers itself (fork_gate.h: the lock it got
  * stuck on).  Polled, from 1 ms up to 8 ms between looks.  Returns
- * waitpid()'s result.
+ * waitpid()'s result.  The stress tests give a child CHILD_GRACE_S past
+ * its own deadline.
  */
+#define CHILD_GRACE_S 40
 static inline pid_t waitpid_within(pid_t pid, int *status, unsigned int seconds, bool *overdue)
 {
 	struct timespec now, nap = { 0, 1000 * 1000 };

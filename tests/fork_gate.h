@@ -53,8 +53,9 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
-#include <stdlib.h>
 #include <unistd.h>
+
+#include "child.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FORK_GATE_ALLOCATIONS 1
@@ -64,27 +65,12 @@
 
 static unsigned int gate_forking, gate_active;
 
-/* Under an emulator.  Relaxed: every thread computes the same answer. */
-static inline bool fork_gate_emulated(void)
-{
-	static int cached = -1;
-	int on = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-
-	if (on < 0) {
-		const char *emulator = getenv("PERCPUREF_TEST_EMULATOR");
-
-		on = emulator && *emulator;
-		__atomic_store_n(&cached, on, __ATOMIC_RELAXED);
-	}
-	return on;
-}
-
 /* Whether the gate keeps forks from thread ends: under an emulator, or
  * under ASan (where it closes against allocations, and a thread's end
  * frees). */
 static inline bool fork_gate_thread_ends(void)
 {
-	return FORK_GATE_ALLOCATIONS || fork_gate_emulated();
+	return FORK_GATE_ALLOCATIONS || UNDER_EMULATOR;
 }
 
 static inline void fork_gate_enter(void)
@@ -159,7 +145,7 @@ static inline void thread_ending_end(void)
 {
 	if (!fork_gate_thread_ends())
 		return;
-	if (fork_gate_emulated())
+	if (UNDER_EMULATOR)
 		fork_gate_settle();
 	fork_gate_leave();
 }

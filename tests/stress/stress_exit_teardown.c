@@ -303,7 +303,7 @@ static void *fork_thread(void *arg)
 	usleep(pick(200));
 	/* Under qemu-user: after the library's exit handler's joins let
 	 * go of the emulator's lock (tests/fork_gate.h). */
-	if (fork_gate_emulated())
+	if (UNDER_EMULATOR)
 		fork_gate_settle();
 	/* This process's own deadline after the child's, so that it is
 	 * here to kill a child its alarm did not end. */
@@ -326,7 +326,7 @@ static void *fork_thread(void *arg)
 	else if (overdue)
 		fork_status = -2;
 	else
-		fork_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+		fork_status = child_exit_code(status);
 	return NULL;
 }
 

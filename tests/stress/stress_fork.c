@@ -80,9 +80,6 @@
 #define RCU_SLOTS 8
 #define WORKERS 8	/* main()'s fns[]: worker threads */
 #define CHILD_DEADLINE_S 20
-/* The parent kills a child its alarm did not end this long after
- * (waitpid_within(), tests/child.h), and fails. */
-#define CHILD_GRACE_S 40
 
 static int stop;			/* atomic */
 static unsigned long kills, kill_releases;	/* atomic: per-CPU refs */

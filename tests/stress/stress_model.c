@@ -70,9 +70,6 @@
 #define NR_SLOTS 8
 #define OPS_PER_PHASE 400
 #define CHILD_DEADLINE_S 20
-/* The parent kills a child its alarm did not end this long after
- * (waitpid_within(), tests/child.h), and fails. */
-#define CHILD_GRACE_S 40
 /* A fork may cut the @release a library thread runs (one each: the callback
  * thread's for kills, the reclaimer's for managed refs), and one of each
  * kind per thread inside percpuref_shutdown() (cur_slot -2), which runs

@@ -62,9 +62,6 @@
 #define MAX_HELD 4
 #define MAGIC 0xfeedf00dUL
 #define CHILD_DEADLINE_S 30
-/* The parent kills a child its alarm did not end this long after
- * (waitpid_within(), tests/child.h), and fails. */
-#define CHILD_GRACE_S 40
 
 struct obj {
 	struct percpu_rcuref ref;
